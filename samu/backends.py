@@ -1,0 +1,177 @@
+"""Backend registry: which implementations each mixer has, what their names mean, and `auto`.
+
+A backend name is a sequence of words from ``VOCABULARY``; ``explain(name)`` spells it out.
+``backend="auto"`` picks:
+
+* with CUDA: the calibrated choice for (GPU name, mixer, shape) in ``data/calibration/<gpu>.json``;
+  where that file has no entry for the shape, ``DEFAULTS[mixer]`` (documented, not silent: the
+  module's ``last_backend`` and ``return_backend=True`` say what ran);
+* without CUDA: the chunked reference, or the default Triton backend when ``TRITON_INTERPRET=1``
+  (Triton's interpreter runs the kernels on CPU tensors).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable
+
+import torch
+
+from . import paths
+
+VOCABULARY = {
+    "reference": "pure-PyTorch scan, differentiated by autograd; materialises a and log a",
+    "sequential": "one Python step per token (the float64 oracle's formulation)",
+    "chunked": "chunks of about sqrt(L) tokens scanned in parallel, then the chunk carries",
+    "fused": "one Triton kernel per phase does all the elementwise work of that phase",
+    "gates": "RG-LRU's block-diagonal gate products run inside the scan kernels with tl.dot "
+             "(BF16 operands, FP32 accumulation) and are recomputed in the backward",
+    "controller": "SAMU's FP32 controller z = W x + b is reduced over the full width inside the "
+                  "chunk-summary kernel, which also writes the per-token scalars r, g",
+    "hierarchical": "three phases: per-chunk summaries (decay, local end state), a scan over "
+                    "chunk summaries (the carry, one program per channel block), and the "
+                    "chunk outputs recomputed from the carry; backward mirrors it in reverse",
+    "chunk": "chunkN: N tokens per chunk, scanned in registers by tl.associative_scan",
+}
+
+# Used on CUDA when the calibration file has no entry for the shape.
+DEFAULTS = {
+    "rglru": "fused_gates_hierarchical_chunk32",
+    "samu": "fused_controller_hierarchical_chunk32",
+}
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    mixer: str
+    kind: str  # "reference" or "triton"
+    run: Callable = field(repr=False, compare=False)
+    materialized_state_sized_transition: bool = False
+
+    @property
+    def description(self) -> str:
+        return explain(self.name)
+
+
+REGISTRY: dict[str, dict[str, Backend]] = {"rglru": {}, "samu": {}}
+
+
+def register(backend: Backend) -> Backend:
+    REGISTRY[backend.mixer][backend.name] = backend
+    return backend
+
+
+def explain(name: str) -> str:
+    """Every word of a backend name, spelled out."""
+    parts = []
+    for word in name.split("_"):
+        m = re.fullmatch(r"([a-z]+?)(\d+)", word)
+        stem, number = (m.group(1), m.group(2)) if m else (word, None)
+        if stem not in VOCABULARY:
+            raise ValueError(f"backend name {name!r} has the unknown word {word!r}")
+        text = VOCABULARY[stem]
+        parts.append(f"{word}: {text}" + (f" (N = {number})" if number else ""))
+    return "; ".join(parts)
+
+
+def available(mixer: str) -> list[str]:
+    _ensure_registered()
+    if mixer not in REGISTRY:
+        raise ValueError(f"unknown mixer {mixer!r}; choose 'rglru' or 'samu'")
+    return list(REGISTRY[mixer])
+
+
+def describe() -> dict[str, dict[str, str]]:
+    """{mixer: {backend: explanation}} for every registered backend."""
+    _ensure_registered()
+    return {m: {n: b.description for n, b in bs.items()} for m, bs in REGISTRY.items()}
+
+
+def check_name(mixer: str, name: str) -> None:
+    if name != "auto" and name not in available(mixer):
+        raise ValueError(f"{mixer}: unknown backend {name!r}; choose 'auto' or one of "
+                         f"{available(mixer)}")
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def gpu_slug(name: str | None = None) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200': the file name of a GPU's calibration and results."""
+    if name is None:
+        name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+@lru_cache(maxsize=None)
+def _calibration(slug: str, mtime: float) -> dict:
+    with open(paths.calibration_file(slug)) as f:
+        return json.load(f)
+
+
+def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str | None:
+    path = paths.calibration_file(slug)
+    if not path.exists():
+        return None
+    doc = _calibration(slug, path.stat().st_mtime)
+    entry = doc.get("shapes", {}).get(shape_key(shape), {}).get(mixer)
+    return entry.get("chosen") if entry else None
+
+
+def shape_key(shape) -> str:
+    return "x".join(str(int(s)) for s in shape)
+
+
+def resolve(mixer: str, x: torch.Tensor, backend: str = "auto") -> Backend:
+    _ensure_registered()
+    check_name(mixer, backend)
+    if backend != "auto":
+        chosen = REGISTRY[mixer][backend]
+        if chosen.kind == "triton":
+            _check_triton_input(mixer, x, chosen.name)
+        return chosen
+    if x.dtype == torch.float64:
+        return REGISTRY[mixer]["reference_chunked"]
+    if x.is_cuda:
+        name = calibrated_choice(mixer, tuple(x.shape), gpu_slug()) or DEFAULTS[mixer]
+        return REGISTRY[mixer][name]
+    if interpreting():
+        return REGISTRY[mixer][DEFAULTS[mixer]]
+    return REGISTRY[mixer]["reference_chunked"]
+
+
+def _check_triton_input(mixer: str, x: torch.Tensor, name: str) -> None:
+    if x.dtype == torch.float64:
+        raise TypeError(f"{mixer}: backend {name} takes bfloat16, float16 or float32 x, not "
+                        "float64 (use backend='reference_chunked' for the oracle)")
+    if not x.is_cuda and not interpreting():
+        raise RuntimeError(f"{mixer}: backend {name} is a Triton kernel and needs a CUDA tensor, "
+                           "or TRITON_INTERPRET=1 set before samu is imported")
+
+
+_registered = False
+
+
+def _ensure_registered() -> None:
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from . import reference
+    for mixer, fn in reference.REFERENCES.items():
+        for scan in reference.SCANS:
+            register(Backend(f"reference_{scan}", mixer, "reference",
+                             (lambda f, s: lambda x, *p: f(x, *p, scan=s))(fn, scan),
+                             materialized_state_sized_transition=True))
+    try:
+        from . import kernels_rglru, kernels_samu
+    except ImportError:  # no triton: the reference backends still work
+        return
+    for module in (kernels_rglru, kernels_samu):
+        for name, run in module.BACKENDS.items():
+            register(Backend(name, module.MIXER, "triton", run))

@@ -1,0 +1,312 @@
+"""RG-LRU's Triton kernels, forward and backward, with the block-diagonal gates fused in.
+
+A program owns a chunk of T tokens and BN channels of one head; the head's x tile [T, bw] is the
+A operand of both gate products (tl.dot, BF16 operands, FP32 accumulation).  Gates are recomputed
+in every phase instead of stored: two [T, bw] x [bw, BN] products cost less than 8 bytes per
+element of extra traffic.
+
+Bytes per element (BF16 x, y, dy, dx):
+  forward   summary reads x (2); output reads x, writes y (4)                          -> 6
+  backward  reverse summary reads x, dy (4); dx kernel reads x, dy, writes dx (6);
+            weight-gradient kernel reads x, dy (4)                                     -> 14
+FLOPs per element: 4 bw per gate-product pass (2 gates), 10 passes fwd+bwd -> 40 bw
+(5120 at bw = 128): at D = 2048 the gates, not the bytes, bound RG-LRU.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .scan_kernels import (adjoint_combine, affine_combine, chunk_carry, dot_dtype, first_row,
+                           last_row, softplus, transition)
+
+MIXER = "rglru"
+GATE_SCALE = 8.0
+
+
+@triton.jit
+def _head_x(x_ptr, b, rows, head, L, D, BW, BWK: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """x[b, rows, head's bw channels] as a [T, BWK] dot operand (zero-padded)."""
+    kcols = tl.arange(0, BWK)
+    ok = (rows[:, None] < L) & (kcols[None, :] < BW)
+    offs = (b * L + rows.to(tl.int64))[:, None] * D + (head * BW + kcols)[None, :]
+    return tl.load(x_ptr + offs, mask=ok, other=0.0).to(DOT_DTYPE)
+
+
+@triton.jit
+def _gate(xh, w_ptr, bias_ptr, head, j, BW, BWK: tl.constexpr, DOT_DTYPE: tl.constexpr,
+          PREC: tl.constexpr):
+    """sigmoid(x_h W[h, :, j] + b): returns the gate [T, BN] and the W tile [BWK, BN]."""
+    i = tl.arange(0, BWK)
+    ok = (i[:, None] < BW) & (j[None, :] < BW)
+    w = tl.load(w_ptr + head * BW * BW + i[:, None] * BW + j[None, :], mask=ok, other=0.0)
+    w = w.to(DOT_DTYPE)
+    bias = tl.load(bias_ptr + head * BW + j, mask=j < BW, other=0.0)
+    return tl.sigmoid(tl.dot(xh, w, input_precision=PREC) + bias[None, :]), w
+
+
+@triton.jit
+def _own_tile(ptr, b, rows, head, j, L, D, BW):
+    ok = (rows[:, None] < L) & (j[None, :] < BW)
+    offs = (b * L + rows.to(tl.int64))[:, None] * D + (head * BW + j)[None, :]
+    return offs, ok
+
+
+@triton.jit
+def _forward_tile(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, b, rows, head, j,
+                  L, D, BW, BWK: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    """The chunk's local scan: returns (prod a, h from h_in = 0, offsets, mask)."""
+    xh = _head_x(x_ptr, b, rows, head, L, D, BW, BWK, DOT_DTYPE)
+    gx, _ = _gate(xh, wx_ptr, bx_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
+    ga, _ = _gate(xh, wa_ptr, ba_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
+    offs, ok = _own_tile(x_ptr, b, rows, head, j, L, D, BW)
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    sp = softplus(tl.load(a_param_ptr + head * BW + j, mask=j < BW, other=0.0))
+    log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
+    a, m, _ = transition(log_a, (rows == 0)[:, None])
+    p, h = tl.associative_scan((a, m * gx * x), 0, affine_combine)
+    return p, h, offs, ok
+
+
+@triton.jit
+def _rglru_summary_kernel(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, decay_ptr, end_ptr,
+                          L, D, NC, BW, NBV, T: tl.constexpr, BWK: tl.constexpr,
+                          BN: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    b = (pid // NC).to(tl.int64)
+    k = pid % NC
+    head = tl.program_id(1) // NBV
+    j = (tl.program_id(1) % NBV) * BN + tl.arange(0, BN)
+    rows = k * T + tl.arange(0, T)
+    p, h, _, _ = _forward_tile(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, b, rows, head,
+                               j, L, D, BW, BWK, DOT_DTYPE, PREC)
+    out = (b * NC + k) * D + head * BW + j
+    tr = tl.arange(0, T)
+    tl.store(decay_ptr + out, last_row(p, tr, T), mask=j < BW)
+    tl.store(end_ptr + out, last_row(h, tr, T), mask=j < BW)
+
+
+@triton.jit
+def _rglru_output_kernel(x_ptr, y_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, h_in_ptr,
+                         L, D, NC, BW, NBV, T: tl.constexpr, BWK: tl.constexpr,
+                         BN: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    b = (pid // NC).to(tl.int64)
+    k = pid % NC
+    head = tl.program_id(1) // NBV
+    j = (tl.program_id(1) % NBV) * BN + tl.arange(0, BN)
+    rows = k * T + tl.arange(0, T)
+    p, h, offs, ok = _forward_tile(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, b, rows,
+                                   head, j, L, D, BW, BWK, DOT_DTYPE, PREC)
+    h_in = tl.load(h_in_ptr + (b * NC + k) * D + head * BW + j, mask=j < BW, other=0.0)
+    y = h + p * h_in[None, :]
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _rglru_reverse_summary_kernel(x_ptr, dy_ptr, wa_ptr, ba_ptr, a_param_ptr, end_ptr,
+                                  L, D, NC, BW, NBV, T: tl.constexpr, BWK: tl.constexpr,
+                                  BN: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    b = (pid // NC).to(tl.int64)
+    k = pid % NC
+    head = tl.program_id(1) // NBV
+    j = (tl.program_id(1) % NBV) * BN + tl.arange(0, BN)
+    rows = k * T + tl.arange(0, T)
+    xh = _head_x(x_ptr, b, rows, head, L, D, BW, BWK, DOT_DTYPE)
+    ga, _ = _gate(xh, wa_ptr, ba_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
+    offs, ok = _own_tile(dy_ptr, b, rows, head, j, L, D, BW)
+    dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    sp = softplus(tl.load(a_param_ptr + head * BW + j, mask=j < BW, other=0.0))
+    a = tl.exp(tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0))
+    _, v = tl.associative_scan((a, a * dy), 0, affine_combine, reverse=True)
+    out = (b * NC + k) * D + head * BW + j
+    tl.store(end_ptr + out, first_row(v, tl.arange(0, T)), mask=j < BW)
+
+
+@triton.jit
+def _chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr,
+                   a_param_ptr, xh, b, k, rows, head, j, L, D, NC, BW, BWK: tl.constexpr,
+                   DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    """One [T, BN] tile of the backward, recomputed: gate gradients, dx's direct term, dlog a."""
+    gx, wx = _gate(xh, wx_ptr, bx_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
+    ga, wa = _gate(xh, wa_ptr, ba_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
+    offs, ok = _own_tile(x_ptr, b, rows, head, j, L, D, BW)
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    sp = softplus(tl.load(a_param_ptr + head * BW + j, mask=j < BW, other=0.0))
+    log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
+    a, m, dm_dlog_a = transition(log_a, (rows == 0)[:, None])
+    u = m * gx * x
+    p, h = tl.associative_scan((a, u), 0, affine_combine)
+    state = (b * NC + k) * D + head * BW + j
+    h = h + p * tl.load(h_in_ptr + state, mask=j < BW, other=0.0)[None, :]
+    ones = tl.full(a.shape, 1.0, tl.float32)
+    _, _, q, w = tl.associative_scan((a, a * dy, ones, dy), 0, adjoint_combine, reverse=True)
+    dh = w + q * tl.load(carry_ptr + state, mask=j < BW, other=0.0)[None, :]
+    dla = dh * (h - u) + dh * gx * x * dm_dlog_a
+    d_gate_x = dh * m * x * gx * (1.0 - gx)
+    d_gate_a = dla * (-8.0 * sp[None, :]) * ga * (1.0 - ga)
+    return d_gate_x, d_gate_a, dh * m * gx, dla * (-8.0 * ga), wx, wa
+
+
+@triton.jit
+def _rglru_dx_kernel(x_ptr, dy_ptr, dx_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr,
+                     h_in_ptr, carry_ptr, L, D, NC, BW, T: tl.constexpr, BWK: tl.constexpr,
+                     BN: tl.constexpr, NB: tl.constexpr, NBV: tl.constexpr,
+                     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    """Per (chunk, head): dx = dh m gx + dGx Wx^T + dGa Wa^T over the head's column blocks."""
+    pid = tl.program_id(0)
+    b = (pid // NC).to(tl.int64)
+    k = pid % NC
+    head = tl.program_id(1)
+    rows = k * T + tl.arange(0, T)
+    xh = _head_x(x_ptr, b, rows, head, L, D, BW, BWK, DOT_DTYPE)
+    dx_products = tl.zeros([T, BWK], dtype=tl.float32)
+    dx_direct = tl.zeros([T, NB, BN], dtype=tl.float32)
+    block = tl.arange(0, NB)
+    for nb in tl.static_range(NBV):
+        j = nb * BN + tl.arange(0, BN)
+        d_gate_x, d_gate_a, direct, _, wx, wa = _chunk_adjoint(
+            x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, xh,
+            b, k, rows, head, j, L, D, NC, BW, BWK, DOT_DTYPE, PREC)
+        dx_products += tl.dot(d_gate_x.to(DOT_DTYPE), tl.trans(wx), input_precision=PREC)
+        dx_products += tl.dot(d_gate_a.to(DOT_DTYPE), tl.trans(wa), input_precision=PREC)
+        dx_direct += tl.where(block[None, :, None] == nb, direct[:, None, :], 0.0)
+    dx = dx_products + tl.reshape(dx_direct, [T, BWK])
+    kcols = tl.arange(0, BWK)
+    offs, ok = _own_tile(dx_ptr, b, rows, head, kcols, L, D, BW)
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _rglru_param_grad_kernel(x_ptr, dy_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr,
+                             h_in_ptr, carry_ptr, dw_part_ptr, vec_part_ptr,
+                             L, D, NC, BW, NBV, CHUNKS_PER_SPAN, NSPAN, T: tl.constexpr,
+                             BWK: tl.constexpr, BN: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                             PREC: tl.constexpr):
+    """Per (span of chunks, head, column block): partial dWx, dWa, dbx, dba and d softplus."""
+    pid = tl.program_id(0)
+    b = (pid // NSPAN).to(tl.int64)
+    span = pid % NSPAN
+    head = tl.program_id(1) // NBV
+    j = (tl.program_id(1) % NBV) * BN + tl.arange(0, BN)
+    dwx = tl.zeros([BWK, BN], dtype=tl.float32)
+    dwa = tl.zeros([BWK, BN], dtype=tl.float32)
+    dbx = tl.zeros([BN], dtype=tl.float32)
+    dba = tl.zeros([BN], dtype=tl.float32)
+    dsp = tl.zeros([BN], dtype=tl.float32)
+    k0 = span * CHUNKS_PER_SPAN
+    k1 = tl.minimum(k0 + CHUNKS_PER_SPAN, NC)
+    for k in range(k0, k1):
+        rows = k * T + tl.arange(0, T)
+        xh = _head_x(x_ptr, b, rows, head, L, D, BW, BWK, DOT_DTYPE)
+        d_gate_x, d_gate_a, _, d_sp, _, _ = _chunk_adjoint(
+            x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, xh,
+            b, k, rows, head, j, L, D, NC, BW, BWK, DOT_DTYPE, PREC)
+        xt = tl.trans(xh)
+        dwx += tl.dot(xt, d_gate_x.to(DOT_DTYPE), input_precision=PREC)
+        dwa += tl.dot(xt, d_gate_a.to(DOT_DTYPE), input_precision=PREC)
+        dbx += tl.sum(d_gate_x, axis=0)
+        dba += tl.sum(d_gate_a, axis=0)
+        dsp += tl.sum(d_sp, axis=0)
+    part = pid.to(tl.int64)
+    i = tl.arange(0, BWK)
+    w_offs = part * (D * BW) + head * BW * BW + i[:, None] * BW + j[None, :]
+    w_ok = (i[:, None] < BW) & (j[None, :] < BW)
+    tl.store(dw_part_ptr + w_offs, dwx, mask=w_ok)
+    second = tl.num_programs(0).to(tl.int64) * (D * BW)  # dw_part is [2, parts, H, bw, bw]
+    tl.store(dw_part_ptr + second + w_offs, dwa, mask=w_ok)
+    v_offs = part * 3 * D + head * BW + j
+    tl.store(vec_part_ptr + v_offs, dbx, mask=j < BW)
+    tl.store(vec_part_ptr + v_offs + D, dba, mask=j < BW)
+    tl.store(vec_part_ptr + v_offs + 2 * D, dsp, mask=j < BW)
+
+
+def _blocks(bw: int, block_n: int):
+    bwk = max(16, triton.next_power_of_2(bw))
+    bn = min(bwk, block_n)
+    return bwk, bn, bwk // bn, triton.cdiv(bw, bn)
+
+
+def _precision(x):
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def _sm_count(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+class RglruFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, chunk,
+                block_n):
+        x = x.contiguous()
+        batch, length, width = x.shape
+        heads, bw, _ = gate_x_weight.shape
+        n_chunks = triton.cdiv(length, chunk)
+        bwk, bn, _, nbv = _blocks(bw, block_n)
+        params = [p.detach().float().contiguous() for p in
+                  (gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param)]
+        f32 = dict(device=x.device, dtype=torch.float32)
+        decay = torch.empty(batch, n_chunks, width, **f32)
+        end = torch.empty(batch, n_chunks, width, **f32)
+        meta = dict(T=chunk, BWK=bwk, BN=bn, DOT_DTYPE=dot_dtype(x), PREC=_precision(x),
+                    num_warps=4)
+        grid = (batch * n_chunks, heads * nbv)
+        _rglru_summary_kernel[grid](x, *params, decay, end, length, width, n_chunks, bw, nbv,
+                                    **meta)
+        h_in = chunk_carry(decay, end, reverse=False)
+        y = torch.empty_like(x)
+        _rglru_output_kernel[grid](x, y, *params, h_in, length, width, n_chunks, bw, nbv, **meta)
+        ctx.save_for_backward(x, decay, h_in, *params)
+        ctx.config = (chunk, block_n)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, decay, h_in, wx, bx, wa, ba, a_param = ctx.saved_tensors
+        chunk, block_n = ctx.config
+        dy = dy.contiguous()
+        batch, length, width = x.shape
+        heads, bw, _ = wx.shape
+        n_chunks = triton.cdiv(length, chunk)
+        bwk, bn, nb, nbv = _blocks(bw, block_n)
+        f32 = dict(device=x.device, dtype=torch.float32)
+        meta = dict(T=chunk, BWK=bwk, DOT_DTYPE=dot_dtype(x), PREC=_precision(x), num_warps=4)
+        end = torch.empty(batch, n_chunks, width, **f32)
+        _rglru_reverse_summary_kernel[(batch * n_chunks, heads * nbv)](
+            x, dy, wa, ba, a_param, end, length, width, n_chunks, bw, nbv, BN=bn, **meta)
+        carry = chunk_carry(decay, end, reverse=True)
+        dx = torch.empty_like(x)
+        _rglru_dx_kernel[(batch * n_chunks, heads)](
+            x, dy, dx, wx, bx, wa, ba, a_param, h_in, carry, length, width, n_chunks, bw,
+            BN=bn, NB=nb, NBV=nbv, **{**meta, "num_warps": 8})
+        bn_w = min(bn, 32)
+        nbv_w = triton.cdiv(bw, bn_w)
+        per_batch = max(1, 4 * _sm_count(x.device) // (batch * heads * nbv_w))
+        per_span = triton.cdiv(n_chunks, min(n_chunks, per_batch))
+        n_spans = triton.cdiv(n_chunks, per_span)
+        n_parts = batch * n_spans
+        dw_part = torch.empty(2, n_parts, heads, bw, bw, **f32)
+        vec_part = torch.empty(n_parts, 3, width, **f32)
+        _rglru_param_grad_kernel[(n_parts, heads * nbv_w)](
+            x, dy, wx, bx, wa, ba, a_param, h_in, carry, dw_part, vec_part, length, width,
+            n_chunks, bw, nbv_w, per_span, n_spans, BN=bn_w, **meta)
+        dw = dw_part.sum(1)
+        vec = vec_part.sum(0)
+        return (dx, dw[0], vec[0], dw[1], vec[1], vec[2] * torch.sigmoid(a_param), None, None)
+
+
+def _backend(chunk: int, block_n: int = 64):
+    def run(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
+        return RglruFunction.apply(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias,
+                                   a_param, chunk, block_n)
+    return run
+
+
+CHUNKS = (16, 32, 64)
+BACKENDS = {f"fused_gates_hierarchical_chunk{c}": _backend(c) for c in CHUNKS}

@@ -1,0 +1,222 @@
+"""The two mixers as nn.Modules and functional forms (SPEC section 3).
+
+A state_dict is the contract: parameter names and shapes are those of SPEC section 2.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import backends as _backends
+
+NUM_HEADS = 16
+PARAMETER_NAMES = {
+    "rglru": ("gate_x_weight", "gate_x_bias", "gate_a_weight", "gate_a_bias", "a_param"),
+    "samu": ("ctrl_weight", "ctrl_bias", "a_param", "log_temp", "skip"),
+}
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+# Kernels index with int64 offsets; grid axis 0 (batch x chunks) is the only large one.
+MAX_ELEMENTS = 2**62
+
+
+def parameter_count(mixer: str, width: int, num_heads: int = NUM_HEADS) -> int:
+    if mixer == "rglru":
+        return 2 * width * width // num_heads + 3 * width
+    if mixer == "samu":
+        return 3 * width + 4
+    raise ValueError(f"unknown mixer {mixer!r}")
+
+
+def dynamic_control_values_per_token(mixer: str, width: int) -> int:
+    return {"rglru": 2 * width, "samu": 2}[mixer]
+
+
+def init_a_param(a_param: torch.Tensor, generator=None) -> None:
+    """softplus(a_param) = -0.5 log U, U uniform on [0.9^2, 0.999^2]."""
+    with torch.no_grad():
+        u = torch.empty_like(a_param).uniform_(0.9**2, 0.999**2, generator=generator)
+        sp = -0.5 * torch.log(u)
+        a_param.copy_(sp + torch.log(-torch.expm1(-sp)))  # inverse softplus
+
+
+def check_input(x, width: int, mixer: str) -> None:
+    """Refuse bad input with a message naming the problem; touches nothing."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{mixer}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"{mixer}: x must have rank 3 [batch, length, width], got rank {x.dim()} "
+                         f"with shape {tuple(x.shape)}")
+    batch, length, got = x.shape
+    if got != width:
+        raise ValueError(f"{mixer}: x has width {got} but the mixer's width is {width}")
+    if batch == 0 or length == 0:
+        raise ValueError(f"{mixer}: x is empty (batch {batch}, length {length}); "
+                         "batch and length must be at least 1")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{mixer}: unsupported dtype {x.dtype}; use one of "
+                        f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{mixer}: unsupported device {x.device}; use cpu or cuda")
+    if x.numel() >= MAX_ELEMENTS:
+        raise ValueError(f"{mixer}: x has {x.numel()} elements, more than the kernels can address")
+
+
+def check_parameters(mixer: str, x: torch.Tensor, params: dict[str, torch.Tensor]) -> None:
+    for name, p in params.items():
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"{mixer}: parameter {name} must be a tensor")
+        if p.device != x.device:
+            raise ValueError(f"{mixer}: parameter {name} is on {p.device} but x is on {x.device}")
+        if not p.is_floating_point():
+            raise TypeError(f"{mixer}: parameter {name} must be floating point, got {p.dtype}")
+
+
+def _rglru_width(gate_x_weight: torch.Tensor) -> tuple[int, int]:
+    if gate_x_weight.dim() != 3 or gate_x_weight.shape[1] != gate_x_weight.shape[2]:
+        raise ValueError("rglru: gate_x_weight must have shape [heads, bw, bw], got "
+                         f"{tuple(gate_x_weight.shape)}")
+    heads, bw, _ = gate_x_weight.shape
+    return heads, heads * bw
+
+
+def autocast_input(x: torch.Tensor) -> torch.Tensor:
+    """Under autocast, a float32 x enters as the autocast dtype, as a matmul would."""
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
+        return x.to(torch.get_autocast_dtype(x.device.type))
+    return x
+
+
+def _run(mixer: str, x, params: dict, backend: str):
+    x = autocast_input(x)
+    check_parameters(mixer, x, params)
+    chosen = _backends.resolve(mixer, x, backend)
+    with torch.autocast(x.device.type, enabled=False):
+        y = chosen.run(x, *params.values())
+    return y, chosen.name
+
+
+def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, backend="auto",
+          return_backend: bool = False):
+    """Functional RG-LRU. With return_backend=True returns (y, name of the backend that ran)."""
+    heads, width = _rglru_width(gate_x_weight)
+    check_input(x, width, "rglru")
+    params = dict(gate_x_weight=gate_x_weight, gate_x_bias=gate_x_bias,
+                  gate_a_weight=gate_a_weight, gate_a_bias=gate_a_bias, a_param=a_param)
+    for name in ("gate_x_bias", "gate_a_bias", "a_param"):
+        if params[name].shape != (width,):
+            raise ValueError(f"rglru: {name} must have shape [{width}], got "
+                             f"{tuple(params[name].shape)}")
+    if gate_a_weight.shape != gate_x_weight.shape:
+        raise ValueError("rglru: gate_a_weight and gate_x_weight must have the same shape")
+    y, name = _run("rglru", x, params, backend)
+    return (y, name) if return_backend else y
+
+
+def samu(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend="auto",
+         return_backend: bool = False):
+    """Functional SAMU. With return_backend=True returns (y, name of the backend that ran)."""
+    if ctrl_weight.dim() != 2 or ctrl_weight.shape[0] != 2:
+        raise ValueError(f"samu: ctrl_weight must have shape [2, D], got {tuple(ctrl_weight.shape)}")
+    width = ctrl_weight.shape[1]
+    check_input(x, width, "samu")
+    params = dict(ctrl_weight=ctrl_weight, ctrl_bias=ctrl_bias, a_param=a_param,
+                  log_temp=log_temp, skip=skip)
+    expected = {"ctrl_bias": (2,), "a_param": (width,), "log_temp": (), "skip": ()}
+    for name, shape in expected.items():
+        if tuple(params[name].shape) != shape:
+            raise ValueError(f"samu: {name} must have shape {list(shape)}, got "
+                             f"{list(params[name].shape)}")
+    y, name = _run("samu", x, params, backend)
+    return (y, name) if return_backend else y
+
+
+class _Mixer(nn.Module):
+    mixer = ""
+
+    def __init__(self, width: int, backend: str):
+        super().__init__()
+        if not isinstance(width, int) or width < 1:
+            raise ValueError(f"{self.mixer}: width must be a positive integer, got {width!r}")
+        _backends.check_name(self.mixer, backend)
+        self.width = width
+        self.backend = backend
+        self.last_backend: str | None = None  # the backend that ran in the last forward
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    @property
+    def dynamic_control_values_per_token(self) -> int:
+        return dynamic_control_values_per_token(self.mixer, self.width)
+
+    def extra_repr(self) -> str:
+        return f"width={self.width}, backend={self.backend!r}"
+
+
+class RGLRU(_Mixer):
+    """Real-Gated Linear Recurrent Unit (Griffin/Hawk) with block-diagonal gates."""
+    mixer = "rglru"
+
+    def __init__(self, width: int, num_heads: int = NUM_HEADS, backend: str = "auto",
+                 device=None):
+        super().__init__(width, backend)
+        if width % num_heads:
+            raise ValueError(f"rglru: width {width} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        bw = width // num_heads
+        kw = dict(device=device, dtype=torch.float32)
+        self.gate_x_weight = nn.Parameter(torch.empty(num_heads, bw, bw, **kw))
+        self.gate_x_bias = nn.Parameter(torch.empty(width, **kw))
+        self.gate_a_weight = nn.Parameter(torch.empty(num_heads, bw, bw, **kw))
+        self.gate_a_bias = nn.Parameter(torch.empty(width, **kw))
+        self.a_param = nn.Parameter(torch.empty(width, **kw))
+        self.reset_parameters()
+
+    def reset_parameters(self, generator=None) -> None:
+        bw = self.width // self.num_heads
+        with torch.no_grad():
+            for w in (self.gate_x_weight, self.gate_a_weight):
+                w.normal_(0.0, 1.0 / math.sqrt(bw), generator=generator)
+            self.gate_x_bias.zero_()
+            self.gate_a_bias.zero_()
+        init_a_param(self.a_param, generator)
+
+    def forward(self, x):
+        y, self.last_backend = rglru(x, *self.parameters(), backend=self.backend,
+                                     return_backend=True)
+        return y
+
+
+class SAMU(_Mixer):
+    """Scalar-gated mixer: two per-token FP32 controller scalars shared by every channel."""
+    mixer = "samu"
+
+    def __init__(self, width: int, backend: str = "auto", device=None):
+        super().__init__(width, backend)
+        kw = dict(device=device, dtype=torch.float32)
+        self.ctrl_weight = nn.Parameter(torch.empty(2, width, **kw))
+        self.ctrl_bias = nn.Parameter(torch.empty(2, **kw))
+        self.a_param = nn.Parameter(torch.empty(width, **kw))
+        self.log_temp = nn.Parameter(torch.empty((), **kw))
+        self.skip = nn.Parameter(torch.empty((), **kw))
+        self.reset_parameters()
+
+    def reset_parameters(self, generator=None) -> None:
+        with torch.no_grad():
+            self.ctrl_weight.normal_(0.0, 1.0 / math.sqrt(self.width), generator=generator)
+            self.ctrl_bias.zero_()
+            self.log_temp.zero_()
+            self.skip.zero_()
+        init_a_param(self.a_param, generator)
+
+    def forward(self, x):
+        y, self.last_backend = samu(x, *self.parameters(), backend=self.backend,
+                                    return_backend=True)
+        return y
+
+
+MODULES = {"rglru": RGLRU, "samu": SAMU}
+FUNCTIONS = {"rglru": rglru, "samu": samu}

@@ -1,0 +1,159 @@
+"""Triton pieces shared by both mixers' kernels: the scan combines, the transition, the carry.
+
+The recurrence h_t = a_t h_{t-1} + u_t is a composition of affine maps.  A chunk of T tokens is
+scanned in registers with ``tl.associative_scan``; chunks are joined by the hierarchical carry:
+
+    phase 1  each chunk, alone: decay_k = prod a, end_k = its end state from h_in = 0
+    phase 2  one program per channel block scans (decay_k, end_k) over the chunks -> h_in per chunk
+    phase 3  each chunk again: h_t = local_t + (prod_{s<=t} a_s) h_in
+
+The backward runs the same three phases in reverse time with the adjoint recurrence.
+
+Triton's reverse scan calls combine(accumulated_right, element_left); with that order one affine
+combine serves both directions (products commute).  Softplus and the sqrt are written from
+tl.exp / tl.log / tl.sqrt so that Triton's interpreter can run them (no libdevice).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+SQRT_GRAD_FLOOR = 1e-6
+
+
+@triton.jit
+def affine_combine(a1, b1, a2, b2):
+    """Apply (a1, b1) then (a2, b2): h -> a2 (a1 h + b1) + b2."""
+    return a1 * a2, a2 * b1 + b2
+
+
+@triton.jit
+def adjoint_combine(p_r, v_r, q_r, w_r, p_l, v_l, q_l, w_l):
+    """Reverse-scan combine for the adjoint.  For a segment and an incoming c = a dh from its right:
+    a_t dh_t = p c + v and dh_t = q c + w at the segment's first token."""
+    return p_l * p_r, p_l * v_r + v_l, q_l * p_r, q_l * v_r + w_l
+
+
+@triton.jit
+def softplus(z):
+    return tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))
+
+
+@triton.jit
+def one_minus_a_squared(log_a):
+    """1 - exp(2 log a) without cancellation when a is near 1 (-expm1 by its series)."""
+    x = 2.0 * log_a
+    series = -x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0)))))
+    return tl.where(x > -0.0625, series, 1.0 - tl.exp(x))
+
+
+@triton.jit
+def transition(log_a, is_first):
+    """a, m = sqrt(1 - a^2) and dm/dlog a (bounded), with m = 1 and no gradient at t = 0."""
+    a = tl.exp(log_a)
+    v = tl.maximum(one_minus_a_squared(log_a), 0.0)
+    m = tl.where(is_first, 1.0, tl.sqrt(v))
+    dm_dlog_a = tl.where(is_first, 0.0, -2.0 * a * a / tl.sqrt(tl.maximum(4.0 * v, 1e-6)))
+    return a, m, dm_dlog_a
+
+
+@triton.jit
+def last_row(values, rows, T: tl.constexpr):
+    return tl.sum(tl.where(rows[:, None] == T - 1, values, 0.0), axis=0)
+
+
+@triton.jit
+def first_row(values, rows):
+    return tl.sum(tl.where(rows[:, None] == 0, values, 0.0), axis=0)
+
+
+@triton.jit
+def chunk_carry_kernel(decay_ptr, end_ptr, out_ptr, NC, D,
+                       REVERSE: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Phase 2.  Forward: out[k] = state entering chunk k (out[0] = 0).
+    Reverse: out[k] = adjoint carry entering chunk k from its right (out[NC-1] = 0).
+    decay, end, out: [B, NC, D] fp32."""
+    b = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    col_ok = cols < D
+    base = b * NC * D
+    crow = tl.arange(0, BLOCK_C)
+    carry = tl.zeros([BLOCK_D], dtype=tl.float32)
+    n_blocks = tl.cdiv(NC, BLOCK_C)
+    if REVERSE:
+        tl.store(out_ptr + base + (NC - 1) * D + cols, carry, mask=col_ok)
+    else:
+        tl.store(out_ptr + base + cols, carry, mask=col_ok)
+    for i in range(0, n_blocks):
+        if REVERSE:
+            ks = NC - (i + 1) * BLOCK_C + crow
+        else:
+            ks = i * BLOCK_C + crow
+        ok = (ks >= 0) & (ks < NC)
+        offs = base + ks.to(tl.int64)[:, None] * D + cols[None, :]
+        m2 = ok[:, None] & col_ok[None, :]
+        dec = tl.load(decay_ptr + offs, mask=m2, other=1.0)
+        end = tl.load(end_ptr + offs, mask=m2, other=0.0)
+        p, v = tl.associative_scan((dec, end), 0, affine_combine, reverse=REVERSE)
+        state = v + p * carry[None, :]
+        if REVERSE:
+            tl.store(out_ptr + offs - D, state, mask=m2 & (ks[:, None] >= 1))
+            carry = first_row(state, crow)
+        else:
+            tl.store(out_ptr + offs + D, state, mask=m2 & (ks[:, None] < NC - 1))
+            carry = last_row(state, crow, BLOCK_C)
+
+
+def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool) -> torch.Tensor:
+    batch, n_chunks, width = end.shape
+    out = torch.empty_like(end)
+    block_d = min(128, triton.next_power_of_2(width))
+    block_c = min(64, max(16, triton.next_power_of_2(n_chunks)))
+    grid = (batch, triton.cdiv(width, block_d))
+    chunk_carry_kernel[grid](decay, end, out, n_chunks, width, REVERSE=reverse,
+                             BLOCK_C=block_c, BLOCK_D=block_d, num_warps=4)
+    return out
+
+
+def dot_dtype(x: torch.Tensor):
+    """Operand dtype of tl.dot: x's own, except under the interpreter, whose BF16 dot is wrong."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return tl.float32
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(x.dtype, tl.float32)
+
+
+def _speed_up_interpreter_scan() -> None:
+    """Triton's interpreter scans with a custom combine one element at a time in Python.  This
+    replacement steps along the scan axis only, calling the same combine on whole slices in the
+    same order (accumulated, current), so results are unchanged and tests run ~BN times faster."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    ops = getattr(interpreter, "ScanOps", None)
+    if ops is None or not hasattr(ops, "generic_scan"):
+        return
+
+    def generic_scan(self, input):
+        data = [np.moveaxis(arg.handle.data, self.axis, 0) for arg in input]
+        out = [np.empty_like(d) for d in data]
+        acc = None
+        for i in range(data[0].shape[0]):
+            cur = tuple(self.to_tensor(d[i], input[j].dtype) for j, d in enumerate(data))
+            if acc is None:
+                acc = cur
+            else:
+                ret = self.combine_fn.fn(*acc, *cur)
+                acc = ret if isinstance(ret, tuple) else (ret,)
+            for j, o in enumerate(out):
+                o[i] = np.asarray(acc[j].handle.data).reshape(o[i].shape)
+        return [self.to_tensor(np.moveaxis(o, 0, self.axis), input[j].dtype)
+                for j, o in enumerate(out)]
+
+    ops.generic_scan = generic_scan
+
+
+if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    _speed_up_interpreter_scan()
