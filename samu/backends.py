@@ -23,7 +23,7 @@ import torch
 from . import paths
 
 VOCABULARY = {
-    "reference": "pure-PyTorch scan, differentiated by autograd; materialises a and log a",
+    "reference": "pure-PyTorch scan, differentiated by autograd, which materialises a and log a",
     "sequential": "one Python step per token (the float64 oracle's formulation)",
     "chunked": "chunks of about sqrt(L) tokens scanned in parallel, then the chunk carries",
     "fused": "one Triton kernel per phase does all the elementwise work of that phase",
@@ -75,7 +75,7 @@ def explain(name: str) -> str:
             raise ValueError(f"backend name {name!r} has the unknown word {word!r}")
         text = VOCABULARY[stem]
         parts.append(f"{word}: {text}" + (f" (N = {number})" if number else ""))
-    return "; ".join(parts)
+    return " | ".join(parts)
 
 
 def available(mixer: str) -> list[str]:

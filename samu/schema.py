@@ -1,0 +1,138 @@
+"""Result schema version 1 (SPEC section 6) as a JSON Schema document, and atomic JSON writes.
+
+The seed file is the schema by example: every key it has is required with the same meaning;
+extra keys are allowed.  Validation uses the ``jsonschema`` package.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import jsonschema
+
+SCHEMA_VERSION = 1
+SAMPLES_PER_ROUND = 5
+ROUNDS = 2
+
+_number = {"type": "number"}
+_count = {"type": "integer", "minimum": 0}
+_samples = {"type": "array", "items": _number, "minItems": SAMPLES_PER_ROUND * ROUNDS,
+            "maxItems": SAMPLES_PER_ROUND * ROUNDS}
+_round_samples = {"type": "array", "items": _number, "minItems": SAMPLES_PER_ROUND,
+                  "maxItems": SAMPLES_PER_ROUND}
+_stats = {
+    "type": "object",
+    "required": ["samples_ms", "median_ms", "mean_ms", "std_ms", "minimum_ms", "maximum_ms"],
+    "properties": {"samples_ms": _samples, "median_ms": _number, "mean_ms": _number,
+                   "std_ms": _number, "minimum_ms": _number, "maximum_ms": _number},
+}
+_row = {
+    "type": "object",
+    "required": ["shape", "architecture", "backend", "controller", "forward", "backward",
+                 "forward_backward", "rounds", "peak_allocated_delta_bytes",
+                 "peak_reserved_delta_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
+                 "baseline_allocated_bytes", "baseline_reserved_bytes", "parameters",
+                 "parameter_bytes", "dynamic_control_values_per_token",
+                 "materialized_state_sized_transition"],
+    "properties": {
+        "shape": {"type": "object", "required": ["batch", "length", "width"],
+                  "properties": {k: {"type": "integer", "minimum": 1}
+                                 for k in ("batch", "length", "width")}},
+        "architecture": {"enum": ["rglru", "samu"]},
+        "backend": {"type": "string"},
+        "controller": {"type": ["string", "null"]},
+        "forward": _stats, "backward": _stats, "forward_backward": _stats,
+        "rounds": {"type": "array", "minItems": ROUNDS, "maxItems": ROUNDS, "items": {
+            "type": "object",
+            "required": ["round", "order_index", "forward_ms", "backward_ms",
+                         "forward_backward_ms"],
+            "properties": {"round": _count, "order_index": _count, "forward_ms": _round_samples,
+                           "backward_ms": _round_samples,
+                           "forward_backward_ms": _round_samples}}},
+        **{k: {"type": "integer"} for k in ("peak_allocated_delta_bytes",
+                                            "peak_reserved_delta_bytes")},
+        **{k: _count for k in ("peak_allocated_bytes", "peak_reserved_bytes",
+                               "baseline_allocated_bytes", "baseline_reserved_bytes",
+                               "parameters", "parameter_bytes",
+                               "dynamic_control_values_per_token")},
+        "materialized_state_sized_transition": {"type": "boolean"},
+    },
+}
+RESULT_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "samu result document, schema version 1",
+    "type": "object",
+    "required": ["schema_version", "protocol", "environment", "rows"],
+    "properties": {
+        "schema_version": {"const": SCHEMA_VERSION},
+        "protocol": {"type": "object",
+                     "required": ["scope", "dtype", "input_gradient", "order",
+                                  "compile_excluded", "baseline_policy", "samu_policy",
+                                  "resets"]},
+        "environment": {"type": "object", "required": ["torch", "cuda", "gpu"]},
+        "rows": {"type": "array", "minItems": 1, "items": _row},
+    },
+}
+CALIBRATION_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["gpu", "shapes", "environment"],
+    "properties": {"shapes": {"type": "object", "additionalProperties": {
+        "type": "object", "additionalProperties": {
+            "type": "object", "required": ["ranking", "chosen", "backends"],
+            "properties": {"ranking": {"type": "array", "items": {"type": "string"}},
+                           "chosen": {"type": ["string", "null"]},
+                           "backends": {"type": "array"}}}}}},
+}
+CORRECTNESS_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["shape", "environment", "mixers"],
+}
+SCHEMAS = {"result": RESULT_SCHEMA, "calibration": CALIBRATION_SCHEMA,
+           "correctness": CORRECTNESS_SCHEMA}
+
+
+def validate(doc: dict, kind: str = "result") -> None:
+    """Raise jsonschema.ValidationError naming the first problem."""
+    jsonschema.validate(doc, SCHEMAS[kind])
+
+
+def _finite(obj):
+    """JSON has no inf/nan: write them as strings so files stay valid JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def write_json_atomic(path, doc: dict, kind: str | None = "result") -> Path:
+    """Validate, then write to a temporary file beside ``path`` and rename it into place, so a
+    reader never sees a half-written file and a failure leaves the old file untouched."""
+    path = Path(path)
+    doc = _finite(doc)
+    if kind:
+        validate(doc, kind)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_json(path) -> dict:
+    with open(path) as f:
+        return json.load(f)

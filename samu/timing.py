@@ -1,0 +1,258 @@
+"""The seed's timing protocol (SPEC section 5) and the memory-bandwidth floor (SPEC section 8)."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from . import backends, paths
+from .mixers import MODULES, dynamic_control_values_per_token, parameter_count
+
+ROUNDS = 2
+SAMPLES = 5
+WARMUP = 3
+FLOOR_BYTES_PER_ELEMENT = 10  # fwd reads x, writes y; bwd reads x, dy, writes dx: all BF16
+FORWARD_FLOOR_BYTES_PER_ELEMENT = 4
+COPY_BANDWIDTH = {"nvidia-h200": 4.22e12}  # measured read+write copy rate, bytes/s (SPEC 8)
+PROTOCOL = {
+    "scope": "complete mixer preparation, recurrence, input and parameter gradients",
+    "dtype": "BF16 autocast and FP32 recurrent carry",
+    "input_gradient": True,
+    "order": "AB/BA counterbalanced",
+    "compile_excluded": True,
+    "baseline_policy": "strongest previously calibrated legal RG-LRU backend per shape",
+    "samu_policy": "strongest previously calibrated legal SAMU backend per shape",
+    "resets": "independent sequences reset at first token; no internal packed reset",
+}
+
+
+def floor_ms(shape, bandwidth: float, bytes_per_element: int = FLOOR_BYTES_PER_ELEMENT) -> float:
+    batch, length, width = shape
+    return bytes_per_element * batch * length * width / bandwidth * 1e3
+
+
+def measure_copy_bandwidth(device, nbytes: int = 2**31, reps: int = 20) -> float:
+    """Device-to-device copy rate, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    samples = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop))
+    return 2 * src.numel() * src.element_size() / (statistics.median(samples) * 1e-3)
+
+
+def _timer(device):
+    """A (start, stop) pair returning milliseconds: CUDA events on the current stream, or the
+    host clock on a CPU."""
+    if device.type == "cuda":
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def begin():
+            start.record()
+
+        def end():
+            stop.record()
+            stop.synchronize()
+            return start.elapsed_time(stop)
+        return begin, end
+    t0 = [0.0]
+
+    def begin():
+        t0[0] = time.perf_counter()
+
+    def end():
+        return (time.perf_counter() - t0[0]) * 1e3
+    return begin, end
+
+
+def _forward(module, x):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        return module(x)
+
+
+def _clear_grads(module, x):
+    x.grad = None
+    module.zero_grad(set_to_none=True)
+
+
+def _sample(module, x, dy, phase: str) -> float:
+    begin, end = _timer(x.device)
+    _clear_grads(module, x)
+    if phase == "forward":
+        begin()
+        _forward(module, x)
+        return end()
+    if phase == "backward":
+        y = _forward(module, x)
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        begin()
+        y.backward(dy)
+        return end()
+    begin()
+    _forward(module, x).backward(dy)
+    return end()
+
+
+def build_module(mixer: str, width: int, backend: str, device, seed: int = 0):
+    torch.manual_seed(seed)
+    module = MODULES[mixer](width, backend=backend).to(device)
+    module.reset_parameters(generator=torch.Generator().manual_seed(seed))
+    return module
+
+
+def time_forward_backward(mixer: str, backend: str, x, params: dict, dy, reps: int) -> list:
+    """forward+backward samples of one backend on given inputs (for calibration)."""
+    module = MODULES[mixer](x.shape[-1], backend=backend).to(x.device)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(params[name])
+    xg = x.detach().clone().requires_grad_()
+    for _ in range(WARMUP):
+        _sample(module, xg, dy, "forward_backward")
+    return [_sample(module, xg, dy, "forward_backward") for _ in range(reps)]
+
+
+def summarize(samples: list) -> dict:
+    return {
+        "samples_ms": samples,
+        "median_ms": statistics.median(samples),
+        "mean_ms": statistics.fmean(samples),
+        "std_ms": statistics.pstdev(samples),
+        "minimum_ms": min(samples),
+        "maximum_ms": max(samples),
+    }
+
+
+def measure_memory(module, x, dy) -> dict:
+    """Six memory figures around one forward_backward (zeros on a CPU, which has no counters)."""
+    keys = ("peak_allocated_delta_bytes", "peak_reserved_delta_bytes", "peak_allocated_bytes",
+            "peak_reserved_bytes", "baseline_allocated_bytes", "baseline_reserved_bytes")
+    if not x.is_cuda:
+        _sample(module, x, dy, "forward_backward")
+        return dict.fromkeys(keys, 0)
+    _clear_grads(module, x)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base_alloc, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    _forward(module, x).backward(dy)
+    torch.cuda.synchronize()
+    peak_alloc, peak_res = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    return dict(zip(keys, (peak_alloc - base_alloc, peak_res - base_res, peak_alloc, peak_res,
+                           base_alloc, base_res)))
+
+
+def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rounds=ROUNDS,
+               samples=SAMPLES, progress=None) -> list[dict]:
+    """Both mixers at one shape, AB/BA counterbalanced: round r runs RG-LRU first when
+    (r + shape_index) is even.  Returns one result row per mixer."""
+    device = torch.device(device)
+    batch, length, width = shape
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, length, width, generator=gen).to(device, torch.bfloat16)
+    x.requires_grad_()
+    dy = torch.randn(batch, length, width, generator=gen).to(device, torch.bfloat16)
+    modules = {m: build_module(m, width, chosen[m], device, seed) for m in ("rglru", "samu")}
+    per_round = {m: [] for m in modules}
+    for r in range(rounds):
+        order = ["rglru", "samu"] if (r + shape_index) % 2 == 0 else ["samu", "rglru"]
+        for position, mixer in enumerate(order):
+            module = modules[mixer]
+            for _ in range(WARMUP):
+                _sample(module, x, dy, "forward_backward")
+            phases = {}
+            for phase in ("forward", "backward", "forward_backward"):
+                phases[f"{phase}_ms"] = [_sample(module, x, dy, phase) for _ in range(samples)]
+                if progress:
+                    progress(f"round {r} {mixer} {phase}")
+            per_round[mixer].append({"round": r, "order_index": position, **phases})
+    rows = []
+    for mixer, module in modules.items():
+        rounds_ = per_round[mixer]
+        row = {
+            "shape": {"batch": batch, "length": length, "width": width},
+            "architecture": mixer,
+            "backend": module.last_backend,
+            "controller": "fp32_fused_coords" if mixer == "samu" else None,
+        }
+        for phase in ("forward", "backward", "forward_backward"):
+            row[phase] = summarize([s for rd in rounds_ for s in rd[f"{phase}_ms"]])
+        row["rounds"] = rounds_
+        row.update(measure_memory(module, x, dy))
+        n_params = parameter_count(mixer, width)
+        row["parameters"] = n_params
+        row["parameter_bytes"] = 4 * n_params
+        row["dynamic_control_values_per_token"] = (
+            dynamic_control_values_per_token(mixer, width))
+        row["materialized_state_sized_transition"] = (
+            backends.REGISTRY[mixer][module.last_backend].materialized_state_sized_transition)
+        rows.append(row)
+    return rows
+
+
+def add_floor_figures(rows: list[dict], bandwidth: float) -> None:
+    """Floor, fraction of it reached, achieved bandwidth, and SAMU's speedup, as extra keys."""
+    fb = {}
+    for row in rows:
+        s = row["shape"]
+        shape = (s["batch"], s["length"], s["width"])
+        floor = floor_ms(shape, bandwidth)
+        median = row["forward_backward"]["median_ms"]
+        row["floor_ms"] = floor
+        row["floor_fraction"] = floor / median
+        row["times_floor"] = median / floor
+        row["forward_floor_ms"] = floor_ms(shape, bandwidth, FORWARD_FLOOR_BYTES_PER_ELEMENT)
+        row["achieved_bandwidth_bytes_per_s"] = (
+            FLOOR_BYTES_PER_ELEMENT * shape[0] * shape[1] * shape[2] / (median * 1e-3))
+        row["copy_bandwidth_bytes_per_s"] = bandwidth
+        fb[(shape, row["architecture"])] = row["forward_backward"]
+    for row in rows:
+        s = row["shape"]
+        shape = (s["batch"], s["length"], s["width"])
+        base = fb.get((shape, "rglru"))
+        if row["architecture"] == "samu" and base:
+            row["speedup_vs_rglru"] = base["median_ms"] / row["forward_backward"]["median_ms"]
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=paths.REPO_ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("SAMU_GIT_COMMIT")
+
+
+def environment() -> dict:
+    """The seed's three keys plus what a reader needs to reproduce the numbers."""
+    import triton
+    env = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "driver": None,
+        "git_commit": _git_commit(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0") == "1",
+    }
+    if torch.cuda.is_available():
+        try:
+            env["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, check=True).stdout.strip().splitlines()[0]
+        except (OSError, subprocess.CalledProcessError, IndexError):
+            pass
+    return env

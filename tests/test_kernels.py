@@ -1,0 +1,47 @@
+"""Every Triton backend against the float64 oracle with SPEC section 4's legality rule.
+On a CPU these run under Triton's interpreter at tiny sizes (conftest sets TRITON_INTERPRET)."""
+import pytest
+import torch
+
+from samu import backends, calibration
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _triton(mixer):
+    return [n for n in backends.available(mixer) if backends.REGISTRY[mixer][n].kind == "triton"]
+
+
+CASES = [(m, n, (2, 37, 48)) for m in ("samu", "rglru") for n in _triton(m)]
+# odd lengths, B > 1, widths that are not powers of two, length 1, several chunks
+CASES += [("samu", backends.DEFAULTS["samu"], s) for s in [(1, 1, 16), (3, 100, 80)]]
+CASES += [("rglru", backends.DEFAULTS["rglru"], s) for s in [(1, 1, 16), (1, 70, 96)]]
+
+
+@pytest.mark.parametrize("mixer, backend, shape", CASES)
+def test_backend_is_legal(mixer, backend, shape):
+    entry = calibration.check_legality(mixer, backend, shape, DEVICE, seed=sum(shape))
+    assert entry["legal"], entry["reason"]
+    assert not entry["materialized_state_sized_transition"]
+    assert set(entry["errors"]) == {"y", "x", *calibration.PARAMETER_NAMES[mixer]}
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_chunk_sizes_agree(mixer):
+    """Kernel formulations with different chunks give the same function (beyond rounding)."""
+    x, params, dy = calibration.make_inputs(mixer, (1, 40, 32), DEVICE, seed=5,
+                                            dtype=torch.float32)
+    names = _triton(mixer)[:2]
+    outs = [calibration.outputs(mixer, n, x, params, dy) for n in names]
+    for key in outs[0]:
+        a, b = outs[0][key].double(), outs[1][key].double()
+        assert ((a - b).norm() / b.norm().clamp_min(1e-30)).item() < 1e-4, key
+
+
+def test_float32_input_is_accurate():
+    x, params, dy = calibration.make_inputs("samu", (1, 33, 16), DEVICE, seed=1,
+                                            dtype=torch.float32)
+    got = calibration.outputs("samu", backends.DEFAULTS["samu"], x, params, dy)
+    want = calibration.oracle("samu", x, params, dy)
+    errs = calibration.relative_errors(got, want)
+    assert max(errs.values()) < 1e-4, errs

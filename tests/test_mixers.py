@@ -1,0 +1,114 @@
+"""Modules and functional forms: names, shapes, footprints, autocast policy, clear errors."""
+import pytest
+import torch
+
+import samu
+from samu.mixers import PARAMETER_NAMES, parameter_count
+
+SEED_FOOTPRINTS = {  # (width): (rglru parameters, samu parameters), from the seed file
+    1024: (134144, 3076), 2048: (530432, 6148), 2560: (826880, 7684)}
+
+
+@pytest.mark.parametrize("width", sorted(SEED_FOOTPRINTS))
+def test_footprints_equal_seed(width):
+    rglru, samu_ = samu.RGLRU(width), samu.SAMU(width)
+    assert rglru.num_parameters == parameter_count("rglru", width) == SEED_FOOTPRINTS[width][0]
+    assert samu_.num_parameters == parameter_count("samu", width) == SEED_FOOTPRINTS[width][1]
+    assert rglru.dynamic_control_values_per_token == 2 * width
+    assert samu_.dynamic_control_values_per_token == 2
+
+
+def test_state_dict_is_the_contract():
+    shapes = {k: tuple(v.shape) for k, v in samu.RGLRU(64).state_dict().items()}
+    assert shapes == {"gate_x_weight": (16, 4, 4), "gate_x_bias": (64,),
+                      "gate_a_weight": (16, 4, 4), "gate_a_bias": (64,), "a_param": (64,)}
+    shapes = {k: tuple(v.shape) for k, v in samu.SAMU(64).state_dict().items()}
+    assert shapes == {"ctrl_weight": (2, 64), "ctrl_bias": (2,), "a_param": (64,),
+                      "log_temp": (), "skip": ()}
+    for mixer, cls in (("rglru", samu.RGLRU), ("samu", samu.SAMU)):
+        assert tuple(cls(32).state_dict()) == PARAMETER_NAMES[mixer]
+        assert all(p.dtype == torch.float32 for p in cls(32).parameters())
+
+
+def test_initialisation_distribution():
+    torch.manual_seed(0)
+    m = samu.RGLRU(2048)
+    sp = torch.nn.functional.softplus(m.a_param.detach())
+    u = torch.exp(-2 * sp)  # softplus(a_param) = -0.5 log U
+    assert u.min() >= 0.9**2 - 1e-5 and u.max() <= 0.999**2 + 1e-5
+    assert abs(m.gate_x_weight.std().item() - 1 / 128**0.5) < 0.01 * (1 / 128**0.5) * 5
+    assert m.gate_x_bias.abs().max() == 0
+    s = samu.SAMU(2048)
+    assert abs(s.ctrl_weight.std().item() - 1 / 2048**0.5) < 0.002
+    assert s.log_temp.item() == 0 and s.skip.item() == 0
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_module_forward_cpu_policy(mixer):
+    m = samu.mixers.MODULES[mixer](32, backend="reference_chunked")
+    x = torch.randn(2, 9, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m(x)
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape
+    assert m.last_backend == "reference_chunked"
+    y.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in m.parameters())
+
+
+def test_functional_equals_module():
+    m = samu.SAMU(16, backend="reference_sequential")
+    x = torch.randn(1, 5, 16)
+    y, name = samu.samu(x, *m.parameters(), backend="reference_sequential",
+                        return_backend=True)
+    assert name == "reference_sequential"
+    assert torch.equal(y, m(x))
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_non_contiguous_input(mixer):
+    m = samu.mixers.MODULES[mixer](16, backend="reference_chunked")
+    x = torch.randn(5, 2, 16).transpose(0, 1)
+    assert not x.is_contiguous()
+    assert torch.allclose(m(x), m(x.contiguous()))
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("bad, error, words", [
+    (torch.randn(4, 16), ValueError, "rank 3"),
+    (torch.randn(1, 2, 4, 16), ValueError, "rank 3"),
+    (torch.randn(1, 4, 32), ValueError, "width 32"),
+    (torch.randn(1, 0, 16), ValueError, "empty"),
+    (torch.randn(0, 3, 16), ValueError, "empty"),
+    (torch.randint(0, 3, (1, 4, 16)), TypeError, "dtype"),
+    (torch.randn(1, 4, 16).to(torch.complex64), TypeError, "dtype"),
+    (torch.randn(1, 4, 16, device="meta"), ValueError, "device"),
+    ([[1.0]], TypeError, "torch.Tensor"),
+])
+def test_bad_input_is_refused_clearly(mixer, bad, error, words):
+    m = samu.mixers.MODULES[mixer](16, backend="reference_chunked")
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with pytest.raises(error, match=words):
+        m(bad)
+    assert m.last_backend is None  # no state touched
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+
+
+def test_width_not_divisible_by_heads():
+    with pytest.raises(ValueError, match="not divisible by num_heads 16"):
+        samu.RGLRU(40)
+    m = samu.RGLRU(32)
+    with pytest.raises(ValueError, match="gate_x_bias"):
+        samu.rglru(torch.randn(1, 3, 32), m.gate_x_weight, m.gate_x_bias[:-1],
+                   m.gate_a_weight, m.gate_a_bias, m.a_param)
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="unknown backend 'fastest'"):
+        samu.SAMU(16, backend="fastest")
+
+
+def test_parameter_on_other_device_refused():
+    m = samu.SAMU(16)
+    with pytest.raises(ValueError, match="ctrl_weight is on meta"):
+        samu.samu(torch.randn(1, 2, 16), m.ctrl_weight.to("meta"), m.ctrl_bias, m.a_param,
+                  m.log_temp, m.skip)
