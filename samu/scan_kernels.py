@@ -110,7 +110,9 @@ def chunk_carry_kernel(decay_ptr, end_ptr, out_ptr, NC, D,
 def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool) -> torch.Tensor:
     batch, n_chunks, width = end.shape
     out = torch.empty_like(end)
-    block_d = min(128, triton.next_power_of_2(width))
+    # One program per (batch, channel block) walks every chunk: keep >= ~256 programs busy.
+    block_d = max(16, min(128, triton.next_power_of_2(max(1, batch * width // 256))))
+    block_d = min(block_d, max(16, triton.next_power_of_2(width)))
     block_c = min(64, max(16, triton.next_power_of_2(n_chunks)))
     grid = (batch, triton.cdiv(width, block_d))
     chunk_carry_kernel[grid](decay, end, out, n_chunks, width, REVERSE=reverse,

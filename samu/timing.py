@@ -15,7 +15,11 @@ from .mixers import MODULES, dynamic_control_values_per_token, parameter_count
 
 ROUNDS = 2
 SAMPLES = 5
-WARMUP = 3
+WARMUP = 3  # on a GPU; a CPU (interpreter) run compiles nothing and warms up once
+
+
+def warmup_count(device) -> int:
+    return WARMUP if torch.device(device).type == "cuda" else 1
 FLOOR_BYTES_PER_ELEMENT = 10  # fwd reads x, writes y; bwd reads x, dy, writes dx: all BF16
 FORWARD_FLOOR_BYTES_PER_ELEMENT = 4
 COPY_BANDWIDTH = {"nvidia-h200": 4.22e12}  # measured read+write copy rate, bytes/s (SPEC 8)
@@ -107,10 +111,9 @@ def _sample(module, x, dy, phase: str) -> float:
 
 
 def build_module(mixer: str, width: int, backend: str, device, seed: int = 0):
-    torch.manual_seed(seed)
-    module = MODULES[mixer](width, backend=backend).to(device)
+    module = MODULES[mixer](width, backend=backend)
     module.reset_parameters(generator=torch.Generator().manual_seed(seed))
-    return module
+    return module.to(device)
 
 
 def time_forward_backward(mixer: str, backend: str, x, params: dict, dy, reps: int) -> list:
@@ -120,7 +123,7 @@ def time_forward_backward(mixer: str, backend: str, x, params: dict, dy, reps: i
         for name, p in module.named_parameters():
             p.copy_(params[name])
     xg = x.detach().clone().requires_grad_()
-    for _ in range(WARMUP):
+    for _ in range(warmup_count(x.device)):
         _sample(module, xg, dy, "forward_backward")
     return [_sample(module, xg, dy, "forward_backward") for _ in range(reps)]
 
@@ -170,7 +173,7 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
         order = ["rglru", "samu"] if (r + shape_index) % 2 == 0 else ["samu", "rglru"]
         for position, mixer in enumerate(order):
             module = modules[mixer]
-            for _ in range(WARMUP):
+            for _ in range(warmup_count(device)):
                 _sample(module, x, dy, "forward_backward")
             phases = {}
             for phase in ("forward", "backward", "forward_backward"):
@@ -256,3 +259,23 @@ def environment() -> dict:
         except (OSError, subprocess.CalledProcessError, IndexError):
             pass
     return env
+
+
+def result_document(rows: list[dict]) -> dict:
+    return {"schema_version": 1, "protocol": dict(PROTOCOL), "environment": environment(),
+            "rows": rows}
+
+
+def write_shape_result(slug: str, shape, rows: list[dict], calibration_doc: dict | None = None):
+    """One schema-valid file per shape in data/results/<slug>/, with the legality errors that
+    calibration recorded for each row's backend."""
+    if calibration_doc:
+        entry = calibration_doc["shapes"].get(backends.shape_key(shape), {})
+        for row in rows:
+            for b in entry.get(row["architecture"], {}).get("backends", []):
+                if b["backend"] == row["backend"]:
+                    row["legality_errors"] = b.get("errors")
+                    row["eager_reference_errors"] = b.get("eager_errors")
+    from . import schema
+    path = paths.results_dir(slug) / f"{backends.shape_key(shape)}.json"
+    return schema.write_json_atomic(path, result_document(rows))

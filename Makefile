@@ -1,0 +1,42 @@
+# samu: `make reproduce` regenerates every data file and figure; `make test` runs the tests.
+# PYTHON=/path/to/python uses an existing environment (e.g. a GPU machine's image) and installs nothing.
+VENV := .venv
+TORCH_SPEC ?= torch==2.13.0
+ifeq ($(origin PYTHON), undefined)
+PYTHON := $(VENV)/bin/python
+SETUP := $(VENV)/.installed
+else
+SETUP :=
+endif
+SHAPES ?=
+NBVAL_DATA := $(shell mktemp -d -u /tmp/samu-nbval.XXXXXX)
+
+.PHONY: setup test reproduce lab notebooks clean
+
+setup: $(SETUP)
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q "$(TORCH_SPEC)"
+	$(VENV)/bin/pip install -q -r requirements.txt
+	$(VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+# pytest over tests/, then nbval over the notebooks; notebook outputs go to a scratch data folder.
+test: $(SETUP)
+	$(PYTHON) -m pytest -q tests
+	SAMU_DATA_DIR=$(NBVAL_DATA) $(PYTHON) -m pytest -q --nbval-lax -p no:cacheprovider notebooks
+	rm -rf $(NBVAL_DATA)
+
+reproduce: $(SETUP)
+	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.pipeline $(if $(SHAPES),--shapes $(SHAPES))
+
+lab: $(SETUP)
+	$(PYTHON) -m jupyter lab notebooks
+
+notebooks: $(SETUP)
+	$(PYTHON) scripts/make_notebooks.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,93 @@
+"""`make reproduce`: papermill runs notebooks 01-03 once per shape, then 04 once.
+
+Executed notebooks go to data/runs/<gpu>/<shape>/, apart from the sources.  A notebook that fails
+stops the run with a non-zero exit; its executed copy is kept as *.failed.ipynb for reading, and
+the result files it would have written are untouched (they are written atomically).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+GPU_SHAPES = ["4x2048x2048", "1x8192x2560", "1x32768x1024", "1x32768x2048"]
+CPU_SHAPES = ["1x16x16", "2x33x32"]
+PER_SHAPE = ["01_correctness", "02_calibration", "03_timing"]
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    try:
+        batch, length, width = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"bad shape {text!r}: write BATCHxLENGTHxWIDTH, e.g. 4x2048x2048")
+    if min(batch, length, width) < 1:
+        raise SystemExit(f"bad shape {text!r}: every dimension must be at least 1")
+    return batch, length, width
+
+
+def run_notebook(name: str, out_dir: Path, parameters: dict) -> Path:
+    import papermill
+    from . import paths
+
+    src = paths.REPO_ROOT / "notebooks" / f"{name}.ipynb"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / f"{name}.ipynb"
+    partial = out_dir / f".{name}.running.ipynb"
+    try:
+        papermill.execute_notebook(str(src), str(partial), parameters=parameters,
+                                   cwd=str(paths.REPO_ROOT / "notebooks"), progress_bar=False)
+    except Exception:
+        if partial.exists():
+            partial.replace(out_dir / f"{name}.failed.ipynb")
+        raise
+    partial.replace(final)
+    return final
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shapes", nargs="*", default=None,
+                        help="BATCHxLENGTHxWIDTH ... (default: the seed's four on a GPU, "
+                             "small ones on a CPU)")
+    args = parser.parse_args(argv)
+    import torch
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        print("No CUDA device: running small shapes with Triton's interpreter. CPU timings "
+              "are no GPU claim.", flush=True)
+    from tqdm.auto import tqdm
+    from . import backends, paths, report
+
+    shapes = [parse_shape(s) for s in (args.shapes or (GPU_SHAPES if cuda else CPU_SHAPES))]
+    slug = backends.gpu_slug()
+    steps = [(k, shape, nb) for k, shape in enumerate(shapes) for nb in PER_SHAPE]
+    bar = tqdm(total=len(steps) + 1, desc="reproduce", unit="notebook")
+    try:
+        for k, shape, nb in steps:
+            label = backends.shape_key(shape)
+            bar.set_postfix_str(f"{nb} {label}")
+            run_notebook(nb, paths.DATA / "runs" / slug / label,
+                         dict(batch=shape[0], length=shape[1], width=shape[2], shape_index=k))
+            bar.update()
+        bar.set_postfix_str("04_report")
+        run_notebook("04_report", paths.DATA / "runs" / slug, dict(gpu_slug=slug))
+        bar.update()
+    except Exception as exc:
+        bar.close()
+        print(f"\nreproduce FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    bar.close()
+    doc = report.combine(slug)
+    df = report.frame(doc, slug)
+    import pandas as pd
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(report.summary_table(df).to_string(index=False))
+    print(f"\nwrote {paths.results_file(slug)}, {paths.results_dir(slug)}/, "
+          f"{paths.calibration_file(slug)}, {paths.figures_dir()}/{slug}_*.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Writes notebooks/*.ipynb (without outputs).  The notebooks are the source users open; this
+script only keeps their cells reviewable as one Python file.  Run: python scripts/make_notebooks.py"""
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+ROOT = Path(__file__).resolve().parent.parent
+SETUP = '''import os
+import torch
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton's interpreter runs the kernels on a CPU
+import samu
+from samu import backends, calibration, paths, report, schema, timing
+device = "cuda" if torch.cuda.is_available() else "cpu"
+slug = backends.gpu_slug()
+shape = (batch, length, width)
+print(f"device {device} ({slug}); shape {shape}")'''
+
+
+def params(src):
+    cell = new_code_cell(src)
+    cell.metadata["tags"] = ["parameters"]
+    return cell
+
+
+def md(src):
+    return new_markdown_cell(src)
+
+
+def code(src):
+    return new_code_cell(src)
+
+
+def save(name, cells):
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nbformat.write(nb, ROOT / "notebooks" / f"{name}.ipynb")
+
+
+save("00_derivation", [
+    md(r"""# 00 — Derivation: the recurrence, its chunked composition, and its backward
+
+Both mixers run one recurrence, elementwise per channel, carried in FP32:
+
+$$h_t = a_t\,h_{t-1} + u_t,\qquad h_{-1}=0,\qquad m_t=\sqrt{1-a_t^2}\ (t\ge1),\quad m_0=1,\ a_0 \equiv 0.$$
+
+**RG-LRU** (16 heads, block width $b_w = D/16$): $g^x=\sigma(G_x(x))$, $g^a=\sigma(G_a(x))$ with block-diagonal
+$G(x)_{h b_w+j}=\sum_i x_{h b_w+i}W_{h,i,j}+b_{h b_w+j}$; $\log a_t=-8\,g^a_t\,\mathrm{softplus}(\Lambda)$, $u_t=m_t\,g^x_t\,x_t$, $y_t=h_t$.
+
+**SAMU**: $z_t = W_c x_t + b_c\in\mathbb R^2$ (FP32), $r_t=\sigma(z_{t,0})$, $g_t=\sigma(z_{t,1})$ shared by every channel,
+$c=8e^{\tau}$, $\log a_{t,d}=-c\,r_t\,\mathrm{softplus}(\Lambda_d)$, $u_{t,d}=m_{t,d}\,g_t\,x_{t,d}$, $y_t=h_t+s\,x_t$.
+
+Every identity below is checked numerically in an `assert` cell, in float64."""),
+    params("length = 200\nwidth = 32\nbatch = 2\nseed = 0"),
+    code(SETUP + '''
+import pandas as pd
+from samu import backward, reference
+torch.manual_seed(seed)
+gen = torch.Generator().manual_seed(seed)
+a = torch.rand(batch, length, width, generator=gen, dtype=torch.float64)
+u = torch.randn(batch, length, width, generator=gen, dtype=torch.float64)'''),
+    md(r"""## 1. The scan unrolled
+
+$h_t=\sum_{s\le t}\Big(\prod_{s<r\le t}a_r\Big)u_s$. The sequential scan is the oracle's formulation."""),
+    code('''t = min(length, 12)
+explicit = torch.stack([sum(torch.prod(a[:, s + 1:k + 1], dim=1) * u[:, s] for s in range(k + 1))
+                        for k in range(t)], dim=1)
+err = (reference.scan_sequential(a[:, :t], u[:, :t]) - explicit).abs().max().item()
+print(f"max |sequential - unrolled| = {err:.1e}")
+assert err < 1e-12'''),
+    md(r"""## 2. Chunk and carry composition
+
+Each step is the affine map $h\mapsto a_t h+u_t$. Composing two maps gives $(a_1,b_1)\circ(a_2,b_2) = (a_1a_2,\ a_2b_1+b_2)$,
+which is associative, so any grouping of the tokens gives the same state. For a chunk entered with state $h_\text{in}$:
+
+$$h_t = \underbrace{h^{\text{local}}_t}_{\text{scan from }0} + \Big(\prod_{s\le t,\ s\in\text{chunk}} a_s\Big)\,h_\text{in}.$$
+
+Phase 1 computes every chunk's (decay, end state) alone; phase 2 scans those summaries (the same combine) to get each
+chunk's $h_\text{in}$; phase 3 rebuilds $h_t$. The kernels use this with chunks of 16-64 tokens."""),
+    code('''def compose(p, q):  # apply p then q: the kernels' affine_combine
+    return p[0] * q[0], q[0] * p[1] + q[1]
+maps = [(a[:, i], u[:, i]) for i in range(3)]
+left = compose(compose(maps[0], maps[1]), maps[2])
+right = compose(maps[0], compose(maps[1], maps[2]))
+assert all(torch.allclose(l, r, rtol=1e-14) for l, r in zip(left, right))
+sequential = reference.scan_sequential(a, u)
+rows = []
+for chunk in (1, 3, 16, 64, reference.default_chunk(length)):
+    rel = ((reference.scan_chunked(a, u, chunk) - sequential).norm() / sequential.norm()).item()
+    rows.append({"chunk": chunk, "relative error vs sequential": rel})
+    assert rel < 1e-12
+pd.DataFrame(rows)'''),
+    md(r"""## 3. The backward
+
+With $\delta_t = \partial\mathcal L/\partial h_t$ the total gradient reaching $h_t$:
+
+$$\delta_t = \bar y_t + a_{t+1}\,\delta_{t+1}\quad(\delta_L=0),$$
+
+the same scan run backwards in time. Since $a_t h_{t-1} = h_t-u_t$, no shift or division is needed:
+
+$$\overline{\log a_t} = \delta_t\,(h_t-u_t) + [t>0]\;\delta_t\,\mathrm{gate}_t\,x_t\,\frac{-2a_t^2}{\sqrt{\max(4(1-a_t^2),10^{-6})}}.$$
+
+The sqrt's derivative is bounded as in recurrentgemma (at most 1000). Then, per mixer:
+
+* RG-LRU: $\overline{G_x}=\delta\,m\,x\,g^x(1-g^x)$, $\overline{G_a}=\overline{\log a}\,(-8\,\mathrm{sp})\,g^a(1-g^a)$,
+  $\bar x=\delta\,m\,g^x+\overline{G_x}W_x^\top+\overline{G_a}W_a^\top$ (per head), $\bar W_h=\sum x_h^\top\overline{G}_h$, $\bar b=\sum\overline G$,
+  $\bar\Lambda=\sum_t\overline{\log a}\,(-8g^a)\,\sigma(\Lambda)$.
+* SAMU: $\bar r_t=\sum_d\overline{\log a}_{t,d}(-c\,\mathrm{sp}_d)$, $\bar g_t=\sum_d\delta\,m\,x$, $\bar z=(\bar r\,r(1-r),\ \bar g\,g(1-g))$,
+  $\bar x=\delta\,m\,g+s\,\bar y+W_c^\top\bar z$, $\bar W_c=\sum_t\bar z_t x_t^\top$, $\bar\tau=\sum\overline{\log a}\,\log a$, $\bar s=\sum\bar y\,x$.
+
+The kernels evaluate $\delta$ with a reverse `tl.associative_scan` over 4-tuples (see `samu/scan_kernels.py`,
+`adjoint_combine`) and recompute $h$ from FP32 per-chunk checkpoints instead of saving any [B, L, D] FP32 tensor."""),
+    code('''dy = torch.randn(batch, length, width, generator=gen, dtype=torch.float64)
+want = torch.zeros_like(dy)
+nxt = torch.zeros_like(dy[:, 0])
+for k in reversed(range(length)):
+    nxt = dy[:, k] + (a[:, k + 1] * nxt if k + 1 < length else 0)
+    want[:, k] = nxt
+for scan in ("sequential", "chunked"):
+    assert torch.allclose(backward.reverse_scan(a, dy, scan), want, rtol=1e-12)
+h = reference.scan_sequential(a, u)
+assert torch.allclose(a[:, 1:] * h[:, :-1], h[:, 1:] - u[:, 1:], rtol=1e-12, atol=1e-14)
+v = torch.tensor([0.0, 1e-9, 0.5], dtype=torch.float64, requires_grad=True)
+reference.BoundedSqrt.apply(v).sum().backward()
+assert abs(v.grad[0].item() - 1000.0) < 1e-9
+print("reverse scan, a_t h_(t-1) = h_t - u_t, bounded sqrt derivative: OK")'''),
+    code('''rows = []
+for mixer in ("rglru", "samu"):
+    module = samu.mixers.MODULES[mixer](width).double()
+    module.reset_parameters(generator=torch.Generator().manual_seed(seed))
+    ps = [p.detach().clone().requires_grad_() for p in module.parameters()]
+    if mixer == "samu":  # exercise the temperature and skip too
+        with torch.no_grad():
+            ps[3].fill_(0.4); ps[4].fill_(-0.3)
+    x = torch.randn(batch, length, width, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = reference.REFERENCES[mixer](x, *ps, scan="sequential")
+    auto = torch.autograd.grad(y, [x, *ps], dy)
+    manual = backward.BACKWARDS[mixer](x.detach(), dy, *[p.detach() for p in ps], scan="chunked")
+    for name, g in zip(["x", *samu.mixers.PARAMETER_NAMES[mixer]], auto):
+        rel = ((manual[name] - g).norm() / g.norm()).item()
+        rows.append({"mixer": mixer, "gradient": name, "formula vs autograd": rel})
+        assert rel < 1e-12, (mixer, name, rel)
+pd.DataFrame(rows)'''),
+    md("## 4. Footprints against the seed\n\nParameters and dynamic control values per token, from the formulas of SPEC section 2, beside the seed file's figures."),
+    code('''seed_doc = report.seed_document()
+rows = []
+for row in seed_doc["rows"]:
+    w, mixer = row["shape"]["width"], row["architecture"]
+    rows.append({"width": w, "mixer": mixer, "seed parameters": row["parameters"],
+                 "samu parameters": samu.parameter_count(mixer, w),
+                 "seed control values/token": row["dynamic_control_values_per_token"],
+                 "samu control values/token": samu.dynamic_control_values_per_token(mixer, w)})
+table = pd.DataFrame(rows).drop_duplicates()
+print(table.to_string(index=False))
+assert (table["seed parameters"] == table["samu parameters"]).all()'''),
+    md(r"""The seed's RG-LRU rows record 2D control values per token (gx and ga per channel), as the formula does; SAMU's two
+scalars per token are shared by every channel. The byte counts that bound the kernels are in SPEC section 8 and in the
+module docstrings of `samu/kernels_samu.py` and `samu/kernels_rglru.py`."""),
+    code('''assert (table["seed control values/token"] == table["samu control values/token"]).all()'''),
+])
+
+save("01_correctness", [
+    md("# 01 — Correctness: every backend against the float64 oracle at one shape\n\n"
+       "Errors are normwise relative, ‖got − oracle‖ / ‖oracle‖, of y and of every gradient. The oracle runs in "
+       "float64 from the same BF16-rounded x and FP32 parameters; the eager PyTorch autocast reference's errors stand "
+       "beside them. A backend is legal when every error is at most 2 × the eager error + 1e-3 (SPEC section 4)."),
+    params("batch, length, width = 1, 16, 16\nshape_index = 0\nseed = 0"),
+    code(SETUP),
+    code('''import pandas as pd
+doc = {"shape": list(shape), "environment": timing.environment(), "mixers": {}}
+tables = []
+for mixer in ("rglru", "samu"):
+    x, params, dy = calibration.make_inputs(mixer, shape, device, seed)
+    want = calibration.oracle(mixer, x, params, dy)
+    eager = calibration.relative_errors(calibration.outputs(mixer, "reference_chunked", x, params, dy), want)
+    entries = [calibration.check_legality(mixer, name, shape, device, seed, want, eager)
+               for name in backends.available(mixer) if backends.REGISTRY[mixer][name].kind == "triton"]
+    doc["mixers"][mixer] = entries
+    tables.append(pd.DataFrame([{"mixer": mixer, "backend": "eager autocast reference", **eager, "legal": None}]
+                               + [{"mixer": mixer, "backend": e["backend"], **e["errors"], "legal": e["legal"]}
+                                  for e in entries]))
+path = schema.write_json_atomic(paths.correctness_dir(slug) / f"{backends.shape_key(shape)}.json", doc,
+                                kind="correctness")
+print("wrote", path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path)
+for t in tables:
+    display(t.set_index(["mixer", "backend"]).style.format(precision=2, na_rep="", formatter={
+        c: "{:.1e}" for c in t.columns if c not in ("mixer", "backend", "legal")}))'''),
+    code('''illegal = [(m, e["backend"], e["reason"]) for m, es in doc["mixers"].items() for e in es if not e["legal"]]
+assert not illegal, illegal
+print("every Triton backend is legal at", shape)'''),
+])
+
+save("02_calibration", [
+    md("# 02 — Calibration: legality and forward+backward medians of every backend at one shape\n\n"
+       "Legal backends are ranked by their forward+backward median; the fastest is the choice that `backend=\"auto\"` "
+       "and notebook 03 take. The result is merged into `data/calibration/<gpu>.json` atomically. Reference "
+       "backends materialise a state-sized transition, so they are recorded as illegal."),
+    params("batch, length, width = 1, 16, 16\nshape_index = 0\nreps = 10\nseed = 0"),
+    code(SETUP + '''
+if device == "cpu":
+    reps = min(reps, 2)
+    print("CPU run: interpreter timings rank nothing about a GPU; they only exercise the pipeline.")'''),
+    code('''from tqdm.auto import tqdm
+bar = tqdm(desc="calibrate", total=sum(len(backends.available(m)) for m in ("rglru", "samu")))
+def progress(label):
+    bar.set_postfix_str(label); bar.update()
+result = calibration.calibrate_shape(shape, device, reps=reps, seed=seed, progress=progress)
+bar.close()
+cal = calibration.merge_calibration(slug, shape, result, timing.environment())
+for mixer, r in result.items():
+    print(f"{mixer}: chosen {r['chosen']}; ranking {r['ranking']}")
+    assert r["chosen"] is not None, f"no legal {mixer} backend at {shape}"'''),
+    code('''import pandas as pd, seaborn as sns, matplotlib.pyplot as plt
+rows = [{"mixer": m, "backend": e["backend"], "median_ms": e["median_ms"]}
+        for m, r in result.items() for e in r["backends"] if e["legal"]]
+df = pd.DataFrame(rows)
+ax = sns.barplot(data=df, y="backend", x="median_ms", hue="mixer")
+ax.set_title(f"forward+backward median at {shape} ({slug})"); plt.show()
+df'''),
+])
+
+save("03_timing", [
+    md("# 03 — Timing one shape by the seed's protocol\n\n"
+       "Both mixers in one process, 2 rounds, AB/BA counterbalanced (round r runs RG-LRU first when r + shape_index "
+       "is even); per round and mixer, warm-up first, then 5 CUDA-event samples each of forward, backward and "
+       "forward+backward under BF16 autocast; the six memory figures around one forward+backward. The backend comes "
+       "from the calibration file only (notebook 02)."),
+    params("batch, length, width = 1, 16, 16\nshape_index = 0\nseed = 0"),
+    code(SETUP),
+    code('''cal_path = paths.calibration_file(slug)
+assert cal_path.exists(), f"{cal_path} is missing: run notebook 02 for {shape} first"
+cal = schema.read_json(cal_path)
+entry = cal["shapes"].get(backends.shape_key(shape))
+assert entry, f"{cal_path} has no entry for {shape}: run notebook 02 for it first"
+chosen = {m: entry[m]["chosen"] for m in ("rglru", "samu")}
+print("calibrated choice:", chosen)'''),
+    code('''from tqdm.auto import tqdm
+bar = tqdm(desc="timing", total=2 * 2 * 3)
+def progress(label):
+    bar.set_postfix_str(label); bar.update()
+rows = timing.time_shape(shape, shape_index, chosen, device, seed=seed, progress=progress)
+bar.close()
+if device == "cuda":
+    bandwidth = timing.COPY_BANDWIDTH.get(slug) or timing.measure_copy_bandwidth(device)
+else:
+    bandwidth = timing.COPY_BANDWIDTH["nvidia-h200"]
+    print("CPU run: these timings are no GPU claim.")
+timing.add_floor_figures(rows, bandwidth)
+path = timing.write_shape_result(slug, shape, rows, cal)
+print("wrote", path)'''),
+    code('''import pandas as pd
+pd.DataFrame([{"mixer": r["architecture"], "backend": r["backend"],
+               "forward_ms": r["forward"]["median_ms"], "backward_ms": r["backward"]["median_ms"],
+               "forward_backward_ms": r["forward_backward"]["median_ms"],
+               "times_floor": r["times_floor"], "peak_alloc_delta_MB": r["peak_allocated_delta_bytes"] / 2**20,
+               "speedup_vs_rglru": r.get("speedup_vs_rglru")} for r in rows])'''),
+])
+
+save("04_report", [
+    md("# 04 — Report: this GPU's rows beside the seed's H800 rows\n\n"
+       "Combines `data/results/<gpu>/*.json` into `data/results/<gpu>.json` (schema version 1) and draws the figures "
+       "into `data/figures/`."),
+    params("gpu_slug = None"),
+    code('''import torch
+import pandas as pd
+from IPython.display import Image, display
+import samu
+from samu import backends, paths, report
+slug = gpu_slug or backends.gpu_slug()
+doc = report.combine(slug)
+df = report.frame(doc, slug)
+seed_df = report.frame(report.seed_document(), "seed nvidia-h800-pcie")
+print(f"{len(doc['rows'])} rows from {slug}; environment: {doc['environment']}")'''),
+    md("## Summary"),
+    code('''pd.set_option("display.width", 200)
+report.summary_table(df)'''),
+    md("## Beside the seed (H800 PCIe, torch 2.1.2)"),
+    code('''report.seed_comparison(df, seed_df)'''),
+    code('''report.speedups(pd.concat([seed_df, df]))'''),
+    md("## Figures"),
+    code('''for path in report.draw_figures(df, seed_df, slug):
+    print(path.relative_to(paths.DATA.parent) if path.is_relative_to(paths.DATA.parent) else path)
+    display(Image(filename=str(path)))'''),
+])
+print("notebooks written")
