@@ -166,7 +166,7 @@ save("01_correctness", [
        "Errors are normwise relative, ‖got − oracle‖ / ‖oracle‖, of y and of every gradient. The oracle runs in "
        "float64 from the same BF16-rounded x and FP32 parameters; the eager PyTorch autocast reference's errors stand "
        "beside them. A backend is legal when every error is at most 2 × the eager error + 1e-3 (SPEC section 4)."),
-    params("batch, length, width = 1, 16, 16\nshape_index = 0\nseed = 0"),
+    params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nseed = 0"),
     code(SETUP),
     code('''import pandas as pd
 doc = {"shape": list(shape), "environment": timing.environment(), "mixers": {}}
@@ -197,7 +197,7 @@ save("02_calibration", [
        "Legal backends are ranked by their forward+backward median; the fastest is the choice that `backend=\"auto\"` "
        "and notebook 03 take. The result is merged into `data/calibration/<gpu>.json` atomically. Reference "
        "backends materialise a state-sized transition, so they are recorded as illegal."),
-    params("batch, length, width = 1, 16, 16\nshape_index = 0\nreps = 10\nseed = 0"),
+    params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nreps = 10\nseed = 0"),
     code(SETUP + '''
 if device == "cpu":
     reps = min(reps, 2)
@@ -227,7 +227,7 @@ save("03_timing", [
        "is even); per round and mixer, warm-up first, then 5 CUDA-event samples each of forward, backward and "
        "forward+backward under BF16 autocast; the six memory figures around one forward+backward. The backend comes "
        "from the calibration file only (notebook 02)."),
-    params("batch, length, width = 1, 16, 16\nshape_index = 0\nseed = 0"),
+    params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nseed = 0"),
     code(SETUP),
     code('''cal_path = paths.calibration_file(slug)
 assert cal_path.exists(), f"{cal_path} is missing: run notebook 02 for {shape} first"
