@@ -35,6 +35,7 @@ VOCABULARY = {
                     "chunk summaries (the carry, one program per channel block), and the "
                     "chunk outputs recomputed from the carry; backward mirrors it in reverse",
     "chunk": "chunkN: N tokens per chunk, scanned in registers by tl.associative_scan",
+    "block": "blockN: a program owns N channels of one head (64 when the name has no blockN)",
 }
 
 # Used on CUDA when the calibration file has no entry for the shape.

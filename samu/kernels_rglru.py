@@ -310,3 +310,5 @@ def _backend(chunk: int, block_n: int = 64):
 
 CHUNKS = (16, 32, 64)
 BACKENDS = {f"fused_gates_hierarchical_chunk{c}": _backend(c) for c in CHUNKS}
+# Narrower column blocks waste less where bw is not a power of two (bw = 160 at D = 2560).
+BACKENDS.update({f"fused_gates_hierarchical_chunk{c}_block32": _backend(c, 32) for c in (16, 32)})
