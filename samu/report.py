@@ -128,6 +128,8 @@ def draw_figures(df: pd.DataFrame, seed_df: pd.DataFrame, slug: str) -> list[Pat
     written = []
 
     def save(fig, name):
+        for ax_ in fig.axes:
+            ax_.tick_params(axis="x", labelrotation=20)
         path = folder / f"{slug}_{name}.png"
         tmp = path.with_name(f".{path.name}.tmp.png")
         fig.savefig(tmp, dpi=120, bbox_inches="tight")
