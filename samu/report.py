@@ -137,12 +137,17 @@ def draw_figures(df: pd.DataFrame, seed_df: pd.DataFrame, slug: str) -> list[Pat
         tmp.replace(path)
         written.append(path)
 
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    sns.barplot(data=both, x="shape", y="forward_backward_ms", hue="series", ax=ax)
-    ax.set_yscale("log")
-    ax.set_ylabel("forward+backward median (ms, log)")
-    ax.set_title("Complete mixer time per shape: this GPU beside the seed's H800")
-    save(fig, "time")
+    def bars(name, column, ylabel, title, log=False):
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        sns.barplot(data=both, x="shape", y=column, hue="series", ax=ax)
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        save(fig, name)
+
+    bars("time", "forward_backward_ms", "forward+backward median (ms, log)",
+         "Complete mixer time per shape: this GPU beside the seed's H800", log=True)
 
     sp = speedups(both)
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -159,16 +164,8 @@ def draw_figures(df: pd.DataFrame, seed_df: pd.DataFrame, slug: str) -> list[Pat
     ax.set_title("SAMU's speedup over RG-LRU (bars: 10th-90th percentile of sample ratios)")
     save(fig, "speedup")
 
-    fig, ax = plt.subplots(figsize=(8, 4))
-    sns.barplot(data=both, x="shape", y="peak_allocated_delta_units", hue="series", ax=ax)
-    ax.set_ylabel("peak allocated delta (units of B*L*D BF16)")
-    ax.set_title("Peak memory around one forward+backward")
-    save(fig, "memory")
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    sns.barplot(data=both, x="shape", y="floor_fraction", hue="series", ax=ax)
-    ax.set_yscale("log")
-    ax.set_ylabel("floor / measured (1 = at the floor)")
-    ax.set_title("Fraction of the 10 B/element bandwidth floor (4.22 TB/s, H200)")
-    save(fig, "roofline")
+    bars("memory", "peak_allocated_delta_units", "peak allocated delta (units of B*L*D BF16)",
+         "Peak memory around one forward+backward")
+    bars("roofline", "floor_fraction", "floor / measured (1 = at the floor)",
+         "Fraction of the 10 B/element bandwidth floor (4.22 TB/s, H200)", log=True)
     return written
