@@ -79,6 +79,8 @@ def check_legality(mixer: str, backend: str, shape, device, seed: int = 0,
         errs = relative_errors(outputs(mixer, backend, x, params, dy), want)
     except torch.cuda.OutOfMemoryError as exc:
         return {**entry, "legal": False, "reason": f"out of memory: {exc}", "errors": {}}
+    except Exception as exc:  # a backend that cannot run here is illegal here, not fatal
+        return {**entry, "legal": False, "reason": f"{type(exc).__name__}: {exc}", "errors": {}}
     bounds = {n: ERROR_FACTOR * e + ERROR_SLACK for n, e in eager_errors.items()}
     failing = [n for n, e in errs.items() if not e <= bounds[n]]
     reasons = [f"{n}: {errs[n]:.2e} > {bounds[n]:.2e}" for n in failing]

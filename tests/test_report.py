@@ -1,0 +1,37 @@
+import pytest
+
+from samu import paths, report, schema, timing
+
+
+def test_seed_frame_and_published_speedups():
+    seed = report.frame(report.seed_document(), "seed")
+    assert len(seed) == 8
+    sp = report.speedups(seed)
+    assert len(sp) == 4
+    assert sp["speedup"].min() == pytest.approx(1.33, abs=0.01)
+    assert sp["speedup"].max() == pytest.approx(1.67, abs=0.01)
+    assert (sp["low"] <= sp["speedup"]).all() and (sp["speedup"] <= sp["high"]).all()
+
+
+def test_combine_and_figures(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    chosen = {"rglru": "reference_chunked", "samu": "reference_chunked"}
+    for k, shape in enumerate([(1, 8, 16), (2, 5, 16)]):
+        rows = timing.time_shape(shape, k, chosen, "cpu")
+        timing.add_floor_figures(rows, 4.22e12)
+        timing.write_shape_result("test-gpu", shape, rows)
+    doc = report.combine("test-gpu")
+    schema.validate(doc)
+    assert [r["shape"]["length"] for r in doc["rows"]] == [5, 5, 8, 8]
+    df = report.frame(doc, "test-gpu")
+    paths_ = report.draw_figures(df, report.frame(report.seed_document(), "seed"), "test-gpu")
+    assert [p.name for p in paths_] == [f"test-gpu_{n}.png" for n in
+                                        ("time", "speedup", "memory", "roofline")]
+    assert all(p.stat().st_size > 10_000 for p in paths_)
+    assert report.seed_comparison(df, df).shape[0] == 4
+
+
+def test_combine_without_results_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    with pytest.raises(FileNotFoundError, match="run notebook 03"):
+        report.combine("nothing-here")
