@@ -33,6 +33,7 @@ reproduce: $(SETUP)
 	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.pipeline $(if $(SHAPES),--shapes $(SHAPES))
 
 lab: $(SETUP)
+	$(PYTHON) -c "import jupyterlab" 2>/dev/null || $(PYTHON) -m pip install -q jupyterlab
 	$(PYTHON) -m jupyter lab notebooks
 
 notebooks: $(SETUP)
