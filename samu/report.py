@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import paths, schema, timing
+from . import backends, paths, schema, timing
 
 SHAPE_ORDER_KEY = lambda s: (s[1], s[2], s[0])  # noqa: E731  length, width, batch
 
@@ -40,15 +40,12 @@ def combine(slug: str) -> dict:
         "schema_version": schema.SCHEMA_VERSION,
         "protocol": docs[0]["protocol"],
         "environment": docs[-1]["environment"],
-        "shape_environments": {timing_key(d): d["environment"] for d in docs},
+        "shape_environments": {backends.shape_key(shape_of(d["rows"][0])): d["environment"]
+                               for d in docs},
         "rows": rows,
     }
     schema.write_json_atomic(paths.results_file(slug), combined)
     return combined
-
-
-def timing_key(doc: dict) -> str:
-    return "x".join(str(v) for v in shape_of(doc["rows"][0]))
 
 
 def seed_document() -> dict:

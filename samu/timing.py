@@ -10,11 +10,11 @@ from datetime import datetime, timezone
 
 import torch
 
-from . import backends, paths
+from . import backends, paths, schema
 from .mixers import MODULES, dynamic_control_values_per_token, parameter_count
 
-ROUNDS = 2
-SAMPLES = 5
+ROUNDS = schema.ROUNDS
+SAMPLES = schema.SAMPLES_PER_ROUND
 WARMUP = 3  # on a GPU; a CPU (interpreter) run compiles nothing and warms up once
 
 
@@ -262,8 +262,8 @@ def environment() -> dict:
 
 
 def result_document(rows: list[dict]) -> dict:
-    return {"schema_version": 1, "protocol": dict(PROTOCOL), "environment": environment(),
-            "rows": rows}
+    return {"schema_version": schema.SCHEMA_VERSION, "protocol": dict(PROTOCOL),
+            "environment": environment(), "rows": rows}
 
 
 def write_shape_result(slug: str, shape, rows: list[dict], calibration_doc: dict | None = None):
@@ -276,6 +276,5 @@ def write_shape_result(slug: str, shape, rows: list[dict], calibration_doc: dict
                 if b["backend"] == row["backend"]:
                     row["legality_errors"] = b.get("errors")
                     row["eager_reference_errors"] = b.get("eager_errors")
-    from . import schema
     path = paths.results_dir(slug) / f"{backends.shape_key(shape)}.json"
     return schema.write_json_atomic(path, result_document(rows))
