@@ -41,7 +41,7 @@ VOCABULARY = {
 # Used on CUDA when the calibration file has no entry for the shape.
 DEFAULTS = {
     "rglru": "fused_gates_hierarchical_chunk32",
-    "samu": "fused_controller_hierarchical_chunk32",
+    "samu": "fused_controller_hierarchical_chunk16",
 }
 
 

@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .scan_kernels import (adjoint_combine, affine_combine, chunk_carry, dot_dtype, first_row,
-                           last_row, softplus, transition)
+from .scan_kernels import (adjoint_combine, affine_combine, chunk_carry, dot_dtype,
+                           dot_operand_dtype, last_row, row_offsets, softplus, tile_width,
+                           transition, vector_width)
 
 MIXER = "rglru"
 GATE_SCALE = 8.0
@@ -47,20 +48,23 @@ def _gate(xh, w_ptr, bias_ptr, head, j, BW, BWK: tl.constexpr, DOT_DTYPE: tl.con
 
 
 @triton.jit
-def _own_tile(ptr, b, rows, head, j, L, D, BW):
+def _own_tile(b, rows, head, j, L, BW, row_units, V: tl.constexpr):
+    """A [T, BN] tile of the program's own channels, laid out with each channel's T tokens in
+    one thread (scan_kernels.row_offsets)."""
     ok = (rows[:, None] < L) & (j[None, :] < BW)
-    offs = (b * L + rows.to(tl.int64))[:, None] * D + (head * BW + j)[None, :]
+    offs = row_offsets(b, rows, L, row_units, V)[:, None] + (head * BW + j)[None, :]
     return offs, ok
 
 
 @triton.jit
 def _forward_tile(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, b, rows, head, j,
-                  L, D, BW, BWK: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+                  L, D, BW, row_units, V: tl.constexpr, BWK: tl.constexpr,
+                  DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """The chunk's local scan: returns (prod a, h from h_in = 0, offsets, mask)."""
     xh = _head_x(x_ptr, b, rows, head, L, D, BW, BWK, DOT_DTYPE)
     gx, _ = _gate(xh, wx_ptr, bx_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
     ga, _ = _gate(xh, wa_ptr, ba_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
-    offs, ok = _own_tile(x_ptr, b, rows, head, j, L, D, BW)
+    offs, ok = _own_tile(b, rows, head, j, L, BW, row_units, V)
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     sp = softplus(tl.load(a_param_ptr + head * BW + j, mask=j < BW, other=0.0))
     log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
@@ -69,10 +73,11 @@ def _forward_tile(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, b, rows, h
     return p, h, offs, ok
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_units"])
 def _rglru_summary_kernel(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, decay_ptr, end_ptr,
-                          L, D, NC, BW, NBV, T: tl.constexpr, BWK: tl.constexpr,
-                          BN: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+                          L, D, NC, BW, NBV, row_units, T: tl.constexpr, BWK: tl.constexpr,
+                          BN: tl.constexpr, V: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                          PREC: tl.constexpr):
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
@@ -80,17 +85,18 @@ def _rglru_summary_kernel(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, de
     j = (tl.program_id(1) % NBV) * BN + tl.arange(0, BN)
     rows = k * T + tl.arange(0, T)
     p, h, _, _ = _forward_tile(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, b, rows, head,
-                               j, L, D, BW, BWK, DOT_DTYPE, PREC)
+                               j, L, D, BW, row_units, V, BWK, DOT_DTYPE, PREC)
     out = (b * NC + k) * D + head * BW + j
     tr = tl.arange(0, T)
     tl.store(decay_ptr + out, last_row(p, tr, T), mask=j < BW)
     tl.store(end_ptr + out, last_row(h, tr, T), mask=j < BW)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_units"])
 def _rglru_output_kernel(x_ptr, y_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, h_in_ptr,
-                         L, D, NC, BW, NBV, T: tl.constexpr, BWK: tl.constexpr,
-                         BN: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+                         L, D, NC, BW, NBV, row_units, T: tl.constexpr, BWK: tl.constexpr,
+                         BN: tl.constexpr, V: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                         PREC: tl.constexpr):
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
@@ -98,52 +104,57 @@ def _rglru_output_kernel(x_ptr, y_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_p
     j = (tl.program_id(1) % NBV) * BN + tl.arange(0, BN)
     rows = k * T + tl.arange(0, T)
     p, h, offs, ok = _forward_tile(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, b, rows,
-                                   head, j, L, D, BW, BWK, DOT_DTYPE, PREC)
+                                   head, j, L, D, BW, row_units, V, BWK, DOT_DTYPE, PREC)
     h_in = tl.load(h_in_ptr + (b * NC + k) * D + head * BW + j, mask=j < BW, other=0.0)
     y = h + p * h_in[None, :]
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_units"])
 def _rglru_reverse_summary_kernel(x_ptr, dy_ptr, wa_ptr, ba_ptr, a_param_ptr, end_ptr,
-                                  L, D, NC, BW, NBV, T: tl.constexpr, BWK: tl.constexpr,
-                                  BN: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+                                  L, D, NC, BW, NBV, row_units, T: tl.constexpr,
+                                  BWK: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
+                                  DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    """Rows latest first: the reverse recurrence is a forward scan (Triton's reverse scan
+    shuffles even within a thread)."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
     head = tl.program_id(1) // NBV
     j = (tl.program_id(1) % NBV) * BN + tl.arange(0, BN)
-    rows = k * T + tl.arange(0, T)
+    rows = k * T + (T - 1 - tl.arange(0, T))
     xh = _head_x(x_ptr, b, rows, head, L, D, BW, BWK, DOT_DTYPE)
     ga, _ = _gate(xh, wa_ptr, ba_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
-    offs, ok = _own_tile(dy_ptr, b, rows, head, j, L, D, BW)
+    offs, ok = _own_tile(b, rows, head, j, L, BW, row_units, V)
     dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     sp = softplus(tl.load(a_param_ptr + head * BW + j, mask=j < BW, other=0.0))
     a = tl.exp(tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0))
-    _, v = tl.associative_scan((a, a * dy), 0, affine_combine, reverse=True)
+    _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
     out = (b * NC + k) * D + head * BW + j
-    tl.store(end_ptr + out, first_row(v, tl.arange(0, T)), mask=j < BW)
+    tl.store(end_ptr + out, last_row(v, tl.arange(0, T), T), mask=j < BW)
 
 
 @triton.jit
 def _chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr,
-                   a_param_ptr, xh, b, k, rows, head, j, L, D, NC, BW, BWK: tl.constexpr,
-                   DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    """One [T, BN] tile of the backward, recomputed: gate gradients, dx's direct term, dlog a."""
+                   a_param_ptr, xh, b, k, rows, head, j, L, D, NC, BW, row_units,
+                   V: tl.constexpr, BWK: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                   PREC: tl.constexpr):
+    """One [T, BN] tile of the backward, recomputed: gate gradients, dx's direct term, dlog a.
+    rows run latest first: the adjoint is a forward scan, only h needs a reverse one."""
     gx, wx = _gate(xh, wx_ptr, bx_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
     ga, wa = _gate(xh, wa_ptr, ba_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
-    offs, ok = _own_tile(x_ptr, b, rows, head, j, L, D, BW)
+    offs, ok = _own_tile(b, rows, head, j, L, BW, row_units, V)
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     sp = softplus(tl.load(a_param_ptr + head * BW + j, mask=j < BW, other=0.0))
     log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
     a, m, dm_dlog_a = transition(log_a, (rows == 0)[:, None])
     u = m * gx * x
-    p, h = tl.associative_scan((a, u), 0, affine_combine)
+    p, h = tl.associative_scan((a, u), 0, affine_combine, reverse=True)
     state = (b * NC + k) * D + head * BW + j
     h = h + p * tl.load(h_in_ptr + state, mask=j < BW, other=0.0)[None, :]
     ones = tl.full(a.shape, 1.0, tl.float32)
-    _, _, q, w = tl.associative_scan((a, a * dy, ones, dy), 0, adjoint_combine, reverse=True)
+    _, _, q, w = tl.associative_scan((a, a * dy, ones, dy), 0, adjoint_combine)
     dh = w + q * tl.load(carry_ptr + state, mask=j < BW, other=0.0)[None, :]
     dla = dh * (h - u) + dh * gx * x * dm_dlog_a
     d_gate_x = dh * m * x * gx * (1.0 - gx)
@@ -151,17 +162,17 @@ def _chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, b
     return d_gate_x, d_gate_a, dh * m * gx, dla * (-8.0 * ga), wx, wa
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_units"])
 def _rglru_dx_kernel(x_ptr, dy_ptr, dx_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr,
-                     h_in_ptr, carry_ptr, L, D, NC, BW, T: tl.constexpr, BWK: tl.constexpr,
-                     BN: tl.constexpr, NB: tl.constexpr, NBV: tl.constexpr,
-                     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+                     h_in_ptr, carry_ptr, L, D, NC, BW, row_units, T: tl.constexpr,
+                     BWK: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr, NBV: tl.constexpr,
+                     V: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """Per (chunk, head): dx = dh m gx + dGx Wx^T + dGa Wa^T over the head's column blocks."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
     head = tl.program_id(1)
-    rows = k * T + tl.arange(0, T)
+    rows = k * T + (T - 1 - tl.arange(0, T))  # latest first (see _chunk_adjoint)
     xh = _head_x(x_ptr, b, rows, head, L, D, BW, BWK, DOT_DTYPE)
     dx_products = tl.zeros([T, BWK], dtype=tl.float32)
     dx_direct = tl.zeros([T, NB, BN], dtype=tl.float32)
@@ -170,22 +181,22 @@ def _rglru_dx_kernel(x_ptr, dy_ptr, dx_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_pa
         j = nb * BN + tl.arange(0, BN)
         d_gate_x, d_gate_a, direct, _, wx, wa = _chunk_adjoint(
             x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, xh,
-            b, k, rows, head, j, L, D, NC, BW, BWK, DOT_DTYPE, PREC)
+            b, k, rows, head, j, L, D, NC, BW, row_units, V, BWK, DOT_DTYPE, PREC)
         dx_products += tl.dot(d_gate_x.to(DOT_DTYPE), tl.trans(wx), input_precision=PREC)
         dx_products += tl.dot(d_gate_a.to(DOT_DTYPE), tl.trans(wa), input_precision=PREC)
         dx_direct += tl.where(block[None, :, None] == nb, direct[:, None, :], 0.0)
     dx = dx_products + tl.reshape(dx_direct, [T, BWK])
     kcols = tl.arange(0, BWK)
-    offs, ok = _own_tile(dx_ptr, b, rows, head, kcols, L, D, BW)
+    offs, ok = _own_tile(b, rows, head, kcols, L, BW, row_units, V)
     tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_units"])
 def _rglru_param_grad_kernel(x_ptr, dy_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr,
                              h_in_ptr, carry_ptr, dw_part_ptr, vec_part_ptr,
-                             L, D, NC, BW, NBV, CHUNKS_PER_SPAN, NSPAN, T: tl.constexpr,
-                             BWK: tl.constexpr, BN: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                             PREC: tl.constexpr):
+                             L, D, NC, BW, NBV, CHUNKS_PER_SPAN, NSPAN, row_units,
+                             T: tl.constexpr, BWK: tl.constexpr, BN: tl.constexpr,
+                             V: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """Per (span of chunks, head, column block): partial dWx, dWa, dbx, dba and d softplus."""
     pid = tl.program_id(0)
     b = (pid // NSPAN).to(tl.int64)
@@ -200,11 +211,11 @@ def _rglru_param_grad_kernel(x_ptr, dy_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_pa
     k0 = span * CHUNKS_PER_SPAN
     k1 = tl.minimum(k0 + CHUNKS_PER_SPAN, NC)
     for k in range(k0, k1):
-        rows = k * T + tl.arange(0, T)
+        rows = k * T + (T - 1 - tl.arange(0, T))  # latest first (see _chunk_adjoint)
         xh = _head_x(x_ptr, b, rows, head, L, D, BW, BWK, DOT_DTYPE)
         d_gate_x, d_gate_a, _, d_sp, _, _ = _chunk_adjoint(
             x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, xh,
-            b, k, rows, head, j, L, D, NC, BW, BWK, DOT_DTYPE, PREC)
+            b, k, rows, head, j, L, D, NC, BW, row_units, V, BWK, DOT_DTYPE, PREC)
         xt = tl.trans(xh)
         dwx += tl.dot(xt, d_gate_x.to(DOT_DTYPE), input_precision=PREC)
         dwa += tl.dot(xt, d_gate_a.to(DOT_DTYPE), input_precision=PREC)
@@ -230,6 +241,19 @@ def _blocks(bw: int, block_n: int):
     return bwk, bn, bwk // bn, triton.cdiv(bw, bn)
 
 
+# Channels per thread of the [T, BN] scan tiles (scripts/sweep_launches.py sweeps it).
+VECTOR = 1
+# The dx and parameter-gradient kernels hold [T, BWK] and [BWK, BN] accumulators: they need more
+# threads than a tile with the chunk in each thread gives, so their scans cross warps.
+WARPS = {"dx": 8, "param_grad": 8}
+
+
+def _tile_launch(bn: int, width: int):
+    """Warps and vector width that give each thread all T tokens of its channels: BN = 32 w V."""
+    vector = vector_width(width, VECTOR) if bn >= tile_width(1, VECTOR) else 1
+    return dict(V=vector, num_warps=max(1, bn // tile_width(1, vector)))
+
+
 def _precision(x):
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
@@ -240,6 +264,41 @@ def _sm_count(device) -> int:
     return 4
 
 
+def _plan(bw: int, width: int, chunk: int, block_n: int, dtype=torch.bfloat16):
+    """Constexprs and warps of every kernel, keyed by role; one place for launches and probes."""
+    bwk, bn, nb, nbv = _blocks(bw, block_n)
+    bn_w = min(bn, 32)  # the parameter-gradient kernel holds two [BWK, BN] accumulators
+    common = dict(T=chunk, BWK=bwk, DOT_DTYPE=dot_dtype(dtype),
+                  PREC="ieee" if dtype == torch.float32 else "tf32")
+    scan = dict(common, BN=bn, **_tile_launch(bn, width))
+    return {"summary": scan, "output": scan, "reverse_summary": scan,
+            "dx": dict(scan, NB=nb, NBV=nbv, num_warps=WARPS["dx"]),
+            "param_grad": dict(common, BN=bn_w, **_tile_launch(bn_w, width),
+                               num_warps=WARPS["param_grad"]),
+            "nbv": nbv, "nbv_w": triton.cdiv(bw, bn_w)}
+
+
+def _row_units(width: int, meta) -> int:
+    return width // meta["V"]
+
+
+KERNELS = {"summary": "_rglru_summary_kernel", "output": "_rglru_output_kernel",
+           "reverse_summary": "_rglru_reverse_summary_kernel", "dx": "_rglru_dx_kernel",
+           "param_grad": "_rglru_param_grad_kernel"}
+
+
+def launch_plan(backend: str, width: int, heads: int = 16):
+    """(kernel, constexprs, warps) of every kernel a backend launches at this width."""
+    chunk, block_n = BACKEND_CONFIGS[backend]
+    plan = _plan(width // heads, width, chunk, block_n)
+    out = []
+    for role, name in KERNELS.items():
+        meta = dict(plan[role])
+        warps = meta.pop("num_warps")
+        out.append((globals()[name], meta, warps))
+    return out
+
+
 class RglruFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, chunk,
@@ -248,20 +307,24 @@ class RglruFunction(torch.autograd.Function):
         batch, length, width = x.shape
         heads, bw, _ = gate_x_weight.shape
         n_chunks = triton.cdiv(length, chunk)
-        bwk, bn, _, nbv = _blocks(bw, block_n)
-        params = [p.detach().float().contiguous() for p in
-                  (gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param)]
+        plan = _plan(bw, width, chunk, block_n, x.dtype)
+        # Gate weights in the dot's operand dtype: half the registers and bytes of FP32 tiles.
+        operand = dot_operand_dtype(x.dtype)
+        params = [p.detach().to(dtype).contiguous() for p, dtype in
+                  zip((gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param),
+                      (operand, torch.float32, operand, torch.float32, torch.float32))]
         f32 = dict(device=x.device, dtype=torch.float32)
         decay = torch.empty(batch, n_chunks, width, **f32)
         end = torch.empty(batch, n_chunks, width, **f32)
-        meta = dict(T=chunk, BWK=bwk, BN=bn, DOT_DTYPE=dot_dtype(x), PREC=_precision(x),
-                    num_warps=4)
-        grid = (batch * n_chunks, heads * nbv)
-        _rglru_summary_kernel[grid](x, *params, decay, end, length, width, n_chunks, bw, nbv,
-                                    **meta)
+        grid = (batch * n_chunks, heads * plan["nbv"])
+        meta = plan["summary"]
+        _rglru_summary_kernel[grid](x, *params, decay, end, length, width, n_chunks, bw,
+                                    plan["nbv"], _row_units(width, meta), **meta)
         h_in = chunk_carry(decay, end, reverse=False)
         y = torch.empty_like(x)
-        _rglru_output_kernel[grid](x, y, *params, h_in, length, width, n_chunks, bw, nbv, **meta)
+        meta = plan["output"]
+        _rglru_output_kernel[grid](x, y, *params, h_in, length, width, n_chunks, bw, plan["nbv"],
+                                   _row_units(width, meta), **meta)
         ctx.save_for_backward(x, decay, h_in, *params)
         ctx.config = (chunk, block_n)
         return y
@@ -274,28 +337,30 @@ class RglruFunction(torch.autograd.Function):
         batch, length, width = x.shape
         heads, bw, _ = wx.shape
         n_chunks = triton.cdiv(length, chunk)
-        bwk, bn, nb, nbv = _blocks(bw, block_n)
+        plan = _plan(bw, width, chunk, block_n, x.dtype)
         f32 = dict(device=x.device, dtype=torch.float32)
-        meta = dict(T=chunk, BWK=bwk, DOT_DTYPE=dot_dtype(x), PREC=_precision(x), num_warps=4)
         end = torch.empty(batch, n_chunks, width, **f32)
-        _rglru_reverse_summary_kernel[(batch * n_chunks, heads * nbv)](
-            x, dy, wa, ba, a_param, end, length, width, n_chunks, bw, nbv, BN=bn, **meta)
+        meta = plan["reverse_summary"]
+        _rglru_reverse_summary_kernel[(batch * n_chunks, heads * plan["nbv"])](
+            x, dy, wa, ba, a_param, end, length, width, n_chunks, bw, plan["nbv"],
+            _row_units(width, meta), **meta)
         carry = chunk_carry(decay, end, reverse=True)
         dx = torch.empty_like(x)
+        meta = plan["dx"]
         _rglru_dx_kernel[(batch * n_chunks, heads)](
             x, dy, dx, wx, bx, wa, ba, a_param, h_in, carry, length, width, n_chunks, bw,
-            BN=bn, NB=nb, NBV=nbv, **{**meta, "num_warps": 8})
-        bn_w = min(bn, 32)
-        nbv_w = triton.cdiv(bw, bn_w)
+            _row_units(width, meta), **meta)
+        nbv_w = plan["nbv_w"]
         per_batch = max(1, 4 * _sm_count(x.device) // (batch * heads * nbv_w))
         per_span = triton.cdiv(n_chunks, min(n_chunks, per_batch))
         n_spans = triton.cdiv(n_chunks, per_span)
         n_parts = batch * n_spans
         dw_part = torch.empty(2, n_parts, heads, bw, bw, **f32)
         vec_part = torch.empty(n_parts, 3, width, **f32)
+        meta = plan["param_grad"]
         _rglru_param_grad_kernel[(n_parts, heads * nbv_w)](
             x, dy, wx, bx, wa, ba, a_param, h_in, carry, dw_part, vec_part, length, width,
-            n_chunks, bw, nbv_w, per_span, n_spans, BN=bn_w, **meta)
+            n_chunks, bw, nbv_w, per_span, n_spans, _row_units(width, meta), **meta)
         dw = dw_part.sum(1)
         vec = vec_part.sum(0)
         return (dx, dw[0], vec[0], dw[1], vec[1], vec[2] * torch.sigmoid(a_param), None, None)
@@ -309,6 +374,7 @@ def _backend(chunk: int, block_n: int = 64):
 
 
 CHUNKS = (16, 32, 64)
-BACKENDS = {f"fused_gates_hierarchical_chunk{c}": _backend(c) for c in CHUNKS}
+BACKEND_CONFIGS = {f"fused_gates_hierarchical_chunk{c}": (c, 64) for c in CHUNKS}
 # Narrower column blocks waste less where bw is not a power of two (bw = 160 at D = 2560).
-BACKENDS.update({f"fused_gates_hierarchical_chunk{c}_block32": _backend(c, 32) for c in (16, 32)})
+BACKEND_CONFIGS.update({f"fused_gates_hierarchical_chunk{c}_block32": (c, 32) for c in (16, 32)})
+BACKENDS = {name: _backend(*config) for name, config in BACKEND_CONFIGS.items()}

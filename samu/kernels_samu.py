@@ -13,42 +13,45 @@ import torch
 import triton
 import triton.language as tl
 
+from dataclasses import dataclass
+
 from .scan_kernels import (adjoint_combine, affine_combine, chunk_carry, first_row, last_row,
-                           softplus, transition)
+                           row_offsets, softplus, tile_width, transition, vector_width)
 
 MIXER = "samu"
 
 
 @triton.jit
-def _tile(ptr, b, rows, cols, L, D):
+def _tile(b, rows, cols, L, D, row_units, V: tl.constexpr):
     """Offsets and mask of a [T, BD] tile of a [B, L, D] tensor, int64-safe."""
     ok = (rows[:, None] < L) & (cols[None, :] < D)
-    offs = (b * L + rows.to(tl.int64))[:, None] * D + cols[None, :]
+    offs = row_offsets(b, rows, L, row_units, V)[:, None] + cols[None, :]
     return offs, ok
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_units"])
 def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr,
-                         r_ptr, g_ptr, decay_ptr, end_ptr, L, D, NC,
-                         T: tl.constexpr, BD: tl.constexpr):
+                         r_ptr, g_ptr, decay_ptr, end_ptr, L, D, NC, row_units,
+                         T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
     """Per chunk, full width: the controller (r, g) and the chunk summary (decay, end state)."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
     rows = k * T + tl.arange(0, T)
     row_ok = rows < L
-    z0 = tl.zeros([T], dtype=tl.float32)
-    z1 = tl.zeros([T], dtype=tl.float32)
+    # Per-thread partial dot products; one cross-thread reduction after the loop.
+    z0 = tl.zeros([T, BD], dtype=tl.float32)
+    z1 = tl.zeros([T, BD], dtype=tl.float32)
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
-        offs, ok = _tile(x_ptr, b, rows, cols, L, D)
+        offs, ok = _tile(b, rows, cols, L, D, row_units, V)
         x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
-        z0 += tl.sum(x * w0[None, :], axis=1)
-        z1 += tl.sum(x * w1[None, :], axis=1)
-    r = tl.sigmoid(z0 + tl.load(bias_ptr))
-    g = tl.sigmoid(z1 + tl.load(bias_ptr + 1))
+        z0 += x * w0[None, :]
+        z1 += x * w1[None, :]
+    r = tl.sigmoid(tl.sum(z0, axis=1) + tl.load(bias_ptr))
+    g = tl.sigmoid(tl.sum(z1, axis=1) + tl.load(bias_ptr + 1))
     r = tl.where(row_ok, r, 0.0)  # r = 0 makes a = 1: padded tokens are the identity
     tl.store(r_ptr + b * L + rows, r, mask=row_ok)
     tl.store(g_ptr + b * L + rows, g, mask=row_ok)
@@ -57,7 +60,7 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr,
     is_first = (rows == 0)[:, None]
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
-        offs, ok = _tile(x_ptr, b, rows, cols, L, D)
+        offs, ok = _tile(b, rows, cols, L, D, row_units, V)
         x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
         a, m, _ = transition(-lam[None, :] * r[:, None], is_first)
@@ -67,9 +70,9 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr,
         tl.store(decay_ptr + out, tl.exp(-lam * r_sum), mask=cols < D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_units"])
 def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, a_param_ptr, log_temp_ptr, skip_ptr,
-                        L, D, NC, T: tl.constexpr, BD: tl.constexpr):
+                        L, D, NC, row_units, T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
     """Per (chunk, channel block): y = h + skip x with h rebuilt from the chunk's entering state."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
@@ -77,7 +80,7 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, a_param_ptr, log_t
     rows = k * T + tl.arange(0, T)
     row_ok = rows < L
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
-    offs, ok = _tile(x_ptr, b, rows, cols, L, D)
+    offs, ok = _tile(b, rows, cols, L, D, row_units, V)
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
     g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
@@ -90,31 +93,34 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, a_param_ptr, log_t
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_units"])
 def _samu_reverse_summary_kernel(dy_ptr, r_ptr, a_param_ptr, log_temp_ptr, end_ptr, L, D, NC,
-                                 T: tl.constexpr, BD: tl.constexpr):
+                                 row_units, T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
     """Per (chunk, channel block): the adjoint carry a_s dh_s leaving the chunk's first token,
-    with nothing entering from the right."""
+    with nothing entering from the right.  Rows are taken latest first, so the reverse
+    recurrence is a forward scan (Triton's reverse scan shuffles even within a thread)."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
-    rows = k * T + tl.arange(0, T)
+    rows = k * T + (T - 1 - tl.arange(0, T))
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
-    offs, ok = _tile(dy_ptr, b, rows, cols, L, D)
+    offs, ok = _tile(b, rows, cols, L, D, row_units, V)
     dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + b * L + rows, mask=rows < L, other=0.0)
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
     lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
     a = tl.exp(-lam[None, :] * r[:, None])
-    _, v = tl.associative_scan((a, a * dy), 0, affine_combine, reverse=True)
-    tl.store(end_ptr + (b * NC + k) * D + cols, first_row(v, tl.arange(0, T)), mask=cols < D)
+    _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
+    tl.store(end_ptr + (b * NC + k) * D + cols, last_row(v, tl.arange(0, T), T), mask=cols < D)
 
 
 @triton.jit
-def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g,
-                        c, L, D, NC, NEED_H: tl.constexpr):
-    """Recompute one [T, BD] tile of the backward: x, dy, a, m, dh and (if NEED_H) dlog a."""
-    offs, ok = _tile(x_ptr, b, rows, cols, L, D)
+def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g,
+                        c, L, D, NC, row_units, T: tl.constexpr, V: tl.constexpr,
+                        NEED_H: tl.constexpr):
+    """Recompute one [T, BD] tile of the backward: x, dy, a, m, dh and (if NEED_H) dlog a.
+    rows run latest first: the adjoint is a forward scan, only h needs a reverse one."""
+    offs, ok = _tile(b, rows, cols, L, D, row_units, V)
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
@@ -123,52 +129,55 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, r
     gx = g[:, None] * x
     state = (b * NC + k) * D + cols
     carry = tl.load(carry_ptr + state, mask=cols < D, other=0.0)
-    ones = tl.full(a.shape, 1.0, tl.float32)
-    _, _, q, w = tl.associative_scan((a, a * dy, ones, dy), 0, adjoint_combine, reverse=True)
+    # dh_t = dy_t + a_{t+1} dh_{t+1}; the chunk's last token takes the carry (a dh) instead.
+    r_next = tl.load(r_ptr + b * L + rows + 1, mask=rows + 1 < L, other=0.0)
+    a_next = tl.where((rows == k * T + T - 1)[:, None], 1.0, tl.exp(-lam[None, :] * r_next[:, None]))
+    q, w = tl.associative_scan((a_next, dy), 0, affine_combine)
     dh = w + q * carry[None, :]
     dla = tl.zeros_like(dh)
     if NEED_H:
         u = m * gx
-        p, h = tl.associative_scan((a, u), 0, affine_combine)
+        p, h = tl.associative_scan((a, u), 0, affine_combine, reverse=True)
         h_in = tl.load(h_in_ptr + state, mask=cols < D, other=0.0)
         h = h + p * h_in[None, :]
         dla = dh * (h - u) + dh * gx * dm_dlog_a
     return offs, ok, x, dy, m, dh, dla, lam, log_a
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_units"])
 def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, carry_ptr,
                           a_param_ptr, log_temp_ptr, skip_ptr,
-                          dsp_part_ptr, dw_part_ptr, scalar_part_ptr, L, D, NC,
-                          T: tl.constexpr, BD: tl.constexpr):
+                          dsp_part_ptr, dw_part_ptr, scalar_part_ptr, L, D, NC, row_units,
+                          T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
     """Per chunk, full width.  Pass 1 reduces dr, dg per token (and per-channel and scalar
     partials); pass 2 writes dx = dh m g + skip dy + W^T dz and the ctrl_weight partials."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
-    rows = k * T + tl.arange(0, T)
+    rows = k * T + (T - 1 - tl.arange(0, T))  # latest first (see _samu_chunk_adjoint)
     row_ok = rows < L
     r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
     g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
     skip = tl.load(skip_ptr)
-    dr = tl.zeros([T], dtype=tl.float32)
-    dg = tl.zeros([T], dtype=tl.float32)
+    # Per-thread partial sums over channels; one cross-thread reduction after the loop.
+    dr_part = tl.zeros([T, BD], dtype=tl.float32)
+    dg_part = tl.zeros([T, BD], dtype=tl.float32)
     d_log_temp = tl.zeros([BD], dtype=tl.float32)
     d_skip = tl.zeros([BD], dtype=tl.float32)
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-            x_ptr, dy_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g, c,
-            L, D, NC, True)
-        dr += tl.sum(dla * -lam[None, :], axis=1)
-        dg += tl.sum(dh * m * x, axis=1)
+            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g, c,
+            L, D, NC, row_units, T, V, True)
+        dr_part += dla * -lam[None, :]
+        dg_part += dh * m * x
         tl.store(dsp_part_ptr + pid.to(tl.int64) * D + cols,
                  tl.sum(dla * (-c * r[:, None]), axis=0), mask=cols < D)
         d_log_temp += tl.sum(dla * log_a, axis=0)
         d_skip += tl.sum(dy * x, axis=0)
-    dz0 = tl.where(row_ok, dr * r * (1.0 - r), 0.0)
-    dz1 = tl.where(row_ok, dg * g * (1.0 - g), 0.0)
+    dz0 = tl.where(row_ok, tl.sum(dr_part, axis=1) * r * (1.0 - r), 0.0)
+    dz1 = tl.where(row_ok, tl.sum(dg_part, axis=1) * g * (1.0 - g), 0.0)
     scalars = scalar_part_ptr + pid.to(tl.int64) * 4
     tl.store(scalars, tl.sum(d_log_temp, axis=0))
     tl.store(scalars + 1, tl.sum(d_skip, axis=0))
@@ -177,8 +186,8 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-            x_ptr, dy_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g, c,
-            L, D, NC, False)
+            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g, c,
+            L, D, NC, row_units, T, V, False)
         w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
         dx = dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :] + dz1[:, None] * w1[None, :]
@@ -188,10 +197,34 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         tl.store(part + D, tl.sum(dz1[:, None] * x, axis=0), mask=cols < D)
 
 
-def _launch_config(width: int, chunk: int):
-    block_d = min(64 if chunk >= 64 else 128, triton.next_power_of_2(width))
-    warps = 8 if chunk * block_d >= 4096 else 4
-    return block_d, warps
+@dataclass(frozen=True)
+class Launch:
+    """Warps and channels per thread of one kernel; the tile is 32 * warps * vector channels wide,
+    so that each thread holds all T tokens of its channels (scan_kernels.row_offsets)."""
+    warps: int
+    vector: int
+
+    def tile(self, width: int):
+        vector = vector_width(width, self.vector)
+        return dict(BD=tile_width(self.warps, vector), V=vector, num_warps=self.warps)
+
+
+# Measured on the H200 (docs/PERFORMANCE.md); scripts/inspect_kernels.py shows their layouts.
+LAUNCH = {"summary": Launch(4, 1), "output": Launch(4, 1), "reverse_summary": Launch(4, 1),
+          "backward": Launch(4, 1)}
+KERNELS = {"summary": "_samu_summary_kernel", "output": "_samu_output_kernel",
+           "reverse_summary": "_samu_reverse_summary_kernel", "backward": "_samu_backward_kernel"}
+
+
+def launch_plan(backend: str, width: int):
+    """(kernel, constexprs, warps) of every kernel a backend launches at this width."""
+    chunk = BACKEND_CHUNKS[backend]
+    plan = []
+    for role, launch in LAUNCH.items():
+        meta = launch.tile(width)
+        warps = meta.pop("num_warps")
+        plan.append((globals()[KERNELS[role]], dict(T=chunk, **meta), warps))
+    return plan
 
 
 class SamuFunction(torch.autograd.Function):
@@ -200,7 +233,6 @@ class SamuFunction(torch.autograd.Function):
         x = x.contiguous()
         batch, length, width = x.shape
         n_chunks = triton.cdiv(length, chunk)
-        block_d, warps = _launch_config(width, chunk)
         f32 = dict(device=x.device, dtype=torch.float32)
         params = [p.detach().float().contiguous() for p in (ctrl_weight, ctrl_bias, a_param,
                                                              log_temp, skip)]
@@ -209,14 +241,16 @@ class SamuFunction(torch.autograd.Function):
         g = torch.empty(batch, length, **f32)
         decay = torch.empty(batch, n_chunks, width, **f32)
         end = torch.empty(batch, n_chunks, width, **f32)
+        units = _row_units(width)
         _samu_summary_kernel[(batch * n_chunks,)](
             x, w, bias, a_param_, log_temp_, r, g, decay, end, length, width, n_chunks,
-            T=chunk, BD=block_d, num_warps=warps)
+            units(LAUNCH["summary"]), T=chunk, **LAUNCH["summary"].tile(width))
         h_in = chunk_carry(decay, end, reverse=False)
         y = torch.empty_like(x)
-        grid = (batch * n_chunks, triton.cdiv(width, block_d))
+        meta = LAUNCH["output"].tile(width)
+        grid = (batch * n_chunks, triton.cdiv(width, meta["BD"]))
         _samu_output_kernel[grid](x, y, r, g, h_in, a_param_, log_temp_, skip_, length, width,
-                                  n_chunks, T=chunk, BD=block_d, num_warps=warps)
+                                  n_chunks, units(LAUNCH["output"]), T=chunk, **meta)
         ctx.save_for_backward(x, r, g, decay, h_in, *params)
         ctx.chunk = chunk
         return y
@@ -228,12 +262,13 @@ class SamuFunction(torch.autograd.Function):
         dy = dy.contiguous()
         batch, length, width = x.shape
         n_chunks = triton.cdiv(length, chunk)
-        block_d, warps = _launch_config(width, chunk)
         f32 = dict(device=x.device, dtype=torch.float32)
+        units = _row_units(width)
         end = torch.empty(batch, n_chunks, width, **f32)
-        grid = (batch * n_chunks, triton.cdiv(width, block_d))
+        meta = LAUNCH["reverse_summary"].tile(width)
+        grid = (batch * n_chunks, triton.cdiv(width, meta["BD"]))
         _samu_reverse_summary_kernel[grid](dy, r, a_param, log_temp, end, length, width, n_chunks,
-                                           T=chunk, BD=block_d, num_warps=warps)
+                                           units(LAUNCH["reverse_summary"]), T=chunk, **meta)
         carry = chunk_carry(decay, end, reverse=True)
         dx = torch.empty_like(x)
         dsp_part = end  # reused: the reverse summary is consumed by the carry
@@ -242,11 +277,15 @@ class SamuFunction(torch.autograd.Function):
         _samu_backward_kernel[(batch * n_chunks,)](
             x, dy, dx, w, r, g, h_in, carry, a_param, log_temp, skip,
             dsp_part, dw_part, scalar_part, length, width, n_chunks,
-            T=chunk, BD=block_d, num_warps=warps)
+            units(LAUNCH["backward"]), T=chunk, **LAUNCH["backward"].tile(width))
         scalars = scalar_part.sum(0)
         grads = (dx, dw_part.sum(0), scalars[2:4].clone(),
                  dsp_part.sum((0, 1)) * torch.sigmoid(a_param), scalars[0], scalars[1])
         return (*grads, None)
+
+
+def _row_units(width: int):
+    return lambda launch: width // vector_width(width, launch.vector)
 
 
 def _backend(chunk: int):
@@ -255,5 +294,7 @@ def _backend(chunk: int):
     return run
 
 
-CHUNKS = (16, 32, 64)
-BACKENDS = {f"fused_controller_hierarchical_chunk{c}": _backend(c) for c in CHUNKS}
+# Each thread holds a chunk of every scan tile: beyond 32 tokens the backward kernel spills.
+CHUNKS = (8, 16, 32)
+BACKEND_CHUNKS = {f"fused_controller_hierarchical_chunk{c}": c for c in CHUNKS}
+BACKENDS = {name: _backend(c) for name, c in BACKEND_CHUNKS.items()}

@@ -43,21 +43,32 @@ def softplus(z):
 
 
 @triton.jit
-def one_minus_a_squared(log_a):
-    """1 - exp(2 log a) without cancellation when a is near 1 (-expm1 by its series)."""
+def one_minus_a_squared(log_a, a):
+    """1 - a^2 without cancellation when a is near 1 (-expm1(2 log a) by its series there);
+    elsewhere from a itself, so the transition costs one exp per element."""
     x = 2.0 * log_a
     series = -x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0)))))
-    return tl.where(x > -0.0625, series, 1.0 - tl.exp(x))
+    return tl.where(x > -0.0625, series, 1.0 - a * a)
 
 
 @triton.jit
 def transition(log_a, is_first):
     """a, m = sqrt(1 - a^2) and dm/dlog a (bounded), with m = 1 and no gradient at t = 0."""
     a = tl.exp(log_a)
-    v = tl.maximum(one_minus_a_squared(log_a), 0.0)
+    v = tl.maximum(one_minus_a_squared(log_a, a), 0.0)
     m = tl.where(is_first, 1.0, tl.sqrt(v))
     dm_dlog_a = tl.where(is_first, 0.0, -2.0 * a * a / tl.sqrt(tl.maximum(4.0 * v, 1e-6)))
     return a, m, dm_dlog_a
+
+
+@triton.jit
+def row_offsets(b, rows, L, row_units, V: tl.constexpr):
+    """Element offset of each row of a [B, L, D] tensor, int64, written as rows * row_units * V
+    with D = row_units * V.  row_units is passed unspecialised, so Triton knows only that rows
+    start at multiples of V elements: its loads then give each thread V adjacent channels and,
+    with a tile V * 32 * num_warps channels wide, every token of the chunk (see
+    tile_width).  The scan along time then runs in registers, with no shared memory."""
+    return (b * L + rows.to(tl.int64)) * row_units * V
 
 
 @triton.jit
@@ -120,11 +131,27 @@ def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool) -> torch.
     return out
 
 
-def dot_dtype(x: torch.Tensor):
+def vector_width(width: int, wanted: int) -> int:
+    """Channels per thread and load: `wanted` where it divides the width, else 1."""
+    return wanted if width % wanted == 0 else 1
+
+
+def tile_width(warps: int, vector: int) -> int:
+    """Channels of a tile whose layout keeps the whole chunk of tokens in each thread."""
+    return 32 * warps * vector
+
+
+def dot_operand_dtype(dtype: torch.dtype) -> torch.dtype:
     """Operand dtype of tl.dot: x's own, except under the interpreter, whose BF16 dot is wrong."""
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return tl.float32
-    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(x.dtype, tl.float32)
+        return torch.float32
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
+def dot_dtype(dtype: torch.dtype):
+    """dot_operand_dtype as a Triton dtype."""
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
+            torch.float32: tl.float32}[dot_operand_dtype(dtype)]
 
 
 def _speed_up_interpreter_scan() -> None:

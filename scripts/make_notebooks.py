@@ -204,9 +204,11 @@ save("02_calibration", [
 candidates = None  # every backend
 if device == "cpu":  # the interpreter is slow: two Triton backends per mixer exercise the pipeline
     reps = min(reps, 2)
-    candidates = {m: [n for n in backends.available(m)
-                      if n == backends.DEFAULTS[m] or n.endswith("chunk16") or n.startswith("reference")]
-                  for m in ("rglru", "samu")}
+    candidates = {}
+    for m in ("rglru", "samu"):
+        triton_names = [n for n in backends.available(m) if backends.REGISTRY[m][n].kind == "triton"]
+        keep = {backends.DEFAULTS[m], triton_names[0]}
+        candidates[m] = [n for n in backends.available(m) if n in keep or n.startswith("reference")]
     print("CPU run: interpreter timings rank nothing about a GPU; they only exercise the pipeline.")'''),
     code('''from tqdm.auto import tqdm
 names = candidates or {m: backends.available(m) for m in ("rglru", "samu")}

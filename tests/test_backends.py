@@ -40,11 +40,11 @@ def test_calibrated_choice_is_read(tmp_path, monkeypatch):
     from samu import paths, schema
     monkeypatch.setattr(paths, "DATA", tmp_path)
     doc = {"gpu": "Test GPU", "environment": {}, "shapes": {"1x8x16": {"samu": {
-        "ranking": ["fused_controller_hierarchical_chunk64"],
-        "chosen": "fused_controller_hierarchical_chunk64", "backends": []}}}}
+        "ranking": ["fused_controller_hierarchical_chunk32"],
+        "chosen": "fused_controller_hierarchical_chunk32", "backends": []}}}}
     schema.write_json_atomic(paths.calibration_file("test-gpu"), doc, kind="calibration")
     assert backends.calibrated_choice("samu", (1, 8, 16), "test-gpu") == \
-        "fused_controller_hierarchical_chunk64"
+        "fused_controller_hierarchical_chunk32"
     assert backends.calibrated_choice("samu", (1, 9, 16), "test-gpu") is None
     assert backends.calibrated_choice("rglru", (1, 8, 16), "test-gpu") is None
 

@@ -1,0 +1,84 @@
+"""Compile a kernel for the H200 (sm_90a) on any machine, GPU or not, and print what decides its
+speed before any timing: the layouts Triton chose, registers, spills and the count of
+shared-memory, barrier, shuffle and special-function instructions in its SASS.
+
+    python scripts/inspect_kernels.py samu                # every SAMU kernel at its launch configs
+    python scripts/inspect_kernels.py rglru --width 2560  # RG-LRU kernels at D = 2560 (bw = 160)
+
+A scan along the time axis whose layout keeps each channel's T tokens in one thread shows no
+LDS/STS/BAR/SHFL: that is the layout the kernels aim for (docs/PERFORMANCE.md)."""
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from samu import kernels_rglru, kernels_samu
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+SASS_OPS = ("LDG", "STG", "LDS", "STS", "BAR.SYNC", "SHFL", "MUFU", "HMMA", "HGMMA", "LDL", "STL")
+BF16_ARGS = {"x_ptr", "y_ptr", "dy_ptr", "dx_ptr", "wx_ptr", "wa_ptr"}  # RG-LRU gate weights too
+
+
+def signature(fn, constexprs):
+    names = inspect.signature(fn.fn).parameters
+    sig = {}
+    for name in names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = "*bf16" if name in BF16_ARGS else "*fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def compile_stats(fn, constexprs, num_warps, specialized_ints=("L", "D", "NC", "BW")):
+    sig = signature(fn, constexprs)
+    names = list(sig)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n].startswith("*") or n in specialized_ints}
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        log = subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin],
+                             capture_output=True, text=True, check=True).stderr
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin],
+                              capture_output=True, text=True, check=True).stdout
+    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    spills = int(re.search(r"(\d+) bytes spill stores", log).group(1))
+    ops = {op: len(re.findall(r"\b" + re.escape(op) + r"[\s.]", sass)) for op in SASS_OPS}
+    layouts = sorted(set(re.findall(r"#(?:blocked|mma)\d* = (.*)", kernel.asm["ttgir"])))
+    return regs, spills, {k: v for k, v in ops.items() if v}, layouts
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mixer", choices=("samu", "rglru"))
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--layouts", action="store_true", help="print the TTGIR layouts too")
+    args = parser.parse_args()
+    module = kernels_samu if args.mixer == "samu" else kernels_rglru
+    for name, backend in module.BACKENDS.items():
+        for kernel, constexprs, warps in module.launch_plan(name, args.width):
+            regs, spills, ops, layouts = compile_stats(kernel, constexprs, warps)
+            print(f"{name:42s} {kernel.fn.__name__:34s} warps={warps} {constexprs} "
+                  f"regs={regs} spill={spills} {ops}", flush=True)
+            if args.layouts:
+                for layout in layouts:
+                    print("      ", layout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Sweep the launch settings of the scan kernels on a GPU: for each setting, the forward+backward
+median (CUDA events, calibration's sampler) and its legality against the float64 oracle.
+
+    python scripts/sweep_launches.py 1x32768x2048 1x8192x2560:rglru
+
+SAMU: one kernel role at a time (warps, channels per thread) with the others at their defaults,
+for every backend.  RG-LRU: every backend at each of RGLRU_OPTIONS.  Prints one line per setting and
+the best per role; the winners go into samu/kernels_*.py by hand, with the figures in
+docs/PERFORMANCE.md."""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+from samu import calibration, kernels_rglru, kernels_samu, timing
+
+SAMU_OPTIONS = [(1, 1), (2, 1), (4, 1), (8, 1), (1, 2)]  # (warps, channels per thread)
+RGLRU_OPTIONS = [(1, 8, 8), (2, 8, 8), (1, 4, 4), (1, 8, 4)]  # (VECTOR, dx warps, grad warps)
+
+
+def measure(mixer, backend, shape, inputs, want, eager):
+    x, params, dy = inputs
+    errs = calibration.relative_errors(calibration.outputs(mixer, backend, x, params, dy), want)
+    legal = all(e <= calibration.ERROR_FACTOR * eager[n] + calibration.ERROR_SLACK
+                for n, e in errs.items())
+    samples = timing.time_forward_backward(mixer, backend, x, params, dy, reps=15)
+    return statistics.median(samples), legal, max(errs.values())
+
+
+def main():
+    for arg in sys.argv[1:] or ["1x32768x2048"]:
+        shape_text, _, only = arg.partition(":")
+        shape = tuple(map(int, shape_text.split("x")))
+        floor = timing.floor_ms(shape, timing.COPY_BANDWIDTH["nvidia-h200"])
+        for mixer, module in (("samu", kernels_samu), ("rglru", kernels_rglru)):
+            if only and mixer != only:
+                continue
+            inputs = calibration.make_inputs(mixer, shape, "cuda")
+            want = calibration.oracle(mixer, *inputs)
+            eager = calibration.relative_errors(
+                calibration.outputs(mixer, "reference_chunked", *inputs), want)
+            results = []
+            if mixer == "samu":
+                default = dict(module.LAUNCH)
+                for backend in module.BACKENDS:
+                    for role in default:
+                        for warps, vector in SAMU_OPTIONS:
+                            module.LAUNCH.update(default)
+                            module.LAUNCH[role] = module.Launch(warps, vector)
+                            results.append(((backend, role, warps, vector),
+                                            *_try(mixer, backend, shape, inputs, want, eager)))
+                module.LAUNCH.update(default)
+            else:
+                default = dict(module.WARPS)
+                for backend in module.BACKENDS:
+                    for vector, dx_warps, grad_warps in RGLRU_OPTIONS:
+                        module.VECTOR = vector
+                        module.WARPS.update(dx=dx_warps, param_grad=grad_warps)
+                        results.append(((backend, vector, dx_warps, grad_warps),
+                                        *_try(mixer, backend, shape, inputs, want, eager)))
+                module.VECTOR = 1
+                module.WARPS.update(default)
+            for key, median, legal, err in results:
+                print(f"{shape} {mixer} {key}: {median:.4f} ms (x{median / floor:.1f} floor) "
+                      f"legal={legal} max_err={err:.2e}", flush=True)
+            ok = [r for r in results if r[2]]
+            if mixer == "samu":
+                for role in kernels_samu.LAUNCH:
+                    best = min((r for r in ok if r[0][1] == role), key=lambda r: r[1])
+                    print(f"BEST {shape} samu {role}: {best[0]} {best[1]:.4f} ms")
+            best = min(ok, key=lambda r: r[1])
+            print(f"BEST {shape} {mixer}: {best[0]} {best[1]:.4f} ms", flush=True)
+            del want, inputs
+            torch.cuda.empty_cache()
+
+
+def _try(mixer, backend, shape, inputs, want, eager):
+    t0 = time.time()
+    try:
+        return measure(mixer, backend, shape, inputs, want, eager)
+    except Exception as exc:  # a setting that does not compile or run is a finding too
+        print(f"  {backend}: {type(exc).__name__}: {str(exc)[:120]} ({time.time() - t0:.0f}s)")
+        return float("inf"), False, float("nan")
+
+
+if __name__ == "__main__":
+    main()
