@@ -272,9 +272,9 @@ def _plan(bw: int, width: int, chunk: int, block_n: int, dtype=torch.bfloat16):
                   PREC="ieee" if dtype == torch.float32 else "tf32")
     scan = dict(common, BN=bn, **_tile_launch(bn, width))
     return {"summary": scan, "output": scan, "reverse_summary": scan,
-            "dx": dict(scan, NB=nb, NBV=nbv, num_warps=WARPS["dx"]),
-            "param_grad": dict(common, BN=bn_w, **_tile_launch(bn_w, width),
-                               num_warps=WARPS["param_grad"]),
+            "dx": {**scan, "NB": nb, "NBV": nbv, "num_warps": WARPS["dx"]},
+            "param_grad": {**common, "BN": bn_w, **_tile_launch(bn_w, width),
+                           "num_warps": WARPS["param_grad"]},
             "nbv": nbv, "nbv_w": triton.cdiv(bw, bn_w)}
 
 

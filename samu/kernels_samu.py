@@ -210,7 +210,7 @@ class Launch:
 
 
 # Measured on the H200 (docs/PERFORMANCE.md); scripts/inspect_kernels.py shows their layouts.
-LAUNCH = {"summary": Launch(4, 1), "output": Launch(4, 1), "reverse_summary": Launch(4, 1),
+LAUNCH = {"summary": Launch(2, 1), "output": Launch(2, 1), "reverse_summary": Launch(2, 1),
           "backward": Launch(4, 1)}
 KERNELS = {"summary": "_samu_summary_kernel", "output": "_samu_output_kernel",
            "reverse_summary": "_samu_reverse_summary_kernel", "backward": "_samu_backward_kernel"}
