@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from .scan_kernels import (adjoint_combine, affine_combine, chunk_carry, dot_dtype,
-                           dot_operand_dtype, last_row, row_offsets, softplus, tile_width,
-                           transition, vector_width)
+                           dot_operand_dtype, last_row, launch, row_offsets, softplus,
+                           tile_width, transition, vector_width)
 
 MIXER = "rglru"
 GATE_SCALE = 8.0
@@ -318,12 +318,12 @@ class RglruFunction(torch.autograd.Function):
         end = torch.empty(batch, n_chunks, width, **f32)
         grid = (batch * n_chunks, heads * plan["nbv"])
         meta = plan["summary"]
-        _rglru_summary_kernel[grid](x, *params, decay, end, length, width, n_chunks, bw,
+        launch(_rglru_summary_kernel, grid, x, *params, decay, end, length, width, n_chunks, bw,
                                     plan["nbv"], _row_units(width, meta), **meta)
         h_in = chunk_carry(decay, end, reverse=False)
         y = torch.empty_like(x)
         meta = plan["output"]
-        _rglru_output_kernel[grid](x, y, *params, h_in, length, width, n_chunks, bw, plan["nbv"],
+        launch(_rglru_output_kernel, grid, x, y, *params, h_in, length, width, n_chunks, bw, plan["nbv"],
                                    _row_units(width, meta), **meta)
         ctx.save_for_backward(x, decay, h_in, *params)
         ctx.config = (chunk, block_n)
@@ -341,13 +341,13 @@ class RglruFunction(torch.autograd.Function):
         f32 = dict(device=x.device, dtype=torch.float32)
         end = torch.empty(batch, n_chunks, width, **f32)
         meta = plan["reverse_summary"]
-        _rglru_reverse_summary_kernel[(batch * n_chunks, heads * plan["nbv"])](
+        launch(_rglru_reverse_summary_kernel, (batch * n_chunks, heads * plan["nbv"]),
             x, dy, wa, ba, a_param, end, length, width, n_chunks, bw, plan["nbv"],
             _row_units(width, meta), **meta)
         carry = chunk_carry(decay, end, reverse=True)
         dx = torch.empty_like(x)
         meta = plan["dx"]
-        _rglru_dx_kernel[(batch * n_chunks, heads)](
+        launch(_rglru_dx_kernel, (batch * n_chunks, heads),
             x, dy, dx, wx, bx, wa, ba, a_param, h_in, carry, length, width, n_chunks, bw,
             _row_units(width, meta), **meta)
         nbv_w = plan["nbv_w"]
@@ -358,7 +358,7 @@ class RglruFunction(torch.autograd.Function):
         dw_part = torch.empty(2, n_parts, heads, bw, bw, **f32)
         vec_part = torch.empty(n_parts, 3, width, **f32)
         meta = plan["param_grad"]
-        _rglru_param_grad_kernel[(n_parts, heads * nbv_w)](
+        launch(_rglru_param_grad_kernel, (n_parts, heads * nbv_w),
             x, dy, wx, bx, wa, ba, a_param, h_in, carry, dw_part, vec_part, length, width,
             n_chunks, bw, nbv_w, per_span, n_spans, _row_units(width, meta), **meta)
         dw = dw_part.sum(1)

@@ -16,7 +16,7 @@ import triton.language as tl
 from dataclasses import dataclass
 
 from .scan_kernels import (adjoint_combine, affine_combine, chunk_carry, first_row, last_row,
-                           row_offsets, softplus, tile_width, transition, vector_width)
+                           launch, row_offsets, softplus, tile_width, transition, vector_width)
 
 MIXER = "samu"
 
@@ -242,14 +242,14 @@ class SamuFunction(torch.autograd.Function):
         decay = torch.empty(batch, n_chunks, width, **f32)
         end = torch.empty(batch, n_chunks, width, **f32)
         units = _row_units(width)
-        _samu_summary_kernel[(batch * n_chunks,)](
+        launch(_samu_summary_kernel, (batch * n_chunks,),
             x, w, bias, a_param_, log_temp_, r, g, decay, end, length, width, n_chunks,
             units(LAUNCH["summary"]), T=chunk, **LAUNCH["summary"].tile(width))
         h_in = chunk_carry(decay, end, reverse=False)
         y = torch.empty_like(x)
         meta = LAUNCH["output"].tile(width)
         grid = (batch * n_chunks, triton.cdiv(width, meta["BD"]))
-        _samu_output_kernel[grid](x, y, r, g, h_in, a_param_, log_temp_, skip_, length, width,
+        launch(_samu_output_kernel, grid, x, y, r, g, h_in, a_param_, log_temp_, skip_, length, width,
                                   n_chunks, units(LAUNCH["output"]), T=chunk, **meta)
         ctx.save_for_backward(x, r, g, decay, h_in, *params)
         ctx.chunk = chunk
@@ -267,14 +267,14 @@ class SamuFunction(torch.autograd.Function):
         end = torch.empty(batch, n_chunks, width, **f32)
         meta = LAUNCH["reverse_summary"].tile(width)
         grid = (batch * n_chunks, triton.cdiv(width, meta["BD"]))
-        _samu_reverse_summary_kernel[grid](dy, r, a_param, log_temp, end, length, width, n_chunks,
+        launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, end, length, width, n_chunks,
                                            units(LAUNCH["reverse_summary"]), T=chunk, **meta)
         carry = chunk_carry(decay, end, reverse=True)
         dx = torch.empty_like(x)
         dsp_part = end  # reused: the reverse summary is consumed by the carry
         dw_part = torch.empty(batch * n_chunks, 2, width, **f32)
         scalar_part = torch.empty(batch * n_chunks, 4, **f32)
-        _samu_backward_kernel[(batch * n_chunks,)](
+        launch(_samu_backward_kernel, (batch * n_chunks,),
             x, dy, dx, w, r, g, h_in, carry, a_param, log_temp, skip,
             dsp_part, dw_part, scalar_part, length, width, n_chunks,
             units(LAUNCH["backward"]), T=chunk, **LAUNCH["backward"].tile(width))

@@ -50,3 +50,36 @@ def test_float32_input_is_accurate():
     want = calibration.oracle("samu", x, params, dy)
     errs = calibration.relative_errors(got, want)
     assert max(errs.values()) < 1e-4, errs
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_cached_launches_pass_every_argument(mixer, monkeypatch):
+    """scan_kernels.launch replays a compiled kernel with the positional arguments followed by
+    the constexprs in signature order: every launch site must pass all of them, and a replay
+    must see the same argument list as the first call."""
+    from samu import scan_kernels
+    seen = []
+
+    def checked_launch(kernel, grid, *args, **meta):
+        missing = [n for n in kernel.arg_names[len(args):] if n not in meta]
+        assert not missing, (kernel.fn.__name__, missing)
+        seen.append(kernel.fn.__name__)
+        kernel[grid](*args, **meta)
+
+    for module in ("kernels_samu", "kernels_rglru"):
+        monkeypatch.setattr(f"samu.{module}.launch", checked_launch)
+    monkeypatch.setattr(scan_kernels, "launch", checked_launch)
+    x, params, dy = calibration.make_inputs(mixer, (1, 20, 32), DEVICE, seed=2)
+    calibration.outputs(mixer, backends.DEFAULTS[mixer], x, params, dy)
+    assert len(set(seen)) == (5 if mixer == "samu" else 6)
+    assert {"chunk_carry_kernel"} <= set(seen)
+
+
+def test_launch_cache_keys_on_what_triton_specialises():
+    from samu.scan_kernels import _specialization
+    assert _specialization(16) != _specialization(17)
+    assert _specialization(1) != _specialization(3)
+    assert _specialization(2**31) != _specialization(2**31 - 16)
+    t = torch.zeros(8)
+    assert _specialization(t) != _specialization(t[1:])
+    assert _specialization(t) != _specialization(t.double())

@@ -1,0 +1,78 @@
+"""Where the host time of one forward+backward goes (small shapes are bound by it): CPU time per
+Triton launch through the JIT path and through the compiled kernel's own launcher, per small
+torch op, and per whole forward / forward+backward call, beside the GPU time of the same call.
+
+    python scripts/host_overhead.py 4x2048x2048 [--profile]"""
+import sys
+import time
+
+import torch
+import triton
+
+from samu import calibration, kernels_samu, timing
+
+
+def cpu_us(fn, n=200):
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+shape = tuple(map(int, next((a for a in sys.argv[1:] if "x" in a), "4x2048x2048").split("x")))
+B, L, D = shape
+x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+y = torch.empty_like(x)
+T = 8
+nc = triton.cdiv(L, T)
+r = torch.rand(B, L, device="cuda")
+g = torch.rand(B, L, device="cuda")
+h_in = torch.zeros(B, nc, D, device="cuda")
+p = torch.zeros(D, device="cuda")
+s = torch.zeros((), device="cuda")
+meta = kernels_samu.LAUNCH["output"].tile(D)
+grid = (B * nc, triton.cdiv(D, meta["BD"]))
+args = (x, y, r, g, h_in, p, s, s, L, D, nc, D // meta["V"])
+kernel = kernels_samu._samu_output_kernel
+compiled = kernel[grid](*args, T=T, **meta)
+full = [*args, T, meta["BD"], meta["V"]]
+print(f"{shape}: Triton launch via JIT {cpu_us(lambda: kernel[grid](*args, T=T, **meta)):.1f} us,"
+      f" via compiled launcher {cpu_us(lambda: compiled[(*grid, 1)](*full)):.1f} us")
+print(f"torch.empty {cpu_us(lambda: torch.empty(B, nc, D, device='cuda')):.1f} us, "
+      f"sum(0) {cpu_us(lambda: h_in.sum(0)):.1f} us, "
+      f"float().contiguous() {cpu_us(lambda: p.float().contiguous()):.1f} us")
+for mixer in ("samu", "rglru"):
+    inputs = calibration.make_inputs(mixer, shape, "cuda")
+    backend = timing.build_module(mixer, D, "auto", "cuda")
+    xg = inputs[0].detach().requires_grad_()
+    dy = inputs[2]
+
+    def forward():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return backend(xg)
+
+    def forward_backward():
+        forward().backward(dy)
+
+    forward_us = cpu_us(forward, 50)
+    gpu = timing.time_forward_backward(mixer, backend.last_backend, *inputs, reps=11)
+    print(f"{mixer} ({backend.last_backend}): CPU per forward {forward_us:.0f} us, "
+          f"per forward+backward {cpu_us(forward_backward, 50):.0f} us; "
+          f"event median forward+backward {sorted(gpu)[5] * 1e3:.0f} us")
+
+# The host functions that take the time, for the SAMU backend above.
+if "--profile" in sys.argv:
+    from torch.profiler import ProfilerActivity, profile
+    inputs = calibration.make_inputs("samu", shape, "cuda")
+    module = timing.build_module("samu", D, "auto", "cuda")
+    xg = inputs[0].detach().requires_grad_()
+    for _ in range(3):
+        timing._sample(module, xg, inputs[2], "forward_backward")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(10):
+            timing._sample(module, xg, inputs[2], "forward_backward")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
