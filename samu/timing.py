@@ -230,11 +230,14 @@ def add_floor_figures(rows: list[dict], bandwidth: float) -> None:
 
 
 def _git_commit() -> str | None:
+    """SAMU_GIT_COMMIT when set (a copied tree can carry a stale .git), else git's HEAD."""
+    if os.environ.get("SAMU_GIT_COMMIT"):
+        return os.environ["SAMU_GIT_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=paths.REPO_ROOT,
                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("SAMU_GIT_COMMIT")
+        return None
 
 
 def environment() -> dict:

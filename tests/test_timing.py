@@ -35,3 +35,13 @@ def test_summarize():
     s = timing.summarize([1.0, 2.0, 3.0, 4.0])
     assert s["median_ms"] == 2.5 and s["mean_ms"] == 2.5
     assert s["std_ms"] == pytest.approx(1.118, abs=1e-3)
+
+
+def test_git_commit_override_wins(monkeypatch):
+    """A copied tree can carry a stale .git (the H200's copy did): SAMU_GIT_COMMIT is believed
+    first; without it the commit comes from git."""
+    monkeypatch.setenv("SAMU_GIT_COMMIT", "0123abc")
+    assert timing.environment()["git_commit"] == "0123abc"
+    monkeypatch.delenv("SAMU_GIT_COMMIT")
+    commit = timing.environment()["git_commit"]
+    assert commit is None or len(commit) == 40
