@@ -2,8 +2,11 @@
 On a CPU these run under Triton's interpreter at tiny sizes (conftest sets TRITON_INTERPRET)."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from samu import backends, calibration
+from samu.scan_kernels import row_offsets
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -83,3 +86,21 @@ def test_launch_cache_keys_on_what_triton_specialises():
     t = torch.zeros(8)
     assert _specialization(t) != _specialization(t[1:])
     assert _specialization(t) != _specialization(t.double())
+
+
+@triton.jit
+def _offsets_kernel(out_ptr, batch_index, L, row_units, T: tl.constexpr, V: tl.constexpr):
+    b = (tl.program_id(0) + batch_index).to(tl.int64)  # as the kernels derive it
+    rows = L - T + tl.arange(0, T)
+    tl.store(out_ptr + tl.arange(0, T), row_offsets(b, rows, L, row_units, V))
+
+
+def test_row_offsets_stay_exact_past_two_to_the_31():
+    """The kernels address [B, L, D] rows through scan_kernels.row_offsets with an int64 batch
+    index: an offset past 2^31 elements must come out exact, not wrapped."""
+    L, D, T, V, b = 2**20, 2**12, 16, 2, 3
+    out = torch.zeros(T, dtype=torch.int64, device=DEVICE)
+    _offsets_kernel[(1,)](out, b, L, D // V, T=T, V=V)
+    want = [(b * L + L - T + i) * D for i in range(T)]
+    assert max(want) > 2**33
+    assert out.tolist() == want
