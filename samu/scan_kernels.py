@@ -9,7 +9,11 @@ scanned in registers with ``tl.associative_scan``; chunks are joined by the hier
 
 The backward runs the same three phases in reverse time with the adjoint recurrence.
 
-Triton's reverse scan calls combine(accumulated_right, element_left); with that order one affine
+Layout: a scan tile [T tokens, channels] is 32 x num_warps channels wide and its row stride is
+unspecialised (row_offsets), so each thread holds all T tokens of its channel and the scan is a
+sequential loop in registers: no shared memory, no shuffles.  Triton's reverse scan still
+shuffles, so reverse recurrences load the chunk latest token first and scan forward; a scan then
+calls combine(accumulated_later, element_earlier), the order a reverse scan uses, and one affine
 combine serves both directions (products commute).  Softplus and the sqrt are written from
 tl.exp / tl.log / tl.sqrt so that Triton's interpreter can run them (no libdevice).
 """
