@@ -15,8 +15,8 @@ import triton.language as tl
 
 from dataclasses import dataclass
 
-from .scan_kernels import (adjoint_combine, affine_combine, chunk_carry, first_row, last_row,
-                           launch, row_offsets, softplus, tile_width, transition, vector_width)
+from .scan_kernels import (affine_combine, chunk_carry, last_row, launch, row_offsets, softplus,
+                           tile_width, transition, vector_width)
 
 MIXER = "samu"
 
@@ -220,8 +220,8 @@ def launch_plan(backend: str, width: int):
     """(kernel, constexprs, warps) of every kernel a backend launches at this width."""
     chunk = BACKEND_CHUNKS[backend]
     plan = []
-    for role, launch in LAUNCH.items():
-        meta = launch.tile(width)
+    for role, setting in LAUNCH.items():
+        meta = setting.tile(width)
         warps = meta.pop("num_warps")
         plan.append((globals()[KERNELS[role]], dict(T=chunk, **meta), warps))
     return plan

@@ -1,7 +1,8 @@
 """Quick GPU check: legality of every Triton backend and forward+backward medians at a few shapes."""
-import sys, time, torch
-import samu
-from samu import calibration, timing, backends
+import sys
+import time
+
+from samu import backends, calibration, timing
 
 shapes = [tuple(map(int, s.split("x"))) for s in sys.argv[1:]] or [(2, 257, 48), (3, 1000, 1536)]
 bw = timing.measure_copy_bandwidth("cuda")
