@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from .scan_kernels import (adjoint_combine, affine_combine, chunk_carry, dot_dtype,
-                           dot_operand_dtype, last_row, launch, row_offsets, softplus,
-                           tile_width, transition, vector_width)
+                           dot_operand_dtype, last_row, launch, row_offsets, row_stride_units,
+                           softplus, tile_width, transition, vector_width)
 
 MIXER = "rglru"
 GATE_SCALE = 8.0
@@ -245,17 +245,13 @@ def _blocks(bw: int, block_n: int):
 VECTOR = 1
 # The dx and parameter-gradient kernels hold [T, BWK] and [BWK, BN] accumulators: they need more
 # threads than a tile with the chunk in each thread gives, so their scans cross warps.
-WARPS = {"dx": 4, "param_grad": 4}  # H200 sweep: 4 beat 8 at (1, 8192, 2560) and (1, 32768, 2048)
+WARPS = {"dx": 4, "param_grad": 4}  # H200 sweep: 4 beat 8 at both shapes it ran
 
 
 def _tile_launch(bn: int, width: int):
     """Warps and vector width that give each thread all T tokens of its channels: BN = 32 w V."""
     vector = vector_width(width, VECTOR) if bn >= tile_width(1, VECTOR) else 1
     return dict(V=vector, num_warps=max(1, bn // tile_width(1, vector)))
-
-
-def _precision(x):
-    return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
 def _sm_count(device) -> int:
@@ -276,10 +272,6 @@ def _plan(bw: int, width: int, chunk: int, block_n: int, dtype=torch.bfloat16):
             "param_grad": {**common, "BN": bn_w, **_tile_launch(bn_w, width),
                            "num_warps": WARPS["param_grad"]},
             "nbv": nbv, "nbv_w": triton.cdiv(bw, bn_w)}
-
-
-def _row_units(width: int, meta) -> int:
-    return width // meta["V"]
 
 
 KERNELS = {"summary": "_rglru_summary_kernel", "output": "_rglru_output_kernel",
@@ -319,12 +311,12 @@ class RglruFunction(torch.autograd.Function):
         grid = (batch * n_chunks, heads * plan["nbv"])
         meta = plan["summary"]
         launch(_rglru_summary_kernel, grid, x, *params, decay, end, length, width, n_chunks, bw,
-                                    plan["nbv"], _row_units(width, meta), **meta)
+               plan["nbv"], row_stride_units(width, meta), **meta)
         h_in = chunk_carry(decay, end, reverse=False)
         y = torch.empty_like(x)
         meta = plan["output"]
-        launch(_rglru_output_kernel, grid, x, y, *params, h_in, length, width, n_chunks, bw, plan["nbv"],
-                                   _row_units(width, meta), **meta)
+        launch(_rglru_output_kernel, grid, x, y, *params, h_in, length, width, n_chunks, bw,
+               plan["nbv"], row_stride_units(width, meta), **meta)
         ctx.save_for_backward(x, decay, h_in, *params)
         ctx.config = (chunk, block_n)
         return y
@@ -342,14 +334,14 @@ class RglruFunction(torch.autograd.Function):
         end = torch.empty(batch, n_chunks, width, **f32)
         meta = plan["reverse_summary"]
         launch(_rglru_reverse_summary_kernel, (batch * n_chunks, heads * plan["nbv"]),
-            x, dy, wa, ba, a_param, end, length, width, n_chunks, bw, plan["nbv"],
-            _row_units(width, meta), **meta)
+               x, dy, wa, ba, a_param, end, length, width, n_chunks, bw, plan["nbv"],
+               row_stride_units(width, meta), **meta)
         carry = chunk_carry(decay, end, reverse=True)
         dx = torch.empty_like(x)
         meta = plan["dx"]
         launch(_rglru_dx_kernel, (batch * n_chunks, heads),
-            x, dy, dx, wx, bx, wa, ba, a_param, h_in, carry, length, width, n_chunks, bw,
-            _row_units(width, meta), **meta)
+               x, dy, dx, wx, bx, wa, ba, a_param, h_in, carry, length, width, n_chunks, bw,
+               row_stride_units(width, meta), **meta)
         nbv_w = plan["nbv_w"]
         per_batch = max(1, 4 * _sm_count(x.device) // (batch * heads * nbv_w))
         per_span = triton.cdiv(n_chunks, min(n_chunks, per_batch))
@@ -359,8 +351,8 @@ class RglruFunction(torch.autograd.Function):
         vec_part = torch.empty(n_parts, 3, width, **f32)
         meta = plan["param_grad"]
         launch(_rglru_param_grad_kernel, (n_parts, heads * nbv_w),
-            x, dy, wx, bx, wa, ba, a_param, h_in, carry, dw_part, vec_part, length, width,
-            n_chunks, bw, nbv_w, per_span, n_spans, _row_units(width, meta), **meta)
+               x, dy, wx, bx, wa, ba, a_param, h_in, carry, dw_part, vec_part, length, width,
+               n_chunks, bw, nbv_w, per_span, n_spans, row_stride_units(width, meta), **meta)
         dw = dw_part.sum(1)
         vec = vec_part.sum(0)
         return (dx, dw[0], vec[0], dw[1], vec[1], vec[2] * torch.sigmoid(a_param), None, None)

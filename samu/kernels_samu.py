@@ -9,14 +9,14 @@ the second pass re-reads it from L2.  FLOPs are ~40 per element: far under the m
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from dataclasses import dataclass
-
-from .scan_kernels import (affine_combine, chunk_carry, last_row, launch, row_offsets, softplus,
-                           tile_width, transition, vector_width)
+from .scan_kernels import (affine_combine, chunk_carry, last_row, launch, row_offsets,
+                           row_stride_units, softplus, tile_width, transition, vector_width)
 
 MIXER = "samu"
 
@@ -115,8 +115,8 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, a_param_ptr, log_temp_ptr, end_p
 
 
 @triton.jit
-def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g,
-                        c, L, D, NC, row_units, T: tl.constexpr, V: tl.constexpr,
+def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols,
+                        r, g, c, L, D, NC, row_units, T: tl.constexpr, V: tl.constexpr,
                         NEED_H: tl.constexpr):
     """Recompute one [T, BD] tile of the backward: x, dy, a, m, dh and (if NEED_H) dlog a.
     rows run latest first: the adjoint is a forward scan, only h needs a reverse one."""
@@ -131,7 +131,8 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, 
     carry = tl.load(carry_ptr + state, mask=cols < D, other=0.0)
     # dh_t = dy_t + a_{t+1} dh_{t+1}; the chunk's last token takes the carry (a dh) instead.
     r_next = tl.load(r_ptr + b * L + rows + 1, mask=rows + 1 < L, other=0.0)
-    a_next = tl.where((rows == k * T + T - 1)[:, None], 1.0, tl.exp(-lam[None, :] * r_next[:, None]))
+    a_next = tl.where((rows == k * T + T - 1)[:, None], 1.0,
+                      tl.exp(-lam[None, :] * r_next[:, None]))
     q, w = tl.associative_scan((a_next, dy), 0, affine_combine)
     dh = w + q * carry[None, :]
     dla = tl.zeros_like(dh)
@@ -241,16 +242,16 @@ class SamuFunction(torch.autograd.Function):
         g = torch.empty(batch, length, **f32)
         decay = torch.empty(batch, n_chunks, width, **f32)
         end = torch.empty(batch, n_chunks, width, **f32)
-        units = _row_units(width)
+        meta = LAUNCH["summary"].tile(width)
         launch(_samu_summary_kernel, (batch * n_chunks,),
-            x, w, bias, a_param_, log_temp_, r, g, decay, end, length, width, n_chunks,
-            units(LAUNCH["summary"]), T=chunk, **LAUNCH["summary"].tile(width))
+               x, w, bias, a_param_, log_temp_, r, g, decay, end, length, width, n_chunks,
+               row_stride_units(width, meta), T=chunk, **meta)
         h_in = chunk_carry(decay, end, reverse=False)
         y = torch.empty_like(x)
         meta = LAUNCH["output"].tile(width)
         grid = (batch * n_chunks, triton.cdiv(width, meta["BD"]))
-        launch(_samu_output_kernel, grid, x, y, r, g, h_in, a_param_, log_temp_, skip_, length, width,
-                                  n_chunks, units(LAUNCH["output"]), T=chunk, **meta)
+        launch(_samu_output_kernel, grid, x, y, r, g, h_in, a_param_, log_temp_, skip_, length,
+               width, n_chunks, row_stride_units(width, meta), T=chunk, **meta)
         ctx.save_for_backward(x, r, g, decay, h_in, *params)
         ctx.chunk = chunk
         return y
@@ -263,29 +264,25 @@ class SamuFunction(torch.autograd.Function):
         batch, length, width = x.shape
         n_chunks = triton.cdiv(length, chunk)
         f32 = dict(device=x.device, dtype=torch.float32)
-        units = _row_units(width)
         end = torch.empty(batch, n_chunks, width, **f32)
         meta = LAUNCH["reverse_summary"].tile(width)
         grid = (batch * n_chunks, triton.cdiv(width, meta["BD"]))
-        launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, end, length, width, n_chunks,
-                                           units(LAUNCH["reverse_summary"]), T=chunk, **meta)
+        launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, end, length, width,
+               n_chunks, row_stride_units(width, meta), T=chunk, **meta)
         carry = chunk_carry(decay, end, reverse=True)
         dx = torch.empty_like(x)
         dsp_part = end  # reused: the reverse summary is consumed by the carry
         dw_part = torch.empty(batch * n_chunks, 2, width, **f32)
         scalar_part = torch.empty(batch * n_chunks, 4, **f32)
+        meta = LAUNCH["backward"].tile(width)
         launch(_samu_backward_kernel, (batch * n_chunks,),
-            x, dy, dx, w, r, g, h_in, carry, a_param, log_temp, skip,
-            dsp_part, dw_part, scalar_part, length, width, n_chunks,
-            units(LAUNCH["backward"]), T=chunk, **LAUNCH["backward"].tile(width))
+               x, dy, dx, w, r, g, h_in, carry, a_param, log_temp, skip,
+               dsp_part, dw_part, scalar_part, length, width, n_chunks,
+               row_stride_units(width, meta), T=chunk, **meta)
         scalars = scalar_part.sum(0)
         grads = (dx, dw_part.sum(0), scalars[2:4].clone(),
                  dsp_part.sum((0, 1)) * torch.sigmoid(a_param), scalars[0], scalars[1])
         return (*grads, None)
-
-
-def _row_units(width: int):
-    return lambda launch: width // vector_width(width, launch.vector)
 
 
 def _backend(chunk: int):
