@@ -58,8 +58,8 @@ def test_float32_input_is_accurate():
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
 def test_cached_launches_pass_every_argument(mixer, monkeypatch):
     """scan_kernels.launch replays a compiled kernel with the positional arguments followed by
-    the constexprs in signature order: every launch site must pass all of them, and a replay
-    must see the same argument list as the first call."""
+    the constexprs in signature order, taken from the keywords: every launch site must pass
+    every kernel argument, the constexprs by keyword, and every kernel must be launched."""
     from samu import scan_kernels
     seen = []
 
