@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
@@ -93,7 +94,7 @@ def describe() -> dict[str, dict[str, str]]:
 
 
 def check_name(mixer: str, name: str) -> None:
-    if name != "auto" and name not in available(mixer):
+    if name != "auto" and name not in REGISTRY.get(mixer, ()) and name not in available(mixer):
         raise ValueError(f"{mixer}: unknown backend {name!r}; choose 'auto' or one of "
                          f"{available(mixer)}")
 
@@ -105,27 +106,56 @@ def interpreting() -> bool:
 def gpu_slug(name: str | None = None) -> str:
     """'NVIDIA H200' -> 'nvidia-h200': the file name of a GPU's calibration and results."""
     if name is None:
-        name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        if not torch.cuda.is_available():
+            return "cpu"
+        return _device_slug(torch.cuda.current_device())
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 @lru_cache(maxsize=None)
-def _calibration(slug: str, mtime: float) -> dict:
-    with open(paths.calibration_file(slug)) as f:
-        return json.load(f)
+def _device_slug(index: int) -> str:
+    return gpu_slug(torch.cuda.get_device_name(index))
+
+
+# Re-stat the calibration file at most this often: a stat costs ~10 us of host time per call.
+RECHECK_SECONDS = 1.0
+_CHOICES: dict[str, tuple[float, tuple, dict]] = {}  # path -> (checked at, stat stamp, choices)
+
+
+def _load_choices(path: str) -> dict:
+    """{(mixer, (B, L, D)): chosen backend} of a calibration file."""
+    with open(path) as f:
+        doc = json.load(f)
+    return {(mixer, tuple(int(n) for n in key.split("x"))): entry.get("chosen")
+            for key, mixers in doc.get("shapes", {}).items() for mixer, entry in mixers.items()
+            if entry}
+
+
+def forget_calibration() -> None:
+    """Drop the cached calibration choices (writers call this after writing the file)."""
+    _CHOICES.clear()
 
 
 def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str | None:
-    path = paths.calibration_file(slug)
-    if not path.exists():
-        return None
-    doc = _calibration(slug, path.stat().st_mtime)
-    entry = doc.get("shapes", {}).get(shape_key(shape), {}).get(mixer)
-    return entry.get("chosen") if entry else None
+    """The calibrated backend for (mixer, shape) on this GPU; the file is re-read when its stat
+    changes, checked at most every RECHECK_SECONDS."""
+    path = f"{paths.DATA}{os.sep}calibration{os.sep}{slug}.json"  # paths.calibration_file, faster
+    now = time.monotonic()
+    cached = _CHOICES.get(path)
+    if cached is None or now - cached[0] > RECHECK_SECONDS:
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            _CHOICES.pop(path, None)
+            return None
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        choices = cached[2] if cached is not None and cached[1] == stamp else _load_choices(path)
+        cached = _CHOICES[path] = (now, stamp, choices)
+    return cached[2].get((mixer, tuple(shape)))
 
 
 def shape_key(shape) -> str:
-    return "x".join(str(int(s)) for s in shape)
+    return "x".join(map(str, map(int, shape)))
 
 
 def resolve(mixer: str, x: torch.Tensor, backend: str = "auto") -> Backend:

@@ -134,4 +134,5 @@ def merge_calibration(slug: str, shape, result: dict, environment: dict) -> dict
     doc["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     doc["shapes"][backends.shape_key(shape)] = result
     schema.write_json_atomic(path, doc, kind="calibration")
+    backends.forget_calibration()
     return doc

@@ -14,13 +14,16 @@ FLOPs per element: 4 bw per gate-product pass (2 gates), 10 passes fwd+bwd -> 40
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from .scan_kernels import (adjoint_combine, affine_combine, chunk_carry, dot_dtype,
-                           dot_operand_dtype, last_row, launch, row_offsets, row_stride_units,
-                           softplus, tile_width, transition, vector_width)
+from .scan_kernels import (adjoint_combine, affine_combine, cdiv, chunk_carry, dot_dtype,
+                           dot_operand_dtype, fp32_contiguous, last_row, launch, next_power_of_2,
+                           row_offsets, row_stride_units, rows_of, sm_count, softplus,
+                           sum_partials, tile_width, transition, vector_width)
 
 MIXER = "rglru"
 GATE_SCALE = 8.0
@@ -193,7 +196,7 @@ def _rglru_dx_kernel(x_ptr, dy_ptr, dx_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_pa
 
 @triton.jit(do_not_specialize=["row_units"])
 def _rglru_param_grad_kernel(x_ptr, dy_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr,
-                             h_in_ptr, carry_ptr, dw_part_ptr, vec_part_ptr,
+                             h_in_ptr, carry_ptr, part_ptr,
                              L, D, NC, BW, NBV, CHUNKS_PER_SPAN, NSPAN, row_units,
                              T: tl.constexpr, BWK: tl.constexpr, BN: tl.constexpr,
                              V: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
@@ -222,23 +225,23 @@ def _rglru_param_grad_kernel(x_ptr, dy_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_pa
         dbx += tl.sum(d_gate_x, axis=0)
         dba += tl.sum(d_gate_a, axis=0)
         dsp += tl.sum(d_sp, axis=0)
-    part = pid.to(tl.int64)
+    # One row per program of [dWx (H bw bw) | dWa (H bw bw) | dbx D | dba D | d softplus D]
+    row = pid.to(tl.int64) * (2 * D * BW + 3 * D)
     i = tl.arange(0, BWK)
-    w_offs = part * (D * BW) + head * BW * BW + i[:, None] * BW + j[None, :]
+    w_offs = row + head * BW * BW + i[:, None] * BW + j[None, :]
     w_ok = (i[:, None] < BW) & (j[None, :] < BW)
-    tl.store(dw_part_ptr + w_offs, dwx, mask=w_ok)
-    second = tl.num_programs(0).to(tl.int64) * (D * BW)  # dw_part is [2, parts, H, bw, bw]
-    tl.store(dw_part_ptr + second + w_offs, dwa, mask=w_ok)
-    v_offs = part * 3 * D + head * BW + j
-    tl.store(vec_part_ptr + v_offs, dbx, mask=j < BW)
-    tl.store(vec_part_ptr + v_offs + D, dba, mask=j < BW)
-    tl.store(vec_part_ptr + v_offs + 2 * D, dsp, mask=j < BW)
+    tl.store(part_ptr + w_offs, dwx, mask=w_ok)
+    tl.store(part_ptr + w_offs + D * BW, dwa, mask=w_ok)
+    v_offs = row + 2 * D * BW + head * BW + j
+    tl.store(part_ptr + v_offs, dbx, mask=j < BW)
+    tl.store(part_ptr + v_offs + D, dba, mask=j < BW)
+    tl.store(part_ptr + v_offs + 2 * D, dsp, mask=j < BW)
 
 
 def _blocks(bw: int, block_n: int):
-    bwk = max(16, triton.next_power_of_2(bw))
+    bwk = max(16, next_power_of_2(bw))
     bn = min(bwk, block_n)
-    return bwk, bn, bwk // bn, triton.cdiv(bw, bn)
+    return bwk, bn, bwk // bn, cdiv(bw, bn)
 
 
 # Channels per thread of the [T, BN] scan tiles (scripts/sweep_launches.py sweeps it).
@@ -254,14 +257,13 @@ def _tile_launch(bn: int, width: int):
     return dict(V=vector, num_warps=max(1, bn // tile_width(1, vector)))
 
 
-def _sm_count(device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
-
-
 def _plan(bw: int, width: int, chunk: int, block_n: int, dtype=torch.bfloat16):
     """Constexprs and warps of every kernel, keyed by role; one place for launches and probes."""
+    return _plan_for(bw, width, chunk, block_n, dtype, VECTOR, tuple(WARPS.items()))
+
+
+@functools.lru_cache(maxsize=None)
+def _plan_for(bw, width, chunk, block_n, dtype, vector, warps):  # VECTOR, WARPS: sweeps set them
     bwk, bn, nb, nbv = _blocks(bw, block_n)
     bn_w = min(bn, 32)  # the parameter-gradient kernel holds two [BWK, BN] accumulators
     common = dict(T=chunk, BWK=bwk, DOT_DTYPE=dot_dtype(dtype),
@@ -271,7 +273,7 @@ def _plan(bw: int, width: int, chunk: int, block_n: int, dtype=torch.bfloat16):
             "dx": {**scan, "NB": nb, "NBV": nbv, "num_warps": WARPS["dx"]},
             "param_grad": {**common, "BN": bn_w, **_tile_launch(bn_w, width),
                            "num_warps": WARPS["param_grad"]},
-            "nbv": nbv, "nbv_w": triton.cdiv(bw, bn_w)}
+            "nbv": nbv, "nbv_w": cdiv(bw, bn_w)}
 
 
 KERNELS = {"summary": "_rglru_summary_kernel", "output": "_rglru_output_kernel",
@@ -298,13 +300,13 @@ class RglruFunction(torch.autograd.Function):
         x = x.contiguous()
         batch, length, width = x.shape
         heads, bw, _ = gate_x_weight.shape
-        n_chunks = triton.cdiv(length, chunk)
+        n_chunks = cdiv(length, chunk)
         plan = _plan(bw, width, chunk, block_n, x.dtype)
         # Gate weights in the dot's operand dtype: half the registers and bytes of FP32 tiles.
         operand = dot_operand_dtype(x.dtype)
-        params = [p.detach().to(dtype).contiguous() for p, dtype in
-                  zip((gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param),
-                      (operand, torch.float32, operand, torch.float32, torch.float32))]
+        params = [gate_x_weight.to(operand).contiguous(), fp32_contiguous(gate_x_bias),
+                  gate_a_weight.to(operand).contiguous(), fp32_contiguous(gate_a_bias),
+                  fp32_contiguous(a_param)]
         f32 = dict(device=x.device, dtype=torch.float32)
         decay = torch.empty(batch, n_chunks, width, **f32)
         end = torch.empty(batch, n_chunks, width, **f32)
@@ -328,7 +330,7 @@ class RglruFunction(torch.autograd.Function):
         dy = dy.contiguous()
         batch, length, width = x.shape
         heads, bw, _ = wx.shape
-        n_chunks = triton.cdiv(length, chunk)
+        n_chunks = cdiv(length, chunk)
         plan = _plan(bw, width, chunk, block_n, x.dtype)
         f32 = dict(device=x.device, dtype=torch.float32)
         end = torch.empty(batch, n_chunks, width, **f32)
@@ -343,19 +345,18 @@ class RglruFunction(torch.autograd.Function):
                x, dy, dx, wx, bx, wa, ba, a_param, h_in, carry, length, width, n_chunks, bw,
                row_stride_units(width, meta), **meta)
         nbv_w = plan["nbv_w"]
-        per_batch = max(1, 4 * _sm_count(x.device) // (batch * heads * nbv_w))
-        per_span = triton.cdiv(n_chunks, min(n_chunks, per_batch))
-        n_spans = triton.cdiv(n_chunks, per_span)
+        per_batch = max(1, 4 * sm_count(x.device) // (batch * heads * nbv_w))
+        per_span = cdiv(n_chunks, min(n_chunks, per_batch))
+        n_spans = cdiv(n_chunks, per_span)
         n_parts = batch * n_spans
-        dw_part = torch.empty(2, n_parts, heads, bw, bw, **f32)
-        vec_part = torch.empty(n_parts, 3, width, **f32)
+        part = rows_of(end, n_parts, 2 * heads * bw * bw + 3 * width)  # end: spent by the carry
         meta = plan["param_grad"]
         launch(_rglru_param_grad_kernel, (n_parts, heads * nbv_w),
-               x, dy, wx, bx, wa, ba, a_param, h_in, carry, dw_part, vec_part, length, width,
+               x, dy, wx, bx, wa, ba, a_param, h_in, carry, part, length, width,
                n_chunks, bw, nbv_w, per_span, n_spans, row_stride_units(width, meta), **meta)
-        dw = dw_part.sum(1)
-        vec = vec_part.sum(0)
-        return (dx, dw[0], vec[0], dw[1], vec[1], vec[2] * torch.sigmoid(a_param), None, None)
+        grads = sum_partials(part, a_param, sigmoid_from=2 * heads * bw * bw + 2 * width)
+        dwx, dwa, dbx, dba, da = grads.split([heads * bw * bw] * 2 + [width] * 3)
+        return (dx, dwx.view(heads, bw, bw), dbx, dwa.view(heads, bw, bw), dba, da, None, None)
 
 
 def _backend(chunk: int, block_n: int = 64):

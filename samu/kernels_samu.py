@@ -9,14 +9,16 @@ the second pass re-reads it from L2.  FLOPs are ~40 per element: far under the m
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .scan_kernels import (affine_combine, chunk_carry, last_row, launch, row_offsets,
-                           row_stride_units, softplus, tile_width, transition, vector_width)
+from .scan_kernels import (affine_combine, cdiv, chunk_carry, fp32_contiguous, last_row, launch,
+                           row_offsets, row_stride_units, rows_of, sm_count, softplus,
+                           sum_partials, tile_width, transition, vector_width)
 
 MIXER = "samu"
 
@@ -31,9 +33,10 @@ def _tile(b, rows, cols, L, D, row_units, V: tl.constexpr):
 
 @triton.jit(do_not_specialize=["row_units"])
 def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr,
-                         r_ptr, g_ptr, decay_ptr, end_ptr, L, D, NC, row_units,
+                         r_ptr, g_ptr, r_sum_ptr, end_ptr, L, D, NC, row_units,
                          T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
-    """Per chunk, full width: the controller (r, g) and the chunk summary (decay, end state)."""
+    """Per chunk, full width: the controller (r, g) and the chunk summary: its end state and
+    its sum of r (the chunk's decay is exp(-c softplus(a_param) sum r), rebuilt by the carry)."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
@@ -56,7 +59,7 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr,
     tl.store(r_ptr + b * L + rows, r, mask=row_ok)
     tl.store(g_ptr + b * L + rows, g, mask=row_ok)
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
-    r_sum = tl.sum(r, axis=0)
+    tl.store(r_sum_ptr + b * NC + k, tl.sum(r, axis=0))
     is_first = (rows == 0)[:, None]
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
@@ -65,9 +68,8 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr,
         lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
         a, m, _ = transition(-lam[None, :] * r[:, None], is_first)
         _, h = tl.associative_scan((a, m * g[:, None] * x), 0, affine_combine)
-        out = (b * NC + k) * D + cols
-        tl.store(end_ptr + out, last_row(h, tl.arange(0, T), T), mask=cols < D)
-        tl.store(decay_ptr + out, tl.exp(-lam * r_sum), mask=cols < D)
+        tl.store(end_ptr + (b * NC + k) * D + cols, last_row(h, tl.arange(0, T), T),
+                 mask=cols < D)
 
 
 @triton.jit(do_not_specialize=["row_units"])
@@ -145,57 +147,78 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, 
     return offs, ok, x, dy, m, dh, dla, lam, log_a
 
 
+@triton.jit
+def _add_to_row(ptr, values, mask, first):
+    """row += values, where a program's first item writes instead (no zeroed buffer needed)."""
+    old = tl.load(ptr, mask=mask & (first == 0), other=0.0)
+    tl.store(ptr, old + values, mask=mask)
+
+
 @triton.jit(do_not_specialize=["row_units"])
 def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, carry_ptr,
-                          a_param_ptr, log_temp_ptr, skip_ptr,
-                          dsp_part_ptr, dw_part_ptr, scalar_part_ptr, L, D, NC, row_units,
-                          T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
-    """Per chunk, full width.  Pass 1 reduces dr, dg per token (and per-channel and scalar
-    partials); pass 2 writes dx = dh m g + skip dy + W^T dz and the ctrl_weight partials."""
+                          a_param_ptr, log_temp_ptr, skip_ptr, part_ptr, L, D, NC, ITEMS,
+                          row_units, T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
+    """Persistent over the B * NC chunks, full width.  Per chunk, pass 1 reduces dr, dg per
+    token (and the per-channel and scalar parameter gradients); pass 2 writes
+    dx = dh m g + skip dy + W^T dz.  Each program sums its chunks' parameter gradients into its
+    own row of part: [d ctrl_weight (2 D) | d log_temp, d skip, d ctrl_bias (2) | d softplus (D)]."""
     pid = tl.program_id(0)
-    b = (pid // NC).to(tl.int64)
-    k = pid % NC
-    rows = k * T + (T - 1 - tl.arange(0, T))  # latest first (see _samu_chunk_adjoint)
-    row_ok = rows < L
-    r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
-    g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
+    row = part_ptr + pid.to(tl.int64) * (3 * D + 4)
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
     skip = tl.load(skip_ptr)
-    # Per-thread partial sums over channels; one cross-thread reduction after the loop.
-    dr_part = tl.zeros([T, BD], dtype=tl.float32)
-    dg_part = tl.zeros([T, BD], dtype=tl.float32)
-    d_log_temp = tl.zeros([BD], dtype=tl.float32)
-    d_skip = tl.zeros([BD], dtype=tl.float32)
-    for d0 in range(0, D, BD):
-        cols = d0 + tl.arange(0, BD)
-        offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g, c,
-            L, D, NC, row_units, T, V, True)
-        dr_part += dla * -lam[None, :]
-        dg_part += dh * m * x
-        tl.store(dsp_part_ptr + pid.to(tl.int64) * D + cols,
-                 tl.sum(dla * (-c * r[:, None]), axis=0), mask=cols < D)
-        d_log_temp += tl.sum(dla * log_a, axis=0)
-        d_skip += tl.sum(dy * x, axis=0)
-    dz0 = tl.where(row_ok, tl.sum(dr_part, axis=1) * r * (1.0 - r), 0.0)
-    dz1 = tl.where(row_ok, tl.sum(dg_part, axis=1) * g * (1.0 - g), 0.0)
-    scalars = scalar_part_ptr + pid.to(tl.int64) * 4
-    tl.store(scalars, tl.sum(d_log_temp, axis=0))
-    tl.store(scalars + 1, tl.sum(d_skip, axis=0))
-    tl.store(scalars + 2, tl.sum(dz0, axis=0))
-    tl.store(scalars + 3, tl.sum(dz1, axis=0))
-    for d0 in range(0, D, BD):
-        cols = d0 + tl.arange(0, BD)
-        offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g, c,
-            L, D, NC, row_units, T, V, False)
-        w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
-        w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
-        dx = dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :] + dz1[:, None] * w1[None, :]
-        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=ok)
-        part = dw_part_ptr + pid.to(tl.int64) * 2 * D + cols
-        tl.store(part, tl.sum(dz0[:, None] * x, axis=0), mask=cols < D)
-        tl.store(part + D, tl.sum(dz1[:, None] * x, axis=0), mask=cols < D)
+    slot = tl.arange(0, 4)
+    scalars = tl.zeros([4], dtype=tl.float32)
+    for item in range(pid, ITEMS, tl.num_programs(0)):
+        first = item == pid
+        b = (item // NC).to(tl.int64)
+        k = item % NC
+        rows = k * T + (T - 1 - tl.arange(0, T))  # latest first (see _samu_chunk_adjoint)
+        row_ok = rows < L
+        r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
+        g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
+        # Per-thread partial sums over channels; one cross-thread reduction after the loop.
+        dr_part = tl.zeros([T, BD], dtype=tl.float32)
+        dg_part = tl.zeros([T, BD], dtype=tl.float32)
+        d_log_temp = tl.zeros([BD], dtype=tl.float32)
+        d_skip = tl.zeros([BD], dtype=tl.float32)
+        for d0 in range(0, D, BD):
+            cols = d0 + tl.arange(0, BD)
+            offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
+                x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g,
+                c, L, D, NC, row_units, T, V, True)
+            dr_part += dla * -lam[None, :]
+            dg_part += dh * m * x
+            _add_to_row(row + 2 * D + 4 + cols, tl.sum(dla * (-c * r[:, None]), axis=0),
+                        cols < D, first)
+            d_log_temp += tl.sum(dla * log_a, axis=0)
+            d_skip += tl.sum(dy * x, axis=0)
+        dz0 = tl.where(row_ok, tl.sum(dr_part, axis=1) * r * (1.0 - r), 0.0)
+        dz1 = tl.where(row_ok, tl.sum(dg_part, axis=1) * g * (1.0 - g), 0.0)
+        scalars += tl.where(slot == 0, tl.sum(d_log_temp, axis=0), 0.0)
+        scalars += tl.where(slot == 1, tl.sum(d_skip, axis=0), 0.0)
+        scalars += tl.where(slot == 2, tl.sum(dz0, axis=0), 0.0)
+        scalars += tl.where(slot == 3, tl.sum(dz1, axis=0), 0.0)
+        for d0 in range(0, D, BD):
+            cols = d0 + tl.arange(0, BD)
+            offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
+                x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g,
+                c, L, D, NC, row_units, T, V, False)
+            w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
+            w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
+            dx = (dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :]
+                  + dz1[:, None] * w1[None, :])
+            tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+            _add_to_row(row + cols, tl.sum(dz0[:, None] * x, axis=0), cols < D, first)
+            _add_to_row(row + D + cols, tl.sum(dz1[:, None] * x, axis=0), cols < D, first)
+    tl.store(row + 2 * D + slot, scalars)
+
+
+@triton.jit
+def _add_to_row(ptr, values, mask, first):
+    """row += values; a program's first chunk writes instead, so the rows need no zeroing.
+    Only this program touches its row, each element through the same thread."""
+    old = tl.load(ptr, mask=mask & (first == 0), other=0.0)
+    tl.store(ptr, old + values, mask=mask)
 
 
 @dataclass(frozen=True)
@@ -228,61 +251,73 @@ def launch_plan(backend: str, width: int):
     return plan
 
 
+# Backward programs per SM: each sums its chunks' parameter gradients into one partial row.
+BACKWARD_PROGRAMS_PER_SM = 2  # its 255 registers x 4 warps allow 2 per SM
+
+
 class SamuFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, chunk):
         x = x.contiguous()
         batch, length, width = x.shape
-        n_chunks = triton.cdiv(length, chunk)
+        n_chunks = cdiv(length, chunk)
+        w, bias, a_param_, log_temp_, skip_ = params = [
+            fp32_contiguous(p) for p in (ctrl_weight, ctrl_bias, a_param, log_temp, skip)]
         f32 = dict(device=x.device, dtype=torch.float32)
-        params = [p.detach().float().contiguous() for p in (ctrl_weight, ctrl_bias, a_param,
-                                                             log_temp, skip)]
-        w, bias, a_param_, log_temp_, skip_ = params
         r = torch.empty(batch, length, **f32)
         g = torch.empty(batch, length, **f32)
-        decay = torch.empty(batch, n_chunks, width, **f32)
+        r_sum = torch.empty(batch, n_chunks, **f32)
         end = torch.empty(batch, n_chunks, width, **f32)
-        meta = LAUNCH["summary"].tile(width)
+        meta = _tiles(width)
         launch(_samu_summary_kernel, (batch * n_chunks,),
-               x, w, bias, a_param_, log_temp_, r, g, decay, end, length, width, n_chunks,
-               row_stride_units(width, meta), T=chunk, **meta)
-        h_in = chunk_carry(decay, end, reverse=False)
+               x, w, bias, a_param_, log_temp_, r, g, r_sum, end, length, width, n_chunks,
+               meta["summary_units"], T=chunk, **meta["summary"])
+        h_in = chunk_carry(r_sum, end, reverse=False, a_param=a_param_, log_temp=log_temp_)
         y = torch.empty_like(x)
-        meta = LAUNCH["output"].tile(width)
-        grid = (batch * n_chunks, triton.cdiv(width, meta["BD"]))
+        grid = (batch * n_chunks, cdiv(width, meta["output"]["BD"]))
         launch(_samu_output_kernel, grid, x, y, r, g, h_in, a_param_, log_temp_, skip_, length,
-               width, n_chunks, row_stride_units(width, meta), T=chunk, **meta)
-        ctx.save_for_backward(x, r, g, decay, h_in, *params)
+               width, n_chunks, meta["output_units"], T=chunk, **meta["output"])
+        ctx.save_for_backward(x, r, g, r_sum, h_in, *params)
         ctx.chunk = chunk
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, r, g, decay, h_in, w, bias, a_param, log_temp, skip = ctx.saved_tensors
+        x, r, g, r_sum, h_in, w, bias, a_param, log_temp, skip = ctx.saved_tensors
         chunk = ctx.chunk
         dy = dy.contiguous()
         batch, length, width = x.shape
-        n_chunks = triton.cdiv(length, chunk)
-        f32 = dict(device=x.device, dtype=torch.float32)
-        end = torch.empty(batch, n_chunks, width, **f32)
-        meta = LAUNCH["reverse_summary"].tile(width)
-        grid = (batch * n_chunks, triton.cdiv(width, meta["BD"]))
+        n_chunks = cdiv(length, chunk)
+        meta = _tiles(width)
+        end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
+        grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BD"]))
         launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, end, length, width,
-               n_chunks, row_stride_units(width, meta), T=chunk, **meta)
-        carry = chunk_carry(decay, end, reverse=True)
+               n_chunks, meta["reverse_summary_units"], T=chunk, **meta["reverse_summary"])
+        carry = chunk_carry(r_sum, end, reverse=True, a_param=a_param, log_temp=log_temp)
         dx = torch.empty_like(x)
-        dsp_part = end  # reused: the reverse summary is consumed by the carry
-        dw_part = torch.empty(batch * n_chunks, 2, width, **f32)
-        scalar_part = torch.empty(batch * n_chunks, 4, **f32)
-        meta = LAUNCH["backward"].tile(width)
-        launch(_samu_backward_kernel, (batch * n_chunks,),
-               x, dy, dx, w, r, g, h_in, carry, a_param, log_temp, skip,
-               dsp_part, dw_part, scalar_part, length, width, n_chunks,
-               row_stride_units(width, meta), T=chunk, **meta)
-        scalars = scalar_part.sum(0)
-        grads = (dx, dw_part.sum(0), scalars[2:4].clone(),
-                 dsp_part.sum((0, 1)) * torch.sigmoid(a_param), scalars[0], scalars[1])
-        return (*grads, None)
+        items = batch * n_chunks
+        programs = max(1, min(items, int(BACKWARD_PROGRAMS_PER_SM * sm_count(x.device))))
+        part = rows_of(end, programs, 3 * width + 4)  # end is spent: the carry has read it
+        launch(_samu_backward_kernel, (programs,),
+               x, dy, dx, w, r, g, h_in, carry, a_param, log_temp, skip, part, length, width,
+               n_chunks, items, meta["backward_units"], T=chunk, **meta["backward"])
+        grads = sum_partials(part, a_param, sigmoid_from=2 * width + 4)
+        d_w, d_scalars, d_a = grads.split([2 * width, 4, width])
+        return (dx, d_w.view(2, width), d_scalars[2:], d_a, d_scalars[0], d_scalars[1], None)
+
+
+def _tiles(width: int) -> dict:
+    """Each kernel's constexprs and warps, and the row_units argument of its tiles."""
+    return _tiles_for(width, tuple(LAUNCH.items()))  # LAUNCH is the key: sweeps change it
+
+
+@functools.lru_cache(maxsize=None)
+def _tiles_for(width: int, launches: tuple) -> dict:
+    out = {}
+    for role, setting in launches:
+        out[role] = setting.tile(width)
+        out[role + "_units"] = row_stride_units(width, out[role])
+    return out
 
 
 def _backend(chunk: int):

@@ -19,6 +19,7 @@ tl.exp / tl.log / tl.sqrt so that Triton's interpreter can run them (no libdevic
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -86,17 +87,23 @@ def first_row(values, rows):
 
 
 @triton.jit
-def chunk_carry_kernel(decay_ptr, end_ptr, out_ptr, NC, D,
-                       REVERSE: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
+def chunk_carry_kernel(decay_ptr, end_ptr, out_ptr, a_param_ptr, log_temp_ptr, NC, D,
+                       REVERSE: tl.constexpr, SCALAR_DECAY: tl.constexpr,
+                       BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
     """Phase 2.  Forward: out[k] = state entering chunk k (out[0] = 0).
     Reverse: out[k] = adjoint carry entering chunk k from its right (out[NC-1] = 0).
-    decay, end, out: [B, NC, D] fp32."""
+    end, out: [B, NC, D] fp32.  decay: [B, NC, D] fp32, or with SCALAR_DECAY (SAMU) the chunk's
+    sum of r, [B, NC], and decay = exp(-8 exp(log_temp) softplus(a_param) sum r) is rebuilt here,
+    so that no [B, NC, D] decay is written, kept or read."""
     b = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_ok = cols < D
     base = b * NC * D
     crow = tl.arange(0, BLOCK_C)
     carry = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if SCALAR_DECAY:
+        rate = 8.0 * tl.exp(tl.load(log_temp_ptr)) * softplus(
+            tl.load(a_param_ptr + cols, mask=col_ok, other=0.0))
     n_blocks = tl.cdiv(NC, BLOCK_C)
     if REVERSE:
         tl.store(out_ptr + base + (NC - 1) * D + cols, carry, mask=col_ok)
@@ -110,7 +117,11 @@ def chunk_carry_kernel(decay_ptr, end_ptr, out_ptr, NC, D,
         ok = (ks >= 0) & (ks < NC)
         offs = base + ks.to(tl.int64)[:, None] * D + cols[None, :]
         m2 = ok[:, None] & col_ok[None, :]
-        dec = tl.load(decay_ptr + offs, mask=m2, other=1.0)
+        if SCALAR_DECAY:
+            r_sum = tl.load(decay_ptr + b * NC + ks, mask=ok, other=0.0)
+            dec = tl.exp(-rate[None, :] * r_sum[:, None])
+        else:
+            dec = tl.load(decay_ptr + offs, mask=m2, other=1.0)
         end = tl.load(end_ptr + offs, mask=m2, other=0.0)
         p, v = tl.associative_scan((dec, end), 0, affine_combine, reverse=REVERSE)
         state = v + p * carry[None, :]
@@ -122,17 +133,90 @@ def chunk_carry_kernel(decay_ptr, end_ptr, out_ptr, NC, D,
             carry = last_row(state, crow, BLOCK_C)
 
 
-def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool) -> torch.Tensor:
+def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool,
+                a_param: torch.Tensor | None = None, log_temp: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """Phase 2 over [B, NC, D] summaries.  With a_param and log_temp (SAMU), decay is the
+    chunks' sum of r, [B, NC] (see chunk_carry_kernel)."""
     batch, n_chunks, width = end.shape
     out = torch.empty_like(end)
+    scalar_decay = a_param is not None
     # One program per (batch, channel block) walks every chunk: keep >= ~256 programs busy.
-    block_d = max(16, min(128, triton.next_power_of_2(max(1, batch * width // 256))))
-    block_d = min(block_d, max(16, triton.next_power_of_2(width)))
-    block_c = min(64, max(16, triton.next_power_of_2(n_chunks)))
-    grid = (batch, triton.cdiv(width, block_d))
-    launch(chunk_carry_kernel, grid, decay, end, out, n_chunks, width, REVERSE=reverse,
+    block_d = max(16, min(128, next_power_of_2(max(1, batch * width // 256))))
+    block_d = min(block_d, max(16, next_power_of_2(width)))
+    block_c = min(64, max(16, next_power_of_2(n_chunks)))
+    grid = (batch, cdiv(width, block_d))
+    launch(chunk_carry_kernel, grid, decay, end, out,
+           a_param if scalar_decay else end, log_temp if scalar_decay else end,
+           n_chunks, width, REVERSE=reverse, SCALAR_DECAY=scalar_decay,
            BLOCK_C=block_c, BLOCK_D=block_d, num_warps=4)
     return out
+
+
+@triton.jit
+def sum_partials_kernel(part_ptr, out_ptr, a_param_ptr, P, N, SIGMOID_FROM,
+                        BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[n] = sum_p part[p, n], times sigmoid(a_param[n - SIGMOID_FROM]) from SIGMOID_FROM on
+    (d a_param = d softplus(a_param) * sigmoid(a_param))."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        rows = p0 + tl.arange(0, BLOCK_P)
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        acc += tl.load(part_ptr + offs, mask=(rows[:, None] < P) & col_ok[None, :], other=0.0)
+    total = tl.sum(acc, axis=0)
+    tail = cols >= SIGMOID_FROM
+    a = tl.load(a_param_ptr + cols - SIGMOID_FROM, mask=tail & col_ok, other=0.0)
+    total = tl.where(tail, total * tl.sigmoid(a), total)
+    tl.store(out_ptr + cols, total, mask=col_ok)
+
+
+def sum_partials(part: torch.Tensor, a_param: torch.Tensor, sigmoid_from: int) -> torch.Tensor:
+    """Every parameter gradient from the kernels' per-program partial rows [P, N], in one
+    launch (in place of ~5 small torch ops, ~10 us of host time each)."""
+    n_parts, n = part.shape
+    out = torch.empty(n, device=part.device, dtype=torch.float32)
+    block_n = 128
+    launch(sum_partials_kernel, (cdiv(n, block_n),), part, out, a_param, n_parts, n,
+           sigmoid_from, BLOCK_P=min(32, next_power_of_2(n_parts)), BLOCK_N=block_n,
+           num_warps=4)
+    return out
+
+
+def fp32_contiguous(p: torch.Tensor) -> torch.Tensor:
+    """A parameter as a contiguous FP32 tensor: itself when it is one (no op, no host time)."""
+    if p.dtype == torch.float32 and p.is_contiguous():
+        return p
+    return p.float().contiguous()
+
+
+def rows_of(spent: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """A [rows, cols] FP32 buffer: the front of a spent FP32 buffer when it is large enough
+    (no allocation, no peak memory), else a new one."""
+    if spent.dtype == torch.float32 and spent.is_contiguous() and spent.numel() >= rows * cols:
+        return spent.view(-1)[:rows * cols].view(rows, cols)
+    return torch.empty(rows, cols, device=spent.device, dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (4 for the interpreter's CPU tensors)."""
+    return _sm_count(device) if device.type == "cuda" else 4
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host code: triton.cdiv is a JIT function whose Python call costs ~15 us."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (>= 1); host-side twin of triton.next_power_of_2 (~13 us)."""
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"

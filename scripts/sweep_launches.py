@@ -2,6 +2,7 @@
 median (CUDA events, calibration's sampler) and its legality against the float64 oracle.
 
     python scripts/sweep_launches.py 1x32768x2048 1x8192x2560:rglru
+    python scripts/sweep_launches.py 1x32768x2048:samu --backends=chunk8,chunk16 --roles=output
 
 SAMU: one kernel role at a time (warps, channels per thread) with the others at their defaults,
 for every backend.  RG-LRU: every backend at each of RGLRU_OPTIONS.  Prints one line per setting and
@@ -17,7 +18,7 @@ import torch
 
 from samu import calibration, kernels_rglru, kernels_samu, timing
 
-SAMU_OPTIONS = [(1, 1), (2, 1), (4, 1), (8, 1), (1, 2)]  # (warps, channels per thread)
+SAMU_OPTIONS = [(1, 1), (2, 1), (4, 1), (2, 2), (1, 4), (2, 4)]  # (warps, channels per thread)
 RGLRU_OPTIONS = [(1, 8, 8), (2, 8, 8), (1, 4, 4), (1, 8, 4)]  # (VECTOR, dx warps, grad warps)
 
 
@@ -30,8 +31,18 @@ def measure(mixer, backend, shape, inputs, want, eager):
     return statistics.median(samples), legal, max(errs.values())
 
 
+def _option(name):
+    """--name=a,b from the command line, as a list (None when absent)."""
+    for arg in sys.argv[1:]:
+        if arg.startswith(f"--{name}="):
+            return arg.split("=", 1)[1].split(",")
+    return None
+
+
 def main():
-    for arg in sys.argv[1:] or ["1x32768x2048"]:
+    backends_wanted, roles_wanted = _option("backends"), _option("roles")
+    shapes = [a for a in sys.argv[1:] if not a.startswith("--")]
+    for arg in shapes or ["1x32768x2048"]:
         shape_text, _, only = arg.partition(":")
         shape = tuple(map(int, shape_text.split("x")))
         floor = timing.floor_ms(shape, timing.COPY_BANDWIDTH["nvidia-h200"])
@@ -46,7 +57,11 @@ def main():
             if mixer == "samu":
                 default = dict(module.LAUNCH)
                 for backend in module.BACKENDS:
+                    if backends_wanted and not any(backend.endswith(b) for b in backends_wanted):
+                        continue
                     for role in default:
+                        if roles_wanted and role not in roles_wanted:
+                            continue
                         for warps, vector in SAMU_OPTIONS:
                             module.LAUNCH.update(default)
                             module.LAUNCH[role] = module.Launch(warps, vector)
@@ -68,7 +83,7 @@ def main():
                       f"legal={legal} max_err={err:.2e}", flush=True)
             ok = [r for r in results if r[2]]
             if mixer == "samu":
-                for role in kernels_samu.LAUNCH:
+                for role in roles_wanted or kernels_samu.LAUNCH:
                     best = min((r for r in ok if r[0][1] == role), key=lambda r: r[1])
                     print(f"BEST {shape} samu {role}: {best[0]} {best[1]:.4f} ms")
             best = min(ok, key=lambda r: r[1])

@@ -47,6 +47,13 @@ def test_calibrated_choice_is_read(tmp_path, monkeypatch):
         "fused_controller_hierarchical_chunk32"
     assert backends.calibrated_choice("samu", (1, 9, 16), "test-gpu") is None
     assert backends.calibrated_choice("rglru", (1, 8, 16), "test-gpu") is None
+    # A rewritten file is picked up once its writer calls forget_calibration (merge_calibration
+    # does) or once RECHECK_SECONDS passed.
+    doc["shapes"]["1x8x16"]["samu"]["chosen"] = "fused_controller_hierarchical_chunk8"
+    schema.write_json_atomic(paths.calibration_file("test-gpu"), doc, kind="calibration")
+    monkeypatch.setattr(backends, "RECHECK_SECONDS", 0.0)
+    assert backends.calibrated_choice("samu", (1, 8, 16), "test-gpu") == \
+        "fused_controller_hierarchical_chunk8"
 
 
 def test_gpu_slug():

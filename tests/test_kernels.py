@@ -46,8 +46,13 @@ def test_chunk_sizes_agree(mixer):
         assert ((a - b).norm() / b.norm().clamp_min(1e-30)).item() < 1e-4, key
 
 
-def test_float32_input_is_accurate():
-    x, params, dy = calibration.make_inputs("samu", (1, 33, 16), DEVICE, seed=1,
+@pytest.mark.parametrize("programs_per_sm", [2, 0.25])
+def test_float32_input_is_accurate(programs_per_sm, monkeypatch):
+    """Also with a single backward program, which sums every chunk's parameter gradients into
+    its partial row (0.25 per SM: 1 program on the interpreter's 4 'SMs')."""
+    from samu import kernels_samu
+    monkeypatch.setattr(kernels_samu, "BACKWARD_PROGRAMS_PER_SM", programs_per_sm)
+    x, params, dy = calibration.make_inputs("samu", (2, 33, 16), DEVICE, seed=1,
                                             dtype=torch.float32)
     got = calibration.outputs("samu", backends.DEFAULTS["samu"], x, params, dy)
     want = calibration.oracle("samu", x, params, dy)
@@ -74,8 +79,8 @@ def test_cached_launches_pass_every_argument(mixer, monkeypatch):
     monkeypatch.setattr(scan_kernels, "launch", checked_launch)
     x, params, dy = calibration.make_inputs(mixer, (1, 20, 32), DEVICE, seed=2)
     calibration.outputs(mixer, backends.DEFAULTS[mixer], x, params, dy)
-    assert len(set(seen)) == (5 if mixer == "samu" else 6)
-    assert {"chunk_carry_kernel"} <= set(seen)
+    assert len(set(seen)) == (6 if mixer == "samu" else 7)
+    assert {"chunk_carry_kernel", "sum_partials_kernel"} <= set(seen)
 
 
 def test_launch_cache_keys_on_what_triton_specialises():
