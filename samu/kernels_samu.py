@@ -148,10 +148,10 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, 
 
 
 @triton.jit
-def _add_to_row(ptr, values, mask, first):
-    """row += values, where a program's first item writes instead (no zeroed buffer needed)."""
-    old = tl.load(ptr, mask=mask & (first == 0), other=0.0)
-    tl.store(ptr, old + values, mask=mask)
+def _row_so_far(ptr, mask, first):
+    """What a program's partial row holds so far: 0 at its first chunk, so the rows need no
+    zeroing.  Only this program touches its row, each element through the same thread."""
+    return tl.load(ptr, mask=mask & (first == 0), other=0.0)
 
 
 @triton.jit(do_not_specialize=["row_units"])
@@ -183,13 +183,14 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         d_skip = tl.zeros([BD], dtype=tl.float32)
         for d0 in range(0, D, BD):
             cols = d0 + tl.arange(0, BD)
+            dsp_row = row + 2 * D + 4 + cols
+            dsp_old = _row_so_far(dsp_row, cols < D, first)  # issued early: an L2 round trip
             offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
                 x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g,
                 c, L, D, NC, row_units, T, V, True)
             dr_part += dla * -lam[None, :]
             dg_part += dh * m * x
-            _add_to_row(row + 2 * D + 4 + cols, tl.sum(dla * (-c * r[:, None]), axis=0),
-                        cols < D, first)
+            tl.store(dsp_row, dsp_old + tl.sum(dla * (-c * r[:, None]), axis=0), mask=cols < D)
             d_log_temp += tl.sum(dla * log_a, axis=0)
             d_skip += tl.sum(dy * x, axis=0)
         dz0 = tl.where(row_ok, tl.sum(dr_part, axis=1) * r * (1.0 - r), 0.0)
@@ -200,6 +201,8 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         scalars += tl.where(slot == 3, tl.sum(dz1, axis=0), 0.0)
         for d0 in range(0, D, BD):
             cols = d0 + tl.arange(0, BD)
+            dw0_old = _row_so_far(row + cols, cols < D, first)
+            dw1_old = _row_so_far(row + D + cols, cols < D, first)
             offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
                 x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g,
                 c, L, D, NC, row_units, T, V, False)
@@ -208,17 +211,9 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
             dx = (dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :]
                   + dz1[:, None] * w1[None, :])
             tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=ok)
-            _add_to_row(row + cols, tl.sum(dz0[:, None] * x, axis=0), cols < D, first)
-            _add_to_row(row + D + cols, tl.sum(dz1[:, None] * x, axis=0), cols < D, first)
+            tl.store(row + cols, dw0_old + tl.sum(dz0[:, None] * x, axis=0), mask=cols < D)
+            tl.store(row + D + cols, dw1_old + tl.sum(dz1[:, None] * x, axis=0), mask=cols < D)
     tl.store(row + 2 * D + slot, scalars)
-
-
-@triton.jit
-def _add_to_row(ptr, values, mask, first):
-    """row += values; a program's first chunk writes instead, so the rows need no zeroing.
-    Only this program touches its row, each element through the same thread."""
-    old = tl.load(ptr, mask=mask & (first == 0), other=0.0)
-    tl.store(ptr, old + values, mask=mask)
 
 
 @dataclass(frozen=True)
@@ -252,7 +247,7 @@ def launch_plan(backend: str, width: int):
 
 
 # Backward programs per SM: each sums its chunks' parameter gradients into one partial row.
-BACKWARD_PROGRAMS_PER_SM = 2  # its 255 registers x 4 warps allow 2 per SM
+BACKWARD_PROGRAMS_PER_SM = 3  # 168 registers x 4 warps at chunk 8: 3 fit an SM
 
 
 class SamuFunction(torch.autograd.Function):

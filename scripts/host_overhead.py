@@ -2,7 +2,7 @@
 Triton launch through the JIT path and through the compiled kernel's own launcher, per small
 torch op, and per whole forward / forward+backward call, beside the GPU time of the same call.
 
-    python scripts/host_overhead.py 4x2048x2048 [--profile]"""
+    python scripts/host_overhead.py 4x2048x2048 [--profile] [--cprofile]"""
 import sys
 import time
 
@@ -76,3 +76,21 @@ if "--profile" in sys.argv:
         for _ in range(10):
             timing._sample(module, xg, inputs[2], "forward_backward")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+
+# The Python functions that take the host time (cProfile: every Python frame, unlike the above).
+if "--cprofile" in sys.argv:
+    import cProfile
+    import pstats
+    for mixer in ("samu", "rglru"):
+        inputs = calibration.make_inputs(mixer, shape, "cuda")
+        module = timing.build_module(mixer, D, "auto", "cuda")
+        xg = inputs[0].detach().requires_grad_()
+        for _ in range(3):
+            timing._sample(module, xg, inputs[2], "forward_backward")
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(50):
+            timing._sample(module, xg, inputs[2], "forward_backward")
+        profiler.disable()
+        print(f"--- {mixer}: cProfile of 50 protocol forward+backward samples")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(22)
