@@ -196,7 +196,7 @@ def _rglru_dx_kernel(x_ptr, dy_ptr, dx_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_pa
 
 @triton.jit(do_not_specialize=["row_units"])
 def _rglru_param_grad_kernel(x_ptr, dy_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr,
-                             h_in_ptr, carry_ptr, part_ptr,
+                             h_in_ptr, carry_ptr, part_ptr, dsp_part_ptr,
                              L, D, NC, BW, NBV, CHUNKS_PER_SPAN, NSPAN, row_units,
                              T: tl.constexpr, BWK: tl.constexpr, BN: tl.constexpr,
                              V: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
@@ -225,8 +225,9 @@ def _rglru_param_grad_kernel(x_ptr, dy_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_pa
         dbx += tl.sum(d_gate_x, axis=0)
         dba += tl.sum(d_gate_a, axis=0)
         dsp += tl.sum(d_sp, axis=0)
-    # One row per program of [dWx (H bw bw) | dWa (H bw bw) | dbx D | dba D | d softplus D]
-    row = pid.to(tl.int64) * (2 * D * BW + 3 * D)
+    # One row per program of part, [dWx (H bw bw) | dWa (H bw bw) | dbx D | dba D], and of
+    # dsp_part, d softplus (D): scan_kernels.sum_partials sums them
+    row = pid.to(tl.int64) * (2 * D * BW + 2 * D)
     i = tl.arange(0, BWK)
     w_offs = row + head * BW * BW + i[:, None] * BW + j[None, :]
     w_ok = (i[:, None] < BW) & (j[None, :] < BW)
@@ -235,7 +236,7 @@ def _rglru_param_grad_kernel(x_ptr, dy_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_pa
     v_offs = row + 2 * D * BW + head * BW + j
     tl.store(part_ptr + v_offs, dbx, mask=j < BW)
     tl.store(part_ptr + v_offs + D, dba, mask=j < BW)
-    tl.store(part_ptr + v_offs + 2 * D, dsp, mask=j < BW)
+    tl.store(dsp_part_ptr + pid.to(tl.int64) * D + head * BW + j, dsp, mask=j < BW)
 
 
 def _blocks(bw: int, block_n: int):
@@ -349,12 +350,13 @@ class RglruFunction(torch.autograd.Function):
         per_span = cdiv(n_chunks, min(n_chunks, per_batch))
         n_spans = cdiv(n_chunks, per_span)
         n_parts = batch * n_spans
-        part = rows_of(end, n_parts, 2 * heads * bw * bw + 3 * width)  # end: spent by the carry
+        part = torch.empty(n_parts, 2 * heads * bw * bw + 2 * width, **f32)
+        dsp_part = rows_of(end, n_parts, width)  # end is spent: the carry has read it
         meta = plan["param_grad"]
         launch(_rglru_param_grad_kernel, (n_parts, heads * nbv_w),
-               x, dy, wx, bx, wa, ba, a_param, h_in, carry, part, length, width,
+               x, dy, wx, bx, wa, ba, a_param, h_in, carry, part, dsp_part, length, width,
                n_chunks, bw, nbv_w, per_span, n_spans, row_stride_units(width, meta), **meta)
-        grads = sum_partials(part, a_param, sigmoid_from=2 * heads * bw * bw + 2 * width)
+        grads = sum_partials(part, dsp_part, a_param)
         dwx, dwa, dbx, dba, da = grads.split([heads * bw * bw] * 2 + [width] * 3)
         return (dx, dwx.view(heads, bw, bw), dbx, dwa.view(heads, bw, bw), dba, da, None, None)
 

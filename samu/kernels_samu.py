@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .scan_kernels import (affine_combine, cdiv, chunk_carry, fp32_contiguous, last_row, launch,
-                           row_offsets, row_stride_units, rows_of, sm_count, softplus,
+                           row_offsets, row_stride_units, softplus,
                            sum_partials, tile_width, transition, vector_width)
 
 MIXER = "samu"
@@ -147,73 +147,59 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, 
     return offs, ok, x, dy, m, dh, dla, lam, log_a
 
 
-@triton.jit
-def _row_so_far(ptr, mask, first):
-    """What a program's partial row holds so far: 0 at its first chunk, so the rows need no
-    zeroing.  Only this program touches its row, each element through the same thread."""
-    return tl.load(ptr, mask=mask & (first == 0), other=0.0)
-
-
 @triton.jit(do_not_specialize=["row_units"])
 def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, carry_ptr,
-                          a_param_ptr, log_temp_ptr, skip_ptr, part_ptr, L, D, NC, ITEMS,
-                          row_units, T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
-    """Persistent over the B * NC chunks, full width.  Per chunk, pass 1 reduces dr, dg per
-    token (and the per-channel and scalar parameter gradients); pass 2 writes
-    dx = dh m g + skip dy + W^T dz.  Each program sums its chunks' parameter gradients into its
-    own row of part: [d ctrl_weight (2 D) | d log_temp, d skip, d ctrl_bias (2) | d softplus (D)]."""
+                          a_param_ptr, log_temp_ptr, skip_ptr,
+                          part_ptr, dsp_part_ptr, L, D, NC, row_units,
+                          T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
+    """Per chunk, full width.  Pass 1 reduces dr, dg per token (and per-channel and scalar
+    partials); pass 2 writes dx = dh m g + skip dy + W^T dz and the ctrl_weight partials.
+    The chunk's parameter gradients go to its rows (summed by scan_kernels.sum_partials): in
+    part [d ctrl_weight (2 D) | d log_temp, d skip, d ctrl_bias (2)], in dsp_part d softplus."""
     pid = tl.program_id(0)
-    row = part_ptr + pid.to(tl.int64) * (3 * D + 4)
+    row = part_ptr + pid.to(tl.int64) * (2 * D + 4)
+    b = (pid // NC).to(tl.int64)
+    k = pid % NC
+    rows = k * T + (T - 1 - tl.arange(0, T))  # latest first (see _samu_chunk_adjoint)
+    row_ok = rows < L
+    r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
+    g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
     skip = tl.load(skip_ptr)
-    slot = tl.arange(0, 4)
-    scalars = tl.zeros([4], dtype=tl.float32)
-    for item in range(pid, ITEMS, tl.num_programs(0)):
-        first = item == pid
-        b = (item // NC).to(tl.int64)
-        k = item % NC
-        rows = k * T + (T - 1 - tl.arange(0, T))  # latest first (see _samu_chunk_adjoint)
-        row_ok = rows < L
-        r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
-        g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
-        # Per-thread partial sums over channels; one cross-thread reduction after the loop.
-        dr_part = tl.zeros([T, BD], dtype=tl.float32)
-        dg_part = tl.zeros([T, BD], dtype=tl.float32)
-        d_log_temp = tl.zeros([BD], dtype=tl.float32)
-        d_skip = tl.zeros([BD], dtype=tl.float32)
-        for d0 in range(0, D, BD):
-            cols = d0 + tl.arange(0, BD)
-            dsp_row = row + 2 * D + 4 + cols
-            dsp_old = _row_so_far(dsp_row, cols < D, first)  # issued early: an L2 round trip
-            offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-                x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g,
-                c, L, D, NC, row_units, T, V, True)
-            dr_part += dla * -lam[None, :]
-            dg_part += dh * m * x
-            tl.store(dsp_row, dsp_old + tl.sum(dla * (-c * r[:, None]), axis=0), mask=cols < D)
-            d_log_temp += tl.sum(dla * log_a, axis=0)
-            d_skip += tl.sum(dy * x, axis=0)
-        dz0 = tl.where(row_ok, tl.sum(dr_part, axis=1) * r * (1.0 - r), 0.0)
-        dz1 = tl.where(row_ok, tl.sum(dg_part, axis=1) * g * (1.0 - g), 0.0)
-        scalars += tl.where(slot == 0, tl.sum(d_log_temp, axis=0), 0.0)
-        scalars += tl.where(slot == 1, tl.sum(d_skip, axis=0), 0.0)
-        scalars += tl.where(slot == 2, tl.sum(dz0, axis=0), 0.0)
-        scalars += tl.where(slot == 3, tl.sum(dz1, axis=0), 0.0)
-        for d0 in range(0, D, BD):
-            cols = d0 + tl.arange(0, BD)
-            dw0_old = _row_so_far(row + cols, cols < D, first)
-            dw1_old = _row_so_far(row + D + cols, cols < D, first)
-            offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-                x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g,
-                c, L, D, NC, row_units, T, V, False)
-            w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
-            w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
-            dx = (dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :]
-                  + dz1[:, None] * w1[None, :])
-            tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=ok)
-            tl.store(row + cols, dw0_old + tl.sum(dz0[:, None] * x, axis=0), mask=cols < D)
-            tl.store(row + D + cols, dw1_old + tl.sum(dz1[:, None] * x, axis=0), mask=cols < D)
-    tl.store(row + 2 * D + slot, scalars)
+    # Per-thread partial sums over channels; one cross-thread reduction after the loop.
+    dr_part = tl.zeros([T, BD], dtype=tl.float32)
+    dg_part = tl.zeros([T, BD], dtype=tl.float32)
+    d_log_temp = tl.zeros([BD], dtype=tl.float32)
+    d_skip = tl.zeros([BD], dtype=tl.float32)
+    for d0 in range(0, D, BD):
+        cols = d0 + tl.arange(0, BD)
+        offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
+            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g, c,
+            L, D, NC, row_units, T, V, True)
+        dr_part += dla * -lam[None, :]
+        dg_part += dh * m * x
+        tl.store(dsp_part_ptr + pid.to(tl.int64) * D + cols,
+                 tl.sum(dla * (-c * r[:, None]), axis=0), mask=cols < D)
+        d_log_temp += tl.sum(dla * log_a, axis=0)
+        d_skip += tl.sum(dy * x, axis=0)
+    dz0 = tl.where(row_ok, tl.sum(dr_part, axis=1) * r * (1.0 - r), 0.0)
+    dz1 = tl.where(row_ok, tl.sum(dg_part, axis=1) * g * (1.0 - g), 0.0)
+    scalars = row + 2 * D
+    tl.store(scalars, tl.sum(d_log_temp, axis=0))
+    tl.store(scalars + 1, tl.sum(d_skip, axis=0))
+    tl.store(scalars + 2, tl.sum(dz0, axis=0))
+    tl.store(scalars + 3, tl.sum(dz1, axis=0))
+    for d0 in range(0, D, BD):
+        cols = d0 + tl.arange(0, BD)
+        offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
+            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g, c,
+            L, D, NC, row_units, T, V, False)
+        w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
+        w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
+        dx = dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :] + dz1[:, None] * w1[None, :]
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+        tl.store(row + cols, tl.sum(dz0[:, None] * x, axis=0), mask=cols < D)
+        tl.store(row + D + cols, tl.sum(dz1[:, None] * x, axis=0), mask=cols < D)
 
 
 @dataclass(frozen=True)
@@ -244,10 +230,6 @@ def launch_plan(backend: str, width: int):
         warps = meta.pop("num_warps")
         plan.append((globals()[KERNELS[role]], dict(T=chunk, **meta), warps))
     return plan
-
-
-# Backward programs per SM: each sums its chunks' parameter gradients into one partial row.
-BACKWARD_PROGRAMS_PER_SM = 3  # 168 registers x 4 warps at chunk 8: 3 fit an SM
 
 
 class SamuFunction(torch.autograd.Function):
@@ -291,12 +273,13 @@ class SamuFunction(torch.autograd.Function):
         carry = chunk_carry(r_sum, end, reverse=True, a_param=a_param, log_temp=log_temp)
         dx = torch.empty_like(x)
         items = batch * n_chunks
-        programs = max(1, min(items, int(BACKWARD_PROGRAMS_PER_SM * sm_count(x.device))))
-        part = rows_of(end, programs, 3 * width + 4)  # end is spent: the carry has read it
-        launch(_samu_backward_kernel, (programs,),
-               x, dy, dx, w, r, g, h_in, carry, a_param, log_temp, skip, part, length, width,
-               n_chunks, items, meta["backward_units"], T=chunk, **meta["backward"])
-        grads = sum_partials(part, a_param, sigmoid_from=2 * width + 4)
+        part = torch.empty(items, 2 * width + 4, device=x.device, dtype=torch.float32)
+        dsp_part = end.view(items, width)  # end is spent: the carry has read it
+        launch(_samu_backward_kernel, (items,),
+               x, dy, dx, w, r, g, h_in, carry, a_param, log_temp, skip, part, dsp_part, length,
+               width,
+               n_chunks, meta["backward_units"], T=chunk, **meta["backward"])
+        grads = sum_partials(part, dsp_part, a_param)
         d_w, d_scalars, d_a = grads.split([2 * width, 4, width])
         return (dx, d_w.view(2, width), d_scalars[2:], d_a, d_scalars[0], d_scalars[1], None)
 

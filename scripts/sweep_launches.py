@@ -3,7 +3,6 @@ median (CUDA events, calibration's sampler) and its legality against the float64
 
     python scripts/sweep_launches.py 1x32768x2048 1x8192x2560:rglru
     python scripts/sweep_launches.py 1x32768x2048:samu --backends=chunk8,chunk16 --roles=output
-    python scripts/sweep_launches.py 4x2048x2048:samu --programs=2,3,8,1000   # backward programs/SM
 
 SAMU: one kernel role at a time (warps, channels per thread) with the others at their defaults,
 for every backend.  RG-LRU: every backend at each of RGLRU_OPTIONS.  Prints one line per setting and
@@ -55,17 +54,7 @@ def main():
             eager = calibration.relative_errors(
                 calibration.outputs(mixer, "reference_chunked", *inputs), want)
             results = []
-            if mixer == "samu" and _option("programs"):
-                default_programs = module.BACKWARD_PROGRAMS_PER_SM
-                for backend in module.BACKENDS:
-                    if backends_wanted and not any(backend.endswith(b) for b in backends_wanted):
-                        continue
-                    for programs in map(float, _option("programs")):
-                        module.BACKWARD_PROGRAMS_PER_SM = programs
-                        results.append(((backend, "backward programs/SM", programs),
-                                        *_try(mixer, backend, shape, inputs, want, eager)))
-                module.BACKWARD_PROGRAMS_PER_SM = default_programs
-            elif mixer == "samu":
+            if mixer == "samu":
                 default = dict(module.LAUNCH)
                 for backend in module.BACKENDS:
                     if backends_wanted and not any(backend.endswith(b) for b in backends_wanted):
@@ -93,7 +82,7 @@ def main():
                 print(f"{shape} {mixer} {key}: {median:.4f} ms (x{median / floor:.1f} floor) "
                       f"legal={legal} max_err={err:.2e}", flush=True)
             ok = [r for r in results if r[2]]
-            if mixer == "samu" and not _option("programs"):
+            if mixer == "samu":
                 for role in roles_wanted or kernels_samu.LAUNCH:
                     best = min((r for r in ok if r[0][1] == role), key=lambda r: r[1])
                     print(f"BEST {shape} samu {role}: {best[0]} {best[1]:.4f} ms")

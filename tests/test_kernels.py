@@ -46,12 +46,7 @@ def test_chunk_sizes_agree(mixer):
         assert ((a - b).norm() / b.norm().clamp_min(1e-30)).item() < 1e-4, key
 
 
-@pytest.mark.parametrize("programs_per_sm", [2, 0.25])
-def test_float32_input_is_accurate(programs_per_sm, monkeypatch):
-    """Also with a single backward program, which sums every chunk's parameter gradients into
-    its partial row (0.25 per SM: 1 program on the interpreter's 4 'SMs')."""
-    from samu import kernels_samu
-    monkeypatch.setattr(kernels_samu, "BACKWARD_PROGRAMS_PER_SM", programs_per_sm)
+def test_float32_input_is_accurate():
     x, params, dy = calibration.make_inputs("samu", (2, 33, 16), DEVICE, seed=1,
                                             dtype=torch.float32)
     got = calibration.outputs("samu", backends.DEFAULTS["samu"], x, params, dy)
