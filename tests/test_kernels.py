@@ -104,3 +104,38 @@ def test_row_offsets_stay_exact_past_two_to_the_31():
     want = [(b * L + L - T + i) * D for i in range(T)]
     assert max(want) > 2**33
     assert out.tolist() == want
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("scalar_decay", [False, True])
+def test_two_level_carry_matches_a_sequential_carry(reverse, scalar_decay, monkeypatch):
+    """chunk_carry in one level and in two (segments of 4 chunks, from 8 chunks on) against a
+    Python loop over the chunk summaries, in both directions, with per-channel decays (RG-LRU)
+    and with decays rebuilt from sums of r (SAMU)."""
+    from samu import scan_kernels
+    gen = torch.Generator().manual_seed(3)
+    batch, n_chunks, width = 2, 37, 24
+    end = torch.randn(batch, n_chunks, width, generator=gen)
+    if scalar_decay:
+        r_sum = torch.rand(batch, n_chunks, generator=gen) * 4
+        a_param, log_temp = torch.randn(width, generator=gen), torch.tensor(-0.3)
+        rate = 8 * torch.exp(log_temp) * torch.nn.functional.softplus(a_param)
+        decay = torch.exp(-rate * r_sum[..., None])
+        args = (r_sum, end)
+        extra = dict(a_param=a_param, log_temp=log_temp)
+    else:
+        decay = torch.rand(batch, n_chunks, width, generator=gen)
+        args = (decay, end)
+        extra = {}
+    want = torch.zeros_like(end)
+    state = torch.zeros(batch, width)
+    order = range(n_chunks - 1, -1, -1) if reverse else range(n_chunks)
+    for k in order:
+        want[:, k] = state
+        state = decay[:, k] * state + end[:, k]
+    one_level = scan_kernels.chunk_carry(*args, reverse=reverse, **extra)
+    monkeypatch.setattr(scan_kernels, "SEGMENT_CHUNKS", 4)
+    monkeypatch.setattr(scan_kernels, "TWO_LEVEL_FROM", 8)
+    two_level = scan_kernels.chunk_carry(*args, reverse=reverse, **extra)
+    for got in (one_level, two_level):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()

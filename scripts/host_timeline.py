@@ -1,0 +1,30 @@
+"""The host and GPU timeline of one protocol forward+backward sample (torch.profiler, CPU and
+CUDA): when each top-level host operation and each kernel started and how long it ran, relative
+to the sample's start.  Shows where the GPU waits for the host at small shapes.
+
+    python scripts/host_timeline.py 4x2048x2048 [samu|rglru]"""
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from samu import calibration, timing
+
+shape = tuple(map(int, next((a for a in sys.argv[1:] if "x" in a), "4x2048x2048").split("x")))
+mixer = next((a for a in sys.argv[1:] if a in ("samu", "rglru")), "samu")
+inputs = calibration.make_inputs(mixer, shape, "cuda")
+module = timing.build_module(mixer, shape[2], "auto", "cuda")
+x = inputs[0].detach().requires_grad_()
+for _ in range(5):
+    timing._sample(module, x, inputs[2], "forward_backward")
+torch.cuda.synchronize()
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    event_ms = timing._sample(module, x, inputs[2], "forward_backward")
+events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+          or e.cpu_parent is None]
+t0 = min(e.time_range.start for e in events)
+print(f"{shape} {mixer} ({module.last_backend}): event time {event_ms * 1e3:.0f} us")
+for e in sorted(events, key=lambda e: e.time_range.start):
+    gpu = e.device_type == torch.autograd.DeviceType.CUDA
+    print(f"{'GPU' if gpu else 'CPU'} {e.time_range.start - t0:8.1f} us  "
+          f"{e.time_range.elapsed_us():7.1f} us  {e.name[:70]}")
