@@ -64,6 +64,39 @@ for mixer in ("samu", "rglru"):
           f"per forward+backward {cpu_us(forward_backward, 50):.0f} us; "
           f"event median forward+backward {sorted(gpu)[5] * 1e3:.0f} us")
 
+# At a tiny length the GPU work is negligible, so a synchronised call's wall time is host time.
+for mixer in ("samu", "rglru"):
+    tiny = (1, 128, D)
+    inputs = calibration.make_inputs(mixer, tiny, "cuda")
+    module = timing.build_module(mixer, D, "auto", "cuda")
+    xg = inputs[0].detach().requires_grad_()
+
+    def wall_us(fn, n=100):
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def fwd():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return module(xg)
+
+    def fwd_bwd():
+        xg.grad = None
+        module.zero_grad(set_to_none=True)
+        fwd().backward(inputs[2])
+
+    def empty_sync():
+        pass
+
+    print(f"{tiny} {mixer} ({module.last_backend}): host wall per synchronised forward "
+          f"{wall_us(fwd):.0f} us, forward+backward {wall_us(fwd_bwd):.0f} us, "
+          f"empty synchronise {wall_us(empty_sync):.0f} us, "
+          f"protocol sample {sorted(timing._sample(module, xg, inputs[2], 'forward_backward') for _ in range(21))[10] * 1e3:.0f} us")
+
 # The host functions that take the time, for the SAMU backend above.
 if "--profile" in sys.argv:
     from torch.profiler import ProfilerActivity, profile

@@ -115,20 +115,21 @@ def test_two_level_carry_matches_a_sequential_carry(reverse, scalar_decay, monke
     from samu import scan_kernels
     gen = torch.Generator().manual_seed(3)
     batch, n_chunks, width = 2, 37, 24
-    end = torch.randn(batch, n_chunks, width, generator=gen)
+    end = torch.randn(batch, n_chunks, width, generator=gen).to(DEVICE)
     if scalar_decay:
-        r_sum = torch.rand(batch, n_chunks, generator=gen) * 4
-        a_param, log_temp = torch.randn(width, generator=gen), torch.tensor(-0.3)
+        r_sum = (torch.rand(batch, n_chunks, generator=gen) * 4).to(DEVICE)
+        a_param = torch.randn(width, generator=gen).to(DEVICE)
+        log_temp = torch.tensor(-0.3, device=DEVICE)
         rate = 8 * torch.exp(log_temp) * torch.nn.functional.softplus(a_param)
         decay = torch.exp(-rate * r_sum[..., None])
         args = (r_sum, end)
         extra = dict(a_param=a_param, log_temp=log_temp)
     else:
-        decay = torch.rand(batch, n_chunks, width, generator=gen)
+        decay = torch.rand(batch, n_chunks, width, generator=gen).to(DEVICE)
         args = (decay, end)
         extra = {}
     want = torch.zeros_like(end)
-    state = torch.zeros(batch, width)
+    state = torch.zeros(batch, width, device=DEVICE)
     order = range(n_chunks - 1, -1, -1) if reverse else range(n_chunks)
     for k in order:
         want[:, k] = state
