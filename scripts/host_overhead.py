@@ -127,3 +127,35 @@ if "--cprofile" in sys.argv:
         profiler.disable()
         print(f"--- {mixer}: cProfile of 50 protocol forward+backward samples")
         pstats.Stats(profiler).sort_stats("tottime").print_stats(22)
+
+# Where a tiny-length backward's host wall time goes: Python frames (cProfile) against the wall.
+if "--backward" in sys.argv:
+    import cProfile
+    import pstats
+    for mixer in ("samu", "rglru"):
+        tiny = (1, 128, D)
+        inputs = calibration.make_inputs(mixer, tiny, "cuda")
+        module = timing.build_module(mixer, D, "auto", "cuda")
+        xg = inputs[0].detach().requires_grad_()
+        profiler = cProfile.Profile()
+        wall = 0.0
+        for i in range(60):
+            xg.grad = None
+            module.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = module(xg)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            if i >= 10:
+                profiler.enable()
+            y.backward(inputs[2])
+            if i >= 10:
+                profiler.disable()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            if i >= 10:
+                wall += t1 - t0
+        stats = pstats.Stats(profiler)
+        print(f"--- {mixer} backward at {tiny}: host wall {wall / 50 * 1e6:.0f} us per call "
+              f"(profiled), Python frames {stats.total_tt / 50 * 1e6:.0f} us")
+        stats.sort_stats("tottime").print_stats(12)
