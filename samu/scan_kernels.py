@@ -277,14 +277,15 @@ _LAUNCHERS: dict = {}
 
 
 def _specialization(value):
-    """What Triton specialises a kernel on for one argument (dtype, device and 16-byte alignment
-    of a tensor; value 1, divisibility by 16 and width of an integer), as a cache key."""
+    """What Triton specialises a kernel on for one argument (dtype and 16-byte alignment of a
+    tensor; value 1, divisibility by 16 and width of an integer), as a cache key.  The device
+    enters the key once per launch (see launch)."""
     if isinstance(value, torch.Tensor):
-        return value.dtype, value.device, value.data_ptr() % 16 == 0
+        return value.dtype, value.data_ptr() & 15 == 0
     if isinstance(value, bool):
         return "bool", value
     if isinstance(value, int):
-        return "int", value == 1, value % 16 == 0, -2**31 <= value < 2**31
+        return value == 1, value & 15 == 0, -2**31 <= value < 2**31
     if isinstance(value, float):
         return "float"
     return value
@@ -297,7 +298,8 @@ def launch(kernel, grid, *args, **meta):
     if INTERPRETING:
         kernel[grid](*args, **meta)
         return
-    key = (kernel, tuple(_specialization(a) for a in args), tuple(sorted(meta.items())))
+    key = (kernel, torch.cuda.current_device(), tuple(map(_specialization, args)),
+           tuple(meta.items()))  # call sites pass constexprs in a fixed order
     entry = _LAUNCHERS.get(key)
     if entry is None:
         compiled = kernel[grid](*args, **meta)
