@@ -140,3 +140,16 @@ def test_two_level_carry_matches_a_sequential_carry(reverse, scalar_decay, monke
     two_level = scan_kernels.chunk_carry(*args, reverse=reverse, **extra)
     for got in (one_level, two_level):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
+
+
+def test_host_helpers_match_triton():
+    """scan_kernels.cdiv / next_power_of_2 stand in for Triton's JIT versions on the host."""
+    from samu.scan_kernels import cdiv, next_power_of_2, rows_of
+    for n in range(1, 300):
+        assert next_power_of_2(n) == triton.next_power_of_2(n)
+        for d in (1, 7, 16, 128):
+            assert cdiv(n, d) == triton.cdiv(n, d)
+    spent = torch.zeros(4, 10)
+    assert rows_of(spent, 3, 12).data_ptr() == spent.data_ptr()  # fits: reused, no allocation
+    assert rows_of(spent, 5, 12).shape == (5, 12)                 # too small: a new buffer
+    assert rows_of(spent, 5, 12).data_ptr() != spent.data_ptr()
