@@ -277,8 +277,7 @@ class SamuFunction(torch.autograd.Function):
         dsp_part = end.view(items, width)  # end is spent: the carry has read it
         launch(_samu_backward_kernel, (items,),
                x, dy, dx, w, r, g, h_in, carry, a_param, log_temp, skip, part, dsp_part, length,
-               width,
-               n_chunks, meta["backward_units"], T=chunk, **meta["backward"])
+               width, n_chunks, meta["backward_units"], T=chunk, **meta["backward"])
         grads = sum_partials(part, dsp_part, a_param)
         d_w, d_scalars, d_a = grads.split([2 * width, 4, width])
         return (dx, d_w.view(2, width), d_scalars[2:], d_a, d_scalars[0], d_scalars[1], None)
