@@ -95,7 +95,10 @@ def describe() -> dict[str, dict[str, str]]:
 
 
 def check_name(mixer: str, name: str) -> None:
-    if name != "auto" and name not in REGISTRY.get(mixer, ()) and name not in available(mixer):
+    if name == "auto":
+        return
+    _ensure_registered()
+    if name not in REGISTRY.get(mixer, ()):
         raise ValueError(f"{mixer}: unknown backend {name!r}; choose 'auto' or one of "
                          f"{available(mixer)}")
 
@@ -140,7 +143,7 @@ def forget_calibration() -> None:
 def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str | None:
     """The calibrated backend for (mixer, shape) on this GPU; the file is re-read when its stat
     changes, checked at most every RECHECK_SECONDS."""
-    path = f"{paths.DATA}{os.sep}calibration{os.sep}{slug}.json"  # paths.calibration_file, faster
+    path = str(paths.calibration_file(slug))
     now = time.monotonic()
     cached = _CHOICES.get(path)
     if cached is None or now - cached[0] > RECHECK_SECONDS:

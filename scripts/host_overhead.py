@@ -12,12 +12,16 @@ import triton
 from samu import calibration, kernels_samu, timing
 
 
-def cpu_us(fn, n=200):
+def cpu_us(fn, n=200, synchronise_each=False):
+    """Host microseconds per call of fn: without synchronising, the CPU's enqueue time while the
+    GPU keeps up; synchronising after each call, the wall time of a call."""
     fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
+        if synchronise_each:
+            torch.cuda.synchronize()
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     return (t1 - t0) / n * 1e6
@@ -71,15 +75,6 @@ for mixer in ("samu", "rglru"):
     module = timing.build_module(mixer, D, "auto", "cuda")
     xg = inputs[0].detach().requires_grad_()
 
-    def wall_us(fn, n=100):
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / n * 1e6
-
     def fwd():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             return module(xg)
@@ -89,12 +84,10 @@ for mixer in ("samu", "rglru"):
         module.zero_grad(set_to_none=True)
         fwd().backward(inputs[2])
 
-    def empty_sync():
-        pass
-
+    forward_wall = cpu_us(fwd, 100, synchronise_each=True)  # also sets module.last_backend
     print(f"{tiny} {mixer} ({module.last_backend}): host wall per synchronised forward "
-          f"{wall_us(fwd):.0f} us, forward+backward {wall_us(fwd_bwd):.0f} us, "
-          f"empty synchronise {wall_us(empty_sync):.0f} us, "
+          f"{forward_wall:.0f} us, forward+backward {cpu_us(fwd_bwd, 100, True):.0f} us, "
+          f"empty synchronise {cpu_us(lambda: None, 100, True):.0f} us, "
           f"protocol sample {sorted(timing._sample(module, xg, inputs[2], 'forward_backward') for _ in range(21))[10] * 1e3:.0f} us")
 
 # The host functions that take the time, for the SAMU backend above.
