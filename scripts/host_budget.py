@@ -1,0 +1,119 @@
+"""Where a small shape's host time goes, piece by piece, on a GPU machine: a synchronised
+forward+backward at a length where the GPU work is negligible, against
+
+  null      a do-nothing autograd.Function with the same inputs (x and the mixer's parameters):
+            the autograd engine's own cost (graph, device thread hand-off, AccumulateGrad);
+  stubbed   the mixer with every Triton launch replaced by nothing: samu's Python per call;
+  real      the mixer as the protocol runs it;
+  backward  the time inside the Function's backward body, against the whole y.backward().
+
+    python scripts/host_budget.py [--width 2048] [--length 128]"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from samu import calibration, kernels_rglru, kernels_samu, scan_kernels, timing
+
+FUNCTIONS = {"samu": kernels_samu.SamuFunction, "rglru": kernels_rglru.RglruFunction}
+
+
+def wall_us(fn, n=200):
+    """Median host wall time of fn() followed by a synchronise, in microseconds."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append(time.perf_counter() - t0)
+    return sorted(samples)[n // 2] * 1e6
+
+
+class Null(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, *params):
+        ctx.save_for_backward(x, *params)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, *params = ctx.saved_tensors
+        return (torch.empty_like(x), *(torch.empty_like(p) for p in params))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--length", type=int, default=128)
+    args = parser.parse_args()
+    shape = (1, args.length, args.width)
+    print(f"shape {shape}; empty synchronise {wall_us(lambda: None):.1f} us")
+    for mixer in ("samu", "rglru"):
+        inputs = calibration.make_inputs(mixer, shape, "cuda")
+        module = timing.build_module(mixer, args.width, "auto", "cuda")
+        x = inputs[0].detach().requires_grad_()
+        dy = inputs[2]
+        params = [p for _, p in module.named_parameters()]
+
+        def null_fb():
+            x.grad = None
+            module.zero_grad(set_to_none=True)
+            Null.apply(x, *params).backward(dy)
+
+        def protocol_fb():
+            timing._sample(module, x, dy, "forward_backward")
+
+        def forward_only():
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                module(x)
+
+        real = wall_us(protocol_fb)
+        fwd = wall_us(forward_only)
+        # The backward body's own time, against the whole engine call.
+        function = FUNCTIONS[mixer]
+        original_backward = function.backward
+        inside = []
+
+        def timed_backward(ctx, d):
+            t0 = time.perf_counter()
+            out = original_backward(ctx, d)
+            inside.append(time.perf_counter() - t0)
+            return out
+        function.backward = staticmethod(timed_backward)
+        whole = []
+        for _ in range(110):
+            x.grad = None
+            module.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = module(x)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            y.backward(dy)
+            whole.append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+        function.backward = original_backward
+        inside_us = sorted(inside[10:])[50] * 1e6
+        whole_us = sorted(whole[10:])[50] * 1e6
+        # Every launch replaced by nothing: the Python around the launches.
+        original_launch = scan_kernels.launch
+        stub = lambda kernel, grid, *a, **k: None  # noqa: E731
+        for mod in (scan_kernels, kernels_samu, kernels_rglru):
+            mod.launch = stub
+        try:
+            stubbed = wall_us(protocol_fb)
+        finally:
+            for mod in (scan_kernels, kernels_samu, kernels_rglru):
+                mod.launch = original_launch
+        print(f"{mixer} ({module.last_backend}): protocol forward+backward {real:.0f} us, "
+              f"no-grad forward {fwd:.0f} us, launches stubbed {stubbed:.0f} us, "
+              f"null Function {wall_us(null_fb):.0f} us; y.backward() {whole_us:.0f} us of which "
+              f"the backward body {inside_us:.0f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
