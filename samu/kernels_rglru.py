@@ -21,9 +21,9 @@ import triton
 import triton.language as tl
 
 from .scan_kernels import (adjoint_combine, affine_combine, cdiv, chunk_carry, dot_dtype,
-                           dot_operand_dtype, fp32_contiguous, last_row, launch, next_power_of_2,
-                           row_offsets, row_stride_units, rows_of, sm_count, softplus,
-                           sum_partials, tile_width, transition, vector_width)
+                           dot_operand_dtype, exp_fast, fp32_contiguous, last_row, launch,
+                           next_power_of_2, row_offsets, row_stride_units, rows_of, sigmoid_fast,
+                           sm_count, softplus, sum_partials, tile_width, transition, vector_width)
 
 MIXER = "rglru"
 GATE_SCALE = 8.0
@@ -47,7 +47,7 @@ def _gate(xh, w_ptr, bias_ptr, head, j, BW, BWK: tl.constexpr, DOT_DTYPE: tl.con
     w = tl.load(w_ptr + head * BW * BW + i[:, None] * BW + j[None, :], mask=ok, other=0.0)
     w = w.to(DOT_DTYPE)
     bias = tl.load(bias_ptr + head * BW + j, mask=j < BW, other=0.0)
-    return tl.sigmoid(tl.dot(xh, w, input_precision=PREC) + bias[None, :]), w
+    return sigmoid_fast(tl.dot(xh, w, input_precision=PREC) + bias[None, :]), w
 
 
 @triton.jit
@@ -131,7 +131,7 @@ def _rglru_reverse_summary_kernel(x_ptr, dy_ptr, wa_ptr, ba_ptr, a_param_ptr, en
     offs, ok = _own_tile(b, rows, head, j, L, BW, row_units, V)
     dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     sp = softplus(tl.load(a_param_ptr + head * BW + j, mask=j < BW, other=0.0))
-    a = tl.exp(tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0))
+    a = exp_fast(tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0))
     _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
     out = (b * NC + k) * D + head * BW + j
     tl.store(end_ptr + out, last_row(v, tl.arange(0, T), T), mask=j < BW)

@@ -16,9 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .scan_kernels import (affine_combine, cdiv, chunk_carry, fp32_contiguous, last_row, launch,
-                           row_offsets, row_stride_units, softplus,
-                           sum_partials, tile_width, transition, vector_width)
+from .scan_kernels import (affine_combine, cdiv, chunk_carry, exp_fast, fp32_contiguous, last_row,
+                           launch, reverse_affine_scan, row_offsets, row_stride_units,
+                           sigmoid_fast, softplus, sum_partials, tile_width, transition,
+                           vector_width)
 
 MIXER = "samu"
 
@@ -53,8 +54,8 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr,
         w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
         z0 += x * w0[None, :]
         z1 += x * w1[None, :]
-    r = tl.sigmoid(tl.sum(z0, axis=1) + tl.load(bias_ptr))
-    g = tl.sigmoid(tl.sum(z1, axis=1) + tl.load(bias_ptr + 1))
+    r = sigmoid_fast(tl.sum(z0, axis=1) + tl.load(bias_ptr))
+    g = sigmoid_fast(tl.sum(z1, axis=1) + tl.load(bias_ptr + 1))
     r = tl.where(row_ok, r, 0.0)  # r = 0 makes a = 1: padded tokens are the identity
     tl.store(r_ptr + b * L + rows, r, mask=row_ok)
     tl.store(g_ptr + b * L + rows, g, mask=row_ok)
@@ -111,7 +112,7 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, a_param_ptr, log_temp_ptr, end_p
     r = tl.load(r_ptr + b * L + rows, mask=rows < L, other=0.0)
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
     lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
-    a = tl.exp(-lam[None, :] * r[:, None])
+    a = exp_fast(-lam[None, :] * r[:, None])
     _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
     tl.store(end_ptr + (b * NC + k) * D + cols, last_row(v, tl.arange(0, T), T), mask=cols < D)
 
@@ -134,13 +135,13 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, 
     # dh_t = dy_t + a_{t+1} dh_{t+1}; the chunk's last token takes the carry (a dh) instead.
     r_next = tl.load(r_ptr + b * L + rows + 1, mask=rows + 1 < L, other=0.0)
     a_next = tl.where((rows == k * T + T - 1)[:, None], 1.0,
-                      tl.exp(-lam[None, :] * r_next[:, None]))
+                      exp_fast(-lam[None, :] * r_next[:, None]))
     q, w = tl.associative_scan((a_next, dy), 0, affine_combine)
     dh = w + q * carry[None, :]
     dla = tl.zeros_like(dh)
     if NEED_H:
         u = m * gx
-        p, h = tl.associative_scan((a, u), 0, affine_combine, reverse=True)
+        p, h = reverse_affine_scan(a, u, T)
         h_in = tl.load(h_in_ptr + state, mask=cols < D, other=0.0)
         h = h + p * h_in[None, :]
         dla = dh * (h - u) + dh * gx * dm_dlog_a

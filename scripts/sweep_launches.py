@@ -22,12 +22,37 @@ SAMU_OPTIONS = [(1, 1), (2, 1), (4, 1), (2, 2), (1, 4), (2, 4)]  # (warps, chann
 RGLRU_OPTIONS = [(1, 8, 8), (2, 8, 8), (1, 4, 4), (1, 8, 4)]  # (VECTOR, dx warps, grad warps)
 
 
+def kernel_ms(mixer, backend, inputs, reps=3):
+    """GPU milliseconds per forward+backward of each kernel (torch.profiler): unlike the
+    forward+backward median, free of the host's noise."""
+    from torch.profiler import ProfilerActivity, profile
+    x, params, dy = inputs
+    module = timing.build_module(mixer, x.shape[-1], backend, "cuda")
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(params[name])
+    xg = x.detach().clone().requires_grad_()
+    timing._sample(module, xg, dy, "forward_backward")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            timing._sample(module, xg, dy, "forward_backward")
+        torch.cuda.synchronize()
+    return {e.key: e.device_time_total / reps / 1e3 for e in prof.key_averages()
+            if e.device_time_total > 0}
+
+
 def measure(mixer, backend, shape, inputs, want, eager):
     x, params, dy = inputs
     errs = calibration.relative_errors(calibration.outputs(mixer, backend, x, params, dy), want)
     legal = all(e <= calibration.ERROR_FACTOR * eager[n] + calibration.ERROR_SLACK
                 for n, e in errs.items())
     samples = timing.time_forward_backward(mixer, backend, x, params, dy, reps=15)
+    kernels = kernel_ms(mixer, backend, inputs)
+    setting = ({r: (v.warps, v.vector) for r, v in kernels_samu.LAUNCH.items()}
+               if mixer == "samu" else (kernels_rglru.VECTOR, dict(kernels_rglru.WARPS)))
+    print(f"  {backend} {setting} kernels: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(kernels.items())),
+          flush=True)
     return statistics.median(samples), legal, max(errs.values())
 
 
