@@ -203,20 +203,27 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         tl.store(row + D + cols, tl.sum(dz1[:, None] * x, axis=0), mask=cols < D)
 
 
+# A thread holds T x vector values of each tile: past 64 the summary kernel spills (SASS).
+VALUES_PER_THREAD = 64
+
+
 @dataclass(frozen=True)
 class Launch:
     """Warps and channels per thread of one kernel; the tile is 32 * warps * vector channels wide,
-    so that each thread holds all T tokens of its channels (scan_kernels.row_offsets)."""
+    so that each thread holds all T tokens of its channels (scan_kernels.row_offsets).  Longer
+    chunks take fewer channels per thread (VALUES_PER_THREAD)."""
     warps: int
     vector: int
 
-    def tile(self, width: int):
-        vector = vector_width(width, self.vector)
+    def tile(self, width: int, chunk: int):
+        vector = vector_width(width, min(self.vector, max(1, VALUES_PER_THREAD // chunk)))
         return dict(BD=tile_width(self.warps, vector), V=vector, num_warps=self.warps)
 
 
-# Measured on the H200 (docs/PERFORMANCE.md); scripts/inspect_kernels.py shows their layouts.
-LAUNCH = {"summary": Launch(2, 1), "output": Launch(2, 1), "reverse_summary": Launch(2, 1),
+# Per-kernel GPU times on the H200 at (1, 32768, 2048), chunk 16 (sweep_launches.py, 30aac57):
+# 4 channels per thread (8-byte loads) halve the reverse summary (0.087 -> 0.042 ms) and cut the
+# summary 0.159 -> 0.101 ms; 2 cut the output 0.122 -> 0.105 ms; the backward is best at (4, 1).
+LAUNCH = {"summary": Launch(2, 4), "output": Launch(2, 2), "reverse_summary": Launch(2, 4),
           "backward": Launch(4, 1)}
 KERNELS = {"summary": "_samu_summary_kernel", "output": "_samu_output_kernel",
            "reverse_summary": "_samu_reverse_summary_kernel", "backward": "_samu_backward_kernel"}
@@ -227,7 +234,7 @@ def launch_plan(backend: str, width: int):
     chunk = BACKEND_CHUNKS[backend]
     plan = []
     for role, setting in LAUNCH.items():
-        meta = setting.tile(width)
+        meta = setting.tile(width, chunk)
         warps = meta.pop("num_warps")
         plan.append((globals()[KERNELS[role]], dict(T=chunk, **meta), warps))
     return plan
@@ -246,7 +253,7 @@ class SamuFunction(torch.autograd.Function):
         g = torch.empty(batch, length, **f32)
         r_sum = torch.empty(batch, n_chunks, **f32)
         end = torch.empty(batch, n_chunks, width, **f32)
-        meta = _tiles(width)
+        meta = _tiles(width, chunk)
         launch(_samu_summary_kernel, (batch * n_chunks,),
                x, w, bias, a_param_, log_temp_, r, g, r_sum, end, length, width, n_chunks,
                meta["summary_units"], T=chunk, **meta["summary"])
@@ -266,7 +273,7 @@ class SamuFunction(torch.autograd.Function):
         dy = dy.contiguous()
         batch, length, width = x.shape
         n_chunks = cdiv(length, chunk)
-        meta = _tiles(width)
+        meta = _tiles(width, chunk)
         end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
         grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BD"]))
         launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, end, length, width,
@@ -284,16 +291,16 @@ class SamuFunction(torch.autograd.Function):
         return (dx, d_w.view(2, width), d_scalars[2:], d_a, d_scalars[0], d_scalars[1], None)
 
 
-def _tiles(width: int) -> dict:
+def _tiles(width: int, chunk: int) -> dict:
     """Each kernel's constexprs and warps, and the row_units argument of its tiles."""
-    return _tiles_for(width, tuple(LAUNCH.items()))  # LAUNCH is the key: sweeps change it
+    return _tiles_for(width, chunk, tuple(LAUNCH.items()))  # LAUNCH is the key: sweeps change it
 
 
 @functools.lru_cache(maxsize=None)
-def _tiles_for(width: int, launches: tuple) -> dict:
+def _tiles_for(width: int, chunk: int, launches: tuple) -> dict:
     out = {}
     for role, setting in launches:
-        out[role] = setting.tile(width)
+        out[role] = setting.tile(width, chunk)
         out[role + "_units"] = row_stride_units(width, out[role])
     return out
 

@@ -74,31 +74,55 @@ def main():
 
         real = wall_us(protocol_fb)
         fwd = wall_us(forward_only)
-        # The backward body's own time, against the whole engine call.
+        # One instrumented forward+backward: the module call, the Function's forward and
+        # backward bodies, the engine's whole y.backward(), and the launches inside them.
         function = FUNCTIONS[mixer]
-        original_backward = function.backward
-        inside = []
+        spans = {k: [] for k in ("module call", "forward body", "y.backward()", "backward body",
+                                 "launches")}
+        counts = []
+        original = {"forward": function.forward, "backward": function.backward,
+                    "launch": scan_kernels.launch}
+        launch_time = [0.0, 0]
 
-        def timed_backward(ctx, d):
+        def timed(name, fn):
+            def wrapper(*a, **k):
+                t0 = time.perf_counter()
+                out = fn(*a, **k)
+                spans[name].append(time.perf_counter() - t0)
+                return out
+            return wrapper
+
+        def timed_launch(*a, **k):
             t0 = time.perf_counter()
-            out = original_backward(ctx, d)
-            inside.append(time.perf_counter() - t0)
-            return out
-        function.backward = staticmethod(timed_backward)
-        whole = []
-        for _ in range(110):
-            x.grad = None
-            module.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                y = module(x)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            y.backward(dy)
-            whole.append(time.perf_counter() - t0)
-            torch.cuda.synchronize()
-        function.backward = original_backward
-        inside_us = sorted(inside[10:])[50] * 1e6
-        whole_us = sorted(whole[10:])[50] * 1e6
+            original["launch"](*a, **k)
+            launch_time[0] += time.perf_counter() - t0
+            launch_time[1] += 1
+        function.forward = staticmethod(timed("forward body", original["forward"]))
+        function.backward = staticmethod(timed("backward body", original["backward"]))
+        for mod in (scan_kernels, kernels_samu, kernels_rglru):
+            mod.launch = timed_launch
+        try:
+            for _ in range(110):
+                x.grad = None
+                module.zero_grad(set_to_none=True)
+                launch_time[:] = [0.0, 0]
+                t0 = time.perf_counter()
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    y = module(x)
+                spans["module call"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                y.backward(dy)
+                spans["y.backward()"].append(time.perf_counter() - t0)
+                spans["launches"].append(launch_time[0])
+                counts.append(launch_time[1])
+                torch.cuda.synchronize()
+        finally:
+            function.forward = original["forward"]
+            function.backward = original["backward"]
+            for mod in (scan_kernels, kernels_samu, kernels_rglru):
+                mod.launch = original["launch"]
+        median = {k: sorted(v[10:])[len(v[10:]) // 2] * 1e6 for k, v in spans.items()}
+        breakdown = ", ".join(f"{k} {v:.0f} us" for k, v in median.items())
         # Every launch replaced by nothing: the Python around the launches.
         original_launch = scan_kernels.launch
         stub = lambda kernel, grid, *a, **k: None  # noqa: E731
@@ -111,8 +135,9 @@ def main():
                 mod.launch = original_launch
         print(f"{mixer} ({module.last_backend}): protocol forward+backward {real:.0f} us, "
               f"no-grad forward {fwd:.0f} us, launches stubbed {stubbed:.0f} us, "
-              f"null Function {wall_us(null_fb):.0f} us; y.backward() {whole_us:.0f} us of which "
-              f"the backward body {inside_us:.0f} us", flush=True)
+              f"null Function {wall_us(null_fb):.0f} us", flush=True)
+        print(f"    medians per forward+backward, no synchronise inside: {breakdown}; "
+              f"{counts[-1]} launches", flush=True)
 
 
 if __name__ == "__main__":
