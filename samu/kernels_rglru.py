@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .scan_kernels import (adjoint_combine, affine_combine, cdiv, chunk_carry, dot_dtype,
+from .scan_kernels import (aligned, adjoint_combine, affine_combine, cdiv, chunk_carry, dot_dtype,
                            dot_operand_dtype, exp_fast, fp32_contiguous, last_row, launch,
                            next_power_of_2, row_offsets, row_stride_units, rows_of, sigmoid_fast,
                            sm_count, softplus, sum_partials, tile_width, transition, vector_width)
@@ -298,15 +298,15 @@ class RglruFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, chunk,
                 block_n):
-        x = x.contiguous()
+        x = aligned(x)
         batch, length, width = x.shape
         heads, bw, _ = gate_x_weight.shape
         n_chunks = cdiv(length, chunk)
         plan = _plan(bw, width, chunk, block_n, x.dtype)
         # Gate weights in the dot's operand dtype: half the registers and bytes of FP32 tiles.
         operand = dot_operand_dtype(x.dtype)
-        params = [gate_x_weight.to(operand).contiguous(), fp32_contiguous(gate_x_bias),
-                  gate_a_weight.to(operand).contiguous(), fp32_contiguous(gate_a_bias),
+        params = [aligned(gate_x_weight.to(operand)), fp32_contiguous(gate_x_bias),
+                  aligned(gate_a_weight.to(operand)), fp32_contiguous(gate_a_bias),
                   fp32_contiguous(a_param)]
         f32 = dict(device=x.device, dtype=torch.float32)
         decay = torch.empty(batch, n_chunks, width, **f32)
@@ -328,7 +328,7 @@ class RglruFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, decay, h_in, wx, bx, wa, ba, a_param = ctx.saved_tensors
         chunk, block_n = ctx.config
-        dy = dy.contiguous()
+        dy = aligned(dy)
         batch, length, width = x.shape
         heads, bw, _ = wx.shape
         n_chunks = cdiv(length, chunk)

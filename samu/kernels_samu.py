@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .scan_kernels import (affine_combine, cdiv, chunk_carry, exp_fast, fp32_contiguous, last_row,
+from .scan_kernels import (aligned, affine_combine, cdiv, chunk_carry, exp_fast, fp32_contiguous, last_row,
                            launch, reverse_affine_scan, row_offsets, row_stride_units,
                            sigmoid_fast, softplus, sum_partials, tile_width, transition,
                            vector_width)
@@ -243,7 +243,7 @@ def launch_plan(backend: str, width: int):
 class SamuFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, chunk):
-        x = x.contiguous()
+        x = aligned(x)
         batch, length, width = x.shape
         n_chunks = cdiv(length, chunk)
         w, bias, a_param_, log_temp_, skip_ = params = [
@@ -270,7 +270,7 @@ class SamuFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, r, g, r_sum, h_in, w, bias, a_param, log_temp, skip = ctx.saved_tensors
         chunk = ctx.chunk
-        dy = dy.contiguous()
+        dy = aligned(dy)
         batch, length, width = x.shape
         n_chunks = cdiv(length, chunk)
         meta = _tiles(width, chunk)

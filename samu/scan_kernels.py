@@ -306,9 +306,9 @@ def sum_partials(part: torch.Tensor, tail: torch.Tensor, a_param: torch.Tensor) 
 
 
 def fp32_contiguous(p: torch.Tensor) -> torch.Tensor:
-    """A parameter as a contiguous FP32 tensor: itself when it is one (no op, no host time)."""
-    if p.dtype == torch.float32 and p.is_contiguous():
-        return p
+    """A parameter as a contiguous, aligned FP32 tensor: itself when it is one (no op)."""
+    if p.dtype == torch.float32:
+        return aligned(p)
     return p.float().contiguous()
 
 
@@ -343,29 +343,19 @@ def next_power_of_2(n: int) -> int:
 _LAUNCHERS: dict = {}
 
 
-def _specialization(value):
-    """What Triton specialises a kernel on for one argument (dtype and 16-byte alignment of a
-    tensor; value 1, divisibility by 16 and width of an integer), as a cache key.  The device
-    enters the key once per launch (see launch)."""
-    if isinstance(value, torch.Tensor):
-        return value.dtype, value.data_ptr() & 15 == 0
-    if isinstance(value, bool):
-        return "bool", value
-    if isinstance(value, int):
-        return value == 1, value & 15 == 0, -2**31 <= value < 2**31
-    if isinstance(value, float):
-        return "float"
-    return value
-
-
 def launch(kernel, grid, *args, **meta):
     """kernel[grid](*args, **meta), after the first call through the compiled kernel's own
     launcher: Triton's JIT path binds and keys every argument on every call, host time that the
-    small shapes feel (scripts/host_overhead.py on the H200's host: 27.2 vs 14.1 us per launch)."""
+    small shapes feel (scripts/host_overhead.py on the H200's host: 27.2 vs 14.1 us per launch).
+
+    args are tensors and ints.  The cache key holds each int itself and each tensor's dtype, not
+    its address: every pointer a kernel gets is 16-byte aligned (the Functions pass inputs
+    through ``aligned``; buffers are fresh allocations or views at their start), which is the
+    pointer specialisation Triton compiled for.  Keying the alignment cost ~0.6 us per tensor."""
     if INTERPRETING:
         kernel[grid](*args, **meta)
         return
-    key = (kernel, torch.cuda.current_device(), tuple(map(_specialization, args)),
+    key = (kernel, torch.cuda.current_device(), arg_key(args),
            tuple(meta.items()))  # call sites pass constexprs in a fixed order
     entry = _LAUNCHERS.get(key)
     if entry is None:
@@ -375,6 +365,19 @@ def launch(kernel, grid, *args, **meta):
         return
     compiled, constexprs = entry
     compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *constexprs)
+
+
+def arg_key(args) -> tuple:
+    """What a launch's cache entry is keyed on per argument: an int itself (Triton specialises
+    on 1, divisibility by 16 and width), a tensor's dtype (its address is aligned, see launch)."""
+    return tuple([a if a.__class__ is int else a.dtype for a in args])
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """t contiguous and at a 16-byte aligned address (a copy only when it is not): the kernels
+    are compiled for aligned pointers (see launch)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def vector_width(width: int, wanted: int) -> int:

@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 from samu import backends, calibration
+from samu.mixers import FUNCTIONS, PARAMETER_NAMES
 from samu.scan_kernels import row_offsets
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -79,13 +80,47 @@ def test_cached_launches_pass_every_argument(mixer, monkeypatch):
 
 
 def test_launch_cache_keys_on_what_triton_specialises():
-    from samu.scan_kernels import _specialization
-    assert _specialization(16) != _specialization(17)
-    assert _specialization(1) != _specialization(3)
-    assert _specialization(2**31) != _specialization(2**31 - 16)
+    from samu.scan_kernels import arg_key
+    assert arg_key([16]) != arg_key([17])
+    assert arg_key([1]) != arg_key([3])
+    assert arg_key([2**31]) != arg_key([2**31 - 16])
     t = torch.zeros(8)
-    assert _specialization(t) != _specialization(t[1:])
-    assert _specialization(t) != _specialization(t.double())
+    assert arg_key([t]) != arg_key([t.double()])
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_kernels_get_aligned_pointers_from_misaligned_inputs(mixer, monkeypatch):
+    """The launch cache does not key pointer alignment, so every pointer must come aligned:
+    x, dy and parameters that are views 4 bytes into their storage are copied first."""
+    from samu import scan_kernels
+    misaligned = []
+
+    def checked_launch(kernel, grid, *args, **meta):
+        misaligned.extend(a.data_ptr() % 16 for a in args
+                          if isinstance(a, torch.Tensor) and a.data_ptr() % 16)
+        kernel[grid](*args, **meta)
+
+    for module in ("kernels_samu", "kernels_rglru"):
+        monkeypatch.setattr(f"samu.{module}.launch", checked_launch)
+    monkeypatch.setattr(scan_kernels, "launch", checked_launch)
+    x, params, dy = calibration.make_inputs(mixer, (1, 20, 32), DEVICE, seed=2)
+
+    def shifted(t):
+        """t's values in a view 4 bytes past an aligned start."""
+        store = torch.empty(t.numel() * t.element_size() // 2 + 8, dtype=torch.int16,
+                            device=t.device)
+        view = store[2:2 + t.numel() * t.element_size() // 2].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        assert view.data_ptr() % 16
+        return view.detach()
+    # Straight through the functional form: calibration.outputs would clone (and so align).
+    leaves = [shifted(t).requires_grad_() for t in (x, *params.values())]
+    y = FUNCTIONS[mixer](*leaves, backend=backends.DEFAULTS[mixer])
+    grads = torch.autograd.grad(y, leaves, shifted(dy))
+    got = {"y": y.detach(), **dict(zip(["x", *PARAMETER_NAMES[mixer]], grads))}
+    assert not misaligned
+    errors = calibration.relative_errors(got, calibration.oracle(mixer, x, params, dy))
+    assert max(errors.values()) < 0.02, errors
 
 
 @triton.jit
