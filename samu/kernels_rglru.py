@@ -250,6 +250,10 @@ VECTOR = 1
 # The dx and parameter-gradient kernels hold [T, BWK] and [BWK, BN] accumulators: they need more
 # threads than a tile with the chunk in each thread gives, so their scans cross warps.
 WARPS = {"dx": 4, "param_grad": 4}  # H200 sweep: 4 beat 8 at both shapes it ran
+# Parameter-gradient programs: 2 per SM are resident (255 registers, Nsight Compute), so 2 per SM
+# fill one wave; each program's partial row holds 2 H bw^2 + 2 D floats, and with 4 per SM those
+# rows took ~0.5 unit of peak memory at (4, 2048, 2048) and (1, 8192, 2560).
+PARAM_GRAD_PROGRAMS_PER_SM = 2
 
 
 def _tile_launch(bn: int, width: int):
@@ -346,7 +350,8 @@ class RglruFunction(torch.autograd.Function):
                x, dy, dx, wx, bx, wa, ba, a_param, h_in, carry, length, width, n_chunks, bw,
                row_stride_units(width, meta), **meta)
         nbv_w = plan["nbv_w"]
-        per_batch = max(1, 4 * sm_count(x.device) // (batch * heads * nbv_w))
+        slots = PARAM_GRAD_PROGRAMS_PER_SM * sm_count(x.device)
+        per_batch = max(1, slots // (batch * heads * nbv_w))
         per_span = cdiv(n_chunks, min(n_chunks, per_batch))
         n_spans = cdiv(n_chunks, per_span)
         n_parts = batch * n_spans
