@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .scan_kernels import (aligned, adjoint_combine, affine_combine, cdiv, chunk_carry, dot_dtype,
+from .scan_kernels import (adjoint_combine, affine_combine, aligned, cdiv, chunk_carry, dot_dtype,
                            dot_operand_dtype, exp_fast, fp32_contiguous, last_row, launch,
                            next_power_of_2, row_offsets, row_stride_units, rows_of, sigmoid_fast,
                            sm_count, softplus, sum_partials, tile_width, transition, vector_width)

@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .scan_kernels import (aligned, affine_combine, cdiv, chunk_carry, exp_fast, fp32_contiguous, last_row,
-                           launch, reverse_affine_scan, row_offsets, row_stride_units,
+from .scan_kernels import (affine_combine, aligned, cdiv, chunk_carry, exp_fast, fp32_contiguous,
+                           last_row, launch, reverse_affine_scan, row_offsets, row_stride_units,
                            sigmoid_fast, softplus, sum_partials, tile_width, transition,
                            vector_width)
 

@@ -116,13 +116,18 @@ def build_module(mixer: str, width: int, backend: str, device, seed: int = 0):
     return module.to(device)
 
 
-def time_forward_backward(mixer: str, backend: str, x, params: dict, dy, reps: int) -> list:
-    """forward+backward samples of one backend on given inputs (for calibration)."""
+def module_with(mixer: str, backend: str, x, params: dict):
+    """A module of one backend holding the given parameters, and a fresh leaf copy of x."""
     module = MODULES[mixer](x.shape[-1], backend=backend).to(x.device)
     with torch.no_grad():
         for name, p in module.named_parameters():
             p.copy_(params[name])
-    xg = x.detach().clone().requires_grad_()
+    return module, x.detach().clone().requires_grad_()
+
+
+def time_forward_backward(mixer: str, backend: str, x, params: dict, dy, reps: int) -> list:
+    """forward+backward samples of one backend on given inputs (for calibration)."""
+    module, xg = module_with(mixer, backend, x, params)
     for _ in range(warmup_count(x.device)):
         _sample(module, xg, dy, "forward_backward")
     return [_sample(module, xg, dy, "forward_backward") for _ in range(reps)]

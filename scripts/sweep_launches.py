@@ -27,11 +27,7 @@ def kernel_ms(mixer, backend, inputs, reps=3):
     forward+backward median, free of the host's noise."""
     from torch.profiler import ProfilerActivity, profile
     x, params, dy = inputs
-    module = timing.build_module(mixer, x.shape[-1], backend, "cuda")
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            p.copy_(params[name])
-    xg = x.detach().clone().requires_grad_()
+    module, xg = timing.module_with(mixer, backend, x, params)
     timing._sample(module, xg, dy, "forward_backward")
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -51,8 +47,8 @@ def measure(mixer, backend, shape, inputs, want, eager):
     kernels = kernel_ms(mixer, backend, inputs)
     setting = ({r: (v.warps, v.vector) for r, v in kernels_samu.LAUNCH.items()}
                if mixer == "samu" else (kernels_rglru.VECTOR, dict(kernels_rglru.WARPS)))
-    print(f"  {backend} {setting} kernels: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(kernels.items())),
-          flush=True)
+    times = ", ".join(f"{k} {v:.4f}" for k, v in sorted(kernels.items()))
+    print(f"  {backend} {setting} kernels: {times}", flush=True)
     return statistics.median(samples), legal, max(errs.values())
 
 
