@@ -8,7 +8,10 @@ SETUP := $(VENV)/.installed
 else
 SETUP :=
 endif
-SHAPES ?=
+# SHAPES reaches the program through the environment, as one quoted argument, so the shell
+# never parses it; $(value) keeps make from expanding it either.
+override SHAPES := $(value SHAPES)
+export SHAPES
 NBVAL_DATA := $(shell mktemp -d -u /tmp/samu-nbval.XXXXXX)
 
 .PHONY: setup test reproduce lab notebooks clean
@@ -30,7 +33,7 @@ test: $(SETUP)
 	rm -rf $(NBVAL_DATA)
 
 reproduce: $(SETUP)
-	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.pipeline $(if $(SHAPES),--shapes $(SHAPES))
+	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.pipeline --shapes "$$SHAPES"
 
 lab: $(SETUP)
 	$(PYTHON) -c "import jupyterlab" 2>/dev/null || $(PYTHON) -m pip install -q jupyterlab

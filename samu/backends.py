@@ -7,11 +7,10 @@ A backend name is a sequence of words from ``VOCABULARY``; ``explain(name)`` spe
   where that file has no entry for the shape, ``DEFAULTS[mixer]`` (documented, not silent: the
   module's ``last_backend`` and ``return_backend=True`` say what ran);
 * without CUDA: the chunked reference, or the default Triton backend when ``TRITON_INTERPRET=1``
-  (Triton's interpreter runs the kernels on CPU tensors).
+  was set before samu was imported (Triton's interpreter runs the kernels on CPU tensors).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -21,7 +20,8 @@ from typing import Callable
 
 import torch
 
-from . import paths
+from . import _runtime, calibration_file, paths
+from .calibration_file import CalibrationFileError  # noqa: F401  part of this module's interface
 
 VOCABULARY = {
     "reference": "pure-PyTorch scan, differentiated by autograd, which materialises a and log a",
@@ -104,7 +104,9 @@ def check_name(mixer: str, name: str) -> None:
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether Triton's interpreter runs the kernels: TRITON_INTERPRET as it was when samu was
+    imported, the value the kernels were built with (samu._runtime)."""
+    return _runtime.INTERPRETING
 
 
 def gpu_slug(name: str | None = None) -> str:
@@ -126,13 +128,15 @@ RECHECK_SECONDS = 1.0
 _CHOICES: dict[str, tuple[float, tuple, dict]] = {}  # path -> (checked at, stat stamp, choices)
 
 
+def check_calibration(doc: dict, path) -> dict:
+    """{(mixer, (B, L, D)): chosen backend or None} of a calibration document, every entry
+    checked against the registered backends (CalibrationFileError names the file and entry)."""
+    _ensure_registered()
+    return calibration_file.choices(doc, path, REGISTRY)
+
+
 def _load_choices(path: str) -> dict:
-    """{(mixer, (B, L, D)): chosen backend} of a calibration file."""
-    with open(path) as f:
-        doc = json.load(f)
-    return {(mixer, tuple(int(n) for n in key.split("x"))): entry.get("chosen")
-            for key, mixers in doc.get("shapes", {}).items() for mixer, entry in mixers.items()
-            if entry}
+    return check_calibration(calibration_file.read(path), path)
 
 
 def forget_calibration() -> None:
@@ -175,6 +179,7 @@ def resolve(mixer: str, x: torch.Tensor, backend: str = "auto") -> Backend:
     if x.is_cuda:
         name = calibrated_choice(mixer, tuple(x.shape), gpu_slug()) or DEFAULTS[mixer]
         return REGISTRY[mixer][name]
+    _runtime.check_interpret_unchanged()  # off the CUDA path: costs CUDA calls nothing
     if interpreting():
         return REGISTRY[mixer][DEFAULTS[mixer]]
     return REGISTRY[mixer]["reference_chunked"]
@@ -184,7 +189,10 @@ def _check_triton_input(mixer: str, x: torch.Tensor, name: str) -> None:
     if x.dtype == torch.float64:
         raise TypeError(f"{mixer}: backend {name} takes bfloat16, float16 or float32 x, not "
                         "float64 (use backend='reference_chunked' for the oracle)")
-    if not x.is_cuda and not interpreting():
+    if x.is_cuda:
+        return
+    _runtime.check_interpret_unchanged()
+    if not interpreting():
         raise RuntimeError(f"{mixer}: backend {name} is a Triton kernel and needs a CUDA tensor, "
                            "or TRITON_INTERPRET=1 set before samu is imported")
 

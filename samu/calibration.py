@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 import statistics
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
-from . import backends, paths, schema, timing
+from . import backends, calibration_file, paths, schema, timing
 from .mixers import FUNCTIONS, MODULES, PARAMETER_NAMES
 
 ERROR_SLACK = 1e-3
@@ -64,10 +65,12 @@ def relative_errors(got: dict, want: dict) -> dict[str, float]:
     return errs
 
 
-def check_legality(mixer: str, backend: str, shape, device, seed: int = 0,
-                   want: dict | None = None, eager_errors: dict | None = None) -> dict:
-    """Errors of y and every gradient against the oracle, the eager reference's beside them."""
-    x, params, dy = make_inputs(mixer, shape, device, seed)
+def check_legality(mixer: str, backend: str, shape=None, device=None, seed: int = 0,
+                   want: dict | None = None, eager_errors: dict | None = None,
+                   inputs: tuple | None = None) -> dict:
+    """Errors of y and every gradient against the oracle, the eager reference's beside them.
+    The inputs are make_inputs(mixer, shape, device, seed), or ``inputs`` = (x, params, dy)."""
+    x, params, dy = inputs if inputs is not None else make_inputs(mixer, shape, device, seed)
     if want is None:
         want = oracle(mixer, x, params, dy)
     if eager_errors is None:
@@ -125,14 +128,24 @@ def calibrate_shape(shape, device, mixers=("rglru", "samu"), candidates: dict | 
     return result
 
 
-def merge_calibration(slug: str, shape, result: dict, environment: dict) -> dict:
-    """Merge one shape's result into data/calibration/<slug>.json, atomically."""
-    path = paths.calibration_file(slug)
-    doc = schema.read_json(path) if path.exists() else {"gpu": environment.get("gpu"),
-                                                        "shapes": {}}
-    doc["environment"] = environment
-    doc["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    doc["shapes"][backends.shape_key(shape)] = result
-    schema.write_json_atomic(path, doc, kind="calibration")
+def merge_calibration(slug: str, shape, result: dict, environment: dict,
+                      path: Path | None = None) -> dict:
+    """Merge one shape's result into data/calibration/<slug>.json (or ``path``), atomically.
+
+    The read-modify-write holds the file's lock, so concurrent calibrations of other shapes
+    lose nothing; the merged document is checked as ``auto`` will check it before it is
+    written, so a bad result leaves the file as it was."""
+    path = Path(path) if path is not None else paths.calibration_file(slug)
+    with calibration_file.locked(path):
+        if path.exists():
+            doc = calibration_file.read(path)
+            backends.check_calibration(doc, path)  # refuse to build on a broken file
+        else:
+            doc = {"gpu": environment.get("gpu"), "shapes": {}}
+        doc["environment"] = environment
+        doc["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        doc["shapes"][backends.shape_key(shape)] = result
+        backends.check_calibration(doc, path)
+        schema.write_json_atomic(path, doc, kind="calibration")
     backends.forget_calibration()
     return doc

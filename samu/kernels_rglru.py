@@ -22,8 +22,9 @@ import triton.language as tl
 
 from .scan_kernels import (adjoint_combine, affine_combine, aligned, cdiv, chunk_carry, dot_dtype,
                            dot_operand_dtype, exp_fast, fp32_contiguous, last_row, launch,
-                           next_power_of_2, row_offsets, row_stride_units, rows_of, sigmoid_fast,
-                           sm_count, softplus, sum_partials, tile_width, transition, vector_width)
+                           next_power_of_2, refuse_double_backward, row_offsets, row_stride_units,
+                           rows_of, sigmoid_fast, sm_count, softplus, sum_partials, tile_width,
+                           to_element, transition, vector_width)
 
 MIXER = "rglru"
 GATE_SCALE = 8.0
@@ -110,7 +111,7 @@ def _rglru_output_kernel(x_ptr, y_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_p
                                    head, j, L, D, BW, row_units, V, BWK, DOT_DTYPE, PREC)
     h_in = tl.load(h_in_ptr + (b * NC + k) * D + head * BW + j, mask=j < BW, other=0.0)
     y = h + p * h_in[None, :]
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
+    tl.store(y_ptr + offs, to_element(y, y_ptr), mask=ok)
 
 
 @triton.jit(do_not_specialize=["row_units"])
@@ -191,7 +192,7 @@ def _rglru_dx_kernel(x_ptr, dy_ptr, dx_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_pa
     dx = dx_products + tl.reshape(dx_direct, [T, BWK])
     kcols = tl.arange(0, BWK)
     offs, ok = _own_tile(b, rows, head, kcols, L, BW, row_units, V)
-    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+    tl.store(dx_ptr + offs, to_element(dx, dx_ptr), mask=ok)
 
 
 @triton.jit(do_not_specialize=["row_units"])
@@ -330,6 +331,7 @@ class RglruFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        refuse_double_backward("rglru")
         x, decay, h_in, wx, bx, wa, ba, a_param = ctx.saved_tensors
         chunk, block_n = ctx.config
         dy = aligned(dy)

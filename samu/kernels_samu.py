@@ -16,10 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .scan_kernels import (affine_combine, aligned, cdiv, chunk_carry, exp_fast, fp32_contiguous,
-                           last_row, launch, reverse_affine_scan, row_offsets, row_stride_units,
-                           sigmoid_fast, softplus, sum_partials, tile_width, transition,
-                           vector_width)
+from .scan_kernels import (affine_combine, aligned, cdiv, chunk_carry, decayed_previous_state,
+                           exp_fast, fp32_contiguous, last_row, launch, refuse_double_backward,
+                           row_offsets, row_stride_units, sigmoid_fast, softplus, sum_partials,
+                           tile_width, to_element, transition, vector_width)
 
 MIXER = "samu"
 
@@ -93,7 +93,7 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, a_param_ptr, log_t
     p, h = tl.associative_scan((a, m * g[:, None] * x), 0, affine_combine)
     h_in = tl.load(h_in_ptr + (b * NC + k) * D + cols, mask=cols < D, other=0.0)
     y = h + p * h_in[None, :] + tl.load(skip_ptr) * x
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
+    tl.store(y_ptr + offs, to_element(y, y_ptr), mask=ok)
 
 
 @triton.jit(do_not_specialize=["row_units"])
@@ -122,7 +122,8 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, 
                         r, g, c, L, D, NC, row_units, T: tl.constexpr, V: tl.constexpr,
                         NEED_H: tl.constexpr):
     """Recompute one [T, BD] tile of the backward: x, dy, a, m, dh and (if NEED_H) dlog a.
-    rows run latest first: the adjoint is a forward scan, only h needs a reverse one."""
+    rows run latest first: the adjoint is a forward scan; a_t h_{t-1} is unrolled from the
+    earliest row."""
     offs, ok = _tile(b, rows, cols, L, D, row_units, V)
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
@@ -140,11 +141,9 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, 
     dh = w + q * carry[None, :]
     dla = tl.zeros_like(dh)
     if NEED_H:
-        u = m * gx
-        p, h = reverse_affine_scan(a, u, T)
         h_in = tl.load(h_in_ptr + state, mask=cols < D, other=0.0)
-        h = h + p * h_in[None, :]
-        dla = dh * (h - u) + dh * gx * dm_dlog_a
+        a_h_prev = decayed_previous_state(a, m * gx, h_in, T)
+        dla = dh * a_h_prev + dh * gx * dm_dlog_a
     return offs, ok, x, dy, m, dh, dla, lam, log_a
 
 
@@ -198,7 +197,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
         dx = dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :] + dz1[:, None] * w1[None, :]
-        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+        tl.store(dx_ptr + offs, to_element(dx, dx_ptr), mask=ok)
         tl.store(row + cols, tl.sum(dz0[:, None] * x, axis=0), mask=cols < D)
         tl.store(row + D + cols, tl.sum(dz1[:, None] * x, axis=0), mask=cols < D)
 
@@ -268,6 +267,7 @@ class SamuFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        refuse_double_backward("samu")
         x, r, g, r_sum, h_in, w, bias, a_param, log_temp, skip = ctx.saved_tensors
         chunk = ctx.chunk
         dy = aligned(dy)

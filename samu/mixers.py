@@ -63,11 +63,16 @@ def check_input(x, width: int, mixer: str) -> None:
         raise ValueError(f"{mixer}: x has {x.numel()} elements, more than the kernels can address")
 
 
+def check_tensors(mixer: str, params: dict) -> None:
+    """Runs before any .shape or .dim(): one isinstance per parameter, on every forward."""
+    for name, p in params.items():
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"{mixer}: {name} must be a torch.Tensor, got {type(p).__name__}")
+
+
 def check_parameters(mixer: str, x: torch.Tensor, params: dict[str, torch.Tensor]) -> None:
     device = x.device
     for name, p in params.items():
-        if not isinstance(p, torch.Tensor):
-            raise TypeError(f"{mixer}: parameter {name} must be a tensor")
         if p.device != device:
             raise ValueError(f"{mixer}: parameter {name} is on {p.device} but x is on {x.device}")
         if not p.is_floating_point():
@@ -100,13 +105,23 @@ def _run(mixer: str, x, params: dict, backend: str):
         return chosen.run(x, *params.values()), chosen.name
 
 
+# The entry points are opaque to dynamo until the kernels are custom ops: tracing into the
+# library fails (CUDA queries, Triton launches) and can leave launch caches half filled.  So
+# torch.compile(fullgraph=True) raises at the call, and without fullgraph the graph breaks there
+# and the mixer runs eagerly.  The wrapper costs ~0.5 us of host time per call.
+_opaque_to_dynamo = torch.compiler.disable(
+    reason="samu's mixers run eagerly: their Triton kernels are not custom ops yet")
+
+
+@_opaque_to_dynamo
 def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, backend="auto",
           return_backend: bool = False):
     """Functional RG-LRU. With return_backend=True returns (y, name of the backend that ran)."""
-    heads, width = _rglru_width(gate_x_weight)
-    check_input(x, width, "rglru")
     params = dict(gate_x_weight=gate_x_weight, gate_x_bias=gate_x_bias,
                   gate_a_weight=gate_a_weight, gate_a_bias=gate_a_bias, a_param=a_param)
+    check_tensors("rglru", params)
+    heads, width = _rglru_width(gate_x_weight)
+    check_input(x, width, "rglru")
     for name in ("gate_x_bias", "gate_a_bias", "a_param"):
         if params[name].shape != (width,):
             raise ValueError(f"rglru: {name} must have shape [{width}], got "
@@ -117,15 +132,17 @@ def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, ba
     return (y, name) if return_backend else y
 
 
+@_opaque_to_dynamo
 def samu(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend="auto",
          return_backend: bool = False):
     """Functional SAMU. With return_backend=True returns (y, name of the backend that ran)."""
+    params = dict(ctrl_weight=ctrl_weight, ctrl_bias=ctrl_bias, a_param=a_param,
+                  log_temp=log_temp, skip=skip)
+    check_tensors("samu", params)
     if ctrl_weight.dim() != 2 or ctrl_weight.shape[0] != 2:
         raise ValueError(f"samu: ctrl_weight must have shape [2, D], got {tuple(ctrl_weight.shape)}")
     width = ctrl_weight.shape[1]
     check_input(x, width, "samu")
-    params = dict(ctrl_weight=ctrl_weight, ctrl_bias=ctrl_bias, a_param=a_param,
-                  log_temp=log_temp, skip=skip)
     expected = {"ctrl_bias": (2,), "a_param": (width,), "log_temp": (), "skip": ()}
     for name, shape in expected.items():
         if tuple(params[name].shape) != shape:
@@ -135,13 +152,21 @@ def samu(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend="auto",
     return (y, name) if return_backend else y
 
 
+def check_positive_int(mixer: str, name: str, value, what: str = "") -> None:
+    # bool is an int subclass, and RGLRU(True) would reach torch.empty with a bool size.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{mixer}: {name} must be a positive integer{what}, got "
+                        f"{type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{mixer}: {name} must be a positive integer{what}, got {value}")
+
+
 class _Mixer(nn.Module):
     mixer = ""
 
     def __init__(self, width: int, backend: str):
         super().__init__()
-        if not isinstance(width, int) or width < 1:
-            raise ValueError(f"{self.mixer}: width must be a positive integer, got {width!r}")
+        check_positive_int(self.mixer, "width", width)
         _backends.check_name(self.mixer, backend)
         self.width = width
         self.backend = backend
@@ -166,6 +191,7 @@ class RGLRU(_Mixer):
     def __init__(self, width: int, num_heads: int = NUM_HEADS, backend: str = "auto",
                  device=None):
         super().__init__(width, backend)
+        check_positive_int("rglru", "num_heads", num_heads, f" dividing width {width}")
         if width % num_heads:
             raise ValueError(f"rglru: width {width} is not divisible by num_heads {num_heads}")
         self.num_heads = num_heads

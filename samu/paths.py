@@ -5,7 +5,10 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(os.environ.get("SAMU_DATA_DIR", REPO_ROOT / "data"))
+# Absolute from import on: the notebooks' kernels run in notebooks/, so a relative SAMU_DATA_DIR
+# would name a different folder in each process (the pipeline exports this absolute path).
+_data = os.environ.get("SAMU_DATA_DIR") or REPO_ROOT / "data"  # empty counts as unset
+DATA = Path(os.path.abspath(os.path.expanduser(_data)))
 SEED_FILE = REPO_ROOT / "data" / "reference" / "000_cf73cb5e04ef014a.txt"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -17,13 +18,29 @@ PER_SHAPE = ["01_correctness", "02_calibration", "03_timing"]
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
-    try:
-        batch, length, width = (int(v) for v in text.lower().split("x"))
-    except ValueError:
+    # ASCII digits only: int() would also take "1_6", " 16" and non-ASCII digits.
+    match = re.fullmatch(r"([0-9]+)x([0-9]+)x([0-9]+)", text.lower())
+    if match is None:
         raise SystemExit(f"bad shape {text!r}: write BATCHxLENGTHxWIDTH, e.g. 4x2048x2048")
+    batch, length, width = (int(v) for v in match.groups())
     if min(batch, length, width) < 1:
         raise SystemExit(f"bad shape {text!r}: every dimension must be at least 1")
     return batch, length, width
+
+
+def parse_shapes(args: list[str] | None) -> list[tuple[int, int, int]]:
+    """Each argument may hold several shapes separated by whitespace: `make reproduce` passes
+    SHAPES as one quoted argument."""
+    return [parse_shape(word) for arg in args or () for word in arg.split()]
+
+
+def export_data_dir() -> str:
+    """Put the absolute data folder into the environment that notebook kernels inherit: they run
+    in notebooks/, where a relative SAMU_DATA_DIR would name another folder."""
+    from . import paths
+
+    os.environ["SAMU_DATA_DIR"] = str(paths.DATA)
+    return os.environ["SAMU_DATA_DIR"]
 
 
 def run_notebook(name: str, out_dir: Path, parameters: dict) -> Path:
@@ -48,9 +65,11 @@ def run_notebook(name: str, out_dir: Path, parameters: dict) -> Path:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shapes", nargs="*", default=None,
-                        help="BATCHxLENGTHxWIDTH ... (default: the seed's four on a GPU, "
-                             "small ones on a CPU)")
+                        help="BATCHxLENGTHxWIDTH ..., separate arguments or one whitespace-"
+                             "separated argument (default, also for an empty one: the seed's "
+                             "four on a GPU, small ones on a CPU)")
     args = parser.parse_args(argv)
+    explicit = parse_shapes(args.shapes)  # a bad shape stops the run before any notebook
     import torch
     cuda = torch.cuda.is_available()
     if not cuda:
@@ -60,7 +79,8 @@ def main(argv=None) -> int:
     from tqdm.auto import tqdm
     from . import backends, paths, report
 
-    shapes = [parse_shape(s) for s in (args.shapes or (GPU_SHAPES if cuda else CPU_SHAPES))]
+    shapes = explicit or parse_shapes(GPU_SHAPES if cuda else CPU_SHAPES)
+    export_data_dir()
     slug = backends.gpu_slug()
     steps = [(k, shape, nb) for k, shape in enumerate(shapes) for nb in PER_SHAPE]
     bar = tqdm(total=len(steps) + 1, desc="reproduce", unit="notebook")

@@ -128,10 +128,12 @@ def draw_figures(df: pd.DataFrame, seed_df: pd.DataFrame, slug: str) -> list[Pat
         for ax_ in fig.axes:
             ax_.tick_params(axis="x", labelrotation=20)
         path = folder / f"{slug}_{name}.png"
-        tmp = path.with_name(f".{path.name}.tmp.png")
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        plt.close(fig)
-        tmp.replace(path)
+        try:
+            # The temporary's name does not end in .png, so the format is given.
+            schema.atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120,
+                                                              bbox_inches="tight"))
+        finally:
+            plt.close(fig)
         written.append(path)
 
     def bars(name, column, ylabel, title, log=False):

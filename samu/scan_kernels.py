@@ -22,16 +22,17 @@ SAMU output kernel issued on 79 % of cycles at 1.4 TB/s), so the per-element mat
 exp, sqrt and reciprocal are single MUFU instructions (``exp_fast`` and friends: PTX approx.ftz
 on the GPU, where tl.exp adds a four-instruction denormal fix-up), and the one reverse scan that
 cannot be turned around (SAMU's backward needs h and the adjoint in one register order) is
-unrolled (``reverse_affine_scan``): Triton's reverse scan shuffles across lanes.
+unrolled (``decayed_previous_state``): Triton's reverse scan shuffles across lanes.
 """
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from ._runtime import INTERPRETING  # read once, at import: Triton decides at decoration
 
 SQRT_GRAD_FLOOR = 1e-6
 
@@ -49,9 +50,9 @@ def adjoint_combine(p_r, v_r, q_r, w_r, p_l, v_l, q_l, w_l):
     return p_l * p_r, p_l * v_r + v_l, q_l * p_r, q_l * v_r + w_l
 
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # One MUFU instruction each on the GPU; the interpreter runs no PTX and takes Triton's own ops.
 FAST_MATH = tl.constexpr(not INTERPRETING)
+INTERPRETER = tl.constexpr(INTERPRETING)
 LOG2_E = tl.constexpr(1.4426950408889634)
 
 
@@ -88,34 +89,53 @@ def reciprocal_fast(x):
 
 
 @triton.jit
+def to_element(x, ptr):
+    """x in ptr's element type, rounded to nearest.  The interpreter casts FP32 to BF16 by
+    truncation (numpy has no bfloat16), which doubles an output's rounding error; there the
+    rounding is done on the bits.  On the GPU this is the plain cast (cvt.rn)."""
+    if INTERPRETER:
+        if ptr.dtype.element_ty == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = bits + 0x7FFF + ((bits >> 16) & 1)
+            x = (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return x.to(ptr.dtype.element_ty)
+
+
+@triton.jit
 def sigmoid_fast(x):
     """1 / (1 + e^-x): e^-x = inf gives 0, e^-x = 0 gives 1."""
     return reciprocal_fast(1.0 + exp_fast(-x))
 
 
 @triton.jit
-def reverse_affine_scan(a, b, T: tl.constexpr):
-    """tl.associative_scan((a, b), 0, affine_combine, reverse=True) for a tile whose T rows sit in
-    one thread, unrolled from the last row: (p_i, h_i) = (a_i p_{i+1}, a_i h_{i+1} + b_i).  Each
-    row pick and placement compares a constant row index, which folds to a register move."""
+def decayed_previous_state(a, u, h_in, T: tl.constexpr):
+    """a_t h_{t-1} of h_t = a_t h_{t-1} + u_t for a tile whose T rows (latest first) sit in one
+    thread, from the chunk's entering state h_in, unrolled from the earliest row.  Taken as a
+    product, not as h_t - u_t, which cancels when a_t is small (fast decay).  Each row pick and
+    placement compares a constant row index, which folds to a register move; Triton's reverse
+    scan would shuffle across lanes."""
     index = tl.arange(0, T)[:, None]
-    p_run = tl.sum(tl.where(index == T - 1, a, 0.0), axis=0)
-    h_run = tl.sum(tl.where(index == T - 1, b, 0.0), axis=0)
-    p = tl.where(index == T - 1, p_run[None, :], 0.0)
-    h = tl.where(index == T - 1, h_run[None, :], 0.0)
-    for i in tl.static_range(T - 2, -1, -1):
+    h_run = h_in
+    out = tl.zeros_like(a)
+    for i in tl.static_range(T - 1, -1, -1):
         a_i = tl.sum(tl.where(index == i, a, 0.0), axis=0)
-        b_i = tl.sum(tl.where(index == i, b, 0.0), axis=0)
-        p_run = a_i * p_run
-        h_run = a_i * h_run + b_i
-        p = tl.where(index == i, p_run[None, :], p)
-        h = tl.where(index == i, h_run[None, :], h)
-    return p, h
+        u_i = tl.sum(tl.where(index == i, u, 0.0), axis=0)
+        decayed = a_i * h_run
+        h_run = decayed + u_i
+        out = tl.where(index == i, decayed[None, :], out)
+    return out
 
 
 @triton.jit
 def softplus(z):
-    return tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))
+    """log(1 + e^z), accurate in FP32 over the whole range: log(1 + e) alone rounds to 0 once
+    e = e^-|z| < 2^-24 (z < -17), and loses digits well before.  log1p(e) is taken by
+    Goldberg's correction, log(w) * e / (w - 1) with w = 1 + e, exact to a few ulps, built from
+    tl.log so that the interpreter runs it (no libdevice)."""
+    e = tl.exp(-tl.abs(z))
+    w = 1.0 + e
+    log1p_e = tl.where(w == 1.0, e, tl.log(w) * (e / (w - 1.0)))
+    return tl.maximum(z, 0.0) + log1p_e
 
 
 @triton.jit
@@ -309,6 +329,15 @@ def sum_partials(part: torch.Tensor, tail: torch.Tensor, a_param: torch.Tensor) 
     return out
 
 
+def refuse_double_backward(mixer: str) -> None:
+    """The kernels' gradients are not themselves differentiable: with create_graph=True the
+    engine runs backward in grad mode, and second-order terms would be dropped without a word."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"{mixer}: the Triton backends do not support double backward "
+                           "(create_graph=True, e.g. a gradient penalty); use "
+                           "backend='reference_chunked' for that")
+
+
 def fp32_contiguous(p: torch.Tensor) -> torch.Tensor:
     """A parameter as a contiguous, aligned FP32 tensor: itself when it is one (no op)."""
     if p.dtype == torch.float32:
@@ -344,10 +373,7 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-_LAUNCHERS: dict = {}
-
-
-def launch(kernel, grid, *args, **meta):
+class Launcher:
     """kernel[grid](*args, **meta), after the first call through the compiled kernel's own
     launcher: Triton's JIT path binds and keys every argument on every call, host time that the
     small shapes feel (scripts/host_overhead.py on the H200's host: 27.2 vs 14.1 us per launch).
@@ -355,20 +381,33 @@ def launch(kernel, grid, *args, **meta):
     args are tensors and ints.  The cache key holds each int itself and each tensor's dtype, not
     its address: every pointer a kernel gets is 16-byte aligned (the Functions pass inputs
     through ``aligned``; buffers are fresh allocations or views at their start), which is the
-    pointer specialisation Triton compiled for.  Keying the alignment cost ~0.6 us per tensor."""
-    if INTERPRETING:
-        kernel[grid](*args, **meta)
-        return
-    key = (kernel, torch.cuda.current_device(), arg_key(args),
-           tuple(meta.items()))  # call sites pass constexprs in a fixed order
-    entry = _LAUNCHERS.get(key)
-    if entry is None:
-        compiled = kernel[grid](*args, **meta)
-        constexpr_names = kernel.arg_names[len(args):]
-        _LAUNCHERS[key] = (compiled, [meta[name] for name in constexpr_names])
-        return
-    compiled, constexprs = entry
-    compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *constexprs)
+    pointer specialisation Triton compiled for.  Keying the alignment cost ~0.6 us per tensor.
+    A first call that returns no compiled kernel (a tracer such as dynamo ran it) caches
+    nothing, so a later eager call compiles for real."""
+
+    def __init__(self, interpreting: bool = INTERPRETING, device_index=None):
+        self.interpreting = interpreting
+        self.device_index = device_index or torch.cuda.current_device
+        self.compiled: dict = {}
+
+    def __call__(self, kernel, grid, *args, **meta):
+        if self.interpreting:
+            kernel[grid](*args, **meta)
+            return
+        key = (kernel, self.device_index(), arg_key(args),
+               tuple(meta.items()))  # call sites pass constexprs in a fixed order
+        entry = self.compiled.get(key)
+        if entry is None:
+            compiled = kernel[grid](*args, **meta)
+            if compiled is not None:
+                constexpr_names = kernel.arg_names[len(args):]
+                self.compiled[key] = (compiled, [meta[name] for name in constexpr_names])
+            return
+        compiled, constexprs = entry
+        compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *constexprs)
+
+
+launch = Launcher()
 
 
 def arg_key(args) -> tuple:

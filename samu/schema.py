@@ -5,11 +5,14 @@ extra keys are allowed.  Validation uses the ``jsonschema`` package.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import jsonschema
 
@@ -112,25 +115,47 @@ def _finite(obj):
     return obj
 
 
-def write_json_atomic(path, doc: dict, kind: str | None = "result") -> Path:
-    """Validate, then write to a temporary file beside ``path`` and rename it into place, so a
-    reader never sees a half-written file and a failure leaves the old file untouched."""
+# Mode of a file that did not exist before; an existing file keeps its own (mkstemp's 0600
+# would otherwise replace it).
+NEW_FILE_MODE = 0o644
+
+
+def atomic_write(path, write: Callable[[Path], object]) -> Path:
+    """``write(tmp)`` writes the whole file to ``tmp``, a temporary ``.<name>.<random>.tmp``
+    beside ``path``, which is then renamed into place: a reader never sees a half-written file,
+    and an exception leaves the old file untouched and no temporary behind (a killed process
+    can still leave one; .gitignore ignores them)."""
     path = Path(path)
-    doc = _finite(doc)
-    if kind:
-        validate(doc, kind)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = NEW_FILE_MODE
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     return path
+
+
+def write_json_atomic(path, doc: dict, kind: str | None = "result") -> Path:
+    """Validate, then write atomically (atomic_write)."""
+    doc = _finite(doc)
+    if kind:
+        validate(doc, kind)
+
+    def dump(tmp: Path) -> None:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+
+    return atomic_write(path, dump)
 
 
 def read_json(path) -> dict:

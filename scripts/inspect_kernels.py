@@ -4,12 +4,18 @@ shared-memory, barrier, shuffle and special-function instructions in its SASS.
 
     python scripts/inspect_kernels.py samu                # every SAMU kernel at its launch configs
     python scripts/inspect_kernels.py rglru --width 2560  # RG-LRU kernels at D = 2560 (bw = 160)
+    python scripts/inspect_kernels.py --ptx-digest out.txt  # one hash per kernel configuration
+
+The digest compiles every kernel of every backend (and the shared carry and reduction kernels)
+at widths 2048 and 2560 and hashes its PTX with debug line information removed: two trees whose
+digests are equal compile to the same code.
 
 A scan along the time axis whose layout keeps each channel's T tokens in one thread shows no
 LDS/STS/BAR/SHFL: that is the layout the kernels aim for (docs/PERFORMANCE.md)."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import inspect
 import os
 import re
@@ -40,13 +46,53 @@ def signature(fn, constexprs):
     return sig
 
 
-def compile_stats(fn, constexprs, num_warps, specialized_ints=("L", "D", "NC", "BW")):
+def compile_for_h200(fn, constexprs, num_warps, specialized_ints=("L", "D", "NC", "BW")):
     sig = signature(fn, constexprs)
     names = list(sig)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n].startswith("*") or n in specialized_ints}
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def ptx_without_debug_lines(ptx: str) -> str:
+    """PTX with .loc/.file lines and DWARF sections removed: they name source files and lines,
+    which move when code moves without the kernel changing."""
+    ptx = re.sub(r"^\s*\.section\s+\.debug_\w+\s*\{.*?^\s*\}", "", ptx, flags=re.S | re.M)
+    return "\n".join(line for line in ptx.splitlines()
+                     if not re.match(r"\s*\.(loc|file)\b", line))
+
+
+def configurations():
+    """(label, kernel, constexprs, warps) of every kernel configuration the backends launch."""
+    from samu import scan_kernels
+    for width in (2048, 2560):
+        for module in (kernels_samu, kernels_rglru):
+            for name in module.BACKENDS:
+                for kernel, constexprs, warps in module.launch_plan(name, width):
+                    yield f"{width} {name}", kernel, constexprs, warps
+    for reverse in (False, True):
+        for scalar in (False, True):
+            for mode in (0, 1, 2):
+                yield ("carry", scan_kernels.chunk_carry_kernel,
+                       dict(REVERSE=reverse, SCALAR_DECAY=scalar, MODE=mode, BLOCK_C=64,
+                            BLOCK_D=32), 4)
+    yield "sum_partials", scan_kernels.sum_partials_kernel, dict(BLOCK_P=128, BLOCK_N=32), 4
+
+
+def ptx_digest(path: str) -> None:
+    lines = []
+    for label, kernel, constexprs, warps in configurations():
+        ptx = ptx_without_debug_lines(compile_for_h200(kernel, constexprs, warps).asm["ptx"])
+        digest = hashlib.sha256(ptx.encode()).hexdigest()[:16]
+        lines.append(f"{digest} {label} {kernel.fn.__name__} warps={warps} {constexprs}")
+        print(lines[-1], flush=True)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def compile_stats(fn, constexprs, num_warps, specialized_ints=("L", "D", "NC", "BW")):
+    kernel = compile_for_h200(fn, constexprs, num_warps, specialized_ints)
     with tempfile.TemporaryDirectory() as tmp:
         ptx = os.path.join(tmp, "k.ptx")
         cubin = os.path.join(tmp, "k.cubin")
@@ -65,10 +111,17 @@ def compile_stats(fn, constexprs, num_warps, specialized_ints=("L", "D", "NC", "
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mixer", choices=("samu", "rglru"))
+    parser.add_argument("mixer", nargs="?", choices=("samu", "rglru"))
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--layouts", action="store_true", help="print the TTGIR layouts too")
+    parser.add_argument("--ptx-digest", metavar="FILE", help="write one PTX hash per kernel "
+                        "configuration to FILE")
     args = parser.parse_args()
+    if args.ptx_digest:
+        ptx_digest(args.ptx_digest)
+        return
+    if args.mixer is None:
+        parser.error("name a mixer, or pass --ptx-digest FILE")
     module = kernels_samu if args.mixer == "samu" else kernels_rglru
     for name, backend in module.BACKENDS.items():
         for kernel, constexprs, warps in module.launch_plan(name, args.width):

@@ -1,7 +1,13 @@
+import copy
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from samu import backends
+from samu import _runtime, backends, paths, schema
 
 
 def test_every_backend_is_explained():
@@ -20,40 +26,192 @@ def test_unknown_word_is_refused():
 
 
 def test_auto_without_cuda(monkeypatch):
+    # The flag is read once at import (the kernels are built for it); patch it, not the env.
     x = torch.randn(1, 4, 16)
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(_runtime, "INTERPRETING", False)
     assert backends.resolve("samu", x).name == "reference_chunked"
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(_runtime, "INTERPRETING", True)
     assert backends.resolve("samu", x).name == backends.DEFAULTS["samu"]
     assert backends.resolve("rglru", x.double()).name == "reference_chunked"
 
 
 def test_triton_backend_refuses_what_it_cannot_run(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(_runtime, "INTERPRETING", False)
     with pytest.raises(RuntimeError, match="needs a CUDA tensor"):
         backends.resolve("samu", torch.randn(1, 4, 16), backends.DEFAULTS["samu"])
     with pytest.raises(TypeError, match="not float64"):
         backends.resolve("samu", torch.randn(1, 4, 16).double(), backends.DEFAULTS["samu"])
 
 
+def test_triton_interpret_changed_after_import_is_refused(monkeypatch):
+    flipped = "0" if _runtime.TRITON_INTERPRET_AT_IMPORT == "1" else "1"
+    monkeypatch.setenv("TRITON_INTERPRET", flipped)
+    x = torch.randn(1, 4, 16)
+    for backend in ("auto", backends.DEFAULTS["samu"]):
+        with pytest.raises(RuntimeError, match="changed after samu was imported"):
+            backends.resolve("samu", x, backend)
+    # A reference backend asked for by name does not depend on the flag.
+    assert backends.resolve("samu", x, "reference_chunked").name == "reference_chunked"
+
+
+CHANGE_AFTER_IMPORT = """
+import os, torch, samu
+samu.SAMU(16)(torch.randn(1, 4, 16))
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    samu.SAMU(16)(torch.randn(1, 4, 16))
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}")
+else:
+    print("no error")
+"""
+
+
+def test_triton_interpret_set_after_import_in_a_fresh_interpreter():
+    # Before the flag was read once, this ran the kernels outside the interpreter on CPU
+    # tensors: "AssertionError: Torch not compiled with CUDA enabled".
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", CHANGE_AFTER_IMPORT], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=paths.REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.strip()
+    assert out.startswith("RuntimeError: TRITON_INTERPRET was changed after samu was imported")
+    assert "before `import samu`" in out and "restart" in out
+
+
+def _calibration_doc() -> dict:
+    chunk8, chunk16 = "fused_controller_hierarchical_chunk8", "fused_controller_hierarchical_chunk16"
+    return {"gpu": "Test GPU", "environment": {}, "shapes": {"1x8x16": {
+        "samu": {"ranking": [chunk8, chunk16], "chosen": chunk8,
+                 "backends": [{"backend": chunk8, "legal": True},
+                              {"backend": chunk16, "legal": True},
+                              {"backend": "reference_chunked", "legal": False}]},
+        "rglru": {"ranking": [], "chosen": None, "backends": []}}}}
+
+
+def _write(doc, slug="test-gpu"):
+    schema.write_json_atomic(paths.calibration_file(slug), doc, kind=None)
+    backends.forget_calibration()
+
+
 def test_calibrated_choice_is_read(tmp_path, monkeypatch):
-    from samu import paths, schema
     monkeypatch.setattr(paths, "DATA", tmp_path)
-    doc = {"gpu": "Test GPU", "environment": {}, "shapes": {"1x8x16": {"samu": {
-        "ranking": ["fused_controller_hierarchical_chunk32"],
-        "chosen": "fused_controller_hierarchical_chunk32", "backends": []}}}}
-    schema.write_json_atomic(paths.calibration_file("test-gpu"), doc, kind="calibration")
+    doc = _calibration_doc()
+    _write(doc)
     assert backends.calibrated_choice("samu", (1, 8, 16), "test-gpu") == \
-        "fused_controller_hierarchical_chunk32"
+        "fused_controller_hierarchical_chunk8"
     assert backends.calibrated_choice("samu", (1, 9, 16), "test-gpu") is None
-    assert backends.calibrated_choice("rglru", (1, 8, 16), "test-gpu") is None
+    assert backends.calibrated_choice("rglru", (1, 8, 16), "test-gpu") is None  # chosen: null
     # A rewritten file is picked up once its writer calls forget_calibration (merge_calibration
     # does) or once RECHECK_SECONDS passed.
-    doc["shapes"]["1x8x16"]["samu"]["chosen"] = "fused_controller_hierarchical_chunk8"
+    doc["shapes"]["1x8x16"]["samu"]["chosen"] = "fused_controller_hierarchical_chunk16"
     schema.write_json_atomic(paths.calibration_file("test-gpu"), doc, kind="calibration")
     monkeypatch.setattr(backends, "RECHECK_SECONDS", 0.0)
     assert backends.calibrated_choice("samu", (1, 8, 16), "test-gpu") == \
+        "fused_controller_hierarchical_chunk16"
+
+
+def _samu_entry(doc):
+    return doc["shapes"]["1x8x16"]["samu"]
+
+
+def _set(field, value):
+    def mutate(doc):
+        _samu_entry(doc)[field] = value
+    return mutate
+
+
+def _mark_illegal(doc):
+    _samu_entry(doc)["backends"][0]["legal"] = False
+
+
+def _unlist_chosen(doc):
+    del _samu_entry(doc)["backends"][0]
+
+
+def _rename_shape(key):
+    def mutate(doc):
+        doc["shapes"][key] = doc["shapes"].pop("1x8x16")
+    return mutate
+
+
+def _add_shape(key):
+    def mutate(doc):
+        doc["shapes"][key] = copy.deepcopy(doc["shapes"]["1x8x16"])
+    return mutate
+
+
+def _add_mixer(doc):
+    doc["shapes"]["1x8x16"]["mamba"] = copy.deepcopy(_samu_entry(doc))
+
+
+def _unknown_in_backends(doc):
+    _samu_entry(doc)["backends"].append({"backend": "fused_warp", "legal": False})
+
+
+# (how the file is broken, what the message must name besides the file)
+BROKEN = {
+    "unknown chosen": (_set("chosen", "bogus_backend"),
+                       ["shape 1x8x16", "mixer samu", "'bogus_backend' is not a registered"]),
+    "empty chosen": (_set("chosen", ""), ["shape 1x8x16", "mixer samu",
+                                          "chosen '' is not a registered"]),
+    "reference chosen": (_set("chosen", "reference_sequential"),
+                         ["shape 1x8x16", "mixer samu", "is a reference backend"]),
+    "illegal chosen": (_mark_illegal, ["shape 1x8x16", "mixer samu", "records it as illegal"]),
+    "unrecorded chosen": (_unlist_chosen, ["shape 1x8x16", "mixer samu",
+                                           "does not record it"]),
+    "letters in a shape key": (_add_shape("axbxc"), ["shape key 'axbxc'"]),
+    "underscore in a shape key": (_rename_shape("1x1_6x16"), ["shape key '1x1_6x16'"]),
+    "zero in a shape key": (_rename_shape("0x8x16"), ["shape key '0x8x16'"]),
+    "two dimensions": (_rename_shape("8x16"), ["shape key '8x16'"]),
+    "unknown mixer": (_add_mixer, ["shape 1x8x16", "mixer mamba", "unknown mixer"]),
+    "unknown name in backends": (_unknown_in_backends,
+                                 ["mixer samu", "backends[3].backend 'fused_warp'"]),
+    "no backends list": (lambda doc: _samu_entry(doc).pop("backends"),
+                         ["mixer samu", "lacks 'backends'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_broken_calibration_file_is_refused_naming_file_and_entry(tmp_path, monkeypatch, case):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    mutate, wanted = BROKEN[case]
+    doc = _calibration_doc()
+    mutate(doc)
+    _write(doc)
+    with pytest.raises(backends.CalibrationFileError) as info:
+        backends.calibrated_choice("samu", (1, 8, 16), "test-gpu")
+    assert isinstance(info.value, ValueError)
+    message = str(info.value)
+    assert str(paths.calibration_file("test-gpu")) in message
+    for part in wanted:
+        assert part in message
+
+
+def test_truncated_calibration_file_is_refused_then_reread_once_fixed(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    path = paths.calibration_file("test-gpu")
+    path.parent.mkdir(parents=True)
+    text = json.dumps(_calibration_doc(), indent=2)
+    path.write_text(text[: len(text) // 2])
+    backends.forget_calibration()
+    with pytest.raises(backends.CalibrationFileError, match="not valid JSON") as info:
+        backends.calibrated_choice("samu", (1, 8, 16), "test-gpu")
+    assert str(path) in str(info.value)
+    # A refused file is not cached: the fixed file is read on the next look-up.
+    path.write_text(text)
+    monkeypatch.setattr(backends, "RECHECK_SECONDS", 0.0)
+    assert backends.calibrated_choice("samu", (1, 8, 16), "test-gpu") == \
         "fused_controller_hierarchical_chunk8"
+
+
+def test_committed_calibration_files_pass_the_checks():
+    files = sorted((paths.REPO_ROOT / "data" / "calibration").glob("*.json"))
+    assert files
+    for path in files:
+        choices = backends.check_calibration(schema.read_json(path), path)
+        assert choices and all(c is None or backends.REGISTRY[m][c].kind == "triton"
+                               for (m, _), c in choices.items())
 
 
 def test_gpu_slug():

@@ -1,9 +1,11 @@
+import json
 import math
+import multiprocessing
 
 import pytest
 import torch
 
-from samu import backends, calibration, paths, schema
+from samu import _runtime, backends, calibration, calibration_file, paths, schema
 
 
 def test_inputs_are_deterministic():
@@ -38,7 +40,7 @@ def _fake(monkeypatch, run):
 def test_inaccurate_backend_is_illegal(monkeypatch):
     reference = backends.REGISTRY["samu"]["reference_chunked"].run
     name = _fake(monkeypatch, lambda x, *p: reference(x, *p) * 1.01)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(_runtime, "INTERPRETING", True)
     entry = calibration.check_legality("samu", name, (1, 6, 16), "cpu")
     assert not entry["legal"]
     assert entry["reason"].startswith("y:") and "x:" in entry["reason"]
@@ -48,7 +50,7 @@ def test_failing_backend_is_illegal_not_fatal(monkeypatch):
     def broken(x, *p):
         raise RuntimeError("no kernel for this GPU")
     name = _fake(monkeypatch, broken)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(_runtime, "INTERPRETING", True)
     entry = calibration.check_legality("samu", name, (1, 6, 16), "cpu")
     assert not entry["legal"] and "no kernel for this GPU" in entry["reason"]
 
@@ -64,3 +66,78 @@ def test_calibrate_and_merge(tmp_path, monkeypatch):
     doc = schema.read_json(paths.calibration_file("test-gpu"))
     schema.validate(doc, "calibration")
     assert backends.calibrated_choice("samu", (1, 8, 16), "test-gpu") == name
+
+
+def _legal_result(name=None) -> dict:
+    name = name or backends.DEFAULTS["samu"]
+    return {"samu": {"ranking": [name], "chosen": name,
+                     "backends": [{"backend": name, "legal": True}]}}
+
+
+def _merge_shapes(data_dir, first_length, count, barrier):
+    """One writer process: ``count`` merges of distinct shapes into the shared file."""
+    paths.DATA = data_dir  # this process's own module state
+    barrier.wait()  # start together, so the read-modify-writes overlap
+    for length in range(first_length, first_length + count):
+        calibration.merge_calibration("test-gpu", (1, length, 16), _legal_result(),
+                                      {"gpu": "Test GPU"})
+
+
+def test_concurrent_merges_lose_nothing(tmp_path):
+    writers, merges = 2, 40
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(writers)
+    procs = [ctx.Process(target=_merge_shapes, args=(tmp_path, 1 + k * merges, merges, barrier))
+             for k in range(writers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    doc = schema.read_json(tmp_path / "calibration" / "test-gpu.json")
+    assert sorted(doc["shapes"]) == sorted(backends.shape_key((1, n, 16))
+                                           for n in range(1, 1 + writers * merges))
+    lock = calibration_file.lock_path(tmp_path / "calibration" / "test-gpu.json")
+    assert sorted(p.name for p in (tmp_path / "calibration").iterdir()) == [lock.name,
+                                                                           "test-gpu.json"]
+
+
+def test_merge_into_a_given_path(tmp_path):
+    path = tmp_path / "elsewhere" / "gpu.json"
+    calibration.merge_calibration("unused-slug", (1, 8, 16), _legal_result(), {"gpu": "G"},
+                                  path=path)
+    calibration.merge_calibration("unused-slug", (1, 9, 16), _legal_result(), {"gpu": "G"},
+                                  path=path)
+    assert sorted(schema.read_json(path)["shapes"]) == ["1x8x16", "1x9x16"]
+    assert not paths.calibration_file("unused-slug").exists()
+
+
+@pytest.mark.parametrize("field", ["ranking", "chosen", "backends"])
+def test_merge_refuses_unregistered_names_and_keeps_the_file(tmp_path, field):
+    path = tmp_path / "gpu.json"
+    calibration.merge_calibration("g", (1, 8, 16), _legal_result(), {"gpu": "G"}, path=path)
+    before = path.read_bytes()
+    bad = _legal_result()
+    entry = bad["samu"]
+    if field == "ranking":
+        entry["ranking"] = ["bogus_backend"]
+    elif field == "chosen":
+        entry["chosen"] = "bogus_backend"
+    else:
+        entry["backends"].append({"backend": "bogus_backend", "legal": False})
+    with pytest.raises(backends.CalibrationFileError) as info:
+        calibration.merge_calibration("g", (1, 9, 16), bad, {"gpu": "G"}, path=path)
+    message = str(info.value)
+    assert str(path) in message and "1x9x16" in message and "samu" in message
+    assert "'bogus_backend' is not a registered backend of samu" in message
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".gpu.json.lock", "gpu.json"]
+
+
+def test_merge_refuses_to_build_on_a_broken_file(tmp_path):
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"gpu": "G", "environment": {}, "shapes": {"axbxc": {}}}))
+    before = path.read_bytes()
+    with pytest.raises(backends.CalibrationFileError, match="shape key 'axbxc'"):
+        calibration.merge_calibration("g", (1, 9, 16), _legal_result(), {"gpu": "G"}, path=path)
+    assert path.read_bytes() == before

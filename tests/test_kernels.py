@@ -5,9 +5,10 @@ import torch
 import triton
 import triton.language as tl
 
+import samu
 from samu import backends, calibration
 from samu.mixers import FUNCTIONS, PARAMETER_NAMES
-from samu.scan_kernels import row_offsets
+from samu.scan_kernels import row_offsets, softplus
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -188,3 +189,118 @@ def test_host_helpers_match_triton():
     assert rows_of(spent, 3, 12).data_ptr() == spent.data_ptr()  # fits: reused, no allocation
     assert rows_of(spent, 5, 12).shape == (5, 12)                 # too small: a new buffer
     assert rows_of(spent, 5, 12).data_ptr() != spent.data_ptr()
+
+
+# Slow decay (a near 1: softplus(a_param) of 1e-13 at -30) and fast decay (a near 0); training
+# drives a_param to both ends, initialisation stays in between.
+EXTREME_A_PARAM = [-30.0, -17.0, -12.0, -8.0, 10.0, 30.0]
+EXTREME_CASES = [(m, n, a) for m in ("samu", "rglru") for n in _triton(m) for a in EXTREME_A_PARAM]
+
+
+def _inputs_with(mixer, backend, a_param_value, seed=7):
+    """A small shape over two chunks, every channel at one a_param value; RG-LRU with 2 heads
+    (bw = 16) keeps the interpreter quick."""
+    width = 32
+    module = samu.RGLRU(width, num_heads=2) if mixer == "rglru" else samu.SAMU(width)
+    gen = torch.Generator().manual_seed(seed)
+    module.reset_parameters(generator=gen)
+    params = {n: p.detach().to(DEVICE) for n, p in module.named_parameters()}
+    params["a_param"] = torch.full_like(params["a_param"], a_param_value)
+    length = _chunk(backend) + 5
+    x = torch.randn(1, length, width, generator=gen).to(DEVICE, torch.bfloat16)
+    dy = torch.randn(1, length, width, generator=gen).to(DEVICE, torch.bfloat16)
+    return x, params, dy
+
+
+@pytest.mark.parametrize("mixer, backend, a_param_value", EXTREME_CASES)
+def test_backend_is_legal_at_extreme_decay(mixer, backend, a_param_value):
+    x, params, dy = _inputs_with(mixer, backend, a_param_value)
+    entry = calibration.check_legality(mixer, backend, inputs=(x, params, dy))
+    assert entry["legal"], entry["reason"]
+
+
+@triton.jit
+def _softplus_kernel(z_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, softplus(tl.load(z_ptr + i)))
+
+
+def test_softplus_is_exact_in_float32_over_the_whole_range():
+    # down to -87, where softplus(z) ~ e^z is still a normal FP32 number
+    z = torch.cat([torch.linspace(-87, 100, 1001), torch.tensor([-17.0, -12.0, 0.0, 1e-3])])
+    n = triton.next_power_of_2(z.numel())
+    z = torch.cat([z, torch.zeros(n - z.numel())]).to(DEVICE)
+    out = torch.empty_like(z)
+    _softplus_kernel[(1,)](z, out, N=n)
+    want = torch.nn.functional.softplus(z.double().cpu(), threshold=1000)
+    relative = ((out.double().cpu() - want).abs() / want).max().item()
+    assert relative < 1e-6, relative
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_double_backward_is_refused(mixer):
+    """A gradient penalty through a Triton backend must not silently drop second-order terms."""
+    x, params, dy = _inputs_with(mixer, backends.DEFAULTS[mixer], 0.5)
+    xg = x.detach().clone().requires_grad_()
+    ps = [p.detach().clone().requires_grad_() for p in params.values()]
+    y = FUNCTIONS[mixer](xg, *ps, backend=backends.DEFAULTS[mixer])
+    with pytest.raises(RuntimeError, match="do not support double backward"):
+        torch.autograd.grad(y, xg, dy, create_graph=True)
+    (gx,) = torch.autograd.grad(y, xg, dy)  # first order still works
+    assert torch.isfinite(gx).all()
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_input_propagates_as_in_the_reference(mixer, bad):
+    """A NaN or inf in x spoils y from its token on, and no earlier token: as in the reference."""
+    backend = backends.DEFAULTS[mixer]
+    x, params, dy = _inputs_with(mixer, backend, 0.5)
+    x[0, 9, 3] = bad
+    got = calibration.outputs(mixer, backend, x, params, dy)
+    want = calibration.outputs(mixer, "reference_chunked", x.cpu(),
+                               {n: p.cpu() for n, p in params.items()}, dy.cpu())
+    spoiled = ~torch.isfinite(got["y"].float().cpu())
+    assert not spoiled[0, :9].any()
+    assert spoiled[0, 9:].any()
+    assert torch.equal(spoiled, ~torch.isfinite(want["y"].float()))
+    for name in got:
+        assert torch.equal(~torch.isfinite(got[name].float().cpu()),
+                           ~torch.isfinite(want[name].float())), name
+
+
+def test_launcher_caches_nothing_when_no_kernel_was_compiled():
+    """A traced call (dynamo) returns no compiled kernel: caching that None broke every later
+    eager call.  The next call must compile again and be cached then."""
+    from samu.scan_kernels import Launcher
+
+    class Compiled:
+        def __init__(self):
+            self.calls = []
+
+        def __getitem__(self, grid):
+            return lambda *args: self.calls.append((grid, args))
+
+    class FakeKernel:
+        arg_names = ["x", "n", "BLOCK"]
+
+        def __init__(self):
+            self.returns = [None, Compiled()]
+            self.jit_calls = 0
+
+        def __getitem__(self, grid):
+            def run(*args, **meta):
+                self.jit_calls += 1
+                return self.returns.pop(0) if self.returns else None
+            return run
+
+    kernel = FakeKernel()
+    launch = Launcher(interpreting=False, device_index=lambda: 0)
+    t = torch.zeros(4)
+    launch(kernel, (2,), t, 4, BLOCK=16)   # traced: nothing compiled
+    assert not launch.compiled
+    launch(kernel, (2,), t, 4, BLOCK=16)   # eager: compiles, cached
+    compiled = next(iter(launch.compiled.values()))[0]
+    launch(kernel, (3,), t, 4, BLOCK=16)   # replayed through the compiled launcher
+    assert kernel.jit_calls == 2
+    assert compiled.calls == [((3, 1, 1), (t, 4, 16))]

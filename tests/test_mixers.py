@@ -1,6 +1,7 @@
 """Modules and functional forms: names, shapes, footprints, autocast policy, clear errors."""
 import pytest
 import torch
+import torch._dynamo
 
 import samu
 from samu.mixers import PARAMETER_NAMES, parameter_count
@@ -112,3 +113,67 @@ def test_parameter_on_other_device_refused():
     with pytest.raises(ValueError, match="ctrl_weight is on meta"):
         samu.samu(torch.randn(1, 2, 16), m.ctrl_weight.to("meta"), m.ctrl_bias, m.a_param,
                   m.log_temp, m.skip)
+
+
+@pytest.mark.parametrize("make, error, words", [
+    (lambda: samu.RGLRU(2048, num_heads=0), ValueError,
+     "rglru: num_heads must be a positive integer dividing width 2048, got 0"),
+    (lambda: samu.RGLRU(2048, num_heads=-16), ValueError,
+     "rglru: num_heads must be a positive integer dividing width 2048, got -16"),
+    (lambda: samu.RGLRU(32, num_heads=2.0), TypeError, "rglru: num_heads must be a positive"),
+    (lambda: samu.RGLRU(32, num_heads=True), TypeError, "rglru: num_heads .* got bool True"),
+    (lambda: samu.RGLRU(True, num_heads=1), TypeError, "rglru: width .* got bool True"),
+    (lambda: samu.SAMU(True), TypeError, "samu: width .* got bool True"),
+    (lambda: samu.SAMU(16.0), TypeError, "samu: width must be a positive integer"),
+    (lambda: samu.SAMU(0), ValueError, "samu: width must be a positive integer, got 0"),
+])
+def test_bad_sizes_are_refused_clearly(make, error, words):
+    with pytest.raises(error, match=words):
+        make()
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_non_tensor_parameter_is_refused_by_name(mixer):
+    m = samu.mixers.MODULES[mixer](16, backend="reference_chunked")
+    params = dict(m.named_parameters())
+    for name in PARAMETER_NAMES[mixer]:
+        bad = dict(params, **{name: params[name].reshape(-1).tolist()})
+        with pytest.raises(TypeError, match=f"^{mixer}: {name} must be a torch.Tensor, got list$"):
+            samu.mixers.FUNCTIONS[mixer](torch.randn(1, 3, 16), **bad)
+        # a bad x as well: the parameter, checked first, is named
+        with pytest.raises(TypeError, match=f"{mixer}: {name} must be a torch.Tensor"):
+            samu.mixers.FUNCTIONS[mixer]([[1.0]], **bad)
+
+
+def test_torch_compile_fails_cleanly_and_leaves_eager_intact():
+    """Dynamo must not trace into the library: fullgraph=True raises at the mixer's call, and
+    eager calls afterwards, of these modules and of fresh ones, still give the right values."""
+    build = dict(samu=lambda **kw: samu.SAMU(16, **kw),
+                 rglru=lambda **kw: samu.RGLRU(32, num_heads=2, **kw))
+    torch.manual_seed(0)
+    modules = {mixer: make() for mixer, make in build.items()}
+    inputs = dict(samu=torch.randn(1, 4, 16), rglru=torch.randn(1, 4, 32))
+
+    def like(mixer, **kw):  # a fresh module with the same parameters
+        m = build[mixer](**kw)
+        m.load_state_dict(modules[mixer].state_dict())
+        return m
+
+    def f(a, b):
+        return modules["samu"](a * 2) + 1, modules["rglru"](b) * 3
+
+    try:
+        with torch.no_grad():
+            expected = {k: like(k, backend="reference_chunked")(inputs[k]) for k in modules}
+            with pytest.raises(torch._dynamo.exc.Unsupported,
+                               match=r"(?s)torch.compiler.disable.*not custom ops"):
+                torch.compile(f, fullgraph=True)(inputs["samu"], inputs["rglru"])
+            for mixer, m in modules.items():
+                for module in (m, like(mixer)):
+                    assert torch.allclose(module(inputs[mixer]), expected[mixer], atol=1e-5)
+            # Without fullgraph the graph breaks at each mixer, which runs eagerly.
+            got = torch.compile(f)(inputs["samu"], inputs["rglru"])
+            want = f(inputs["samu"], inputs["rglru"])
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+    finally:
+        torch._dynamo.reset()

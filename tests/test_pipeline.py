@@ -1,6 +1,12 @@
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from samu import pipeline
+from samu import paths, pipeline
 
 
 def test_parse_shape():
@@ -8,3 +14,71 @@ def test_parse_shape():
     for bad in ("4x2048", "ax1x2", "0x4x16"):
         with pytest.raises(SystemExit, match="bad shape"):
             pipeline.parse_shape(bad)
+
+
+def test_parse_shape_takes_ascii_digits_only():
+    assert pipeline.parse_shape("1X16x16") == (1, 16, 16)
+    for bad in ("1_6x16x16", " 1x16x16", "1x16x16\n", "+1x16x16", "1x16x\u0661\u0666", "1x16x16x"):
+        with pytest.raises(SystemExit, match="bad shape"):
+            pipeline.parse_shape(bad)
+
+
+def test_parse_shapes_splits_each_argument_on_whitespace():
+    assert pipeline.parse_shapes(["4x2048x2048 1x8192x2560", "1x16x16"]) == [
+        (4, 2048, 2048), (1, 8192, 2560), (1, 16, 16)]
+    assert pipeline.parse_shapes([""]) == pipeline.parse_shapes(None) == []
+
+
+def test_notebooks_inherit_the_absolute_data_dir(tmp_path, monkeypatch):
+    """paths.DATA was made absolute at import; the kernels, started in notebooks/, must get the
+    same folder, not the relative text the user gave."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SAMU_DATA_DIR", "reldata")
+    monkeypatch.setattr(paths, "DATA", tmp_path / "reldata")  # what the import made of it
+    assert pipeline.export_data_dir() == os.environ["SAMU_DATA_DIR"] == str(tmp_path / "reldata")
+
+    monkeypatch.setenv("SAMU_DATA_DIR", "reldata")
+    calls = []
+
+    def fake_run_notebook(name, out_dir, parameters):
+        calls.append((name, os.environ["SAMU_DATA_DIR"], out_dir, parameters))
+        if name == "04_report":
+            raise RuntimeError("stop before the report")  # main then reports failure
+
+    monkeypatch.setattr(pipeline, "run_notebook", fake_run_notebook)
+    assert pipeline.main(["--shapes", "4x2048x2048 1x8192x2560"]) == 1
+    assert [c[0] for c in calls] == pipeline.PER_SHAPE * 2 + ["04_report"]
+    assert all(c[1] == str(tmp_path / "reldata") for c in calls)
+    assert all(Path(c[2]).is_relative_to(tmp_path / "reldata" / "runs") for c in calls)
+    assert [(c[3]["batch"], c[3]["length"], c[3]["width"]) for c in calls[::3][:2]] == [
+        (4, 2048, 2048), (1, 8192, 2560)]
+
+
+def _make(*args, python):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SHAPES")}
+    make = shutil.which("make")
+    assert make, "make is needed to test the Makefile"
+    return subprocess.run([make, "-s", "-C", str(paths.REPO_ROOT), "reproduce",
+                           f"PYTHON={python}", *args], env=env, capture_output=True, text=True)
+
+
+def test_make_passes_shapes_as_one_argument_the_shell_never_parses(tmp_path):
+    fake = tmp_path / "python"  # prints its arguments, one a line
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    fake.chmod(0o755)
+    hostile = f"bad;touch {tmp_path}/a $(shell touch {tmp_path}/b) `touch {tmp_path}/c` *"
+    for shapes, expected in ((hostile, hostile), (None, ""),
+                             ("4x2048x2048 1x8192x2560", "4x2048x2048 1x8192x2560")):
+        out = _make(*([f"SHAPES={shapes}"] if shapes is not None else []), python=fake)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split("\n")[:4] == ["-m", "samu.pipeline", "--shapes", expected]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["python"]
+
+
+def test_make_reproduce_fails_on_a_bad_shape(tmp_path):
+    marker = tmp_path / "marker"
+    out = _make(f"SHAPES=bad;touch {marker}", python=sys.executable)
+    assert out.returncode != 0
+    assert "bad shape 'bad;touch'" in out.stderr
+    assert not marker.exists()

@@ -35,3 +35,27 @@ def test_combine_without_results_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "DATA", tmp_path)
     with pytest.raises(FileNotFoundError, match="run notebook 03"):
         report.combine("nothing-here")
+
+
+def test_failed_figure_save_leaves_old_figure_and_no_temporary(tmp_path, monkeypatch):
+    import matplotlib.figure
+    import matplotlib.pyplot as plt
+
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    folder = paths.figures_dir()
+    folder.mkdir(parents=True)
+    old = folder / "test-gpu_time.png"
+    old.write_bytes(b"the previous figure")
+
+    def write_half_then_fail(self, fname, *args, **kwargs):
+        with open(fname, "wb") as f:
+            f.write(b"\x89PNG half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", write_half_then_fail)
+    seed = report.frame(report.seed_document(), "seed")
+    with pytest.raises(OSError, match="disk full"):
+        report.draw_figures(seed, seed, "test-gpu")
+    assert [p.name for p in folder.iterdir()] == [old.name]
+    assert old.read_bytes() == b"the previous figure"
+    assert plt.get_fignums() == []  # the failed figure is closed too

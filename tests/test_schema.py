@@ -1,5 +1,8 @@
 import copy
 import json
+import os
+import stat
+import subprocess
 
 import jsonschema
 import pytest
@@ -59,3 +62,56 @@ def test_atomic_write_leaves_old_file_on_failure(seed, tmp_path):
 def test_non_finite_numbers_stay_valid_json(tmp_path):
     path = schema.write_json_atomic(tmp_path / "c.json", {"x": float("inf")}, kind=None)
     assert json.loads(path.read_text()) == {"x": "inf"}
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o664, 0o640])
+def test_rewrite_keeps_the_file_mode(tmp_path, mode):
+    path = schema.write_json_atomic(tmp_path / "c.json", {"x": 1}, kind=None)
+    os.chmod(path, mode)
+    schema.write_json_atomic(path, {"x": 2}, kind=None)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert json.loads(path.read_text()) == {"x": 2}
+
+
+def test_new_file_is_world_readable(tmp_path):
+    path = schema.write_json_atomic(tmp_path / "new.json", {"x": 1}, kind=None)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_exception_inside_the_write_leaves_old_file_and_no_temporary(tmp_path):
+    path = schema.write_json_atomic(tmp_path / "c.json", {"x": 1}, kind=None)
+    before = path.read_text()
+    seen = []
+
+    def write_half_then_fail(tmp):
+        seen.append(tmp)
+        tmp.write_text('{"x": ')
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        schema.atomic_write(path, write_half_then_fail)
+    assert seen and seen[0].parent == path.parent
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["c.json"]
+    with pytest.raises(TypeError):  # json.dump fails part-way through
+        schema.write_json_atomic(path, {"a": 1, "b": object()}, kind=None)
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["c.json"]
+
+
+def test_temporaries_and_locks_are_git_ignored(tmp_path):
+    from samu import calibration_file
+    names = []
+    schema.atomic_write(tmp_path / "1x8x16.json", lambda tmp: (names.append(tmp.name),
+                                                               tmp.write_text("{}")))
+    (temporary,) = names
+    assert temporary.startswith(".1x8x16.json.") and temporary.endswith(".tmp")
+    data = paths.REPO_ROOT / "data"
+    candidates = [data / "results" / "nvidia-h200" / temporary,
+                  data / "calibration" / temporary.replace("1x8x16", "nvidia-h200"),
+                  data / "figures" / temporary.replace("1x8x16.json", "nvidia-h200_time.png"),
+                  calibration_file.lock_path(data / "calibration" / "nvidia-h200.json")]
+    relative = [str(p.relative_to(paths.REPO_ROOT)) for p in candidates]
+    done = subprocess.run(["git", "check-ignore", "--no-index", *relative],
+                          cwd=paths.REPO_ROOT, capture_output=True, text=True)
+    assert done.stdout.split() == relative, done.stderr

@@ -1,0 +1,23 @@
+"""Process-wide settings read once, when samu is imported.
+
+Triton's @jit decides at decoration whether a kernel runs under its interpreter, so the kernels
+and the dispatch in backends.py must agree on one value read at one time: this one.
+"""
+from __future__ import annotations
+
+import os
+
+TRITON_INTERPRET_AT_IMPORT = os.environ.get("TRITON_INTERPRET", "0")
+INTERPRETING = TRITON_INTERPRET_AT_IMPORT == "1"
+
+
+def check_interpret_unchanged() -> None:
+    """Raise when TRITON_INTERPRET now says otherwise than at import: the kernels were built for
+    the old value and cannot follow the new one."""
+    now = os.environ.get("TRITON_INTERPRET", "0")
+    if (now == "1") != (TRITON_INTERPRET_AT_IMPORT == "1"):
+        raise RuntimeError(
+            f"TRITON_INTERPRET was changed after samu was imported (it was "
+            f"{TRITON_INTERPRET_AT_IMPORT!r} at import, it is {now!r} now); the kernels keep the "
+            "value they were imported with. Set TRITON_INTERPRET before `import samu` (restart "
+            "the interpreter or notebook kernel to change it).")
