@@ -33,7 +33,7 @@ test: $(SETUP)
 	rm -rf $(NBVAL_DATA)
 
 reproduce: $(SETUP)
-	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.pipeline --shapes "$$SHAPES"
+	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.pipeline --shapes "$$SHAPES"
 
 lab: $(SETUP)
 	$(PYTHON) -c "import jupyterlab" 2>/dev/null || $(PYTHON) -m pip install -q jupyterlab

@@ -9,12 +9,9 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 from pathlib import Path
 
-# As backends.shape_key writes it: ASCII digits, no sign, no leading zero, no "_" (int() takes
-# "1_6" and other scripts' digits).
-SHAPE_KEY = re.compile(r"[1-9][0-9]*x[1-9][0-9]*x[1-9][0-9]*")
+from .shapes import Shape
 
 
 class CalibrationFileError(ValueError):
@@ -54,12 +51,10 @@ def read(path) -> dict:
 
 
 def parse_shape_key(key, path) -> tuple[int, int, int]:
-    if not isinstance(key, str) or not SHAPE_KEY.fullmatch(key):
-        raise CalibrationFileError(f"{path}: shape key {key!r} is not BATCHxLENGTHxWIDTH in "
-                                   "positive integers (digits only, no leading zeros), e.g. "
-                                   "'4x2048x2048'")
-    batch, length, width = (int(v) for v in key.split("x"))
-    return batch, length, width
+    try:
+        return tuple(Shape.parse(key))
+    except ValueError as exc:
+        raise CalibrationFileError(f"{path}: shape key {key!r}: {exc}") from None
 
 
 def choices(doc, path, registry: dict) -> dict:

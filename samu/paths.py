@@ -9,7 +9,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # would name a different folder in each process (the pipeline exports this absolute path).
 _data = os.environ.get("SAMU_DATA_DIR") or REPO_ROOT / "data"  # empty counts as unset
 DATA = Path(os.path.abspath(os.path.expanduser(_data)))
-SEED_FILE = REPO_ROOT / "data" / "reference" / "000_cf73cb5e04ef014a.txt"
+PUBLISHED_H800_FILE = REPO_ROOT / "data" / "reference" / "h800_pcie_published_result.json"
 
 
 def calibration_file(slug: str) -> Path:

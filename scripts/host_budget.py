@@ -15,9 +15,12 @@ import time
 
 import torch
 
-from samu import calibration, kernels_rglru, kernels_samu, scan_kernels, timing
+from samu.experiment import legality, protocol
+from samu.ops.common import launching
+from samu.ops.rglru import chunk as rglru_chunk
+from samu.ops.samu import chunk as samu_chunk
 
-FUNCTIONS = {"samu": kernels_samu.SamuFunction, "rglru": kernels_rglru.RglruFunction}
+FUNCTIONS = {"samu": samu_chunk.SamuFunction, "rglru": rglru_chunk.RglruFunction}
 
 
 def wall_us(fn, n=200):
@@ -54,8 +57,8 @@ def main():
     shape = (1, args.length, args.width)
     print(f"shape {shape}; empty synchronise {wall_us(lambda: None):.1f} us")
     for mixer in ("samu", "rglru"):
-        inputs = calibration.make_inputs(mixer, shape, "cuda")
-        module = timing.build_module(mixer, args.width, "auto", "cuda")
+        inputs = legality.make_inputs(mixer, shape, "cuda")
+        module = protocol.build_module(mixer, args.width, "auto", "cuda")
         x = inputs[0].detach().requires_grad_()
         dy = inputs[2]
         params = [p for _, p in module.named_parameters()]
@@ -66,7 +69,7 @@ def main():
             Null.apply(x, *params).backward(dy)
 
         def protocol_fb():
-            timing._sample(module, x, dy, "forward_backward")
+            protocol.sample(module, x, dy, "forward_backward")
 
         def forward_only():
             with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
@@ -81,7 +84,7 @@ def main():
                                  "launches")}
         counts = []
         original = {"forward": function.forward, "backward": function.backward,
-                    "launch": scan_kernels.launch}
+                    "launch": launching.launch}
         launch_time = [0.0, 0]
 
         def timed(name, fn):
@@ -99,8 +102,7 @@ def main():
             launch_time[1] += 1
         function.forward = staticmethod(timed("forward body", original["forward"]))
         function.backward = staticmethod(timed("backward body", original["backward"]))
-        for mod in (scan_kernels, kernels_samu, kernels_rglru):
-            mod.launch = timed_launch
+        launching.launch = timed_launch
         try:
             for _ in range(110):
                 x.grad = None
@@ -119,20 +121,17 @@ def main():
         finally:
             function.forward = original["forward"]
             function.backward = original["backward"]
-            for mod in (scan_kernels, kernels_samu, kernels_rglru):
-                mod.launch = original["launch"]
+            launching.launch = original["launch"]
         median = {k: sorted(v[10:])[len(v[10:]) // 2] * 1e6 for k, v in spans.items()}
         breakdown = ", ".join(f"{k} {v:.0f} us" for k, v in median.items())
         # Every launch replaced by nothing: the Python around the launches.
-        original_launch = scan_kernels.launch
+        original_launch = launching.launch
         stub = lambda kernel, grid, *a, **k: None  # noqa: E731
-        for mod in (scan_kernels, kernels_samu, kernels_rglru):
-            mod.launch = stub
+        launching.launch = stub
         try:
             stubbed = wall_us(protocol_fb)
         finally:
-            for mod in (scan_kernels, kernels_samu, kernels_rglru):
-                mod.launch = original_launch
+            launching.launch = original_launch
         print(f"{mixer} ({module.last_backend}): protocol forward+backward {real:.0f} us, "
               f"no-grad forward {fwd:.0f} us, launches stubbed {stubbed:.0f} us, "
               f"null Function {wall_us(null_fb):.0f} us", flush=True)

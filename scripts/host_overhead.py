@@ -9,7 +9,8 @@ import time
 import torch
 import triton
 
-from samu import calibration, kernels_samu, timing
+from samu.experiment import legality, protocol
+from samu.ops.samu import chunk as samu_chunk
 
 
 def cpu_us(fn, n=200, synchronise_each=False):
@@ -38,10 +39,10 @@ g = torch.rand(B, L, device="cuda")
 h_in = torch.zeros(B, nc, D, device="cuda")
 p = torch.zeros(D, device="cuda")
 s = torch.zeros((), device="cuda")
-meta = kernels_samu.LAUNCH["output"].tile(D, T)
+meta = samu_chunk.LAUNCH["output"].tile(D, T)
 grid = (B * nc, triton.cdiv(D, meta["BD"]))
 args = (x, y, r, g, h_in, p, s, s, L, D, nc, D // meta["V"])
-kernel = kernels_samu._samu_output_kernel
+kernel = samu_chunk._samu_output_kernel
 compiled = kernel[grid](*args, T=T, **meta)
 full = [*args, T, meta["BD"], meta["V"]]
 print(f"{shape}: Triton launch via JIT {cpu_us(lambda: kernel[grid](*args, T=T, **meta)):.1f} us,"
@@ -50,8 +51,8 @@ print(f"torch.empty {cpu_us(lambda: torch.empty(B, nc, D, device='cuda')):.1f} u
       f"sum(0) {cpu_us(lambda: h_in.sum(0)):.1f} us, "
       f"float().contiguous() {cpu_us(lambda: p.float().contiguous()):.1f} us")
 for mixer in ("samu", "rglru"):
-    inputs = calibration.make_inputs(mixer, shape, "cuda")
-    backend = timing.build_module(mixer, D, "auto", "cuda")
+    inputs = legality.make_inputs(mixer, shape, "cuda")
+    backend = protocol.build_module(mixer, D, "auto", "cuda")
     xg = inputs[0].detach().requires_grad_()
     dy = inputs[2]
 
@@ -63,7 +64,7 @@ for mixer in ("samu", "rglru"):
         forward().backward(dy)
 
     forward_us = cpu_us(forward, 50)
-    gpu = timing.time_forward_backward(mixer, backend.last_backend, *inputs, reps=11)
+    gpu = protocol.time_forward_backward(mixer, backend.last_backend, *inputs, reps=11)
     print(f"{mixer} ({backend.last_backend}): CPU per forward {forward_us:.0f} us, "
           f"per forward+backward {cpu_us(forward_backward, 50):.0f} us; "
           f"event median forward+backward {sorted(gpu)[5] * 1e3:.0f} us")
@@ -71,8 +72,8 @@ for mixer in ("samu", "rglru"):
 # At a tiny length the GPU work is negligible, so a synchronised call's wall time is host time.
 for mixer in ("samu", "rglru"):
     tiny = (1, 128, D)
-    inputs = calibration.make_inputs(mixer, tiny, "cuda")
-    module = timing.build_module(mixer, D, "auto", "cuda")
+    inputs = legality.make_inputs(mixer, tiny, "cuda")
+    module = protocol.build_module(mixer, D, "auto", "cuda")
     xg = inputs[0].detach().requires_grad_()
 
     def fwd():
@@ -88,19 +89,19 @@ for mixer in ("samu", "rglru"):
     print(f"{tiny} {mixer} ({module.last_backend}): host wall per synchronised forward "
           f"{forward_wall:.0f} us, forward+backward {cpu_us(fwd_bwd, 100, True):.0f} us, "
           f"empty synchronise {cpu_us(lambda: None, 100, True):.0f} us, "
-          f"protocol sample {sorted(timing._sample(module, xg, inputs[2], 'forward_backward') for _ in range(21))[10] * 1e3:.0f} us")
+          f"protocol sample {sorted(protocol.sample(module, xg, inputs[2], 'forward_backward') for _ in range(21))[10] * 1e3:.0f} us")
 
 # The host functions that take the time, for the SAMU backend above.
 if "--profile" in sys.argv:
     from torch.profiler import ProfilerActivity, profile
-    inputs = calibration.make_inputs("samu", shape, "cuda")
-    module = timing.build_module("samu", D, "auto", "cuda")
+    inputs = legality.make_inputs("samu", shape, "cuda")
+    module = protocol.build_module("samu", D, "auto", "cuda")
     xg = inputs[0].detach().requires_grad_()
     for _ in range(3):
-        timing._sample(module, xg, inputs[2], "forward_backward")
+        protocol.sample(module, xg, inputs[2], "forward_backward")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(10):
-            timing._sample(module, xg, inputs[2], "forward_backward")
+            protocol.sample(module, xg, inputs[2], "forward_backward")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
 
 # The Python functions that take the host time (cProfile: every Python frame, unlike the above).
@@ -108,15 +109,15 @@ if "--cprofile" in sys.argv:
     import cProfile
     import pstats
     for mixer in ("samu", "rglru"):
-        inputs = calibration.make_inputs(mixer, shape, "cuda")
-        module = timing.build_module(mixer, D, "auto", "cuda")
+        inputs = legality.make_inputs(mixer, shape, "cuda")
+        module = protocol.build_module(mixer, D, "auto", "cuda")
         xg = inputs[0].detach().requires_grad_()
         for _ in range(3):
-            timing._sample(module, xg, inputs[2], "forward_backward")
+            protocol.sample(module, xg, inputs[2], "forward_backward")
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(50):
-            timing._sample(module, xg, inputs[2], "forward_backward")
+            protocol.sample(module, xg, inputs[2], "forward_backward")
         profiler.disable()
         print(f"--- {mixer}: cProfile of 50 protocol forward+backward samples")
         pstats.Stats(profiler).sort_stats("tottime").print_stats(22)
@@ -127,8 +128,8 @@ if "--backward" in sys.argv:
     import pstats
     for mixer in ("samu", "rglru"):
         tiny = (1, 128, D)
-        inputs = calibration.make_inputs(mixer, tiny, "cuda")
-        module = timing.build_module(mixer, D, "auto", "cuda")
+        inputs = legality.make_inputs(mixer, tiny, "cuda")
+        module = protocol.build_module(mixer, D, "auto", "cuda")
         xg = inputs[0].detach().requires_grad_()
         profiler = cProfile.Profile()
         wall = 0.0

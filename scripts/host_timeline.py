@@ -8,18 +8,18 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from samu import calibration, timing
+from samu.experiment import legality, protocol
 
 shape = tuple(map(int, next((a for a in sys.argv[1:] if "x" in a), "4x2048x2048").split("x")))
 mixer = next((a for a in sys.argv[1:] if a in ("samu", "rglru")), "samu")
-inputs = calibration.make_inputs(mixer, shape, "cuda")
-module = timing.build_module(mixer, shape[2], "auto", "cuda")
+inputs = legality.make_inputs(mixer, shape, "cuda")
+module = protocol.build_module(mixer, shape[2], "auto", "cuda")
 x = inputs[0].detach().requires_grad_()
 for _ in range(5):
-    timing._sample(module, x, inputs[2], "forward_backward")
+    protocol.sample(module, x, inputs[2], "forward_backward")
 torch.cuda.synchronize()
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-    event_ms = timing._sample(module, x, inputs[2], "forward_backward")
+    event_ms = protocol.sample(module, x, inputs[2], "forward_backward")
 events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
           or e.cpu_parent is None]
 t0 = min(e.time_range.start for e in events)

@@ -26,7 +26,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from samu import kernels_rglru, kernels_samu
+from samu.ops.rglru import chunk as rglru_chunk
+from samu.ops.samu import chunk as samu_chunk
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 SASS_OPS = ("LDG", "STG", "LDS", "STS", "BAR.SYNC", "SHFL", "MUFU", "HMMA", "HGMMA", "LDL", "STL")
@@ -65,19 +66,19 @@ def ptx_without_debug_lines(ptx: str) -> str:
 
 def configurations():
     """(label, kernel, constexprs, warps) of every kernel configuration the backends launch."""
-    from samu import scan_kernels
+    from samu.ops.common import carry, reduce
     for width in (2048, 2560):
-        for module in (kernels_samu, kernels_rglru):
+        for module in (samu_chunk, rglru_chunk):
             for name in module.BACKENDS:
                 for kernel, constexprs, warps in module.launch_plan(name, width):
                     yield f"{width} {name}", kernel, constexprs, warps
     for reverse in (False, True):
         for scalar in (False, True):
             for mode in (0, 1, 2):
-                yield ("carry", scan_kernels.chunk_carry_kernel,
+                yield ("carry", carry.chunk_carry_kernel,
                        dict(REVERSE=reverse, SCALAR_DECAY=scalar, MODE=mode, BLOCK_C=64,
                             BLOCK_D=32), 4)
-    yield "sum_partials", scan_kernels.sum_partials_kernel, dict(BLOCK_P=128, BLOCK_N=32), 4
+    yield "sum_partials", reduce.sum_partials_kernel, dict(BLOCK_P=128, BLOCK_N=32), 4
 
 
 def ptx_digest(path: str) -> None:
@@ -122,7 +123,7 @@ def main():
         return
     if args.mixer is None:
         parser.error("name a mixer, or pass --ptx-digest FILE")
-    module = kernels_samu if args.mixer == "samu" else kernels_rglru
+    module = samu_chunk if args.mixer == "samu" else rglru_chunk
     for name, backend in module.BACKENDS.items():
         for kernel, constexprs, warps in module.launch_plan(name, args.width):
             regs, spills, ops, layouts = compile_stats(kernel, constexprs, warps)

@@ -11,9 +11,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton's interpreter runs the kernels on a CPU
 import samu
-from samu import backends, calibration, paths, report, schema, timing
+from samu import backends, dispatch, paths
+from samu.experiment import calibration, legality, protocol, report, schema
 device = "cuda" if torch.cuda.is_available() else "cpu"
-slug = backends.gpu_slug()
+slug = dispatch.gpu_slug()
 shape = (batch, length, width)
 print(f"device {device} ({slug}); shape {shape}")'''
 
@@ -58,7 +59,7 @@ Every identity below is checked numerically in an `assert` cell, in float64.""")
     params("length = 200\nwidth = 32\nbatch = 2\nseed = 0"),
     code(SETUP + '''
 import pandas as pd
-from samu import backward, reference
+from samu.ops import BACKWARDS, REFERENCES, recurrence
 torch.manual_seed(seed)
 gen = torch.Generator().manual_seed(seed)
 a = torch.rand(batch, length, width, generator=gen, dtype=torch.float64)
@@ -69,7 +70,7 @@ $h_t=\sum_{s\le t}\Big(\prod_{s<r\le t}a_r\Big)u_s$. The sequential scan is the 
     code('''t = min(length, 12)
 explicit = torch.stack([sum(torch.prod(a[:, s + 1:k + 1], dim=1) * u[:, s] for s in range(k + 1))
                         for k in range(t)], dim=1)
-err = (reference.scan_sequential(a[:, :t], u[:, :t]) - explicit).abs().max().item()
+err = (recurrence.scan_sequential(a[:, :t], u[:, :t]) - explicit).abs().max().item()
 print(f"max |sequential - unrolled| = {err:.1e}")
 assert err < 1e-12'''),
     md(r"""## 2. Chunk and carry composition
@@ -80,17 +81,18 @@ which is associative, so any grouping of the tokens gives the same state. For a 
 $$h_t = \underbrace{h^{\text{local}}_t}_{\text{scan from }0} + \Big(\prod_{s\le t,\ s\in\text{chunk}} a_s\Big)\,h_\text{in}.$$
 
 Phase 1 computes every chunk's (decay, end state) alone; phase 2 scans those summaries (the same combine) to get each
-chunk's $h_\text{in}$; phase 3 rebuilds $h_t$. The kernels use this with chunks of 16-64 tokens."""),
+chunk's $h_\text{in}$; phase 3 rebuilds $h_t$. The kernels use this with chunks of 8-64 tokens
+(`samu.backends.describe()` lists them), and two levels of carry from 512 chunks on."""),
     code('''def compose(p, q):  # apply p then q: the kernels' affine_combine
     return p[0] * q[0], q[0] * p[1] + q[1]
 maps = [(a[:, i], u[:, i]) for i in range(3)]
 left = compose(compose(maps[0], maps[1]), maps[2])
 right = compose(maps[0], compose(maps[1], maps[2]))
 assert all(torch.allclose(l, r, rtol=1e-14) for l, r in zip(left, right))
-sequential = reference.scan_sequential(a, u)
+sequential = recurrence.scan_sequential(a, u)
 rows = []
-for chunk in (1, 3, 16, 64, reference.default_chunk(length)):
-    rel = ((reference.scan_chunked(a, u, chunk) - sequential).norm() / sequential.norm()).item()
+for chunk in (1, 3, 16, 64, recurrence.default_chunk(length)):
+    rel = ((recurrence.scan_chunked(a, u, chunk) - sequential).norm() / sequential.norm()).item()
     rows.append({"chunk": chunk, "relative error vs sequential": rel})
     assert rel < 1e-12
 pd.DataFrame(rows)'''),
@@ -100,7 +102,9 @@ With $\delta_t = \partial\mathcal L/\partial h_t$ the total gradient reaching $h
 
 $$\delta_t = \bar y_t + a_{t+1}\,\delta_{t+1}\quad(\delta_L=0),$$
 
-the same scan run backwards in time. Since $a_t h_{t-1} = h_t-u_t$, no shift or division is needed:
+the same scan run backwards in time. The gradient reaching $\log a_t$ needs $a_t h_{t-1}$, which equals $h_t-u_t$;
+the reference formulas use that difference, but the SAMU kernel forms the product $a_t h_{t-1}$ itself, because the
+difference cancels when $a_t$ is small (fast decay):
 
 $$\overline{\log a_t} = \delta_t\,(h_t-u_t) + [t>0]\;\delta_t\,\mathrm{gate}_t\,x_t\,\frac{-2a_t^2}{\sqrt{\max(4(1-a_t^2),10^{-6})}}.$$
 
@@ -112,8 +116,10 @@ The sqrt's derivative is bounded as in recurrentgemma (at most 1000). Then, per 
 * SAMU: $\bar r_t=\sum_d\overline{\log a}_{t,d}(-c\,\mathrm{sp}_d)$, $\bar g_t=\sum_d\delta\,m\,x$, $\bar z=(\bar r\,r(1-r),\ \bar g\,g(1-g))$,
   $\bar x=\delta\,m\,g+s\,\bar y+W_c^\top\bar z$, $\bar W_c=\sum_t\bar z_t x_t^\top$, $\bar\tau=\sum\overline{\log a}\,\log a$, $\bar s=\sum\bar y\,x$.
 
-The kernels evaluate $\delta$ with a reverse `tl.associative_scan` over 4-tuples (see `samu/scan_kernels.py`,
-`adjoint_combine`) and recompute $h$ from FP32 per-chunk checkpoints instead of saving any [B, L, D] FP32 tensor."""),
+The kernels load each chunk latest token first, so $\delta$ is a forward scan in registers (`samu/ops/common/scan.py`;
+RG-LRU's tiles use the 4-tuple `adjoint_combine`, SAMU's the affine one); SAMU unrolls $a_t h_{t-1}$ from the chunk's
+entering state (`decayed_previous_state`). Both recompute $h$ from FP32 per-chunk states instead of saving any
+[B, L, D] FP32 tensor."""),
     code('''dy = torch.randn(batch, length, width, generator=gen, dtype=torch.float64)
 want = torch.zeros_like(dy)
 nxt = torch.zeros_like(dy[:, 0])
@@ -121,26 +127,26 @@ for k in reversed(range(length)):
     nxt = dy[:, k] + (a[:, k + 1] * nxt if k + 1 < length else 0)
     want[:, k] = nxt
 for scan in ("sequential", "chunked"):
-    assert torch.allclose(backward.reverse_scan(a, dy, scan), want, rtol=1e-12)
-h = reference.scan_sequential(a, u)
+    assert torch.allclose(recurrence.reverse_scan(a, dy, scan), want, rtol=1e-12)
+h = recurrence.scan_sequential(a, u)
 assert torch.allclose(a[:, 1:] * h[:, :-1], h[:, 1:] - u[:, 1:], rtol=1e-12, atol=1e-14)
 v = torch.tensor([0.0, 1e-9, 0.5], dtype=torch.float64, requires_grad=True)
-reference.BoundedSqrt.apply(v).sum().backward()
+recurrence.BoundedSqrt.apply(v).sum().backward()
 assert abs(v.grad[0].item() - 1000.0) < 1e-9
 print("reverse scan, a_t h_(t-1) = h_t - u_t, bounded sqrt derivative: OK")'''),
     code('''rows = []
 for mixer in ("rglru", "samu"):
-    module = samu.mixers.MODULES[mixer](width).double()
+    module = samu.modules.MODULES[mixer](width).double()
     module.reset_parameters(generator=torch.Generator().manual_seed(seed))
     ps = [p.detach().clone().requires_grad_() for p in module.parameters()]
     if mixer == "samu":  # exercise the temperature and skip too
         with torch.no_grad():
             ps[3].fill_(0.4); ps[4].fill_(-0.3)
     x = torch.randn(batch, length, width, generator=gen, dtype=torch.float64, requires_grad=True)
-    y = reference.REFERENCES[mixer](x, *ps, scan="sequential")
+    y = REFERENCES[mixer](x, *ps, scan="sequential")
     auto = torch.autograd.grad(y, [x, *ps], dy)
-    manual = backward.BACKWARDS[mixer](x.detach(), dy, *[p.detach() for p in ps], scan="chunked")
-    for name, g in zip(["x", *samu.mixers.PARAMETER_NAMES[mixer]], auto):
+    manual = BACKWARDS[mixer](x.detach(), dy, *[p.detach() for p in ps], scan="chunked")
+    for name, g in zip(["x", *samu.functional.PARAMETER_NAMES[mixer]], auto):
         rel = ((manual[name] - g).norm() / g.norm()).item()
         rows.append({"mixer": mixer, "gradient": name, "formula vs autograd": rel})
         assert rel < 1e-12, (mixer, name, rel)
@@ -159,7 +165,7 @@ print(table.to_string(index=False))
 assert (table["seed parameters"] == table["samu parameters"]).all()'''),
     md(r"""The seed's RG-LRU rows record 2D control values per token (gx and ga per channel), as the formula does; SAMU's two
 scalars per token are shared by every channel. The byte counts that bound the kernels are in SPEC section 8 and in the
-module docstrings of `samu/kernels_samu.py` and `samu/kernels_rglru.py`."""),
+module docstrings of `samu/samu_chunk.py` and `samu/rglru_chunk.py`."""),
     code('''assert (table["seed control values/token"] == table["samu control values/token"]).all()'''),
 ])
 
@@ -171,19 +177,19 @@ save("01_correctness", [
     params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nseed = 0"),
     code(SETUP),
     code('''import pandas as pd
-doc = {"shape": list(shape), "environment": timing.environment(), "mixers": {}}
+doc = {"shape": list(shape), "environment": protocol.environment(), "mixers": {}}
 tables = []
 for mixer in ("rglru", "samu"):
-    x, params, dy = calibration.make_inputs(mixer, shape, device, seed)
-    want = calibration.oracle(mixer, x, params, dy)
-    eager = calibration.relative_errors(calibration.outputs(mixer, "reference_chunked", x, params, dy), want)
-    entries = [calibration.check_legality(mixer, name, shape, device, seed, want, eager)
+    x, params, dy = legality.make_inputs(mixer, shape, device, seed)
+    want = legality.oracle(mixer, x, params, dy)
+    eager = legality.relative_errors(legality.outputs(mixer, "reference_chunked", x, params, dy), want)
+    entries = [legality.check_legality(mixer, name, shape, device, seed, want, eager)
                for name in backends.available(mixer) if backends.REGISTRY[mixer][name].kind == "triton"]
     doc["mixers"][mixer] = entries
     tables.append(pd.DataFrame([{"mixer": mixer, "backend": "eager autocast reference", **eager, "legal": None}]
                                + [{"mixer": mixer, "backend": e["backend"], **e["errors"], "legal": e["legal"]}
                                   for e in entries]))
-path = schema.write_json_atomic(paths.correctness_dir(slug) / f"{backends.shape_key(shape)}.json", doc,
+path = schema.write_json_atomic(paths.correctness_dir(slug) / f"{Shape.of(shape).key}.json", doc,
                                 kind="correctness")
 print("wrote", path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path)
 for t in tables:
@@ -218,7 +224,7 @@ def progress(label):
 result = calibration.calibrate_shape(shape, device, candidates=names, reps=reps, seed=seed,
                                      progress=progress)
 bar.close()
-cal = calibration.merge_calibration(slug, shape, result, timing.environment())
+cal = calibration.merge_calibration(slug, shape, result, protocol.environment())
 for mixer, r in result.items():
     print(f"{mixer}: chosen {r['chosen']}; ranking {r['ranking']}")
     assert r["chosen"] is not None, f"no legal {mixer} backend at {shape}"'''),
@@ -242,7 +248,7 @@ save("03_timing", [
     code('''cal_path = paths.calibration_file(slug)
 assert cal_path.exists(), f"{cal_path} is missing: run notebook 02 for {shape} first"
 cal = schema.read_json(cal_path)
-entry = cal["shapes"].get(backends.shape_key(shape))
+entry = cal["shapes"].get(Shape.of(shape).key)
 assert entry, f"{cal_path} has no entry for {shape}: run notebook 02 for it first"
 chosen = {m: entry[m]["chosen"] for m in ("rglru", "samu")}
 print("calibrated choice:", chosen)'''),
@@ -250,15 +256,15 @@ print("calibrated choice:", chosen)'''),
 bar = tqdm(desc="timing", total=2 * 2 * 3)
 def progress(label):
     bar.set_postfix_str(label); bar.update()
-rows = timing.time_shape(shape, shape_index, chosen, device, seed=seed, progress=progress)
+rows = protocol.time_shape(shape, shape_index, chosen, device, seed=seed, progress=progress)
 bar.close()
 if device == "cuda":
-    bandwidth = timing.COPY_BANDWIDTH.get(slug) or timing.measure_copy_bandwidth(device)
+    bandwidth = protocol.COPY_BANDWIDTH.get(slug) or protocol.measure_copy_bandwidth(device)
 else:
-    bandwidth = timing.COPY_BANDWIDTH["nvidia-h200"]
+    bandwidth = protocol.COPY_BANDWIDTH["nvidia-h200"]
     print("CPU run: these timings are no GPU claim.")
-timing.add_floor_figures(rows, bandwidth)
-path = timing.write_shape_result(slug, shape, rows, cal)
+protocol.add_floor_figures(rows, bandwidth)
+path = protocol.write_shape_result(slug, shape, rows, cal)
 print("wrote", path)'''),
     code('''import pandas as pd
 pd.DataFrame([{"mixer": r["architecture"], "backend": r["backend"],
@@ -277,8 +283,9 @@ save("04_report", [
 import pandas as pd
 from IPython.display import Image, display
 import samu
-from samu import backends, paths, report
-slug = gpu_slug or backends.gpu_slug()
+from samu import backends, dispatch, paths
+from samu.experiment import report
+slug = gpu_slug or dispatch.gpu_slug()
 doc = report.combine(slug)
 df = report.frame(doc, slug)
 seed_df = report.frame(report.seed_document(), "seed nvidia-h800-pcie")

@@ -5,17 +5,17 @@ import sys
 
 import torch
 
-from samu import calibration, timing
+from samu.experiment import legality, protocol
 
 mixer, shape_text, backend = sys.argv[1:4]
 shape = tuple(map(int, shape_text.split("x")))
-x, params, dy = calibration.make_inputs(mixer, shape, "cuda")
-module = timing.build_module(mixer, shape[2], backend, "cuda")
+x, params, dy = legality.make_inputs(mixer, shape, "cuda")
+module = protocol.build_module(mixer, shape[2], backend, "cuda")
 xg = x.detach().requires_grad_()
 for _ in range(2):
-    timing._sample(module, xg, dy, "forward_backward")
+    protocol.sample(module, xg, dy, "forward_backward")
 torch.cuda.synchronize()
 torch.cuda.profiler.start()
-timing._sample(module, xg, dy, "forward_backward")
+protocol.sample(module, xg, dy, "forward_backward")
 torch.cuda.synchronize()
 torch.cuda.profiler.stop()

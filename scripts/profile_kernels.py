@@ -6,21 +6,22 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from samu import backends, calibration, timing
+from samu import backends
+from samu.experiment import legality, protocol
 
 shapes = [tuple(map(int, s.split("x"))) for s in sys.argv[1:]] or [(1, 32768, 2048)]
 for shape in shapes:
     for mixer in ("samu", "rglru"):
         for name in [n for n in backends.available(mixer) if backends.REGISTRY[mixer][n].kind == "triton"]:
-            x, params, dy = calibration.make_inputs(mixer, shape, "cuda")
-            module = timing.build_module(mixer, shape[2], name, "cuda")
+            x, params, dy = legality.make_inputs(mixer, shape, "cuda")
+            module = protocol.build_module(mixer, shape[2], name, "cuda")
             xg = x.detach().requires_grad_()
             for _ in range(3):
-                timing._sample(module, xg, dy, "forward_backward")
+                protocol.sample(module, xg, dy, "forward_backward")
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(5):
-                    timing._sample(module, xg, dy, "forward_backward")
+                    protocol.sample(module, xg, dy, "forward_backward")
                 torch.cuda.synchronize()
             total = 0
             lines = []
@@ -31,8 +32,8 @@ for shape in shapes:
                 total += per
                 lines.append(f"    {per:8.4f} ms  x{e.count // 5:<3d} {e.key[:70]}")
             t0 = time.perf_counter()
-            wall = [timing._sample(module, xg, dy, "forward_backward") for _ in range(5)]
-            floor = timing.floor_ms(shape, 4.22e12)
+            wall = [protocol.sample(module, xg, dy, "forward_backward") for _ in range(5)]
+            floor = protocol.floor_ms(shape, 4.22e12)
             print(f"{shape} {mixer} {name}: GPU kernel sum {total:.4f} ms, event fb median "
                   f"{sorted(wall)[2]:.4f} ms, floor {floor:.4f} ms")
             print("\n".join(lines[:12]), flush=True)

@@ -16,7 +16,9 @@ import time
 
 import torch
 
-from samu import calibration, kernels_rglru, kernels_samu, timing
+from samu.experiment import legality, protocol
+from samu.ops.rglru import chunk as rglru_chunk
+from samu.ops.samu import chunk as samu_chunk
 
 SAMU_OPTIONS = [(1, 1), (2, 1), (4, 1), (2, 2), (1, 4), (2, 4)]  # (warps, channels per thread)
 RGLRU_OPTIONS = [(1, 8, 8), (2, 8, 8), (1, 4, 4), (1, 8, 4)]  # (VECTOR, dx warps, grad warps)
@@ -27,12 +29,12 @@ def kernel_ms(mixer, backend, inputs, reps=3):
     forward+backward median, free of the host's noise."""
     from torch.profiler import ProfilerActivity, profile
     x, params, dy = inputs
-    module, xg = timing.module_with(mixer, backend, x, params)
-    timing._sample(module, xg, dy, "forward_backward")
+    module, xg = protocol.module_with(mixer, backend, x, params)
+    protocol.sample(module, xg, dy, "forward_backward")
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            timing._sample(module, xg, dy, "forward_backward")
+            protocol.sample(module, xg, dy, "forward_backward")
         torch.cuda.synchronize()
     return {e.key: e.device_time_total / reps / 1e3 for e in prof.key_averages()
             if e.device_time_total > 0}
@@ -40,13 +42,13 @@ def kernel_ms(mixer, backend, inputs, reps=3):
 
 def measure(mixer, backend, shape, inputs, want, eager):
     x, params, dy = inputs
-    errs = calibration.relative_errors(calibration.outputs(mixer, backend, x, params, dy), want)
-    legal = all(e <= calibration.ERROR_FACTOR * eager[n] + calibration.ERROR_SLACK
+    errs = legality.relative_errors(legality.outputs(mixer, backend, x, params, dy), want)
+    legal = all(e <= legality.ERROR_FACTOR * eager[n] + legality.ERROR_SLACK
                 for n, e in errs.items())
-    samples = timing.time_forward_backward(mixer, backend, x, params, dy, reps=15)
+    samples = protocol.time_forward_backward(mixer, backend, x, params, dy, reps=15)
     kernels = kernel_ms(mixer, backend, inputs)
-    setting = ({r: (v.warps, v.vector) for r, v in kernels_samu.LAUNCH.items()}
-               if mixer == "samu" else (kernels_rglru.VECTOR, dict(kernels_rglru.WARPS)))
+    setting = ({r: (v.warps, v.vector) for r, v in samu_chunk.LAUNCH.items()}
+               if mixer == "samu" else (rglru_chunk.VECTOR, dict(rglru_chunk.WARPS)))
     times = ", ".join(f"{k} {v:.4f}" for k, v in sorted(kernels.items()))
     print(f"  {backend} {setting} kernels: {times}", flush=True)
     return statistics.median(samples), legal, max(errs.values())
@@ -66,14 +68,14 @@ def main():
     for arg in shapes or ["1x32768x2048"]:
         shape_text, _, only = arg.partition(":")
         shape = tuple(map(int, shape_text.split("x")))
-        floor = timing.floor_ms(shape, timing.COPY_BANDWIDTH["nvidia-h200"])
-        for mixer, module in (("samu", kernels_samu), ("rglru", kernels_rglru)):
+        floor = protocol.floor_ms(shape, protocol.COPY_BANDWIDTH["nvidia-h200"])
+        for mixer, module in (("samu", samu_chunk), ("rglru", rglru_chunk)):
             if only and mixer != only:
                 continue
-            inputs = calibration.make_inputs(mixer, shape, "cuda")
-            want = calibration.oracle(mixer, *inputs)
-            eager = calibration.relative_errors(
-                calibration.outputs(mixer, "reference_chunked", *inputs), want)
+            inputs = legality.make_inputs(mixer, shape, "cuda")
+            want = legality.oracle(mixer, *inputs)
+            eager = legality.relative_errors(
+                legality.outputs(mixer, "reference_chunked", *inputs), want)
             results = []
             if mixer == "samu":
                 default = dict(module.LAUNCH)
@@ -104,7 +106,7 @@ def main():
                       f"legal={legal} max_err={err:.2e}", flush=True)
             ok = [r for r in results if r[2]]
             if mixer == "samu":
-                for role in roles_wanted or kernels_samu.LAUNCH:
+                for role in roles_wanted or samu_chunk.LAUNCH:
                     best = min((r for r in ok if r[0][1] == role), key=lambda r: r[1])
                     print(f"BEST {shape} samu {role}: {best[0]} {best[1]:.4f} ms")
             best = min(ok, key=lambda r: r[1])

@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-from samu import _runtime, backends, paths, schema
+from samu import _runtime, backends, dispatch, paths
+from samu.experiment import schema
 
 
 def test_every_backend_is_explained():
@@ -29,18 +30,18 @@ def test_auto_without_cuda(monkeypatch):
     # The flag is read once at import (the kernels are built for it); patch it, not the env.
     x = torch.randn(1, 4, 16)
     monkeypatch.setattr(_runtime, "INTERPRETING", False)
-    assert backends.resolve("samu", x).name == "reference_chunked"
+    assert dispatch.resolve("samu", x).name == "reference_chunked"
     monkeypatch.setattr(_runtime, "INTERPRETING", True)
-    assert backends.resolve("samu", x).name == backends.DEFAULTS["samu"]
-    assert backends.resolve("rglru", x.double()).name == "reference_chunked"
+    assert dispatch.resolve("samu", x).name == backends.DEFAULTS["samu"]
+    assert dispatch.resolve("rglru", x.double()).name == "reference_chunked"
 
 
 def test_triton_backend_refuses_what_it_cannot_run(monkeypatch):
     monkeypatch.setattr(_runtime, "INTERPRETING", False)
     with pytest.raises(RuntimeError, match="needs a CUDA tensor"):
-        backends.resolve("samu", torch.randn(1, 4, 16), backends.DEFAULTS["samu"])
+        dispatch.resolve("samu", torch.randn(1, 4, 16), backends.DEFAULTS["samu"])
     with pytest.raises(TypeError, match="not float64"):
-        backends.resolve("samu", torch.randn(1, 4, 16).double(), backends.DEFAULTS["samu"])
+        dispatch.resolve("samu", torch.randn(1, 4, 16).double(), backends.DEFAULTS["samu"])
 
 
 def test_triton_interpret_changed_after_import_is_refused(monkeypatch):
@@ -49,9 +50,9 @@ def test_triton_interpret_changed_after_import_is_refused(monkeypatch):
     x = torch.randn(1, 4, 16)
     for backend in ("auto", backends.DEFAULTS["samu"]):
         with pytest.raises(RuntimeError, match="changed after samu was imported"):
-            backends.resolve("samu", x, backend)
+            dispatch.resolve("samu", x, backend)
     # A reference backend asked for by name does not depend on the flag.
-    assert backends.resolve("samu", x, "reference_chunked").name == "reference_chunked"
+    assert dispatch.resolve("samu", x, "reference_chunked").name == "reference_chunked"
 
 
 CHANGE_AFTER_IMPORT = """
@@ -91,23 +92,23 @@ def _calibration_doc() -> dict:
 
 def _write(doc, slug="test-gpu"):
     schema.write_json_atomic(paths.calibration_file(slug), doc, kind=None)
-    backends.forget_calibration()
+    dispatch.forget_calibration()
 
 
 def test_calibrated_choice_is_read(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "DATA", tmp_path)
     doc = _calibration_doc()
     _write(doc)
-    assert backends.calibrated_choice("samu", (1, 8, 16), "test-gpu") == \
+    assert dispatch.calibrated_choice("samu", (1, 8, 16), "test-gpu") == \
         "fused_controller_hierarchical_chunk8"
-    assert backends.calibrated_choice("samu", (1, 9, 16), "test-gpu") is None
-    assert backends.calibrated_choice("rglru", (1, 8, 16), "test-gpu") is None  # chosen: null
+    assert dispatch.calibrated_choice("samu", (1, 9, 16), "test-gpu") is None
+    assert dispatch.calibrated_choice("rglru", (1, 8, 16), "test-gpu") is None  # chosen: null
     # A rewritten file is picked up once its writer calls forget_calibration (merge_calibration
     # does) or once RECHECK_SECONDS passed.
     doc["shapes"]["1x8x16"]["samu"]["chosen"] = "fused_controller_hierarchical_chunk16"
     schema.write_json_atomic(paths.calibration_file("test-gpu"), doc, kind="calibration")
-    monkeypatch.setattr(backends, "RECHECK_SECONDS", 0.0)
-    assert backends.calibrated_choice("samu", (1, 8, 16), "test-gpu") == \
+    monkeypatch.setattr(dispatch, "RECHECK_SECONDS", 0.0)
+    assert dispatch.calibrated_choice("samu", (1, 8, 16), "test-gpu") == \
         "fused_controller_hierarchical_chunk16"
 
 
@@ -179,8 +180,8 @@ def test_broken_calibration_file_is_refused_naming_file_and_entry(tmp_path, monk
     doc = _calibration_doc()
     mutate(doc)
     _write(doc)
-    with pytest.raises(backends.CalibrationFileError) as info:
-        backends.calibrated_choice("samu", (1, 8, 16), "test-gpu")
+    with pytest.raises(dispatch.CalibrationFileError) as info:
+        dispatch.calibrated_choice("samu", (1, 8, 16), "test-gpu")
     assert isinstance(info.value, ValueError)
     message = str(info.value)
     assert str(paths.calibration_file("test-gpu")) in message
@@ -194,14 +195,14 @@ def test_truncated_calibration_file_is_refused_then_reread_once_fixed(tmp_path, 
     path.parent.mkdir(parents=True)
     text = json.dumps(_calibration_doc(), indent=2)
     path.write_text(text[: len(text) // 2])
-    backends.forget_calibration()
-    with pytest.raises(backends.CalibrationFileError, match="not valid JSON") as info:
-        backends.calibrated_choice("samu", (1, 8, 16), "test-gpu")
+    dispatch.forget_calibration()
+    with pytest.raises(dispatch.CalibrationFileError, match="not valid JSON") as info:
+        dispatch.calibrated_choice("samu", (1, 8, 16), "test-gpu")
     assert str(path) in str(info.value)
     # A refused file is not cached: the fixed file is read on the next look-up.
     path.write_text(text)
-    monkeypatch.setattr(backends, "RECHECK_SECONDS", 0.0)
-    assert backends.calibrated_choice("samu", (1, 8, 16), "test-gpu") == \
+    monkeypatch.setattr(dispatch, "RECHECK_SECONDS", 0.0)
+    assert dispatch.calibrated_choice("samu", (1, 8, 16), "test-gpu") == \
         "fused_controller_hierarchical_chunk8"
 
 
@@ -209,11 +210,11 @@ def test_committed_calibration_files_pass_the_checks():
     files = sorted((paths.REPO_ROOT / "data" / "calibration").glob("*.json"))
     assert files
     for path in files:
-        choices = backends.check_calibration(schema.read_json(path), path)
+        choices = dispatch.check_calibration(schema.read_json(path), path)
         assert choices and all(c is None or backends.REGISTRY[m][c].kind == "triton"
                                for (m, _), c in choices.items())
 
 
 def test_gpu_slug():
-    assert backends.gpu_slug("NVIDIA H200") == "nvidia-h200"
-    assert backends.gpu_slug("NVIDIA H800 PCIe") == "nvidia-h800-pcie"
+    assert dispatch.gpu_slug("NVIDIA H200") == "nvidia-h200"
+    assert dispatch.gpu_slug("NVIDIA H800 PCIe") == "nvidia-h800-pcie"

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from samu import backward, reference
-from samu.mixers import PARAMETER_NAMES
+from samu.functional import PARAMETER_NAMES
+from samu.ops import BACKWARDS, REFERENCES, recurrence
 
 from test_reference import _params
 
@@ -16,9 +16,9 @@ def test_formulas_match_autograd(mixer, shape, scan):
     x = torch.randn(*shape, generator=gen, dtype=torch.float64, requires_grad=True)
     dy = torch.randn(*shape, generator=gen, dtype=torch.float64)
     params = [p.requires_grad_() for p in _params(mixer, shape[2], shape[1])]
-    y = reference.REFERENCES[mixer](x, *params, scan="sequential")
+    y = REFERENCES[mixer](x, *params, scan="sequential")
     auto = torch.autograd.grad(y, [x, *params], dy)
-    manual = backward.BACKWARDS[mixer](x.detach(), dy, *[p.detach() for p in params], scan=scan)
+    manual = BACKWARDS[mixer](x.detach(), dy, *[p.detach() for p in params], scan=scan)
     for name, want in zip(["x", *PARAMETER_NAMES[mixer]], auto):
         got = manual[name]
         assert got.shape == want.shape, name
@@ -37,4 +37,4 @@ def test_reverse_scan_definition():
         nxt = dy[:, t] + (a[:, t + 1] * nxt if t + 1 < 11 else 0)
         want[:, t] = nxt
     for scan in ("sequential", "chunked"):
-        assert torch.allclose(backward.reverse_scan(a, dy, scan), want, rtol=1e-13)
+        assert torch.allclose(recurrence.reverse_scan(a, dy, scan), want, rtol=1e-13)

@@ -5,12 +5,14 @@ import multiprocessing
 import pytest
 import torch
 
-from samu import _runtime, backends, calibration, calibration_file, paths, schema
+from samu import _runtime, backends, calibration_file, dispatch, paths
+from samu.experiment import calibration, legality, schema
+from samu.shapes import Shape
 
 
 def test_inputs_are_deterministic():
-    a = calibration.make_inputs("samu", (1, 5, 16), "cpu", seed=3)
-    b = calibration.make_inputs("samu", (1, 5, 16), "cpu", seed=3)
+    a = legality.make_inputs("samu", (1, 5, 16), "cpu", seed=3)
+    b = legality.make_inputs("samu", (1, 5, 16), "cpu", seed=3)
     assert torch.equal(a[0], b[0]) and torch.equal(a[2], b[2])
     assert a[0].dtype == torch.bfloat16
     assert all(torch.equal(a[1][k], b[1][k]) for k in a[1])
@@ -19,13 +21,13 @@ def test_inputs_are_deterministic():
 def test_relative_errors():
     want = {"y": torch.ones(4, dtype=torch.float64), "z": torch.zeros(2, dtype=torch.float64)}
     got = {"y": torch.full((4,), 1.5), "z": torch.tensor([0.0, float("nan")])}
-    errs = calibration.relative_errors(got, want)
+    errs = legality.relative_errors(got, want)
     assert errs["y"] == pytest.approx(0.5)
     assert math.isinf(errs["z"])
 
 
 def test_reference_is_illegal_as_a_transition_materialiser():
-    entry = calibration.check_legality("samu", "reference_chunked", (1, 6, 16), "cpu")
+    entry = legality.check_legality("samu", "reference_chunked", (1, 6, 16), "cpu")
     assert not entry["legal"]
     assert "materialises" in entry["reason"]
     assert max(entry["errors"].values()) < 1e-2  # accurate, only illegal by the rule
@@ -41,7 +43,7 @@ def test_inaccurate_backend_is_illegal(monkeypatch):
     reference = backends.REGISTRY["samu"]["reference_chunked"].run
     name = _fake(monkeypatch, lambda x, *p: reference(x, *p) * 1.01)
     monkeypatch.setattr(_runtime, "INTERPRETING", True)
-    entry = calibration.check_legality("samu", name, (1, 6, 16), "cpu")
+    entry = legality.check_legality("samu", name, (1, 6, 16), "cpu")
     assert not entry["legal"]
     assert entry["reason"].startswith("y:") and "x:" in entry["reason"]
 
@@ -51,7 +53,7 @@ def test_failing_backend_is_illegal_not_fatal(monkeypatch):
         raise RuntimeError("no kernel for this GPU")
     name = _fake(monkeypatch, broken)
     monkeypatch.setattr(_runtime, "INTERPRETING", True)
-    entry = calibration.check_legality("samu", name, (1, 6, 16), "cpu")
+    entry = legality.check_legality("samu", name, (1, 6, 16), "cpu")
     assert not entry["legal"] and "no kernel for this GPU" in entry["reason"]
 
 
@@ -65,7 +67,7 @@ def test_calibrate_and_merge(tmp_path, monkeypatch):
     calibration.merge_calibration("test-gpu", (1, 8, 16), result, {"gpu": "Test GPU"})
     doc = schema.read_json(paths.calibration_file("test-gpu"))
     schema.validate(doc, "calibration")
-    assert backends.calibrated_choice("samu", (1, 8, 16), "test-gpu") == name
+    assert dispatch.calibrated_choice("samu", (1, 8, 16), "test-gpu") == name
 
 
 def _legal_result(name=None) -> dict:
@@ -95,7 +97,7 @@ def test_concurrent_merges_lose_nothing(tmp_path):
         p.join(timeout=300)
         assert p.exitcode == 0
     doc = schema.read_json(tmp_path / "calibration" / "test-gpu.json")
-    assert sorted(doc["shapes"]) == sorted(backends.shape_key((1, n, 16))
+    assert sorted(doc["shapes"]) == sorted(Shape.of((1, n, 16)).key
                                            for n in range(1, 1 + writers * merges))
     lock = calibration_file.lock_path(tmp_path / "calibration" / "test-gpu.json")
     assert sorted(p.name for p in (tmp_path / "calibration").iterdir()) == [lock.name,
@@ -125,7 +127,7 @@ def test_merge_refuses_unregistered_names_and_keeps_the_file(tmp_path, field):
         entry["chosen"] = "bogus_backend"
     else:
         entry["backends"].append({"backend": "bogus_backend", "legal": False})
-    with pytest.raises(backends.CalibrationFileError) as info:
+    with pytest.raises(dispatch.CalibrationFileError) as info:
         calibration.merge_calibration("g", (1, 9, 16), bad, {"gpu": "G"}, path=path)
     message = str(info.value)
     assert str(path) in message and "1x9x16" in message and "samu" in message
@@ -138,6 +140,6 @@ def test_merge_refuses_to_build_on_a_broken_file(tmp_path):
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps({"gpu": "G", "environment": {}, "shapes": {"axbxc": {}}}))
     before = path.read_bytes()
-    with pytest.raises(backends.CalibrationFileError, match="shape key 'axbxc'"):
+    with pytest.raises(dispatch.CalibrationFileError, match="shape key 'axbxc'"):
         calibration.merge_calibration("g", (1, 9, 16), _legal_result(), {"gpu": "G"}, path=path)
     assert path.read_bytes() == before

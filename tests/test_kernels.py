@@ -6,9 +6,12 @@ import triton
 import triton.language as tl
 
 import samu
-from samu import backends, calibration
-from samu.mixers import FUNCTIONS, PARAMETER_NAMES
-from samu.scan_kernels import row_offsets, softplus
+from samu import backends
+from samu.experiment import legality
+from samu.functional import FUNCTIONS, PARAMETER_NAMES
+from samu.ops.common import carry, launching
+from samu.ops.common.math import softplus
+from samu.ops.common.scan import row_offsets
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -30,39 +33,38 @@ CASES += [("rglru", backends.DEFAULTS["rglru"], s) for s in [(2, 37, 48), (1, 1,
 
 @pytest.mark.parametrize("mixer, backend, shape", CASES)
 def test_backend_is_legal(mixer, backend, shape):
-    entry = calibration.check_legality(mixer, backend, shape, DEVICE, seed=sum(shape))
+    entry = legality.check_legality(mixer, backend, shape, DEVICE, seed=sum(shape))
     assert entry["legal"], entry["reason"]
     assert not entry["materialized_state_sized_transition"]
-    assert set(entry["errors"]) == {"y", "x", *calibration.PARAMETER_NAMES[mixer]}
+    assert set(entry["errors"]) == {"y", "x", *legality.PARAMETER_NAMES[mixer]}
 
 
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
 def test_chunk_sizes_agree(mixer):
     """Kernel formulations with different chunks give the same function (beyond rounding)."""
-    x, params, dy = calibration.make_inputs(mixer, (1, 20, 32), DEVICE, seed=5,
+    x, params, dy = legality.make_inputs(mixer, (1, 20, 32), DEVICE, seed=5,
                                             dtype=torch.float32)
     names = _triton(mixer)[:2]
-    outs = [calibration.outputs(mixer, n, x, params, dy) for n in names]
+    outs = [legality.outputs(mixer, n, x, params, dy) for n in names]
     for key in outs[0]:
         a, b = outs[0][key].double(), outs[1][key].double()
         assert ((a - b).norm() / b.norm().clamp_min(1e-30)).item() < 1e-4, key
 
 
 def test_float32_input_is_accurate():
-    x, params, dy = calibration.make_inputs("samu", (2, 33, 16), DEVICE, seed=1,
+    x, params, dy = legality.make_inputs("samu", (2, 33, 16), DEVICE, seed=1,
                                             dtype=torch.float32)
-    got = calibration.outputs("samu", backends.DEFAULTS["samu"], x, params, dy)
-    want = calibration.oracle("samu", x, params, dy)
-    errs = calibration.relative_errors(got, want)
+    got = legality.outputs("samu", backends.DEFAULTS["samu"], x, params, dy)
+    want = legality.oracle("samu", x, params, dy)
+    errs = legality.relative_errors(got, want)
     assert max(errs.values()) < 1e-4, errs
 
 
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
 def test_cached_launches_pass_every_argument(mixer, monkeypatch):
-    """scan_kernels.launch replays a compiled kernel with the positional arguments followed by
+    """launching.launch replays a compiled kernel with the positional arguments followed by
     the constexprs in signature order, taken from the keywords: every launch site must pass
     every kernel argument, the constexprs by keyword, and every kernel must be launched."""
-    from samu import scan_kernels
     seen = []
 
     def checked_launch(kernel, grid, *args, **meta):
@@ -71,17 +73,15 @@ def test_cached_launches_pass_every_argument(mixer, monkeypatch):
         seen.append(kernel.fn.__name__)
         kernel[grid](*args, **meta)
 
-    for module in ("kernels_samu", "kernels_rglru"):
-        monkeypatch.setattr(f"samu.{module}.launch", checked_launch)
-    monkeypatch.setattr(scan_kernels, "launch", checked_launch)
-    x, params, dy = calibration.make_inputs(mixer, (1, 20, 32), DEVICE, seed=2)
-    calibration.outputs(mixer, backends.DEFAULTS[mixer], x, params, dy)
+    monkeypatch.setattr(launching, "launch", checked_launch)  # every kernel launches through it
+    x, params, dy = legality.make_inputs(mixer, (1, 20, 32), DEVICE, seed=2)
+    legality.outputs(mixer, backends.DEFAULTS[mixer], x, params, dy)
     assert len(set(seen)) == (6 if mixer == "samu" else 7)
     assert {"chunk_carry_kernel", "sum_partials_kernel"} <= set(seen)
 
 
 def test_launch_cache_keys_on_what_triton_specialises():
-    from samu.scan_kernels import arg_key
+    from samu.ops.common.launching import arg_key
     assert arg_key([16]) != arg_key([17])
     assert arg_key([1]) != arg_key([3])
     assert arg_key([2**31]) != arg_key([2**31 - 16])
@@ -93,7 +93,6 @@ def test_launch_cache_keys_on_what_triton_specialises():
 def test_kernels_get_aligned_pointers_from_misaligned_inputs(mixer, monkeypatch):
     """The launch cache does not key pointer alignment, so every pointer must come aligned:
     x, dy and parameters that are views 4 bytes into their storage are copied first."""
-    from samu import scan_kernels
     misaligned = []
 
     def checked_launch(kernel, grid, *args, **meta):
@@ -101,10 +100,8 @@ def test_kernels_get_aligned_pointers_from_misaligned_inputs(mixer, monkeypatch)
                           if isinstance(a, torch.Tensor) and a.data_ptr() % 16)
         kernel[grid](*args, **meta)
 
-    for module in ("kernels_samu", "kernels_rglru"):
-        monkeypatch.setattr(f"samu.{module}.launch", checked_launch)
-    monkeypatch.setattr(scan_kernels, "launch", checked_launch)
-    x, params, dy = calibration.make_inputs(mixer, (1, 20, 32), DEVICE, seed=2)
+    monkeypatch.setattr(launching, "launch", checked_launch)  # every kernel launches through it
+    x, params, dy = legality.make_inputs(mixer, (1, 20, 32), DEVICE, seed=2)
 
     def shifted(t):
         """t's values in a view 4 bytes past an aligned start."""
@@ -114,13 +111,13 @@ def test_kernels_get_aligned_pointers_from_misaligned_inputs(mixer, monkeypatch)
         view.copy_(t)
         assert view.data_ptr() % 16
         return view.detach()
-    # Straight through the functional form: calibration.outputs would clone (and so align).
+    # Straight through the functional form: legality.outputs would clone (and so align).
     leaves = [shifted(t).requires_grad_() for t in (x, *params.values())]
     y = FUNCTIONS[mixer](*leaves, backend=backends.DEFAULTS[mixer])
     grads = torch.autograd.grad(y, leaves, shifted(dy))
     got = {"y": y.detach(), **dict(zip(["x", *PARAMETER_NAMES[mixer]], grads))}
     assert not misaligned
-    errors = calibration.relative_errors(got, calibration.oracle(mixer, x, params, dy))
+    errors = legality.relative_errors(got, legality.oracle(mixer, x, params, dy))
     assert max(errors.values()) < 0.02, errors
 
 
@@ -132,7 +129,7 @@ def _offsets_kernel(out_ptr, batch_index, L, row_units, T: tl.constexpr, V: tl.c
 
 
 def test_row_offsets_stay_exact_past_two_to_the_31():
-    """The kernels address [B, L, D] rows through scan_kernels.row_offsets with an int64 batch
+    """The kernels address [B, L, D] rows through scan.row_offsets with an int64 batch
     index: an offset past 2^31 elements must come out exact, not wrapped."""
     L, D, T, V, b = 2**20, 2**12, 16, 2, 3
     out = torch.zeros(T, dtype=torch.int64, device=DEVICE)
@@ -148,7 +145,6 @@ def test_two_level_carry_matches_a_sequential_carry(reverse, scalar_decay, monke
     """chunk_carry in one level and in two (segments of 4 chunks, from 8 chunks on) against a
     Python loop over the chunk summaries, in both directions, with per-channel decays (RG-LRU)
     and with decays rebuilt from sums of r (SAMU)."""
-    from samu import scan_kernels
     gen = torch.Generator().manual_seed(3)
     batch, n_chunks, width = 2, 37, 24
     end = torch.randn(batch, n_chunks, width, generator=gen).to(DEVICE)
@@ -170,17 +166,17 @@ def test_two_level_carry_matches_a_sequential_carry(reverse, scalar_decay, monke
     for k in order:
         want[:, k] = state
         state = decay[:, k] * state + end[:, k]
-    one_level = scan_kernels.chunk_carry(*args, reverse=reverse, **extra)
-    monkeypatch.setattr(scan_kernels, "SEGMENT_CHUNKS", 4)
-    monkeypatch.setattr(scan_kernels, "TWO_LEVEL_FROM", 8)
-    two_level = scan_kernels.chunk_carry(*args, reverse=reverse, **extra)
+    one_level = carry.chunk_carry(*args, reverse=reverse, **extra)
+    monkeypatch.setattr(carry, "SEGMENT_CHUNKS", 4)
+    monkeypatch.setattr(carry, "TWO_LEVEL_FROM", 8)
+    two_level = carry.chunk_carry(*args, reverse=reverse, **extra)
     for got in (one_level, two_level):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
 
 
 def test_host_helpers_match_triton():
-    """scan_kernels.cdiv / next_power_of_2 stand in for Triton's JIT versions on the host."""
-    from samu.scan_kernels import cdiv, next_power_of_2, rows_of
+    """launching.cdiv / next_power_of_2 stand in for Triton's JIT versions on the host."""
+    from samu.ops.common.launching import cdiv, next_power_of_2, rows_of
     for n in range(1, 300):
         assert next_power_of_2(n) == triton.next_power_of_2(n)
         for d in (1, 7, 16, 128):
@@ -215,7 +211,7 @@ def _inputs_with(mixer, backend, a_param_value, seed=7):
 @pytest.mark.parametrize("mixer, backend, a_param_value", EXTREME_CASES)
 def test_backend_is_legal_at_extreme_decay(mixer, backend, a_param_value):
     x, params, dy = _inputs_with(mixer, backend, a_param_value)
-    entry = calibration.check_legality(mixer, backend, inputs=(x, params, dy))
+    entry = legality.check_legality(mixer, backend, inputs=(x, params, dy))
     assert entry["legal"], entry["reason"]
 
 
@@ -257,8 +253,8 @@ def test_non_finite_input_propagates_as_in_the_reference(mixer, bad):
     backend = backends.DEFAULTS[mixer]
     x, params, dy = _inputs_with(mixer, backend, 0.5)
     x[0, 9, 3] = bad
-    got = calibration.outputs(mixer, backend, x, params, dy)
-    want = calibration.outputs(mixer, "reference_chunked", x.cpu(),
+    got = legality.outputs(mixer, backend, x, params, dy)
+    want = legality.outputs(mixer, "reference_chunked", x.cpu(),
                                {n: p.cpu() for n, p in params.items()}, dy.cpu())
     spoiled = ~torch.isfinite(got["y"].float().cpu())
     assert not spoiled[0, :9].any()
@@ -272,7 +268,7 @@ def test_non_finite_input_propagates_as_in_the_reference(mixer, bad):
 def test_launcher_caches_nothing_when_no_kernel_was_compiled():
     """A traced call (dynamo) returns no compiled kernel: caching that None broke every later
     eager call.  The next call must compile again and be cached then."""
-    from samu.scan_kernels import Launcher
+    from samu.ops.common.launching import Launcher
 
     class Compiled:
         def __init__(self):

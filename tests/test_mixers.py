@@ -4,7 +4,8 @@ import torch
 import torch._dynamo
 
 import samu
-from samu.mixers import PARAMETER_NAMES, parameter_count
+from samu.functional import PARAMETER_NAMES
+from samu.modules import parameter_count
 
 SEED_FOOTPRINTS = {  # (width): (rglru parameters, samu parameters), from the seed file
     1024: (134144, 3076), 2048: (530432, 6148), 2560: (826880, 7684)}
@@ -46,7 +47,7 @@ def test_initialisation_distribution():
 
 @pytest.mark.parametrize("mixer", ["rglru", "samu"])
 def test_module_forward_cpu_policy(mixer):
-    m = samu.mixers.MODULES[mixer](32, backend="reference_chunked")
+    m = samu.modules.MODULES[mixer](32, backend="reference_chunked")
     x = torch.randn(2, 9, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = m(x)
@@ -67,7 +68,7 @@ def test_functional_equals_module():
 
 @pytest.mark.parametrize("mixer", ["rglru", "samu"])
 def test_non_contiguous_input(mixer):
-    m = samu.mixers.MODULES[mixer](16, backend="reference_chunked")
+    m = samu.modules.MODULES[mixer](16, backend="reference_chunked")
     x = torch.randn(5, 2, 16).transpose(0, 1)
     assert not x.is_contiguous()
     assert torch.allclose(m(x), m(x.contiguous()))
@@ -86,7 +87,7 @@ def test_non_contiguous_input(mixer):
     ([[1.0]], TypeError, "torch.Tensor"),
 ])
 def test_bad_input_is_refused_clearly(mixer, bad, error, words):
-    m = samu.mixers.MODULES[mixer](16, backend="reference_chunked")
+    m = samu.modules.MODULES[mixer](16, backend="reference_chunked")
     before = {k: v.clone() for k, v in m.state_dict().items()}
     with pytest.raises(error, match=words):
         m(bad)
@@ -134,15 +135,15 @@ def test_bad_sizes_are_refused_clearly(make, error, words):
 
 @pytest.mark.parametrize("mixer", ["rglru", "samu"])
 def test_non_tensor_parameter_is_refused_by_name(mixer):
-    m = samu.mixers.MODULES[mixer](16, backend="reference_chunked")
+    m = samu.modules.MODULES[mixer](16, backend="reference_chunked")
     params = dict(m.named_parameters())
     for name in PARAMETER_NAMES[mixer]:
         bad = dict(params, **{name: params[name].reshape(-1).tolist()})
         with pytest.raises(TypeError, match=f"^{mixer}: {name} must be a torch.Tensor, got list$"):
-            samu.mixers.FUNCTIONS[mixer](torch.randn(1, 3, 16), **bad)
+            samu.functional.FUNCTIONS[mixer](torch.randn(1, 3, 16), **bad)
         # a bad x as well: the parameter, checked first, is named
         with pytest.raises(TypeError, match=f"{mixer}: {name} must be a torch.Tensor"):
-            samu.mixers.FUNCTIONS[mixer]([[1.0]], **bad)
+            samu.functional.FUNCTIONS[mixer]([[1.0]], **bad)
 
 
 def test_torch_compile_fails_cleanly_and_leaves_eager_intact():

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from samu import paths, pipeline
+from samu import paths
+from samu.experiment import pipeline
 
 
 def test_parse_shape():
@@ -72,7 +73,7 @@ def test_make_passes_shapes_as_one_argument_the_shell_never_parses(tmp_path):
                              ("4x2048x2048 1x8192x2560", "4x2048x2048 1x8192x2560")):
         out = _make(*([f"SHAPES={shapes}"] if shapes is not None else []), python=fake)
         assert out.returncode == 0, out.stderr
-        assert out.stdout.split("\n")[:4] == ["-m", "samu.pipeline", "--shapes", expected]
+        assert out.stdout.split("\n")[:4] == ["-m", "samu.experiment.pipeline", "--shapes", expected]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["python"]
 
 

@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from samu import reference
-from samu.mixers import MODULES
+from samu.modules import MODULES
+from samu.ops import REFERENCES, recurrence
+from samu.ops.rglru import naive as rglru_naive
 
 
 def _params(mixer, width, seed):
@@ -25,7 +26,7 @@ def test_chunked_matches_sequential(mixer, batch, length, width):
     gen = torch.Generator().manual_seed(batch * 1000 + length + width)
     x = torch.randn(batch, length, width, generator=gen, dtype=torch.float64)
     params = _params(mixer, width, length)
-    fn = reference.REFERENCES[mixer]
+    fn = REFERENCES[mixer]
     seq = fn(x, *params, scan="sequential")
     chunked = fn(x, *params, scan="chunked")
     assert seq.dtype == torch.float64
@@ -38,8 +39,8 @@ def test_scan_chunked_any_chunk(chunk):
     gen = torch.Generator().manual_seed(chunk)
     a = torch.rand(2, 50, 8, generator=gen, dtype=torch.float64)
     u = torch.randn(2, 50, 8, generator=gen, dtype=torch.float64)
-    seq = reference.scan_sequential(a, u)
-    assert torch.allclose(reference.scan_chunked(a, u, chunk), seq, rtol=1e-13, atol=1e-14)
+    seq = recurrence.scan_sequential(a, u)
+    assert torch.allclose(recurrence.scan_chunked(a, u, chunk), seq, rtol=1e-13, atol=1e-14)
 
 
 def test_scan_matches_explicit_sum():
@@ -51,21 +52,21 @@ def test_scan_matches_explicit_sum():
     for t in range(9):
         for s in range(t + 1):
             want[:, t] += torch.prod(a[:, s + 1:t + 1], dim=1) * u[:, s]
-    assert torch.allclose(reference.scan_sequential(a, u), want, rtol=1e-13)
+    assert torch.allclose(recurrence.scan_sequential(a, u), want, rtol=1e-13)
 
 
 def test_state_resets_at_first_token():
     """m_0 = 1 and h_{-1} = 0: y_0 = gate_0 * x_0 exactly, whatever a_0 is."""
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     params = _params("rglru", 16, 0)
-    y = reference.rglru_reference(x, *params, scan="sequential")
-    gx = torch.sigmoid(reference.block_diagonal(x, params[0], params[1]))
+    y = REFERENCES["rglru"](x, *params, scan="sequential")
+    gx = torch.sigmoid(rglru_naive.block_diagonal(x, params[0], params[1]))
     assert torch.allclose(y[:, 0], gx[:, 0] * x[:, 0], rtol=1e-14)
 
 
 def test_bounded_sqrt_derivative():
     v = torch.tensor([0.0, 1e-9, 0.25, 1.0], dtype=torch.float64, requires_grad=True)
-    reference.BoundedSqrt.apply(v).sum().backward()
+    recurrence.BoundedSqrt.apply(v).sum().backward()
     want = 1.0 / torch.sqrt(torch.clamp(4 * v.detach(), min=1e-6))
     assert torch.allclose(v.grad, want)
     assert v.grad[0].item() == pytest.approx(1000.0)
@@ -75,7 +76,7 @@ def test_no_gradient_through_first_transition():
     """Nothing flows into a_0's inputs: dy at t = 0 alone gives no a_param gradient."""
     x = torch.randn(1, 4, 16, dtype=torch.float64)
     params = [p.requires_grad_() for p in _params("rglru", 16, 0)]
-    y = reference.rglru_reference(x, *params, scan="sequential")
+    y = REFERENCES["rglru"](x, *params, scan="sequential")
     y[:, 0].sum().backward()
     assert params[4].grad.abs().max().item() == 0.0
     assert params[2].grad.abs().max().item() == 0.0
@@ -86,7 +87,7 @@ def test_low_precision_policy():
     x = torch.randn(2, 40, 32).to(torch.bfloat16)
     for mixer in ("rglru", "samu"):
         params = [p.float() for p in _params(mixer, 32, 2)]
-        y = reference.REFERENCES[mixer](x, *params)
-        y64 = reference.REFERENCES[mixer](x.double(), *[p.double() for p in params])
+        y = REFERENCES[mixer](x, *params)
+        y64 = REFERENCES[mixer](x.double(), *[p.double() for p in params])
         assert y.dtype == torch.bfloat16
         assert ((y.double() - y64).norm() / y64.norm()).item() < 1e-2

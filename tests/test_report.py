@@ -1,6 +1,7 @@
 import pytest
 
-from samu import paths, report, schema, timing
+from samu import paths
+from samu.experiment import protocol, report, schema
 
 
 def test_seed_frame_and_published_speedups():
@@ -17,9 +18,9 @@ def test_combine_and_figures(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "DATA", tmp_path)
     chosen = {"rglru": "reference_chunked", "samu": "reference_chunked"}
     for k, shape in enumerate([(1, 8, 16), (2, 5, 16)]):
-        rows = timing.time_shape(shape, k, chosen, "cpu")
-        timing.add_floor_figures(rows, 4.22e12)
-        timing.write_shape_result("test-gpu", shape, rows)
+        rows = protocol.time_shape(shape, k, chosen, "cpu")
+        protocol.add_floor_figures(rows, 4.22e12)
+        protocol.write_shape_result("test-gpu", shape, rows)
     doc = report.combine("test-gpu")
     schema.validate(doc)
     assert [r["shape"]["length"] for r in doc["rows"]] == [5, 5, 8, 8]

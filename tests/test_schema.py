@@ -7,12 +7,13 @@ import subprocess
 import jsonschema
 import pytest
 
-from samu import paths, schema
+from samu import paths
+from samu.experiment import schema
 
 
 @pytest.fixture
 def seed():
-    with open(paths.SEED_FILE) as f:
+    with open(paths.PUBLISHED_H800_FILE) as f:
         return json.load(f)
 
 

@@ -1,4 +1,4 @@
-"""Legality against the float64 oracle, and calibration of backends per shape (SPEC section 4).
+"""Legality against the float64 oracle (SPEC section 4).
 
 A backend is legal for a shape on a device when it runs there within memory; y and every gradient
 match the float64 oracle (same BF16-rounded x, same FP32 parameters) with normwise relative error
@@ -8,17 +8,18 @@ state-sized transition.
 from __future__ import annotations
 
 import math
-import statistics
-from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
 
-from . import backends, calibration_file, paths, schema, timing
-from .mixers import FUNCTIONS, MODULES, PARAMETER_NAMES
+from .. import backends
+from ..functional import FUNCTIONS, PARAMETER_NAMES
+from ..modules import MODULES
+
 
 ERROR_SLACK = 1e-3
+
 ERROR_FACTOR = 2.0
+
 # Above this many elements the oracle uses the chunked float64 scan: it agrees with the
 # sequential one to ~1e-15 (tests/test_reference.py) and runs in ~2 sqrt(L) steps.
 SEQUENTIAL_ORACLE_MAX_LENGTH = 256
@@ -91,61 +92,3 @@ def check_legality(mixer: str, backend: str, shape=None, device=None, seed: int 
         reasons.append("materialises a state-sized transition")
     return {**entry, "errors": errs, "bounds": bounds, "legal": not reasons,
             "reason": "; ".join(reasons) or None}
-
-
-def calibrate_shape(shape, device, mixers=("rglru", "samu"), candidates: dict | None = None,
-                    reps: int = 10, seed: int = 0, progress=None) -> dict:
-    """For each mixer: legality of every candidate, forward+backward medians of the legal ones,
-    ranked, and the choice.  Reference backends are recorded as illegal without timing."""
-    result = {}
-    for mixer in mixers:
-        names = candidates[mixer] if candidates else backends.available(mixer)
-        x, params, dy = make_inputs(mixer, shape, device, seed)
-        want = oracle(mixer, x, params, dy)
-        eager = relative_errors(outputs(mixer, "reference_chunked", x, params, dy), want)
-        entries = []
-        for name in names:
-            if progress:
-                progress(f"{mixer}/{name}")
-            if backends.REGISTRY[mixer][name].kind == "reference" and device != "cpu":
-                entries.append({"backend": name, "legal": False,
-                                "reason": "materialises a state-sized transition",
-                                "materialized_state_sized_transition": True})
-                continue
-            entry = check_legality(mixer, name, shape, device, seed, want, eager)
-            if entry["legal"]:
-                samples = timing.time_forward_backward(mixer, name, x, params, dy, reps)
-                entry["forward_backward_ms"] = samples
-                entry["median_ms"] = statistics.median(samples)
-            entries.append(entry)
-        del want
-        legal = sorted((e for e in entries if e["legal"]), key=lambda e: e["median_ms"])
-        result[mixer] = {
-            "ranking": [e["backend"] for e in legal],
-            "chosen": legal[0]["backend"] if legal else None,
-            "backends": entries,
-        }
-    return result
-
-
-def merge_calibration(slug: str, shape, result: dict, environment: dict,
-                      path: Path | None = None) -> dict:
-    """Merge one shape's result into data/calibration/<slug>.json (or ``path``), atomically.
-
-    The read-modify-write holds the file's lock, so concurrent calibrations of other shapes
-    lose nothing; the merged document is checked as ``auto`` will check it before it is
-    written, so a bad result leaves the file as it was."""
-    path = Path(path) if path is not None else paths.calibration_file(slug)
-    with calibration_file.locked(path):
-        if path.exists():
-            doc = calibration_file.read(path)
-            backends.check_calibration(doc, path)  # refuse to build on a broken file
-        else:
-            doc = {"gpu": environment.get("gpu"), "shapes": {}}
-        doc["environment"] = environment
-        doc["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        doc["shapes"][backends.shape_key(shape)] = result
-        backends.check_calibration(doc, path)
-        schema.write_json_atomic(path, doc, kind="calibration")
-    backends.forget_calibration()
-    return doc

@@ -16,10 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .scan_kernels import (affine_combine, aligned, cdiv, chunk_carry, decayed_previous_state,
-                           exp_fast, fp32_contiguous, last_row, launch, refuse_double_backward,
-                           row_offsets, row_stride_units, sigmoid_fast, softplus, sum_partials,
-                           tile_width, to_element, transition, vector_width)
+from ..common.carry import chunk_carry
+from ..common import launching
+from ..common.launching import (aligned, cdiv, fp32_contiguous, refuse_double_backward,
+                             row_stride_units, tile_width, vector_width)
+from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
+from ..common.reduce import sum_partials
+from ..common.scan import affine_combine, decayed_previous_state, last_row, row_offsets
 
 MIXER = "samu"
 
@@ -196,7 +199,8 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
             L, D, NC, row_units, T, V, False)
         w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
-        dx = dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :] + dz1[:, None] * w1[None, :]
+        dx = (dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :]
+              + dz1[:, None] * w1[None, :])
         tl.store(dx_ptr + offs, to_element(dx, dx_ptr), mask=ok)
         tl.store(row + cols, tl.sum(dz0[:, None] * x, axis=0), mask=cols < D)
         tl.store(row + D + cols, tl.sum(dz1[:, None] * x, axis=0), mask=cols < D)
@@ -253,14 +257,14 @@ class SamuFunction(torch.autograd.Function):
         r_sum = torch.empty(batch, n_chunks, **f32)
         end = torch.empty(batch, n_chunks, width, **f32)
         meta = _tiles(width, chunk)
-        launch(_samu_summary_kernel, (batch * n_chunks,),
-               x, w, bias, a_param_, log_temp_, r, g, r_sum, end, length, width, n_chunks,
-               meta["summary_units"], T=chunk, **meta["summary"])
+        launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param_,
+                         log_temp_, r, g, r_sum, end, length, width, n_chunks,
+                         meta["summary_units"], T=chunk, **meta["summary"])
         h_in = chunk_carry(r_sum, end, reverse=False, a_param=a_param_, log_temp=log_temp_)
         y = torch.empty_like(x)
         grid = (batch * n_chunks, cdiv(width, meta["output"]["BD"]))
-        launch(_samu_output_kernel, grid, x, y, r, g, h_in, a_param_, log_temp_, skip_, length,
-               width, n_chunks, meta["output_units"], T=chunk, **meta["output"])
+        launching.launch(_samu_output_kernel, grid, x, y, r, g, h_in, a_param_, log_temp_, skip_,
+                         length, width, n_chunks, meta["output_units"], T=chunk, **meta["output"])
         ctx.save_for_backward(x, r, g, r_sum, h_in, *params)
         ctx.chunk = chunk
         return y
@@ -276,16 +280,17 @@ class SamuFunction(torch.autograd.Function):
         meta = _tiles(width, chunk)
         end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
         grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BD"]))
-        launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, end, length, width,
-               n_chunks, meta["reverse_summary_units"], T=chunk, **meta["reverse_summary"])
+        launching.launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, end, length,
+                         width, n_chunks, meta["reverse_summary_units"], T=chunk,
+                         **meta["reverse_summary"])
         carry = chunk_carry(r_sum, end, reverse=True, a_param=a_param, log_temp=log_temp)
         dx = torch.empty_like(x)
         items = batch * n_chunks
         part = torch.empty(items, 2 * width + 4, device=x.device, dtype=torch.float32)
         dsp_part = end.view(items, width)  # end is spent: the carry has read it
-        launch(_samu_backward_kernel, (items,),
-               x, dy, dx, w, r, g, h_in, carry, a_param, log_temp, skip, part, dsp_part, length,
-               width, n_chunks, meta["backward_units"], T=chunk, **meta["backward"])
+        launching.launch(_samu_backward_kernel, (items,), x, dy, dx, w, r, g, h_in, carry, a_param,
+                         log_temp, skip, part, dsp_part, length, width, n_chunks,
+                         meta["backward_units"], T=chunk, **meta["backward"])
         grads = sum_partials(part, dsp_part, a_param)
         d_w, d_scalars, d_a = grads.split([2 * width, 4, width])
         return (dx, d_w.view(2, width), d_scalars[2:], d_a, d_scalars[0], d_scalars[1], None)

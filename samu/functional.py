@@ -1,44 +1,33 @@
-"""The two mixers as nn.Modules and functional forms (SPEC section 3).
+"""The mixers' functional forms and their input checks (SPEC section 3).
 
-A state_dict is the contract: parameter names and shapes are those of SPEC section 2.
+Bad input raises an error that names the problem and touches nothing; the checks run before any
+backend, so every backend refuses the same inputs with the same words.
 """
 from __future__ import annotations
 
-import math
-
 import torch
-from torch import nn
 
-from . import backends as _backends
+from . import dispatch
 
-NUM_HEADS = 16
+
 PARAMETER_NAMES = {
     "rglru": ("gate_x_weight", "gate_x_bias", "gate_a_weight", "gate_a_bias", "a_param"),
     "samu": ("ctrl_weight", "ctrl_bias", "a_param", "log_temp", "skip"),
 }
+
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
 # Kernels index with int64 offsets; grid axis 0 (batch x chunks) is the only large one.
 MAX_ELEMENTS = 2**62
 
 
-def parameter_count(mixer: str, width: int, num_heads: int = NUM_HEADS) -> int:
-    if mixer == "rglru":
-        return 2 * width * width // num_heads + 3 * width
-    if mixer == "samu":
-        return 3 * width + 4
-    raise ValueError(f"unknown mixer {mixer!r}")
-
-
-def dynamic_control_values_per_token(mixer: str, width: int) -> int:
-    return {"rglru": 2 * width, "samu": 2}[mixer]
-
-
-def init_a_param(a_param: torch.Tensor, generator=None) -> None:
-    """softplus(a_param) = -0.5 log U, U uniform on [0.9^2, 0.999^2]."""
-    with torch.no_grad():
-        u = torch.empty_like(a_param).uniform_(0.9**2, 0.999**2, generator=generator)
-        sp = -0.5 * torch.log(u)
-        a_param.copy_(sp + torch.log(-torch.expm1(-sp)))  # inverse softplus
+def check_positive_int(mixer: str, name: str, value, what: str = "") -> None:
+    # bool is an int subclass, and RGLRU(True) would reach torch.empty with a bool size.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{mixer}: {name} must be a positive integer{what}, got "
+                        f"{type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{mixer}: {name} must be a positive integer{what}, got {value}")
 
 
 def check_input(x, width: int, mixer: str) -> None:
@@ -97,13 +86,12 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
 def _run(mixer: str, x, params: dict, backend: str):
     x = autocast_input(x)
     check_parameters(mixer, x, params)
-    chosen = _backends.resolve(mixer, x, backend)
+    chosen = dispatch.resolve(mixer, x, backend)
     if chosen.kind == "triton" or not torch.is_autocast_enabled(x.device.type):
         # The kernels set every dtype themselves; entering autocast costs ~15 us of host time.
         return chosen.run(x, *params.values()), chosen.name
     with torch.autocast(x.device.type, enabled=False):
         return chosen.run(x, *params.values()), chosen.name
-
 
 # The entry points are opaque to dynamo until the kernels are custom ops: tracing into the
 # library fails (CUDA queries, Triton launches) and can leave launch caches half filled.  So
@@ -140,7 +128,8 @@ def samu(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend="auto",
                   log_temp=log_temp, skip=skip)
     check_tensors("samu", params)
     if ctrl_weight.dim() != 2 or ctrl_weight.shape[0] != 2:
-        raise ValueError(f"samu: ctrl_weight must have shape [2, D], got {tuple(ctrl_weight.shape)}")
+        raise ValueError("samu: ctrl_weight must have shape [2, D], got "
+                         f"{tuple(ctrl_weight.shape)}")
     width = ctrl_weight.shape[1]
     check_input(x, width, "samu")
     expected = {"ctrl_bias": (2,), "a_param": (width,), "log_temp": (), "skip": ()}
@@ -151,104 +140,4 @@ def samu(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend="auto",
     y, name = _run("samu", x, params, backend)
     return (y, name) if return_backend else y
 
-
-def check_positive_int(mixer: str, name: str, value, what: str = "") -> None:
-    # bool is an int subclass, and RGLRU(True) would reach torch.empty with a bool size.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{mixer}: {name} must be a positive integer{what}, got "
-                        f"{type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{mixer}: {name} must be a positive integer{what}, got {value}")
-
-
-class _Mixer(nn.Module):
-    mixer = ""
-
-    def __init__(self, width: int, backend: str):
-        super().__init__()
-        check_positive_int(self.mixer, "width", width)
-        _backends.check_name(self.mixer, backend)
-        self.width = width
-        self.backend = backend
-        self.last_backend: str | None = None  # the backend that ran in the last forward
-
-    @property
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    @property
-    def dynamic_control_values_per_token(self) -> int:
-        return dynamic_control_values_per_token(self.mixer, self.width)
-
-    def extra_repr(self) -> str:
-        return f"width={self.width}, backend={self.backend!r}"
-
-
-class RGLRU(_Mixer):
-    """Real-Gated Linear Recurrent Unit (Griffin/Hawk) with block-diagonal gates."""
-    mixer = "rglru"
-
-    def __init__(self, width: int, num_heads: int = NUM_HEADS, backend: str = "auto",
-                 device=None):
-        super().__init__(width, backend)
-        check_positive_int("rglru", "num_heads", num_heads, f" dividing width {width}")
-        if width % num_heads:
-            raise ValueError(f"rglru: width {width} is not divisible by num_heads {num_heads}")
-        self.num_heads = num_heads
-        bw = width // num_heads
-        kw = dict(device=device, dtype=torch.float32)
-        self.gate_x_weight = nn.Parameter(torch.empty(num_heads, bw, bw, **kw))
-        self.gate_x_bias = nn.Parameter(torch.empty(width, **kw))
-        self.gate_a_weight = nn.Parameter(torch.empty(num_heads, bw, bw, **kw))
-        self.gate_a_bias = nn.Parameter(torch.empty(width, **kw))
-        self.a_param = nn.Parameter(torch.empty(width, **kw))
-        self.reset_parameters()
-
-    def reset_parameters(self, generator=None) -> None:
-        bw = self.width // self.num_heads
-        with torch.no_grad():
-            for w in (self.gate_x_weight, self.gate_a_weight):
-                w.normal_(0.0, 1.0 / math.sqrt(bw), generator=generator)
-            self.gate_x_bias.zero_()
-            self.gate_a_bias.zero_()
-        init_a_param(self.a_param, generator)
-
-    def forward(self, x):
-        # Attributes, not self.parameters(): the generator costs ~15 us of host time per call.
-        y, self.last_backend = rglru(x, self.gate_x_weight, self.gate_x_bias, self.gate_a_weight,
-                                     self.gate_a_bias, self.a_param, backend=self.backend,
-                                     return_backend=True)
-        return y
-
-
-class SAMU(_Mixer):
-    """Scalar-gated mixer: two per-token FP32 controller scalars shared by every channel."""
-    mixer = "samu"
-
-    def __init__(self, width: int, backend: str = "auto", device=None):
-        super().__init__(width, backend)
-        kw = dict(device=device, dtype=torch.float32)
-        self.ctrl_weight = nn.Parameter(torch.empty(2, width, **kw))
-        self.ctrl_bias = nn.Parameter(torch.empty(2, **kw))
-        self.a_param = nn.Parameter(torch.empty(width, **kw))
-        self.log_temp = nn.Parameter(torch.empty((), **kw))
-        self.skip = nn.Parameter(torch.empty((), **kw))
-        self.reset_parameters()
-
-    def reset_parameters(self, generator=None) -> None:
-        with torch.no_grad():
-            self.ctrl_weight.normal_(0.0, 1.0 / math.sqrt(self.width), generator=generator)
-            self.ctrl_bias.zero_()
-            self.log_temp.zero_()
-            self.skip.zero_()
-        init_a_param(self.a_param, generator)
-
-    def forward(self, x):
-        y, self.last_backend = samu(x, self.ctrl_weight, self.ctrl_bias, self.a_param,
-                                    self.log_temp, self.skip, backend=self.backend,
-                                    return_backend=True)
-        return y
-
-
-MODULES = {"rglru": RGLRU, "samu": SAMU}
 FUNCTIONS = {"rglru": rglru, "samu": samu}

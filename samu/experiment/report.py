@@ -6,18 +6,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import backends, paths, schema, timing
+from ..shapes import Shape
+from .. import paths
+from . import protocol, schema
 
 SHAPE_ORDER_KEY = lambda s: (s[1], s[2], s[0])  # noqa: E731  length, width, batch
 
 
-def shape_of(row: dict) -> tuple[int, int, int]:
-    s = row["shape"]
-    return s["batch"], s["length"], s["width"]
-
-
-def shape_label(shape) -> str:
-    return f"({shape[0]}, {shape[1]}, {shape[2]})"
+def shape_of(row: dict) -> Shape:
+    return Shape.of(row["shape"])
 
 
 def load_shape_files(slug: str) -> list[dict]:
@@ -40,7 +37,7 @@ def combine(slug: str) -> dict:
         "schema_version": schema.SCHEMA_VERSION,
         "protocol": docs[0]["protocol"],
         "environment": docs[-1]["environment"],
-        "shape_environments": {backends.shape_key(shape_of(d["rows"][0])): d["environment"]
+        "shape_environments": {shape_of(d["rows"][0]).key: d["environment"]
                                for d in docs},
         "rows": rows,
     }
@@ -49,20 +46,20 @@ def combine(slug: str) -> dict:
 
 
 def seed_document() -> dict:
-    return schema.read_json(paths.SEED_FILE)
+    return schema.read_json(paths.PUBLISHED_H800_FILE)
 
 
 def frame(doc: dict, source: str) -> pd.DataFrame:
     """One line per row: times, memory in units of B*L*D BF16 elements, floor figures."""
-    bandwidth = timing.COPY_BANDWIDTH["nvidia-h200"]
+    bandwidth = protocol.COPY_BANDWIDTH["nvidia-h200"]
     records = []
     for row in doc["rows"]:
         shape = shape_of(row)
         unit = 2 * shape[0] * shape[1] * shape[2]
         fb = row["forward_backward"]["median_ms"]
-        floor = row.get("floor_ms", timing.floor_ms(shape, bandwidth))
+        floor = row.get("floor_ms", protocol.floor_ms(shape, bandwidth))
         records.append({
-            "source": source, "shape": shape_label(shape), "shape_tuple": shape,
+            "source": source, "shape": shape.label, "shape_tuple": shape,
             "mixer": row["architecture"], "backend": row["backend"],
             "forward_ms": row["forward"]["median_ms"],
             "backward_ms": row["backward"]["median_ms"],
@@ -70,9 +67,9 @@ def frame(doc: dict, source: str) -> pd.DataFrame:
             "forward_backward_std_ms": row["forward_backward"]["std_ms"],
             "peak_allocated_delta_units": row["peak_allocated_delta_bytes"] / unit,
             "floor_ms": floor, "times_floor": fb / floor, "floor_fraction": floor / fb,
-            "forward_times_floor": row["forward"]["median_ms"] / timing.floor_ms(
-                shape, bandwidth, timing.FORWARD_FLOOR_BYTES_PER_ELEMENT),
-            "achieved_TBps": timing.FLOOR_BYTES_PER_ELEMENT * unit / 2 / (fb * 1e-3) / 1e12,
+            "forward_times_floor": row["forward"]["median_ms"] / protocol.floor_ms(
+                shape, bandwidth, protocol.FORWARD_FLOOR_BYTES_PER_ELEMENT),
+            "achieved_TBps": protocol.FLOOR_BYTES_PER_ELEMENT * unit / 2 / (fb * 1e-3) / 1e12,
             "samples": row["forward_backward"]["samples_ms"],
         })
     df = pd.DataFrame.from_records(records)

@@ -8,27 +8,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
+
+from ..shapes import Shape
 
 GPU_SHAPES = ["4x2048x2048", "1x8192x2560", "1x32768x1024", "1x32768x2048"]
 CPU_SHAPES = ["1x16x16"]  # the interpreter takes ~10 s per RG-LRU forward+backward here
 PER_SHAPE = ["01_correctness", "02_calibration", "03_timing"]
 
 
-def parse_shape(text: str) -> tuple[int, int, int]:
-    # ASCII digits only: int() would also take "1_6", " 16" and non-ASCII digits.
-    match = re.fullmatch(r"([0-9]+)x([0-9]+)x([0-9]+)", text.lower())
-    if match is None:
-        raise SystemExit(f"bad shape {text!r}: write BATCHxLENGTHxWIDTH, e.g. 4x2048x2048")
-    batch, length, width = (int(v) for v in match.groups())
-    if min(batch, length, width) < 1:
-        raise SystemExit(f"bad shape {text!r}: every dimension must be at least 1")
-    return batch, length, width
+def parse_shape(text: str) -> Shape:
+    try:
+        return Shape.parse(text)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
-def parse_shapes(args: list[str] | None) -> list[tuple[int, int, int]]:
+def parse_shapes(args: list[str] | None) -> list[Shape]:
     """Each argument may hold several shapes separated by whitespace: `make reproduce` passes
     SHAPES as one quoted argument."""
     return [parse_shape(word) for arg in args or () for word in arg.split()]
@@ -37,7 +34,7 @@ def parse_shapes(args: list[str] | None) -> list[tuple[int, int, int]]:
 def export_data_dir() -> str:
     """Put the absolute data folder into the environment that notebook kernels inherit: they run
     in notebooks/, where a relative SAMU_DATA_DIR would name another folder."""
-    from . import paths
+    from .. import paths
 
     os.environ["SAMU_DATA_DIR"] = str(paths.DATA)
     return os.environ["SAMU_DATA_DIR"]
@@ -45,7 +42,7 @@ def export_data_dir() -> str:
 
 def run_notebook(name: str, out_dir: Path, parameters: dict) -> Path:
     import papermill
-    from . import paths
+    from .. import paths
 
     src = paths.REPO_ROOT / "notebooks" / f"{name}.ipynb"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -77,16 +74,17 @@ def main(argv=None) -> int:
         print("No CUDA device: running small shapes with Triton's interpreter. CPU timings "
               "are no GPU claim.", flush=True)
     from tqdm.auto import tqdm
-    from . import backends, paths, report
+    from .. import dispatch, paths
+    from . import report
 
     shapes = explicit or parse_shapes(GPU_SHAPES if cuda else CPU_SHAPES)
     export_data_dir()
-    slug = backends.gpu_slug()
+    slug = dispatch.gpu_slug()
     steps = [(k, shape, nb) for k, shape in enumerate(shapes) for nb in PER_SHAPE]
     bar = tqdm(total=len(steps) + 1, desc="reproduce", unit="notebook")
     try:
         for k, shape, nb in steps:
-            label = backends.shape_key(shape)
+            label = shape.key
             bar.set_postfix_str(f"{nb} {label}")
             run_notebook(nb, paths.DATA / "runs" / slug / label,
                          dict(batch=shape[0], length=shape[1], width=shape[2], shape_index=k))

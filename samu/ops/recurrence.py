@@ -1,27 +1,23 @@
-"""Pure-PyTorch reference mixers (SPEC section 2).
+"""The recurrence both mixers share, in pure PyTorch (SPEC section 2).
 
-Two formulations of the same recurrence, h_t = a_t * h_{t-1} + u_t with h_{-1} = 0:
+h_t = a_t * h_{t-1} + u_t with h_{-1} = 0, in two formulations that check each other:
 
-* ``scan_sequential``: one step per token. In float64 it is the oracle.
+* ``scan_sequential``: one step per token.  In float64 it is the oracle.
 * ``scan_chunked``: chunks of C tokens are scanned in parallel (a sequential loop over the
   C positions, vectorised over every chunk), then chunk carries are composed with the identity
   h_t = local_t + (prod_{s <= t in chunk} a_s) * h_in.  About 2*sqrt(L) Python steps.
 
-Both are differentiated by autograd; ``samu.backward`` holds the hand-derived formulas that the
-Triton kernels implement and is checked against these.
-
-Numerics follow the seed's policy (SPEC 2, "Numerics"): in float64 everything is float64 (oracle);
-otherwise RG-LRU's gate products take operands in x's dtype with FP32 accumulation, rounded to x's
-dtype as autocast would, SAMU's controller is FP32, the carry is FP32, and y comes back in x's dtype.
+and the pieces of the hand-derived backward that both mixers use (``reverse_scan``, ``dlog_a``).
 """
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
+
 
 GATE_SCALE = 8.0  # the constant c in log a = -c * gate * softplus(a_param)
+
 SQRT_GRAD_FLOOR = 1e-6  # d sqrt(v)/dv = 1/sqrt(max(4v, 1e-6)): capped at 1000
 
 
@@ -94,61 +90,25 @@ def scan_chunked(a: torch.Tensor, u: torch.Tensor, chunk: int | None = None) -> 
     h = local + decay * carries[:, :, None]
     return h.reshape(batch, n_chunks * chunk, width)[:, :length]
 
-
 SCANS = {"sequential": scan_sequential, "chunked": scan_chunked}
 
 
-def _scan(a, u, scan: str):
+def run_scan(a, u, scan: str):
     try:
         return SCANS[scan](a, u)
     except KeyError:
         raise ValueError(f"unknown scan {scan!r}; choose one of {sorted(SCANS)}") from None
 
 
-def block_diagonal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """G[..., h*bw+j] = sum_i x[..., h*bw+i] W[h, i, j] + b[h*bw+j]."""
-    heads, bw, _ = weight.shape
-    xh = x.reshape(*x.shape[:-1], heads, bw)
-    return torch.einsum("blhi,hij->blhj", xh, weight).reshape(x.shape) + bias
+def reverse_scan(a: torch.Tensor, dy: torch.Tensor, scan: str = "sequential") -> torch.Tensor:
+    """dh_t = dy_t + a_{t+1} dh_{t+1}: the forward scan run on the time-reversed sequence."""
+    a_next = torch.cat([a[:, 1:], torch.ones_like(a[:, :1])], dim=1)
+    return SCANS[scan](a_next.flip(1), dy.flip(1)).flip(1)
 
 
-def rglru_reference(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
-                    scan: str = "chunked"):
-    """RG-LRU: gx, ga = sigmoid(block-diagonal gates); log a = -8 ga softplus(a_param);
-    u = m gx x; y = h."""
-    cdt = carry_dtype(x)
-    if cdt == torch.float64:
-        xg, wx, wa = x, gate_x_weight.double(), gate_a_weight.double()
-    elif x.dtype in (torch.bfloat16, torch.float16):  # autocast: low-precision operands
-        xg, wx, wa = x, gate_x_weight.to(x.dtype), gate_a_weight.to(x.dtype)
-    else:
-        xg, wx, wa = x.float(), gate_x_weight.float(), gate_a_weight.float()
-    gx = torch.sigmoid(block_diagonal(xg, wx, gate_x_bias.to(cdt)).to(cdt))
-    ga = torch.sigmoid(block_diagonal(xg, wa, gate_a_bias.to(cdt)).to(cdt))
-    log_a = -GATE_SCALE * ga * F.softplus(a_param.to(cdt))
-    a, m = transition(log_a)
-    h = _scan(a, m * gx * x.to(cdt), scan)
-    return h.to(x.dtype)
-
-
-def samu_controller(x, ctrl_weight, ctrl_bias):
-    """z_t = W x_t + b in FP32 (float64 for the oracle); r, g = sigmoid(z)."""
-    cdt = carry_dtype(x)
-    z = x.to(cdt) @ ctrl_weight.to(cdt).t() + ctrl_bias.to(cdt)
-    return torch.sigmoid(z[..., 0]), torch.sigmoid(z[..., 1])
-
-
-def samu_reference(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, scan: str = "chunked"):
-    """SAMU: per-token scalars r, g; log a = -8 exp(log_temp) r softplus(a_param);
-    u = m g x; y = h + skip x."""
-    cdt = carry_dtype(x)
-    r, g = samu_controller(x, ctrl_weight, ctrl_bias)
-    c = GATE_SCALE * torch.exp(log_temp.to(cdt))
-    log_a = -c * r[..., None] * F.softplus(a_param.to(cdt))
-    a, m = transition(log_a)
-    xc = x.to(cdt)
-    h = _scan(a, m * g[..., None] * xc, scan)
-    return (h + skip.to(cdt) * xc).to(x.dtype)
-
-
-REFERENCES = {"rglru": rglru_reference, "samu": samu_reference}
+def dlog_a(log_a, a, h, u, dh, gate_x):
+    """Gradient reaching log a through a_t h_{t-1} and through m_t (none at t = 0)."""
+    dm_dlog_a = -2.0 * a * a / torch.sqrt(torch.clamp(4.0 * -torch.expm1(2.0 * log_a),
+                                                      min=SQRT_GRAD_FLOOR))
+    dm_dlog_a[:, 0] = 0.0
+    return dh * (h - u) + dh * gate_x * dm_dlog_a

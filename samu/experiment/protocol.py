@@ -10,8 +10,10 @@ from datetime import datetime, timezone
 
 import torch
 
-from . import backends, paths, schema
-from .mixers import MODULES, dynamic_control_values_per_token, parameter_count
+from ..shapes import Shape
+from .. import backends, paths
+from ..modules import MODULES, dynamic_control_values_per_token, parameter_count
+from . import schema
 
 ROUNDS = schema.ROUNDS
 SAMPLES = schema.SAMPLES_PER_ROUND
@@ -91,7 +93,7 @@ def _clear_grads(module, x):
     module.zero_grad(set_to_none=True)
 
 
-def _sample(module, x, dy, phase: str) -> float:
+def sample(module, x, dy, phase: str) -> float:
     begin, end = _timer(x.device)
     _clear_grads(module, x)
     if phase == "forward":
@@ -129,8 +131,8 @@ def time_forward_backward(mixer: str, backend: str, x, params: dict, dy, reps: i
     """forward+backward samples of one backend on given inputs (for calibration)."""
     module, xg = module_with(mixer, backend, x, params)
     for _ in range(warmup_count(x.device)):
-        _sample(module, xg, dy, "forward_backward")
-    return [_sample(module, xg, dy, "forward_backward") for _ in range(reps)]
+        sample(module, xg, dy, "forward_backward")
+    return [sample(module, xg, dy, "forward_backward") for _ in range(reps)]
 
 
 def summarize(samples: list) -> dict:
@@ -149,7 +151,7 @@ def measure_memory(module, x, dy) -> dict:
     keys = ("peak_allocated_delta_bytes", "peak_reserved_delta_bytes", "peak_allocated_bytes",
             "peak_reserved_bytes", "baseline_allocated_bytes", "baseline_reserved_bytes")
     if not x.is_cuda:
-        _sample(module, x, dy, "forward_backward")
+        sample(module, x, dy, "forward_backward")
         return dict.fromkeys(keys, 0)
     _clear_grads(module, x)
     torch.cuda.synchronize()
@@ -179,10 +181,10 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
         for position, mixer in enumerate(order):
             module = modules[mixer]
             for _ in range(warmup_count(device)):
-                _sample(module, x, dy, "forward_backward")
+                sample(module, x, dy, "forward_backward")
             phases = {}
             for phase in ("forward", "backward", "forward_backward"):
-                phases[f"{phase}_ms"] = [_sample(module, x, dy, phase) for _ in range(samples)]
+                phases[f"{phase}_ms"] = [sample(module, x, dy, phase) for _ in range(samples)]
                 if progress:
                     progress(f"round {r} {mixer} {phase}")
             per_round[mixer].append({"round": r, "order_index": position, **phases})
@@ -278,11 +280,11 @@ def write_shape_result(slug: str, shape, rows: list[dict], calibration_doc: dict
     """One schema-valid file per shape in data/results/<slug>/, with the legality errors that
     calibration recorded for each row's backend."""
     if calibration_doc:
-        entry = calibration_doc["shapes"].get(backends.shape_key(shape), {})
+        entry = calibration_doc["shapes"].get(Shape.of(shape).key, {})
         for row in rows:
             for b in entry.get(row["architecture"], {}).get("backends", []):
                 if b["backend"] == row["backend"]:
                     row["legality_errors"] = b.get("errors")
                     row["eager_reference_errors"] = b.get("eager_errors")
-    path = paths.results_dir(slug) / f"{backends.shape_key(shape)}.json"
+    path = paths.results_dir(slug) / f"{Shape.of(shape).key}.json"
     return schema.write_json_atomic(path, result_document(rows))

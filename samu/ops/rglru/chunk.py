@@ -20,11 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .scan_kernels import (adjoint_combine, affine_combine, aligned, cdiv, chunk_carry, dot_dtype,
-                           dot_operand_dtype, exp_fast, fp32_contiguous, last_row, launch,
-                           next_power_of_2, refuse_double_backward, row_offsets, row_stride_units,
-                           rows_of, sigmoid_fast, sm_count, softplus, sum_partials, tile_width,
-                           to_element, transition, vector_width)
+from ..common.carry import chunk_carry
+from ..common import launching
+from ..common.launching import (aligned, cdiv, dot_dtype, dot_operand_dtype, fp32_contiguous,
+                             next_power_of_2, refuse_double_backward, row_stride_units, rows_of,
+                             sm_count, tile_width, vector_width)
+from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
+from ..common.reduce import sum_partials
+from ..common.scan import adjoint_combine, affine_combine, last_row, row_offsets
 
 MIXER = "rglru"
 GATE_SCALE = 8.0
@@ -318,13 +321,13 @@ class RglruFunction(torch.autograd.Function):
         end = torch.empty(batch, n_chunks, width, **f32)
         grid = (batch * n_chunks, heads * plan["nbv"])
         meta = plan["summary"]
-        launch(_rglru_summary_kernel, grid, x, *params, decay, end, length, width, n_chunks, bw,
-               plan["nbv"], row_stride_units(width, meta), **meta)
+        launching.launch(_rglru_summary_kernel, grid, x, *params, decay, end, length, width,
+                         n_chunks, bw, plan["nbv"], row_stride_units(width, meta), **meta)
         h_in = chunk_carry(decay, end, reverse=False)
         y = torch.empty_like(x)
         meta = plan["output"]
-        launch(_rglru_output_kernel, grid, x, y, *params, h_in, length, width, n_chunks, bw,
-               plan["nbv"], row_stride_units(width, meta), **meta)
+        launching.launch(_rglru_output_kernel, grid, x, y, *params, h_in, length, width, n_chunks,
+                         bw, plan["nbv"], row_stride_units(width, meta), **meta)
         ctx.save_for_backward(x, decay, h_in, *params)
         ctx.config = (chunk, block_n)
         return y
@@ -342,15 +345,15 @@ class RglruFunction(torch.autograd.Function):
         f32 = dict(device=x.device, dtype=torch.float32)
         end = torch.empty(batch, n_chunks, width, **f32)
         meta = plan["reverse_summary"]
-        launch(_rglru_reverse_summary_kernel, (batch * n_chunks, heads * plan["nbv"]),
-               x, dy, wa, ba, a_param, end, length, width, n_chunks, bw, plan["nbv"],
-               row_stride_units(width, meta), **meta)
+        launching.launch(_rglru_reverse_summary_kernel, (batch * n_chunks, heads * plan["nbv"]), x,
+                         dy, wa, ba, a_param, end, length, width, n_chunks, bw, plan["nbv"],
+                         row_stride_units(width, meta), **meta)
         carry = chunk_carry(decay, end, reverse=True)
         dx = torch.empty_like(x)
         meta = plan["dx"]
-        launch(_rglru_dx_kernel, (batch * n_chunks, heads),
-               x, dy, dx, wx, bx, wa, ba, a_param, h_in, carry, length, width, n_chunks, bw,
-               row_stride_units(width, meta), **meta)
+        launching.launch(_rglru_dx_kernel, (batch * n_chunks, heads), x, dy, dx, wx, bx, wa, ba,
+                         a_param, h_in, carry, length, width, n_chunks, bw,
+                         row_stride_units(width, meta), **meta)
         nbv_w = plan["nbv_w"]
         slots = PARAM_GRAD_PROGRAMS_PER_SM * sm_count(x.device)
         per_batch = max(1, slots // (batch * heads * nbv_w))
@@ -360,9 +363,9 @@ class RglruFunction(torch.autograd.Function):
         part = torch.empty(n_parts, 2 * heads * bw * bw + 2 * width, **f32)
         dsp_part = rows_of(end, n_parts, width)  # end is spent: the carry has read it
         meta = plan["param_grad"]
-        launch(_rglru_param_grad_kernel, (n_parts, heads * nbv_w),
-               x, dy, wx, bx, wa, ba, a_param, h_in, carry, part, dsp_part, length, width,
-               n_chunks, bw, nbv_w, per_span, n_spans, row_stride_units(width, meta), **meta)
+        launching.launch(_rglru_param_grad_kernel, (n_parts, heads * nbv_w), x, dy, wx, bx, wa, ba,
+                         a_param, h_in, carry, part, dsp_part, length, width, n_chunks, bw, nbv_w,
+                         per_span, n_spans, row_stride_units(width, meta), **meta)
         grads = sum_partials(part, dsp_part, a_param)
         dwx, dwa, dbx, dba, da = grads.split([heads * bw * bw] * 2 + [width] * 3)
         return (dx, dwx.view(heads, bw, bw), dbx, dwa.view(heads, bw, bw), dba, da, None, None)

@@ -1,0 +1,70 @@
+"""Calibration of backends per shape (SPEC section 4): every backend's legality and time, ranked,
+and the choice, merged into the calibration file that ``auto`` reads."""
+from __future__ import annotations
+
+import statistics
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..shapes import Shape
+from .. import backends, calibration_file, dispatch, paths
+from . import protocol, schema
+from .legality import check_legality, make_inputs, oracle, outputs, relative_errors
+
+
+def calibrate_shape(shape, device, mixers=("rglru", "samu"), candidates: dict | None = None,
+                    reps: int = 10, seed: int = 0, progress=None) -> dict:
+    """For each mixer: legality of every candidate, forward+backward medians of the legal ones,
+    ranked, and the choice.  Reference backends are recorded as illegal without timing."""
+    result = {}
+    for mixer in mixers:
+        names = candidates[mixer] if candidates else backends.available(mixer)
+        x, params, dy = make_inputs(mixer, shape, device, seed)
+        want = oracle(mixer, x, params, dy)
+        eager = relative_errors(outputs(mixer, "reference_chunked", x, params, dy), want)
+        entries = []
+        for name in names:
+            if progress:
+                progress(f"{mixer}/{name}")
+            if backends.REGISTRY[mixer][name].kind == "reference" and device != "cpu":
+                entries.append({"backend": name, "legal": False,
+                                "reason": "materialises a state-sized transition",
+                                "materialized_state_sized_transition": True})
+                continue
+            entry = check_legality(mixer, name, shape, device, seed, want, eager)
+            if entry["legal"]:
+                samples = protocol.time_forward_backward(mixer, name, x, params, dy, reps)
+                entry["forward_backward_ms"] = samples
+                entry["median_ms"] = statistics.median(samples)
+            entries.append(entry)
+        del want
+        legal = sorted((e for e in entries if e["legal"]), key=lambda e: e["median_ms"])
+        result[mixer] = {
+            "ranking": [e["backend"] for e in legal],
+            "chosen": legal[0]["backend"] if legal else None,
+            "backends": entries,
+        }
+    return result
+
+
+def merge_calibration(slug: str, shape, result: dict, environment: dict,
+                      path: Path | None = None) -> dict:
+    """Merge one shape's result into data/calibration/<slug>.json (or ``path``), atomically.
+
+    The read-modify-write holds the file's lock, so concurrent calibrations of other shapes
+    lose nothing; the merged document is checked as ``auto`` will check it before it is
+    written, so a bad result leaves the file as it was."""
+    path = Path(path) if path is not None else paths.calibration_file(slug)
+    with calibration_file.locked(path):
+        if path.exists():
+            doc = calibration_file.read(path)
+            dispatch.check_calibration(doc, path)  # refuse to build on a broken file
+        else:
+            doc = {"gpu": environment.get("gpu"), "shapes": {}}
+        doc["environment"] = environment
+        doc["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        doc["shapes"][Shape.of(shape).key] = result
+        dispatch.check_calibration(doc, path)
+        schema.write_json_atomic(path, doc, kind="calibration")
+    dispatch.forget_calibration()
+    return doc

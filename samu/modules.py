@@ -1,0 +1,127 @@
+"""The two mixers as nn.Modules (SPEC section 3).
+
+A state_dict is the contract: parameter names and shapes are those of SPEC section 2.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import backends
+from .functional import check_positive_int, rglru, samu
+
+
+NUM_HEADS = 16
+
+
+def parameter_count(mixer: str, width: int, num_heads: int = NUM_HEADS) -> int:
+    if mixer == "rglru":
+        return 2 * width * width // num_heads + 3 * width
+    if mixer == "samu":
+        return 3 * width + 4
+    raise ValueError(f"unknown mixer {mixer!r}")
+
+
+def dynamic_control_values_per_token(mixer: str, width: int) -> int:
+    return {"rglru": 2 * width, "samu": 2}[mixer]
+
+
+def init_a_param(a_param: torch.Tensor, generator=None) -> None:
+    """softplus(a_param) = -0.5 log U, U uniform on [0.9^2, 0.999^2]."""
+    with torch.no_grad():
+        u = torch.empty_like(a_param).uniform_(0.9**2, 0.999**2, generator=generator)
+        sp = -0.5 * torch.log(u)
+        a_param.copy_(sp + torch.log(-torch.expm1(-sp)))  # inverse softplus
+
+
+class _Mixer(nn.Module):
+    mixer = ""
+
+    def __init__(self, width: int, backend: str):
+        super().__init__()
+        check_positive_int(self.mixer, "width", width)
+        backends.check_name(self.mixer, backend)
+        self.width = width
+        self.backend = backend
+        self.last_backend: str | None = None  # the backend that ran in the last forward
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    @property
+    def dynamic_control_values_per_token(self) -> int:
+        return dynamic_control_values_per_token(self.mixer, self.width)
+
+    def extra_repr(self) -> str:
+        return f"width={self.width}, backend={self.backend!r}"
+
+
+class RGLRU(_Mixer):
+    """Real-Gated Linear Recurrent Unit (Griffin/Hawk) with block-diagonal gates."""
+    mixer = "rglru"
+
+    def __init__(self, width: int, num_heads: int = NUM_HEADS, backend: str = "auto",
+                 device=None):
+        super().__init__(width, backend)
+        check_positive_int("rglru", "num_heads", num_heads, f" dividing width {width}")
+        if width % num_heads:
+            raise ValueError(f"rglru: width {width} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        bw = width // num_heads
+        kw = dict(device=device, dtype=torch.float32)
+        self.gate_x_weight = nn.Parameter(torch.empty(num_heads, bw, bw, **kw))
+        self.gate_x_bias = nn.Parameter(torch.empty(width, **kw))
+        self.gate_a_weight = nn.Parameter(torch.empty(num_heads, bw, bw, **kw))
+        self.gate_a_bias = nn.Parameter(torch.empty(width, **kw))
+        self.a_param = nn.Parameter(torch.empty(width, **kw))
+        self.reset_parameters()
+
+    def reset_parameters(self, generator=None) -> None:
+        bw = self.width // self.num_heads
+        with torch.no_grad():
+            for w in (self.gate_x_weight, self.gate_a_weight):
+                w.normal_(0.0, 1.0 / math.sqrt(bw), generator=generator)
+            self.gate_x_bias.zero_()
+            self.gate_a_bias.zero_()
+        init_a_param(self.a_param, generator)
+
+    def forward(self, x):
+        # Attributes, not self.parameters(): the generator costs ~15 us of host time per call.
+        y, self.last_backend = rglru(x, self.gate_x_weight, self.gate_x_bias, self.gate_a_weight,
+                                     self.gate_a_bias, self.a_param, backend=self.backend,
+                                     return_backend=True)
+        return y
+
+
+class SAMU(_Mixer):
+    """Scalar-gated mixer: two per-token FP32 controller scalars shared by every channel."""
+    mixer = "samu"
+
+    def __init__(self, width: int, backend: str = "auto", device=None):
+        super().__init__(width, backend)
+        kw = dict(device=device, dtype=torch.float32)
+        self.ctrl_weight = nn.Parameter(torch.empty(2, width, **kw))
+        self.ctrl_bias = nn.Parameter(torch.empty(2, **kw))
+        self.a_param = nn.Parameter(torch.empty(width, **kw))
+        self.log_temp = nn.Parameter(torch.empty((), **kw))
+        self.skip = nn.Parameter(torch.empty((), **kw))
+        self.reset_parameters()
+
+    def reset_parameters(self, generator=None) -> None:
+        with torch.no_grad():
+            self.ctrl_weight.normal_(0.0, 1.0 / math.sqrt(self.width), generator=generator)
+            self.ctrl_bias.zero_()
+            self.log_temp.zero_()
+            self.skip.zero_()
+        init_a_param(self.a_param, generator)
+
+    def forward(self, x):
+        y, self.last_backend = samu(x, self.ctrl_weight, self.ctrl_bias, self.a_param,
+                                    self.log_temp, self.skip, backend=self.backend,
+                                    return_backend=True)
+        return y
+
+MODULES = {"rglru": RGLRU, "samu": SAMU}

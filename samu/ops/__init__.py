@@ -1,0 +1,11 @@
+"""The two mixers' implementations, one folder each: ``naive.py`` (the pure-PyTorch reference),
+``backward.py`` (the hand-derived backward formulas) and ``chunk.py`` (the chunked Triton kernels
+with their autograd Function); ``recurrence.py`` is the PyTorch recurrence both share and
+``common/`` the Triton pieces both share.  Importing this package imports no Triton."""
+from .rglru.backward import rglru_backward
+from .rglru.naive import rglru_reference
+from .samu.backward import samu_backward
+from .samu.naive import samu_reference
+
+REFERENCES = {"rglru": rglru_reference, "samu": samu_reference}
+BACKWARDS = {"rglru": rglru_backward, "samu": samu_backward}

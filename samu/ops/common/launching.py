@@ -1,0 +1,133 @@
+"""Host side of every kernel launch: the cached launcher, tensor preparation, tile geometry.
+
+``launch`` is the one launcher every kernel goes through (tests and probes patch it here).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton.language as tl
+
+from ..._runtime import INTERPRETING
+
+
+class Launcher:
+    """kernel[grid](*args, **meta), after the first call through the compiled kernel's own
+    launcher: Triton's JIT path binds and keys every argument on every call, host time that the
+    small shapes feel (scripts/host_overhead.py on the H200's host: 27.2 vs 14.1 us per launch).
+
+    args are tensors and ints.  The cache key holds each int itself and each tensor's dtype, not
+    its address: every pointer a kernel gets is 16-byte aligned (the Functions pass inputs
+    through ``aligned``; buffers are fresh allocations or views at their start), which is the
+    pointer specialisation Triton compiled for.  Keying the alignment cost ~0.6 us per tensor.
+    A first call that returns no compiled kernel (a tracer such as dynamo ran it) caches
+    nothing, so a later eager call compiles for real."""
+
+    def __init__(self, interpreting: bool = INTERPRETING, device_index=None):
+        self.interpreting = interpreting
+        self.device_index = device_index or torch.cuda.current_device
+        self.compiled: dict = {}
+
+    def __call__(self, kernel, grid, *args, **meta):
+        if self.interpreting:
+            kernel[grid](*args, **meta)
+            return
+        key = (kernel, self.device_index(), arg_key(args),
+               tuple(meta.items()))  # call sites pass constexprs in a fixed order
+        entry = self.compiled.get(key)
+        if entry is None:
+            compiled = kernel[grid](*args, **meta)
+            if compiled is not None:
+                constexpr_names = kernel.arg_names[len(args):]
+                self.compiled[key] = (compiled, [meta[name] for name in constexpr_names])
+            return
+        compiled, constexprs = entry
+        compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *constexprs)
+
+launch = Launcher()
+
+
+def arg_key(args) -> tuple:
+    """What a launch's cache entry is keyed on per argument: an int itself (Triton specialises
+    on 1, divisibility by 16 and width), a tensor's dtype (its address is aligned, see launch)."""
+    return tuple([a if a.__class__ is int else a.dtype for a in args])
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """t contiguous and at a 16-byte aligned address (a copy only when it is not): the kernels
+    are compiled for aligned pointers (see launch)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def fp32_contiguous(p: torch.Tensor) -> torch.Tensor:
+    """A parameter as a contiguous, aligned FP32 tensor: itself when it is one (no op)."""
+    if p.dtype == torch.float32:
+        return aligned(p)
+    return p.float().contiguous()
+
+
+def rows_of(spent: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """A [rows, cols] FP32 buffer: the front of a spent FP32 buffer when it is large enough
+    (no allocation, no peak memory), else a new one."""
+    if spent.dtype == torch.float32 and spent.is_contiguous() and spent.numel() >= rows * cols:
+        return spent.view(-1)[:rows * cols].view(rows, cols)
+    return torch.empty(rows, cols, device=spent.device, dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (4 for the interpreter's CPU tensors)."""
+    return _sm_count(device) if device.type == "cuda" else 4
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host code: triton.cdiv is a JIT function whose Python call costs ~15 us."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (>= 1); host-side twin of triton.next_power_of_2 (~13 us)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def vector_width(width: int, wanted: int) -> int:
+    """Channels per thread and load: `wanted` where it divides the width, else 1."""
+    return wanted if width % wanted == 0 else 1
+
+
+def tile_width(warps: int, vector: int) -> int:
+    """Channels of a tile whose layout keeps the whole chunk of tokens in each thread."""
+    return 32 * warps * vector
+
+
+def row_stride_units(width: int, meta: dict) -> int:
+    """The row_units argument of row_offsets: the width in units of the tile's vector V."""
+    return width // meta["V"]
+
+
+def dot_operand_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Operand dtype of tl.dot: x's own, except under the interpreter, whose BF16 dot is wrong."""
+    if INTERPRETING:
+        return torch.float32
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
+def dot_dtype(dtype: torch.dtype):
+    """dot_operand_dtype as a Triton dtype."""
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
+            torch.float32: tl.float32}[dot_operand_dtype(dtype)]
+
+
+def refuse_double_backward(mixer: str) -> None:
+    """The kernels' gradients are not themselves differentiable: with create_graph=True the
+    engine runs backward in grad mode, and second-order terms would be dropped without a word."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"{mixer}: the Triton backends do not support double backward "
+                           "(create_graph=True, e.g. a gradient penalty); use "
+                           "backend='reference_chunked' for that")

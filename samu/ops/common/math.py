@@ -1,0 +1,104 @@
+"""Per-element math of the scan kernels, counted in instructions.
+
+exp, sqrt and reciprocal are single MUFU instructions on the GPU (PTX approx.ftz; tl.exp adds a
+four-instruction denormal fix-up); the interpreter runs no PTX and takes Triton's own ops.
+Softplus is built from tl.exp / tl.log so that the interpreter can run it (no libdevice).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..._runtime import INTERPRETING
+
+
+# One MUFU instruction each on the GPU; the interpreter runs no PTX and takes Triton's own ops.
+# One MUFU instruction each on the GPU; the interpreter runs no PTX and takes Triton's own ops.
+FAST_MATH = tl.constexpr(not INTERPRETING)
+
+INTERPRETER = tl.constexpr(INTERPRETING)
+
+LOG2_E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _ptx_approx(x, INSTRUCTION: tl.constexpr):
+    """One PTX f32 instruction (one MUFU in SASS) on every element of x."""
+    return tl.inline_asm_elementwise(INSTRUCTION + " $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def exp_fast(x):
+    """e^x: PTX ex2.approx.ftz (relative error ~2^-22, results under 2^-126 flush to zero)."""
+    if FAST_MATH:
+        return _ptx_approx(x * LOG2_E, "ex2.approx.ftz.f32")
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def sqrt_fast(x):
+    if FAST_MATH:
+        return _ptx_approx(x, "sqrt.approx.ftz.f32")
+    else:
+        return tl.sqrt(x)
+
+
+@triton.jit
+def reciprocal_fast(x):
+    if FAST_MATH:
+        return _ptx_approx(x, "rcp.approx.ftz.f32")
+    else:
+        return 1.0 / x
+
+
+@triton.jit
+def sigmoid_fast(x):
+    """1 / (1 + e^-x): e^-x = inf gives 0, e^-x = 0 gives 1."""
+    return reciprocal_fast(1.0 + exp_fast(-x))
+
+
+@triton.jit
+def to_element(x, ptr):
+    """x in ptr's element type, rounded to nearest.  The interpreter casts FP32 to BF16 by
+    truncation (numpy has no bfloat16), which doubles an output's rounding error; there the
+    rounding is done on the bits.  On the GPU this is the plain cast (cvt.rn)."""
+    if INTERPRETER:
+        if ptr.dtype.element_ty == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = bits + 0x7FFF + ((bits >> 16) & 1)
+            x = (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return x.to(ptr.dtype.element_ty)
+
+
+@triton.jit
+def softplus(z):
+    """log(1 + e^z), accurate in FP32 over the whole range: log(1 + e) alone rounds to 0 once
+    e = e^-|z| < 2^-24 (z < -17), and loses digits well before.  log1p(e) is taken by
+    Goldberg's correction, log(w) * e / (w - 1) with w = 1 + e, exact to a few ulps, built from
+    tl.log so that the interpreter runs it (no libdevice)."""
+    e = tl.exp(-tl.abs(z))
+    w = 1.0 + e
+    log1p_e = tl.where(w == 1.0, e, tl.log(w) * (e / (w - 1.0)))
+    return tl.maximum(z, 0.0) + log1p_e
+
+
+@triton.jit
+def one_minus_a_squared(log_a, a):
+    """1 - a^2 without cancellation when a is near 1: -expm1(2 log a) by its series for
+    2 log a > -1/16 (truncation ~x^4/120 < 1.3e-7 relative), elsewhere 1 - a * a."""
+    y = log_a
+    series = y * (-2.0 + y * (-2.0 + y * (-4.0 / 3.0 + y * (-2.0 / 3.0))))
+    return tl.where(y > -0.03125, series, 1.0 - a * a)
+
+
+@triton.jit
+def transition(log_a, is_first):
+    """a, m = sqrt(1 - a^2) and dm/dlog a = -a^2 / m (its denominator floored at 5e-4), with
+    m = 1 and no gradient at t = 0."""
+    a = exp_fast(log_a)
+    m_raw = sqrt_fast(tl.maximum(one_minus_a_squared(log_a, a), 0.0))
+    m = tl.where(is_first, 1.0, m_raw)
+    dm_dlog_a = tl.where(is_first, 0.0, -(a * a) * reciprocal_fast(tl.maximum(m_raw, 5e-4)))
+    return a, m, dm_dlog_a

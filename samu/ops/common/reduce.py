@@ -1,0 +1,47 @@
+"""The parameter gradients' last step: per-program partial rows summed in one launch."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import launching
+from .launching import cdiv, next_power_of_2
+
+
+@triton.jit
+def sum_partials_kernel(part_ptr, tail_ptr, out_ptr, a_param_ptr, P, N, D,
+                        BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[:N] = sum_p part[p, :] and out[N:N+D] = sum_p tail[p, :] * sigmoid(a_param), the tail
+    being d softplus(a_param): d a_param = d softplus * sigmoid(a_param)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_part = cols < N
+    in_tail = (cols >= N) & (cols < N + D)
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        rows = p0 + tl.arange(0, BLOCK_P)[:, None]
+        ok = rows < P
+        acc += tl.load(part_ptr + rows.to(tl.int64) * N + cols[None, :],
+                       mask=ok & in_part[None, :], other=0.0)
+        acc += tl.load(tail_ptr + rows.to(tl.int64) * D + (cols[None, :] - N),
+                       mask=ok & in_tail[None, :], other=0.0)
+    total = tl.sum(acc, axis=0)
+    a = tl.load(a_param_ptr + cols - N, mask=in_tail, other=0.0)
+    total = tl.where(in_tail, total * tl.sigmoid(a), total)
+    tl.store(out_ptr + cols, total, mask=in_part | in_tail)
+
+
+def sum_partials(part: torch.Tensor, tail: torch.Tensor, a_param: torch.Tensor) -> torch.Tensor:
+    """Every parameter gradient from the kernels' per-program partial rows, in one launch (in
+    place of ~5 small torch ops at ~10 us of host time each): part [P, N] and tail [P, D], the
+    d softplus(a_param) rows.  Returns [N + D]: the sums of part, then d a_param."""
+    n_parts, n = part.shape
+    width = tail.shape[1]
+    out = torch.empty(n + width, device=part.device, dtype=torch.float32)
+    # Narrow column blocks, tall row blocks: enough programs and bytes in flight when P is large
+    # (4096 rows at chunk 8, L = 32768); 128-column blocks took 0.15 ms there on the H200.
+    block_n = 32
+    launching.launch(sum_partials_kernel, (cdiv(n + width, block_n),), part, tail, out, a_param,
+                     n_parts, n, width, BLOCK_P=min(128, next_power_of_2(n_parts)),
+                     BLOCK_N=block_n, num_warps=4)
+    return out

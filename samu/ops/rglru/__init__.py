@@ -1,0 +1,1 @@
+"""RG-LRU: reference, backward formulas, chunked Triton kernels."""

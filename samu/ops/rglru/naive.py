@@ -1,0 +1,39 @@
+"""RG-LRU in pure PyTorch, differentiated by autograd: the reference the kernels are held to.
+
+Its block-diagonal gate products take operands in x's dtype with FP32 accumulation, rounded to
+x's dtype as autocast would.
+Numerics follow SPEC section 2, "Numerics, both mixers": in float64 everything is float64
+(the oracle); otherwise the carry is FP32 and y comes back in x's dtype.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..recurrence import GATE_SCALE, carry_dtype, run_scan, transition
+
+
+def block_diagonal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """G[..., h*bw+j] = sum_i x[..., h*bw+i] W[h, i, j] + b[h*bw+j]."""
+    heads, bw, _ = weight.shape
+    xh = x.reshape(*x.shape[:-1], heads, bw)
+    return torch.einsum("blhi,hij->blhj", xh, weight).reshape(x.shape) + bias
+
+
+def rglru_reference(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
+                    scan: str = "chunked"):
+    """RG-LRU: gx, ga = sigmoid(block-diagonal gates); log a = -8 ga softplus(a_param);
+    u = m gx x; y = h."""
+    cdt = carry_dtype(x)
+    if cdt == torch.float64:
+        xg, wx, wa = x, gate_x_weight.double(), gate_a_weight.double()
+    elif x.dtype in (torch.bfloat16, torch.float16):  # autocast: low-precision operands
+        xg, wx, wa = x, gate_x_weight.to(x.dtype), gate_a_weight.to(x.dtype)
+    else:
+        xg, wx, wa = x.float(), gate_x_weight.float(), gate_a_weight.float()
+    gx = torch.sigmoid(block_diagonal(xg, wx, gate_x_bias.to(cdt)).to(cdt))
+    ga = torch.sigmoid(block_diagonal(xg, wa, gate_a_bias.to(cdt)).to(cdt))
+    log_a = -GATE_SCALE * ga * F.softplus(a_param.to(cdt))
+    a, m = transition(log_a)
+    h = run_scan(a, m * gx * x.to(cdt), scan)
+    return h.to(x.dtype)

@@ -1,0 +1,1 @@
+"""SAMU: reference, backward formulas, chunked Triton kernels."""

@@ -1,0 +1,32 @@
+"""SAMU in pure PyTorch, differentiated by autograd: the reference the kernels are held to.
+
+Its controller z = W x + b is FP32 (float64 for the oracle).
+Numerics follow SPEC section 2, "Numerics, both mixers": in float64 everything is float64
+(the oracle); otherwise the carry is FP32 and y comes back in x's dtype.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..recurrence import GATE_SCALE, carry_dtype, run_scan, transition
+
+
+def samu_controller(x, ctrl_weight, ctrl_bias):
+    """z_t = W x_t + b in FP32 (float64 for the oracle); r, g = sigmoid(z)."""
+    cdt = carry_dtype(x)
+    z = x.to(cdt) @ ctrl_weight.to(cdt).t() + ctrl_bias.to(cdt)
+    return torch.sigmoid(z[..., 0]), torch.sigmoid(z[..., 1])
+
+
+def samu_reference(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, scan: str = "chunked"):
+    """SAMU: per-token scalars r, g; log a = -8 exp(log_temp) r softplus(a_param);
+    u = m g x; y = h + skip x."""
+    cdt = carry_dtype(x)
+    r, g = samu_controller(x, ctrl_weight, ctrl_bias)
+    c = GATE_SCALE * torch.exp(log_temp.to(cdt))
+    log_a = -c * r[..., None] * F.softplus(a_param.to(cdt))
+    a, m = transition(log_a)
+    xc = x.to(cdt)
+    h = run_scan(a, m * g[..., None] * xc, scan)
+    return (h + skip.to(cdt) * xc).to(x.dtype)
