@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable
 
 
@@ -42,6 +43,7 @@ class Backend:
     kind: str  # "reference" or "triton"
     run: Callable = field(repr=False, compare=False)
     materialized_state_sized_transition: bool = False
+    config: object = None  # a Triton backend's frozen configuration (chunk, launches)
 
     @property
     def description(self) -> str:
@@ -81,13 +83,36 @@ def describe() -> dict[str, dict[str, str]]:
     return {m: {n: b.description for n, b in bs.items()} for m, bs in REGISTRY.items()}
 
 
-def check_name(mixer: str, name: str) -> None:
+def check_name(mixer: str, name) -> None:
+    """A backend is "auto", a registered name, or a Triton configuration (see from_config)."""
     if name == "auto":
+        return
+    if not isinstance(name, str):
+        from_config(mixer, name)
         return
     _ensure_registered()
     if name not in REGISTRY.get(mixer, ()):
         raise ValueError(f"{mixer}: unknown backend {name!r}; choose 'auto' or one of "
                          f"{available(mixer)}")
+
+@lru_cache(maxsize=None)
+def from_config(mixer: str, config) -> Backend:
+    """The backend of a Triton configuration passed in instead of a name (a sweep's, say:
+    ``dataclasses.replace(backends.REGISTRY["samu"][name].config, output=Launch(4, 2))``).  It
+    is not registered; its name is the configuration's."""
+    _ensure_registered()
+    from .ops.rglru import chunk as rglru_chunk
+    from .ops.samu import chunk as samu_chunk
+    module = {"rglru": rglru_chunk, "samu": samu_chunk}.get(mixer)
+    if module is None:
+        raise ValueError(f"unknown mixer {mixer!r}; choose 'rglru' or 'samu'")
+    expected = module.CONFIGS[0].__class__
+    if not isinstance(config, expected):
+        raise TypeError(f"{mixer}: backend must be 'auto', a name from "
+                        f"samu.backends.available({mixer!r}) or a {expected.__name__}, got "
+                        f"{config!r}")
+    return Backend(config.name, mixer, "triton", module.run_with(config), config=config)
+
 
 _registered = False
 
@@ -111,5 +136,6 @@ def _ensure_registered() -> None:
     except ImportError:  # no triton: the reference backends still work
         return
     for module in (rglru_chunk, samu_chunk):
-        for name, run in module.BACKENDS.items():
-            register(Backend(name, module.MIXER, "triton", run))
+        for config in module.CONFIGS:
+            register(Backend(config.name, module.MIXER, "triton", module.run_with(config),
+                             config=config))

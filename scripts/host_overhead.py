@@ -39,7 +39,7 @@ g = torch.rand(B, L, device="cuda")
 h_in = torch.zeros(B, nc, D, device="cuda")
 p = torch.zeros(D, device="cuda")
 s = torch.zeros((), device="cuda")
-meta = samu_chunk.LAUNCH["output"].tile(D, T)
+meta = samu_chunk.SamuConfig(T).output.tile(D, T)
 grid = (B * nc, triton.cdiv(D, meta["BD"]))
 args = (x, y, r, g, h_in, p, s, s, L, D, nc, D // meta["V"])
 kernel = samu_chunk._samu_output_kernel

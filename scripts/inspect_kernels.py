@@ -69,9 +69,9 @@ def configurations():
     from samu.ops.common import carry, reduce
     for width in (2048, 2560):
         for module in (samu_chunk, rglru_chunk):
-            for name in module.BACKENDS:
-                for kernel, constexprs, warps in module.launch_plan(name, width):
-                    yield f"{width} {name}", kernel, constexprs, warps
+            for config in module.CONFIGS:
+                for kernel, constexprs, warps in module.launch_plan(config, width):
+                    yield f"{width} {config.name}", kernel, constexprs, warps
     for reverse in (False, True):
         for scalar in (False, True):
             for mode in (0, 1, 2):
@@ -124,8 +124,9 @@ def main():
     if args.mixer is None:
         parser.error("name a mixer, or pass --ptx-digest FILE")
     module = samu_chunk if args.mixer == "samu" else rglru_chunk
-    for name, backend in module.BACKENDS.items():
-        for kernel, constexprs, warps in module.launch_plan(name, args.width):
+    for config in module.CONFIGS:
+        name = config.name
+        for kernel, constexprs, warps in module.launch_plan(config, args.width):
             regs, spills, ops, layouts = compile_stats(kernel, constexprs, warps)
             print(f"{name:42s} {kernel.fn.__name__:34s} warps={warps} {constexprs} "
                   f"regs={regs} spill={spills} {ops}", flush=True)

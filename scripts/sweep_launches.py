@@ -5,11 +5,13 @@ median (CUDA events, calibration's sampler) and its legality against the float64
     python scripts/sweep_launches.py 1x32768x2048:samu --backends=chunk8,chunk16 --roles=output
 
 SAMU: one kernel role at a time (warps, channels per thread) with the others at their defaults,
-for every backend.  RG-LRU: every backend at each of RGLRU_OPTIONS.  Prints one line per setting and
-the best per role; the winners go into samu/kernels_*.py by hand, with the figures in
-docs/PERFORMANCE.md."""
+for every backend.  RG-LRU: every backend at each of RGLRU_OPTIONS.  Each setting is a frozen
+configuration passed in as the backend (samu.backends.from_config), so nothing global changes.
+Prints one line per setting and the best per role; the winners become the configurations'
+defaults in samu/ops/<mixer>/chunk.py by hand, with the figures in docs/PERFORMANCE.md."""
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -21,7 +23,7 @@ from samu.ops.rglru import chunk as rglru_chunk
 from samu.ops.samu import chunk as samu_chunk
 
 SAMU_OPTIONS = [(1, 1), (2, 1), (4, 1), (2, 2), (1, 4), (2, 4)]  # (warps, channels per thread)
-RGLRU_OPTIONS = [(1, 8, 8), (2, 8, 8), (1, 4, 4), (1, 8, 4)]  # (VECTOR, dx warps, grad warps)
+RGLRU_OPTIONS = [(1, 8, 8), (2, 8, 8), (1, 4, 4), (1, 8, 4)]  # (vector, dx warps, grad warps)
 
 
 def kernel_ms(mixer, backend, inputs, reps=3):
@@ -47,10 +49,8 @@ def measure(mixer, backend, shape, inputs, want, eager):
                 for n, e in errs.items())
     samples = protocol.time_forward_backward(mixer, backend, x, params, dy, reps=15)
     kernels = kernel_ms(mixer, backend, inputs)
-    setting = ({r: (v.warps, v.vector) for r, v in samu_chunk.LAUNCH.items()}
-               if mixer == "samu" else (rglru_chunk.VECTOR, dict(rglru_chunk.WARPS)))
     times = ", ".join(f"{k} {v:.4f}" for k, v in sorted(kernels.items()))
-    print(f"  {backend} {setting} kernels: {times}", flush=True)
+    print(f"  {backend} kernels: {times}", flush=True)
     return statistics.median(samples), legal, max(errs.values())
 
 
@@ -77,36 +77,31 @@ def main():
             eager = legality.relative_errors(
                 legality.outputs(mixer, "reference_chunked", *inputs), want)
             results = []
-            if mixer == "samu":
-                default = dict(module.LAUNCH)
-                for backend in module.BACKENDS:
-                    if backends_wanted and not any(backend.endswith(b) for b in backends_wanted):
-                        continue
-                    for role in default:
+            for config in module.CONFIGS:
+                name = config.name
+                if backends_wanted and not any(name.endswith(b) for b in backends_wanted):
+                    continue
+                if mixer == "samu":
+                    for role in config.launches():
                         if roles_wanted and role not in roles_wanted:
                             continue
                         for warps, vector in SAMU_OPTIONS:
-                            module.LAUNCH.update(default)
-                            module.LAUNCH[role] = module.Launch(warps, vector)
-                            results.append(((backend, role, warps, vector),
-                                            *_try(mixer, backend, shape, inputs, want, eager)))
-                module.LAUNCH.update(default)
-            else:
-                default = dict(module.WARPS)
-                for backend in module.BACKENDS:
+                            tried = dataclasses.replace(config, **{role: module.Launch(warps,
+                                                                                       vector)})
+                            results.append(((name, role, warps, vector),
+                                            *_try(mixer, tried, shape, inputs, want, eager)))
+                else:
                     for vector, dx_warps, grad_warps in RGLRU_OPTIONS:
-                        module.VECTOR = vector
-                        module.WARPS.update(dx=dx_warps, param_grad=grad_warps)
-                        results.append(((backend, vector, dx_warps, grad_warps),
-                                        *_try(mixer, backend, shape, inputs, want, eager)))
-                module.VECTOR = 1
-                module.WARPS.update(default)
+                        tried = dataclasses.replace(config, vector=vector, dx_warps=dx_warps,
+                                                    param_grad_warps=grad_warps)
+                        results.append(((name, vector, dx_warps, grad_warps),
+                                        *_try(mixer, tried, shape, inputs, want, eager)))
             for key, median, legal, err in results:
                 print(f"{shape} {mixer} {key}: {median:.4f} ms (x{median / floor:.1f} floor) "
                       f"legal={legal} max_err={err:.2e}", flush=True)
             ok = [r for r in results if r[2]]
             if mixer == "samu":
-                for role in roles_wanted or samu_chunk.LAUNCH:
+                for role in roles_wanted or samu_chunk.CONFIGS[0].launches():
                     best = min((r for r in ok if r[0][1] == role), key=lambda r: r[1])
                     print(f"BEST {shape} samu {role}: {best[0]} {best[1]:.4f} ms")
             best = min(ok, key=lambda r: r[1])

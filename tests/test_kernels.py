@@ -12,6 +12,8 @@ from samu.functional import FUNCTIONS, PARAMETER_NAMES
 from samu.ops.common import carry, launching
 from samu.ops.common.math import softplus
 from samu.ops.common.scan import row_offsets
+from samu.ops.rglru import chunk as rglru_chunk
+from samu.ops.samu import chunk as samu_chunk
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -20,13 +22,13 @@ def _triton(mixer):
     return [n for n in backends.available(mixer) if backends.REGISTRY[mixer][n].kind == "triton"]
 
 
-def _chunk(name):
-    return int(name.split("chunk")[1].split("_")[0])
+def _chunk(mixer, name):
+    return backends.REGISTRY[mixer][name].config.chunk
 
 
 # every backend over two chunks (so its carries run); the defaults also at odd lengths, B > 1,
 # widths that are not powers of two, and length 1
-CASES = [(m, n, (1, _chunk(n) + 5, 48)) for m in ("samu", "rglru") for n in _triton(m)]
+CASES = [(m, n, (1, _chunk(m, n) + 5, 48)) for m in ("samu", "rglru") for n in _triton(m)]
 CASES += [("samu", backends.DEFAULTS["samu"], s) for s in [(2, 37, 48), (1, 1, 16), (3, 100, 80)]]
 CASES += [("rglru", backends.DEFAULTS["rglru"], s) for s in [(2, 37, 48), (1, 1, 16), (1, 70, 96)]]
 
@@ -202,7 +204,7 @@ def _inputs_with(mixer, backend, a_param_value, seed=7):
     module.reset_parameters(generator=gen)
     params = {n: p.detach().to(DEVICE) for n, p in module.named_parameters()}
     params["a_param"] = torch.full_like(params["a_param"], a_param_value)
-    length = _chunk(backend) + 5
+    length = _chunk(mixer, backend) + 5
     x = torch.randn(1, length, width, generator=gen).to(DEVICE, torch.bfloat16)
     dy = torch.randn(1, length, width, generator=gen).to(DEVICE, torch.bfloat16)
     return x, params, dy
@@ -300,3 +302,25 @@ def test_launcher_caches_nothing_when_no_kernel_was_compiled():
     launch(kernel, (3,), t, 4, BLOCK=16)   # replayed through the compiled launcher
     assert kernel.jit_calls == 2
     assert compiled.calls == [((3, 1, 1), (t, 4, 16))]
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_a_configuration_passed_in_runs_without_changing_the_registered_one(mixer):
+    """Sweeps pass frozen configurations in as the backend; the registered ones stay as they are."""
+    import dataclasses
+    name = backends.DEFAULTS[mixer]
+    registered = backends.REGISTRY[mixer][name].config
+    if mixer == "samu":
+        tried = dataclasses.replace(registered, output=samu_chunk.Launch(1, 1))
+    else:
+        tried = dataclasses.replace(registered, vector=2, dx_warps=2)
+    x, params, dy = _inputs_with(mixer, name, 0.5)
+    got = legality.outputs(mixer, tried, x, params, dy)
+    want = legality.oracle(mixer, x, params, dy)
+    assert max(legality.relative_errors(got, want).values()) < 0.02
+    assert backends.REGISTRY[mixer][name].config == registered
+    module = samu.SAMU(32, backend=tried) if mixer == "samu" else samu.RGLRU(32, 2, backend=tried)
+    module(x.float())
+    assert module.last_backend == tried.name
+    with pytest.raises(TypeError, match="backend must be 'auto', a name"):
+        samu.SAMU(32, backend=registered if mixer == "rglru" else rglru_chunk.CONFIGS[0])

@@ -45,3 +45,13 @@ def sum_partials(part: torch.Tensor, tail: torch.Tensor, a_param: torch.Tensor) 
                      n_parts, n, width, BLOCK_P=min(128, next_power_of_2(n_parts)),
                      BLOCK_N=block_n, num_warps=4)
     return out
+
+
+def named_columns(widths) -> dict[str, slice]:
+    """{name: slice} of consecutive columns from ((name, width), ...): how a flat gradient
+    buffer is read back by name instead of by offsets."""
+    out, start = {}, 0
+    for name, width in widths:
+        out[name] = slice(start, start + width)
+        start += width
+    return out

@@ -15,6 +15,7 @@ FLOPs per element: 4 bw per gate-product pass (2 gates), 10 passes fwd+bwd -> 40
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -26,7 +27,7 @@ from ..common.launching import (aligned, cdiv, dot_dtype, dot_operand_dtype, fp3
                              next_power_of_2, refuse_double_backward, row_stride_units, rows_of,
                              sm_count, tile_width, vector_width)
 from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
-from ..common.reduce import sum_partials
+from ..common.reduce import named_columns, sum_partials
 from ..common.scan import adjoint_combine, affine_combine, last_row, row_offsets
 
 MIXER = "rglru"
@@ -249,68 +250,85 @@ def _blocks(bw: int, block_n: int):
     return bwk, bn, bwk // bn, cdiv(bw, bn)
 
 
-# Channels per thread of the [T, BN] scan tiles (scripts/sweep_launches.py sweeps it).
-VECTOR = 1
-# The dx and parameter-gradient kernels hold [T, BWK] and [BWK, BN] accumulators: they need more
-# threads than a tile with the chunk in each thread gives, so their scans cross warps.
-WARPS = {"dx": 4, "param_grad": 4}  # H200 sweep: 4 beat 8 at both shapes it ran
 # Parameter-gradient programs: 2 per SM are resident (255 registers, Nsight Compute), so 2 per SM
 # fill one wave; each program's partial row holds 2 H bw^2 + 2 D floats, and with 4 per SM those
 # rows took ~0.5 unit of peak memory at (4, 2048, 2048) and (1, 8192, 2560).
 PARAM_GRAD_PROGRAMS_PER_SM = 2
 
 
-def _tile_launch(bn: int, width: int):
+@dataclass(frozen=True)
+class RglruConfig:
+    """One RG-LRU backend: tokens per chunk and channels per program (block_n), and the launch
+    tuning that sweeps pass in: channels per thread of the [T, BN] scan tiles (vector) and the
+    warps of the dx and parameter-gradient kernels, whose [T, BWK] and [BWK, BN] accumulators
+    need more threads than a tile with the chunk in each thread gives (their scans cross warps;
+    4 beat 8 on the H200).  The name is generated from chunk and block_n."""
+    chunk: int
+    block_n: int = 64
+    vector: int = 1
+    dx_warps: int = 4
+    param_grad_warps: int = 4
+
+    @property
+    def name(self) -> str:
+        block = "" if self.block_n == 64 else f"_block{self.block_n}"
+        return f"fused_gates_hierarchical_chunk{self.chunk}{block}"
+
+
+def _tile_launch(bn: int, width: int, wanted_vector: int):
     """Warps and vector width that give each thread all T tokens of its channels: BN = 32 w V."""
-    vector = vector_width(width, VECTOR) if bn >= tile_width(1, VECTOR) else 1
+    vector = vector_width(width, wanted_vector) if bn >= tile_width(1, wanted_vector) else 1
     return dict(V=vector, num_warps=max(1, bn // tile_width(1, vector)))
 
 
-def _plan(bw: int, width: int, chunk: int, block_n: int, dtype=torch.bfloat16):
-    """Constexprs and warps of every kernel, keyed by role; one place for launches and probes."""
-    return _plan_for(bw, width, chunk, block_n, dtype, VECTOR, tuple(WARPS.items()))
-
-
 @functools.lru_cache(maxsize=None)
-def _plan_for(bw, width, chunk, block_n, dtype, vector, warps):  # VECTOR, WARPS: sweeps set them
-    bwk, bn, nb, nbv = _blocks(bw, block_n)
+def plan(config: RglruConfig, bw: int, width: int, dtype=torch.bfloat16) -> dict:
+    """Constexprs and warps of every kernel, keyed by role; one place for launches and probes."""
+    bwk, bn, nb, nbv = _blocks(bw, config.block_n)
     bn_w = min(bn, 32)  # the parameter-gradient kernel holds two [BWK, BN] accumulators
-    common = dict(T=chunk, BWK=bwk, DOT_DTYPE=dot_dtype(dtype),
+    common = dict(T=config.chunk, BWK=bwk, DOT_DTYPE=dot_dtype(dtype),
                   PREC="ieee" if dtype == torch.float32 else "tf32")
-    scan = dict(common, BN=bn, **_tile_launch(bn, width))
+    scan = dict(common, BN=bn, **_tile_launch(bn, width, config.vector))
     return {"summary": scan, "output": scan, "reverse_summary": scan,
-            "dx": {**scan, "NB": nb, "NBV": nbv, "num_warps": WARPS["dx"]},
-            "param_grad": {**common, "BN": bn_w, **_tile_launch(bn_w, width),
-                           "num_warps": WARPS["param_grad"]},
+            "dx": {**scan, "NB": nb, "NBV": nbv, "num_warps": config.dx_warps},
+            "param_grad": {**common, "BN": bn_w, **_tile_launch(bn_w, width, config.vector),
+                           "num_warps": config.param_grad_warps},
             "nbv": nbv, "nbv_w": cdiv(bw, bn_w)}
 
 
-KERNELS = {"summary": "_rglru_summary_kernel", "output": "_rglru_output_kernel",
-           "reverse_summary": "_rglru_reverse_summary_kernel", "dx": "_rglru_dx_kernel",
-           "param_grad": "_rglru_param_grad_kernel"}
+KERNELS = {"summary": _rglru_summary_kernel, "output": _rglru_output_kernel,
+           "reverse_summary": _rglru_reverse_summary_kernel, "dx": _rglru_dx_kernel,
+           "param_grad": _rglru_param_grad_kernel}
 
 
-def launch_plan(backend: str, width: int, heads: int = 16):
+def launch_plan(config: RglruConfig, width: int, heads: int = 16):
     """(kernel, constexprs, warps) of every kernel a backend launches at this width."""
-    chunk, block_n = BACKEND_CONFIGS[backend]
-    plan = _plan(width // heads, width, chunk, block_n)
+    by_role = plan(config, width // heads, width)
     out = []
-    for role, name in KERNELS.items():
-        meta = dict(plan[role])
+    for role, kernel in KERNELS.items():
+        meta = dict(by_role[role])
         warps = meta.pop("num_warps")
-        out.append((globals()[name], meta, warps))
+        out.append((kernel, meta, warps))
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def gradient_columns(heads: int, bw: int, width: int) -> dict[str, slice]:
+    """Where each parameter's gradient sits in sum_partials' output: the partial rows'
+    [dWx (H bw bw) | dWa (H bw bw) | dbx (D) | dba (D)], then d a_param (D)."""
+    return named_columns([("gate_x_weight", heads * bw * bw), ("gate_a_weight", heads * bw * bw),
+                          ("gate_x_bias", width), ("gate_a_bias", width), ("a_param", width)])
 
 
 class RglruFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, chunk,
-                block_n):
+    def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
+                config: RglruConfig):
         x = aligned(x)
         batch, length, width = x.shape
         heads, bw, _ = gate_x_weight.shape
-        n_chunks = cdiv(length, chunk)
-        plan = _plan(bw, width, chunk, block_n, x.dtype)
+        n_chunks = cdiv(length, config.chunk)
+        by_role = plan(config, bw, width, x.dtype)
         # Gate weights in the dot's operand dtype: half the registers and bytes of FP32 tiles.
         operand = dot_operand_dtype(x.dtype)
         params = [aligned(gate_x_weight.to(operand)), fp32_contiguous(gate_x_bias),
@@ -319,42 +337,42 @@ class RglruFunction(torch.autograd.Function):
         f32 = dict(device=x.device, dtype=torch.float32)
         decay = torch.empty(batch, n_chunks, width, **f32)
         end = torch.empty(batch, n_chunks, width, **f32)
-        grid = (batch * n_chunks, heads * plan["nbv"])
-        meta = plan["summary"]
+        grid = (batch * n_chunks, heads * by_role["nbv"])
+        meta = by_role["summary"]
         launching.launch(_rglru_summary_kernel, grid, x, *params, decay, end, length, width,
-                         n_chunks, bw, plan["nbv"], row_stride_units(width, meta), **meta)
+                         n_chunks, bw, by_role["nbv"], row_stride_units(width, meta), **meta)
         h_in = chunk_carry(decay, end, reverse=False)
         y = torch.empty_like(x)
-        meta = plan["output"]
+        meta = by_role["output"]
         launching.launch(_rglru_output_kernel, grid, x, y, *params, h_in, length, width, n_chunks,
-                         bw, plan["nbv"], row_stride_units(width, meta), **meta)
+                         bw, by_role["nbv"], row_stride_units(width, meta), **meta)
         ctx.save_for_backward(x, decay, h_in, *params)
-        ctx.config = (chunk, block_n)
+        ctx.config = config
         return y
 
     @staticmethod
     def backward(ctx, dy):
         refuse_double_backward("rglru")
         x, decay, h_in, wx, bx, wa, ba, a_param = ctx.saved_tensors
-        chunk, block_n = ctx.config
+        config = ctx.config
         dy = aligned(dy)
         batch, length, width = x.shape
         heads, bw, _ = wx.shape
-        n_chunks = cdiv(length, chunk)
-        plan = _plan(bw, width, chunk, block_n, x.dtype)
+        n_chunks = cdiv(length, config.chunk)
+        by_role = plan(config, bw, width, x.dtype)
         f32 = dict(device=x.device, dtype=torch.float32)
         end = torch.empty(batch, n_chunks, width, **f32)
-        meta = plan["reverse_summary"]
-        launching.launch(_rglru_reverse_summary_kernel, (batch * n_chunks, heads * plan["nbv"]), x,
-                         dy, wa, ba, a_param, end, length, width, n_chunks, bw, plan["nbv"],
+        meta = by_role["reverse_summary"]
+        launching.launch(_rglru_reverse_summary_kernel, (batch * n_chunks, heads * by_role["nbv"]),
+                         x, dy, wa, ba, a_param, end, length, width, n_chunks, bw, by_role["nbv"],
                          row_stride_units(width, meta), **meta)
         carry = chunk_carry(decay, end, reverse=True)
         dx = torch.empty_like(x)
-        meta = plan["dx"]
+        meta = by_role["dx"]
         launching.launch(_rglru_dx_kernel, (batch * n_chunks, heads), x, dy, dx, wx, bx, wa, ba,
                          a_param, h_in, carry, length, width, n_chunks, bw,
                          row_stride_units(width, meta), **meta)
-        nbv_w = plan["nbv_w"]
+        nbv_w = by_role["nbv_w"]
         slots = PARAM_GRAD_PROGRAMS_PER_SM * sm_count(x.device)
         per_batch = max(1, slots // (batch * heads * nbv_w))
         per_span = cdiv(n_chunks, min(n_chunks, per_batch))
@@ -362,24 +380,25 @@ class RglruFunction(torch.autograd.Function):
         n_parts = batch * n_spans
         part = torch.empty(n_parts, 2 * heads * bw * bw + 2 * width, **f32)
         dsp_part = rows_of(end, n_parts, width)  # end is spent: the carry has read it
-        meta = plan["param_grad"]
+        meta = by_role["param_grad"]
         launching.launch(_rglru_param_grad_kernel, (n_parts, heads * nbv_w), x, dy, wx, bx, wa, ba,
                          a_param, h_in, carry, part, dsp_part, length, width, n_chunks, bw, nbv_w,
                          per_span, n_spans, row_stride_units(width, meta), **meta)
         grads = sum_partials(part, dsp_part, a_param)
-        dwx, dwa, dbx, dba, da = grads.split([heads * bw * bw] * 2 + [width] * 3)
-        return (dx, dwx.view(heads, bw, bw), dbx, dwa.view(heads, bw, bw), dba, da, None, None)
+        at = gradient_columns(heads, bw, width)
+        return (dx, grads[at["gate_x_weight"]].view(heads, bw, bw), grads[at["gate_x_bias"]],
+                grads[at["gate_a_weight"]].view(heads, bw, bw), grads[at["gate_a_bias"]],
+                grads[at["a_param"]], None)
 
 
-def _backend(chunk: int, block_n: int = 64):
+def run_with(config: RglruConfig):
+    """The backend of one configuration: run(x, *parameters) -> y."""
     def run(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
         return RglruFunction.apply(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias,
-                                   a_param, chunk, block_n)
+                                   a_param, config)
     return run
 
 
-CHUNKS = (16, 32, 64)
-BACKEND_CONFIGS = {f"fused_gates_hierarchical_chunk{c}": (c, 64) for c in CHUNKS}
 # Narrower column blocks waste less where bw is not a power of two (bw = 160 at D = 2560).
-BACKEND_CONFIGS.update({f"fused_gates_hierarchical_chunk{c}_block32": (c, 32) for c in (16, 32)})
-BACKENDS = {name: _backend(*config) for name, config in BACKEND_CONFIGS.items()}
+CONFIGS = (tuple(RglruConfig(chunk) for chunk in (16, 32, 64))
+           + tuple(RglruConfig(chunk, block_n=32) for chunk in (16, 32)))

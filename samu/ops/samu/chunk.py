@@ -21,7 +21,7 @@ from ..common import launching
 from ..common.launching import (aligned, cdiv, fp32_contiguous, refuse_double_backward,
                              row_stride_units, tile_width, vector_width)
 from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
-from ..common.reduce import sum_partials
+from ..common.reduce import named_columns, sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row, row_offsets
 
 MIXER = "samu"
@@ -223,31 +223,64 @@ class Launch:
         return dict(BD=tile_width(self.warps, vector), V=vector, num_warps=self.warps)
 
 
-# Per-kernel GPU times on the H200 at (1, 32768, 2048), chunk 16 (sweep_launches.py, 30aac57):
-# 4 channels per thread (8-byte loads) halve the reverse summary (0.087 -> 0.042 ms) and cut the
-# summary 0.159 -> 0.101 ms; 2 cut the output 0.122 -> 0.105 ms; the backward is best at (4, 1).
-LAUNCH = {"summary": Launch(2, 4), "output": Launch(2, 2), "reverse_summary": Launch(2, 4),
-          "backward": Launch(4, 1)}
-KERNELS = {"summary": "_samu_summary_kernel", "output": "_samu_output_kernel",
-           "reverse_summary": "_samu_reverse_summary_kernel", "backward": "_samu_backward_kernel"}
+# Per-kernel GPU times on the H200 at (1, 32768, 2048), chunk 16 (docs/PERFORMANCE.md): 4 channels
+# per thread (8-byte loads) suit the summaries, 2 the output; the backward is best at (4, 1).
+@dataclass(frozen=True)
+class SamuConfig:
+    """One SAMU backend: tokens per chunk and each kernel's launch.  The name is generated from
+    the chunk; launches are tuning (sweeps pass other ones in), not part of the name."""
+    chunk: int
+    summary: Launch = Launch(2, 4)
+    output: Launch = Launch(2, 2)
+    reverse_summary: Launch = Launch(2, 4)
+    backward: Launch = Launch(4, 1)
+
+    @property
+    def name(self) -> str:
+        return f"fused_controller_hierarchical_chunk{self.chunk}"
+
+    def launches(self) -> dict[str, Launch]:
+        return {role: getattr(self, role) for role in KERNELS}
 
 
-def launch_plan(backend: str, width: int):
+KERNELS = {"summary": _samu_summary_kernel, "output": _samu_output_kernel,
+           "reverse_summary": _samu_reverse_summary_kernel, "backward": _samu_backward_kernel}
+
+
+@functools.lru_cache(maxsize=None)
+def tiles(config: SamuConfig, width: int) -> dict:
+    """Each kernel's constexprs and warps (by role), and the row_units argument of its tiles."""
+    out = {}
+    for role, setting in config.launches().items():
+        out[role] = setting.tile(width, config.chunk)
+        out[role + "_units"] = row_stride_units(width, out[role])
+    return out
+
+
+def launch_plan(config: SamuConfig, width: int):
     """(kernel, constexprs, warps) of every kernel a backend launches at this width."""
-    chunk = BACKEND_CHUNKS[backend]
     plan = []
-    for role, setting in LAUNCH.items():
-        meta = setting.tile(width, chunk)
+    for role, kernel in KERNELS.items():
+        meta = dict(tiles(config, width)[role])
         warps = meta.pop("num_warps")
-        plan.append((globals()[KERNELS[role]], dict(T=chunk, **meta), warps))
+        plan.append((kernel, dict(T=config.chunk, **meta), warps))
     return plan
+
+
+@functools.lru_cache(maxsize=None)
+def gradient_columns(width: int) -> dict[str, slice]:
+    """Where each parameter's gradient sits in sum_partials' output: the partial rows'
+    [d ctrl_weight (2 D) | d log_temp, d skip, d ctrl_bias (2)], then d a_param (D)."""
+    return named_columns([("ctrl_weight", 2 * width), ("log_temp", 1), ("skip", 1),
+                          ("ctrl_bias", 2), ("a_param", width)])
 
 
 class SamuFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, chunk):
+    def forward(ctx, x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, config: SamuConfig):
         x = aligned(x)
         batch, length, width = x.shape
+        chunk = config.chunk
         n_chunks = cdiv(length, chunk)
         w, bias, a_param_, log_temp_, skip_ = params = [
             fp32_contiguous(p) for p in (ctrl_weight, ctrl_bias, a_param, log_temp, skip)]
@@ -256,7 +289,7 @@ class SamuFunction(torch.autograd.Function):
         g = torch.empty(batch, length, **f32)
         r_sum = torch.empty(batch, n_chunks, **f32)
         end = torch.empty(batch, n_chunks, width, **f32)
-        meta = _tiles(width, chunk)
+        meta = tiles(config, width)
         launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param_,
                          log_temp_, r, g, r_sum, end, length, width, n_chunks,
                          meta["summary_units"], T=chunk, **meta["summary"])
@@ -266,18 +299,19 @@ class SamuFunction(torch.autograd.Function):
         launching.launch(_samu_output_kernel, grid, x, y, r, g, h_in, a_param_, log_temp_, skip_,
                          length, width, n_chunks, meta["output_units"], T=chunk, **meta["output"])
         ctx.save_for_backward(x, r, g, r_sum, h_in, *params)
-        ctx.chunk = chunk
+        ctx.config = config
         return y
 
     @staticmethod
     def backward(ctx, dy):
         refuse_double_backward("samu")
         x, r, g, r_sum, h_in, w, bias, a_param, log_temp, skip = ctx.saved_tensors
-        chunk = ctx.chunk
+        config = ctx.config
+        chunk = config.chunk
         dy = aligned(dy)
         batch, length, width = x.shape
         n_chunks = cdiv(length, chunk)
-        meta = _tiles(width, chunk)
+        meta = tiles(config, width)
         end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
         grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BD"]))
         launching.launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, end, length,
@@ -292,31 +326,18 @@ class SamuFunction(torch.autograd.Function):
                          log_temp, skip, part, dsp_part, length, width, n_chunks,
                          meta["backward_units"], T=chunk, **meta["backward"])
         grads = sum_partials(part, dsp_part, a_param)
-        d_w, d_scalars, d_a = grads.split([2 * width, 4, width])
-        return (dx, d_w.view(2, width), d_scalars[2:], d_a, d_scalars[0], d_scalars[1], None)
+        at = gradient_columns(width)
+        return (dx, grads[at["ctrl_weight"]].view(2, width), grads[at["ctrl_bias"]],
+                grads[at["a_param"]], grads[at["log_temp"]].view(()), grads[at["skip"]].view(()),
+                None)
 
 
-def _tiles(width: int, chunk: int) -> dict:
-    """Each kernel's constexprs and warps, and the row_units argument of its tiles."""
-    return _tiles_for(width, chunk, tuple(LAUNCH.items()))  # LAUNCH is the key: sweeps change it
-
-
-@functools.lru_cache(maxsize=None)
-def _tiles_for(width: int, chunk: int, launches: tuple) -> dict:
-    out = {}
-    for role, setting in launches:
-        out[role] = setting.tile(width, chunk)
-        out[role + "_units"] = row_stride_units(width, out[role])
-    return out
-
-
-def _backend(chunk: int):
+def run_with(config: SamuConfig):
+    """The backend of one configuration: run(x, *parameters) -> y."""
     def run(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip):
-        return SamuFunction.apply(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, chunk)
+        return SamuFunction.apply(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, config)
     return run
 
 
 # Each thread holds a chunk of every scan tile: beyond 32 tokens the backward kernel spills.
-CHUNKS = (8, 16, 32)
-BACKEND_CHUNKS = {f"fused_controller_hierarchical_chunk{c}": c for c in CHUNKS}
-BACKENDS = {name: _backend(c) for name, c in BACKEND_CHUNKS.items()}
+CONFIGS = tuple(SamuConfig(chunk) for chunk in (8, 16, 32))
