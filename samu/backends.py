@@ -1,7 +1,7 @@
 """Backend registry: which implementations each mixer has and what their names mean.
 
 A backend name is a sequence of words from ``VOCABULARY``; ``explain(name)`` spells it out and
-``describe()`` prints every backend of both mixers.  Which backend ``auto`` picks is
+``describe()`` prints every backend of both mixers (``explanations()`` returns them).  Which backend ``auto`` picks is
 ``samu.dispatch``'s business.
 """
 from __future__ import annotations
@@ -27,6 +27,9 @@ VOCABULARY = {
                     "chunk outputs recomputed from the carry; backward mirrors it in reverse",
     "chunk": "chunkN: N tokens per chunk, scanned in registers by tl.associative_scan",
     "block": "blockN: a program owns N channels of one head (64 when the name has no blockN)",
+    "gemm": "RG-LRU's block-diagonal gate products run as cuBLAS strided batched GEMMs on head "
+            "views of x (torch.bmm, no copy), outside the kernels, and so do the backward's dx "
+            "and weight-gradient products; the gate pre-activations G are saved for backward",
 }
 
 # Used on CUDA when the calibration file has no entry for the shape.
@@ -77,10 +80,34 @@ def available(mixer: str) -> list[str]:
     return list(REGISTRY[mixer])
 
 
-def describe() -> dict[str, dict[str, str]]:
+def explanations() -> dict[str, dict[str, str]]:
     """{mixer: {backend: explanation}} for every registered backend."""
     _ensure_registered()
     return {m: {n: b.description for n, b in bs.items()} for m, bs in REGISTRY.items()}
+
+
+def describe(file=None) -> None:
+    """Print every backend of both mixers, and what each word of its name means."""
+    _ensure_registered()
+    lines = []
+    for mixer, named in REGISTRY.items():
+        lines.append(f"{mixer}: {len(named)} backends (backend='auto' picks one; "
+                     "samu.dispatch says how)")
+        width = max(map(len, named))
+        for name, backend in named.items():
+            lines.append(f"  {name:<{width}}  {backend.kind}")
+    numbers: dict[str, list[int]] = {}
+    for word in sorted({w for named in REGISTRY.values() for n in named for w in n.split("_")}):
+        match = re.fullmatch(r"([a-z]+?)(\d+)", word)
+        stem, number = (match.group(1), int(match.group(2))) if match else (word, None)
+        numbers.setdefault(stem, [])
+        if number is not None:
+            numbers[stem].append(number)
+    lines.append("words:")
+    for stem, ns in numbers.items():
+        label = f"{stem}N, N in {sorted(ns)}" if ns else stem
+        lines.append(f"  {label}: {VOCABULARY[stem]}")
+    print("\n".join(lines), file=file)
 
 
 def check_name(mixer: str, name) -> None:
@@ -101,15 +128,16 @@ def from_config(mixer: str, config) -> Backend:
     ``dataclasses.replace(backends.REGISTRY["samu"][name].config, output=Launch(4, 2))``).  It
     is not registered; its name is the configuration's."""
     _ensure_registered()
-    from .ops.rglru import chunk as rglru_chunk
+    from .ops.rglru import chunk as rglru_chunk, gemm as rglru_gemm
     from .ops.samu import chunk as samu_chunk
-    module = {"rglru": rglru_chunk, "samu": samu_chunk}.get(mixer)
-    if module is None:
+    modules = {"rglru": (rglru_chunk, rglru_gemm), "samu": (samu_chunk,)}.get(mixer)
+    if modules is None:
         raise ValueError(f"unknown mixer {mixer!r}; choose 'rglru' or 'samu'")
-    expected = module.CONFIGS[0].__class__
-    if not isinstance(config, expected):
+    module = next((m for m in modules if isinstance(config, m.CONFIGS[0].__class__)), None)
+    if module is None:
+        expected = " or ".join(m.CONFIGS[0].__class__.__name__ for m in modules)
         raise TypeError(f"{mixer}: backend must be 'auto', a name from "
-                        f"samu.backends.available({mixer!r}) or a {expected.__name__}, got "
+                        f"samu.backends.available({mixer!r}) or a {expected}, got "
                         f"{config!r}")
     return Backend(config.name, mixer, "triton", module.run_with(config), config=config)
 
@@ -131,11 +159,11 @@ def _ensure_registered() -> None:
                              (lambda f, s: lambda x, *p: f(x, *p, scan=s))(fn, scan),
                              materialized_state_sized_transition=True))
     try:
-        from .ops.rglru import chunk as rglru_chunk
+        from .ops.rglru import chunk as rglru_chunk, gemm as rglru_gemm
         from .ops.samu import chunk as samu_chunk
     except ImportError:  # no triton: the reference backends still work
         return
-    for module in (rglru_chunk, samu_chunk):
+    for module in (rglru_chunk, samu_chunk, rglru_gemm):
         for config in module.CONFIGS:
             register(Backend(config.name, module.MIXER, "triton", module.run_with(config),
                              config=config))

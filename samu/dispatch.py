@@ -1,11 +1,28 @@
 """``backend="auto"``: which backend runs a call (SPEC section 3).
 
-* with CUDA: the calibrated choice for (GPU name, mixer, shape) from the calibration file
-  (``samu.paths.calibration_file``); where that file has no entry for the shape,
-  ``backends.DEFAULTS[mixer]`` (documented, not silent: the module's ``last_backend`` and
-  ``return_backend=True`` say what ran);
+* with CUDA: the calibrated choice for (GPU name, mixer, shape) from the GPU's calibration file;
+  where that file has no entry for the shape, or there is no file, ``backends.DEFAULTS[mixer]``
+  (documented, not silent: the module's ``last_backend`` and ``return_backend=True`` say what
+  ran);
 * without CUDA: the chunked reference, or the default Triton backend when ``TRITON_INTERPRET=1``
   was set before samu was imported (Triton's interpreter runs the kernels on CPU tensors).
+
+The calibration file is ``<directory>/<gpu-slug>.json`` (``gpu_slug``: ``NVIDIA H200`` ->
+``nvidia-h200``), the directory being the first of these that applies:
+
+1. the directory named by ``set_calibration_dir(path)`` (``None`` restores the default);
+2. the directory named by the environment variable ``SAMU_CALIBRATION_DIR``;
+3. the data folder's ``calibration/``: ``$SAMU_DATA_DIR/calibration`` when ``SAMU_DATA_DIR`` is
+   set, else ``data/calibration/`` when samu runs from its checkout (an editable install
+   included; ``paths.in_checkout``), where the experiment writes it;
+4. the copy packaged with samu, ``samu/_calibration/`` (a wheel or sdist carries the checkout's
+   ``data/calibration/*.json`` there).
+
+Only that directory is read: a GPU without a file there has no calibrated choice (the defaults
+run), and no later directory is tried.  ``calibration_source(slug)`` says which file ``auto``
+would read and why.  The directory and the file's stat are looked up again at most every
+``RECHECK_SECONDS``, and at once after ``set_calibration_dir`` or ``forget_calibration``; a
+file that fails its checks raises ``CalibrationFileError`` naming the file and the entry.
 """
 from __future__ import annotations
 
@@ -13,10 +30,12 @@ import os
 import re
 import time
 from functools import lru_cache
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from . import _runtime, calibration_file, paths
+from . import _runtime, backends, calibration_file, paths
 from .backends import DEFAULTS, REGISTRY, Backend, _ensure_registered, check_name
 from .calibration_file import CalibrationFileError  # noqa: F401  (re-exported)
 
@@ -40,10 +59,66 @@ def gpu_slug(name: str | None = None) -> str:
 def _device_slug(index: int) -> str:
     return gpu_slug(torch.cuda.get_device_name(index))
 
-# Re-stat the calibration file at most this often: a stat costs ~10 us of host time per call.
+# Look the calibration directory up and re-stat its file at most this often: a stat costs
+# ~10 us of host time, too much for every call.
 RECHECK_SECONDS = 1.0
 
-_CHOICES: dict[str, tuple[float, tuple, dict]] = {}  # path -> (checked at, stat stamp, choices)
+# gpu slug -> (checked at, (path, stat stamp), choices); a missing file is cached as no choices.
+_CHOICES: dict[str, tuple[float, tuple, dict]] = {}
+_USER_DIR: Path | None = None  # set_calibration_dir's directory
+
+
+class CalibrationSource(NamedTuple):
+    """The calibration file ``auto`` reads for one GPU, and which rule of the lookup chose it."""
+    path: Path  # it may not exist: then that GPU has no calibrated choice
+    origin: str  # "set_calibration_dir", "SAMU_CALIBRATION_DIR", "SAMU_DATA_DIR", "checkout"
+                 # or "packaged"
+
+
+def set_calibration_dir(path) -> None:
+    """Make ``auto`` read ``<path>/<gpu-slug>.json``, ahead of SAMU_CALIBRATION_DIR, the data
+    folder and the packaged copy; ``None`` restores the default lookup (see the module docstring).
+    The directory must exist; a relative path is taken against the working directory now."""
+    global _USER_DIR
+    if path is None:
+        _USER_DIR = None
+    else:
+        folder = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+        if not folder.is_dir():
+            raise NotADirectoryError(f"set_calibration_dir: {folder} is not a directory")
+        _USER_DIR = folder
+    forget_calibration()
+
+
+def calibration_source(slug: str | None = None) -> CalibrationSource:
+    """The calibration file ``auto`` would read for GPU ``slug`` (default: this process's GPU,
+    ``gpu_slug()``), with the rule that chose its directory; the first that applies:
+
+    1. ``set_calibration_dir(path)``: origin ``"set_calibration_dir"``;
+    2. the environment variable SAMU_CALIBRATION_DIR: origin ``"SAMU_CALIBRATION_DIR"``;
+    3. the data folder's calibration/: ``$SAMU_DATA_DIR/calibration`` (origin
+       ``"SAMU_DATA_DIR"``), else the checkout's ``data/calibration`` when samu runs from its
+       checkout (origin ``"checkout"``);
+    4. the copy packaged with samu, ``samu/_calibration``: origin ``"packaged"``.
+
+    No later directory is tried when the file is missing from the chosen one."""
+    if slug is None:
+        slug = gpu_slug()
+    folder, origin = _calibration_dir()
+    return CalibrationSource(folder / f"{slug}.json", origin)
+
+
+def _calibration_dir() -> tuple[Path, str]:
+    if _USER_DIR is not None:
+        return _USER_DIR, "set_calibration_dir"
+    named = paths.calibration_dir_from_env()
+    if named is not None:
+        return named, paths.CALIBRATION_DIR_ENV
+    if paths.DATA_FROM_ENV:
+        return paths.DATA / "calibration", "SAMU_DATA_DIR"
+    if paths.in_checkout():
+        return paths.DATA / "calibration", "checkout"
+    return paths.PACKAGED_CALIBRATION, "packaged"
 
 
 def check_calibration(doc: dict, path) -> dict:
@@ -58,33 +133,42 @@ def _load_choices(path: str) -> dict:
 
 
 def forget_calibration() -> None:
-    """Drop the cached calibration choices (writers call this after writing the file)."""
+    """Drop the cached calibration choices and directory (writers call this after writing the
+    file): the next look-up finds the directory again and re-reads the file."""
     _CHOICES.clear()
 
 
 def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str | None:
-    """The calibrated backend for (mixer, shape) on this GPU; the file is re-read when its stat
-    changes, checked at most every RECHECK_SECONDS."""
-    path = str(paths.calibration_file(slug))
+    """The calibrated backend for (mixer, shape) on GPU ``slug``, from ``calibration_source(slug)``
+    (None: no file, no entry, or the entry chose none).  The directory is looked up and the file
+    re-stat'ed at most every RECHECK_SECONDS; the file is re-read when its path or stat changed."""
     now = time.monotonic()
-    cached = _CHOICES.get(path)
+    cached = _CHOICES.get(slug)
     if cached is None or now - cached[0] > RECHECK_SECONDS:
-        try:
-            stat = os.stat(path)
-        except FileNotFoundError:
-            _CHOICES.pop(path, None)
-            return None
-        stamp = (stat.st_mtime_ns, stat.st_size)
-        choices = cached[2] if cached is not None and cached[1] == stamp else _load_choices(path)
-        cached = _CHOICES[path] = (now, stamp, choices)
+        cached = _recheck(slug, now, cached)
     return cached[2].get((mixer, tuple(shape)))
+
+
+def _recheck(slug: str, now: float, cached) -> tuple[float, tuple, dict]:
+    path = str(calibration_source(slug).path)
+    try:
+        stat = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        stamp, choices = (path, None), {}
+    else:
+        stamp = (path, stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        # A file that fails its checks raises here and is not cached: it is read again next time.
+        choices = cached[2] if cached is not None and cached[1] == stamp else _load_choices(path)
+    cached = _CHOICES[slug] = (now, stamp, choices)
+    return cached
 
 
 def resolve(mixer: str, x: torch.Tensor, backend: str = "auto") -> Backend:
     _ensure_registered()
     check_name(mixer, backend)
     if backend != "auto":
-        chosen = REGISTRY[mixer][backend]
+        chosen = (REGISTRY[mixer][backend] if backend.__class__ is str
+                  else backends.from_config(mixer, backend))
         if chosen.kind == "triton":
             _check_triton_input(mixer, x, chosen.name)
         return chosen

@@ -60,7 +60,24 @@ class _Mixer(nn.Module):
 
 
 class RGLRU(_Mixer):
-    """Real-Gated Linear Recurrent Unit (Griffin/Hawk) with block-diagonal gates."""
+    """Real-Gated Linear Recurrent Unit (Griffin/Hawk, as in recurrentgemma) with block-diagonal
+    gates: gx, ga = sigmoid(block-diagonal products of x); log a = -8 ga softplus(a_param);
+    h_t = a_t h_{t-1} + sqrt(1 - a_t^2) gx_t x_t; y = h (docs/SPEC.md section 2).
+
+    Args:
+        width: channels D of x.
+        num_heads: blocks of the gate matrices, any divisor of the width (16 by default;
+            RecurrentGemma-2B uses 10 heads of 256 at width 2560).
+        backend: ``"auto"`` (the default: the calibrated choice on a GPU, the reference on a
+            CPU; see ``samu.dispatch``), a name from ``samu.backends.available("rglru")`` (for
+            example ``"fused_gates_hierarchical_chunk32"``), or a Triton configuration from
+            ``samu.backends.REGISTRY["rglru"][name].config`` changed with ``dataclasses.replace``.
+            ``last_backend`` names the backend that ran in the last forward.
+        device: where the FP32 parameters are created.
+
+    Raises ValueError or TypeError naming the argument for a width or head count that is not a
+    positive integer, a width the heads do not divide, or an unknown backend.
+    """
     mixer = "rglru"
 
     def __init__(self, width: int, num_heads: int = NUM_HEADS, backend: str = "auto",
@@ -89,6 +106,24 @@ class RGLRU(_Mixer):
         init_a_param(self.a_param, generator)
 
     def forward(self, x):
+        """y = mixer(x).
+
+        Args:
+            x: [batch, length, width], bfloat16, float16, float32 or float64, on CUDA (the Triton
+                kernels) or the CPU (the reference; the kernels under TRITON_INTERPRET=1).  Under
+                ``torch.autocast("cuda", dtype=torch.bfloat16)`` a float32 x enters as BF16, as a
+                matmul would.  Each batch row is an independent sequence whose state resets at
+                its first token.  Non-contiguous x is copied.
+
+        Returns:
+            y of x's shape and dtype.  The recurrence is carried in FP32; backward gives dx in
+            x's dtype and every parameter gradient in FP32 (the Triton backends refuse double
+            backward).
+
+        Raises ValueError or TypeError, before anything runs, for a rank other than 3, a width
+        other than the mixer's, an empty batch or length, an unsupported dtype or device, or a
+        tensor too large to address.
+        """
         # Attributes, not self.parameters(): the generator costs ~15 us of host time per call.
         y, self.last_backend = rglru(x, self.gate_x_weight, self.gate_x_bias, self.gate_a_weight,
                                      self.gate_a_bias, self.a_param, backend=self.backend,
@@ -97,7 +132,23 @@ class RGLRU(_Mixer):
 
 
 class SAMU(_Mixer):
-    """Scalar-gated mixer: two per-token FP32 controller scalars shared by every channel."""
+    """Scalar-gated mixer: two per-token FP32 controller scalars shared by every channel.
+    z_t = ctrl_weight x_t + ctrl_bias; r, g = sigmoid(z); log a = -8 exp(log_temp) r
+    softplus(a_param); h_t = a_t h_{t-1} + sqrt(1 - a_t^2) g_t x_t; y = h + skip x
+    (docs/SPEC.md section 2).
+
+    Args:
+        width: channels D of x.
+        backend: ``"auto"`` (the default: the calibrated choice on a GPU, the reference on a
+            CPU; see ``samu.dispatch``), a name from ``samu.backends.available("samu")`` (for
+            example ``"fused_controller_hierarchical_chunk16"``), or a Triton configuration from
+            ``samu.backends.REGISTRY["samu"][name].config`` changed with ``dataclasses.replace``.
+            ``last_backend`` names the backend that ran in the last forward.
+        device: where the FP32 parameters are created.
+
+    Raises ValueError or TypeError naming the argument for a width or head count that is not a
+    positive integer, a width the heads do not divide, or an unknown backend.
+    """
     mixer = "samu"
 
     def __init__(self, width: int, backend: str = "auto", device=None):
@@ -119,6 +170,24 @@ class SAMU(_Mixer):
         init_a_param(self.a_param, generator)
 
     def forward(self, x):
+        """y = mixer(x).
+
+        Args:
+            x: [batch, length, width], bfloat16, float16, float32 or float64, on CUDA (the Triton
+                kernels) or the CPU (the reference; the kernels under TRITON_INTERPRET=1).  Under
+                ``torch.autocast("cuda", dtype=torch.bfloat16)`` a float32 x enters as BF16, as a
+                matmul would.  Each batch row is an independent sequence whose state resets at
+                its first token.  Non-contiguous x is copied.
+
+        Returns:
+            y of x's shape and dtype.  The recurrence is carried in FP32; backward gives dx in
+            x's dtype and every parameter gradient in FP32 (the Triton backends refuse double
+            backward).
+
+        Raises ValueError or TypeError, before anything runs, for a rank other than 3, a width
+        other than the mixer's, an empty batch or length, an unsupported dtype or device, or a
+        tensor too large to address.
+        """
         y, self.last_backend = samu(x, self.ctrl_weight, self.ctrl_bias, self.a_param,
                                     self.log_temp, self.skip, backend=self.backend,
                                     return_backend=True)

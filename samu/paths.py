@@ -1,19 +1,70 @@
-"""Repository-relative locations of every data file, whatever the working directory."""
+"""Repository-relative locations of every data file, whatever the working directory.
+
+Writers (the experiment) put a GPU's calibration at ``calibration_file(slug)``, under the data
+folder.  Which calibration file ``backend="auto"`` *reads* is ``samu.dispatch.calibration_source``
+(a directory the user names, else this data folder when samu runs from a checkout or
+SAMU_DATA_DIR is set, else the copy packaged with samu: ``PACKAGED_CALIBRATION``).
+"""
 from __future__ import annotations
 
 import os
+import re
+from functools import lru_cache
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent
 # Absolute from import on: the notebooks' kernels run in notebooks/, so a relative SAMU_DATA_DIR
 # would name a different folder in each process (the pipeline exports this absolute path).
 _data = os.environ.get("SAMU_DATA_DIR") or REPO_ROOT / "data"  # empty counts as unset
 DATA = Path(os.path.abspath(os.path.expanduser(_data)))
+# Whether SAMU_DATA_DIR named the data folder (then its calibration/ is read even outside a
+# checkout, so that what the experiment writes is what auto reads).
+DATA_FROM_ENV = bool(os.environ.get("SAMU_DATA_DIR"))
 PUBLISHED_H800_FILE = REPO_ROOT / "data" / "reference" / "h800_pcie_published_result.json"
+
+# The calibration copy a wheel or sdist carries (setup.py copies data/calibration/*.json there,
+# all but cpu.json); a checkout has no such folder and reads data/calibration/ instead.
+PACKAGED_CALIBRATION = PACKAGE_DIR / "_calibration"
+# The environment variable naming a calibration directory (samu.set_calibration_dir wins over it).
+CALIBRATION_DIR_ENV = "SAMU_CALIBRATION_DIR"
 
 
 def calibration_file(slug: str) -> Path:
+    """Where the experiment writes (and merges into) a GPU's calibration: the data folder's."""
     return DATA / "calibration" / f"{slug}.json"
+
+
+def in_checkout() -> bool:
+    """Whether samu runs from its source checkout (an editable install included): the folder
+    above the package holds this project's pyproject.toml and a data/ folder.  An installed
+    wheel's folder above the package is site-packages, which holds neither."""
+    return _is_checkout(REPO_ROOT)
+
+
+@lru_cache(maxsize=None)
+def _is_checkout(root: Path) -> bool:
+    try:
+        text = (root / "pyproject.toml").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    named = re.search(r'^\s*name\s*=\s*["\']samu["\']', text, re.MULTILINE) is not None
+    return named and (root / "data").is_dir()
+
+
+_ABSOLUTE: dict[str, Path] = {}  # a value of SAMU_CALIBRATION_DIR -> the folder it first named
+
+
+def calibration_dir_from_env() -> Path | None:
+    """The directory SAMU_CALIBRATION_DIR names (unset or empty: None).  A relative value is
+    taken against the working directory when samu first sees that value, and keeps naming that
+    folder afterwards, whatever the working directory becomes."""
+    raw = os.environ.get(CALIBRATION_DIR_ENV)
+    if not raw:
+        return None
+    if raw not in _ABSOLUTE:
+        _ABSOLUTE[raw] = Path(os.path.abspath(os.path.expanduser(raw)))
+    return _ABSOLUTE[raw]
 
 
 def correctness_dir(slug: str) -> Path:

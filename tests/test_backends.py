@@ -12,7 +12,7 @@ from samu.experiment import schema
 
 
 def test_every_backend_is_explained():
-    described = backends.describe()
+    described = backends.explanations()
     for mixer in ("rglru", "samu"):
         names = backends.available(mixer)
         assert {"reference_sequential", "reference_chunked"} <= set(names)
@@ -218,3 +218,13 @@ def test_committed_calibration_files_pass_the_checks():
 def test_gpu_slug():
     assert dispatch.gpu_slug("NVIDIA H200") == "nvidia-h200"
     assert dispatch.gpu_slug("NVIDIA H800 PCIe") == "nvidia-h800-pcie"
+
+
+def test_describe_prints_every_backend_and_word(capsys):
+    backends.describe()
+    out = capsys.readouterr().out
+    for mixer in ("rglru", "samu"):
+        for name in backends.available(mixer):
+            assert name in out
+            for word in name.split("_"):
+                assert f"  {word.rstrip('0123456789')}" in out

@@ -1,0 +1,280 @@
+"""Which calibration file backend="auto" reads (samu.dispatch.calibration_source), what a wheel
+carries, and what `import samu` needs."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import samu
+from samu import dispatch, paths
+
+SLUG = "test-gpu"
+CHUNK8, CHUNK16 = "fused_controller_hierarchical_chunk8", "fused_controller_hierarchical_chunk16"
+
+
+def _doc(chosen: str) -> dict:
+    return {"gpu": "Test GPU", "environment": {}, "shapes": {"1x8x16": {"samu": {
+        "ranking": [chosen], "chosen": chosen,
+        "backends": [{"backend": CHUNK8, "legal": True}, {"backend": CHUNK16, "legal": True}]}}}}
+
+
+def _write(folder: Path, chosen: str, slug: str = SLUG) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{slug}.json"
+    path.write_text(json.dumps(_doc(chosen)))
+    return path
+
+
+@pytest.fixture
+def lookup(tmp_path, monkeypatch):
+    """The default lookup with nothing named, the data folder and the packaged copy in tmp_path,
+    each holding a file that chooses differently: {"data": ..., "packaged": ...} -> folder."""
+    monkeypatch.delenv(paths.CALIBRATION_DIR_ENV, raising=False)
+    monkeypatch.setattr(dispatch, "_USER_DIR", None)
+    monkeypatch.setattr(paths, "DATA_FROM_ENV", False)
+    monkeypatch.setattr(paths, "DATA", tmp_path / "data")
+    monkeypatch.setattr(paths, "PACKAGED_CALIBRATION", tmp_path / "packaged")
+    _write(tmp_path / "data" / "calibration", CHUNK8)
+    _write(tmp_path / "packaged", CHUNK16)
+    dispatch.forget_calibration()
+    yield tmp_path
+    dispatch.forget_calibration()
+
+
+def _choice() -> str | None:
+    return dispatch.calibrated_choice("samu", (1, 8, 16), SLUG)
+
+
+def _not_a_checkout(monkeypatch, tmp_path):
+    elsewhere = tmp_path / "site-packages"
+    elsewhere.mkdir()
+    monkeypatch.setattr(paths, "REPO_ROOT", elsewhere)
+    dispatch.forget_calibration()
+
+
+def test_the_checkout_reads_its_data_folder(lookup):
+    assert paths.in_checkout()
+    source = dispatch.calibration_source(SLUG)
+    assert source == (lookup / "data" / "calibration" / f"{SLUG}.json", "checkout")
+    assert _choice() == CHUNK8
+
+
+def test_outside_a_checkout_the_packaged_copy_is_read(lookup, monkeypatch):
+    _not_a_checkout(monkeypatch, lookup)
+    assert not paths.in_checkout()
+    assert dispatch.calibration_source(SLUG) == (lookup / "packaged" / f"{SLUG}.json",
+                                                 "packaged")
+    assert _choice() == CHUNK16
+
+
+def test_samu_data_dir_names_the_data_folder_outside_a_checkout_too(lookup, monkeypatch):
+    _not_a_checkout(monkeypatch, lookup)
+    monkeypatch.setattr(paths, "DATA_FROM_ENV", True)
+    dispatch.forget_calibration()
+    assert dispatch.calibration_source(SLUG) == (lookup / "data" / "calibration" / f"{SLUG}.json",
+                                                 "SAMU_DATA_DIR")
+    assert _choice() == CHUNK8
+
+
+@pytest.mark.parametrize("in_checkout", [True, False])
+def test_a_named_directory_overrides_both_and_the_function_wins(lookup, monkeypatch, in_checkout):
+    if not in_checkout:
+        _not_a_checkout(monkeypatch, lookup)
+    by_env = lookup / "by-env"
+    by_call = lookup / "by-call"
+    _write(by_env, CHUNK16)
+    _write(by_call, CHUNK8)
+    default = _choice()
+
+    monkeypatch.setenv("SAMU_CALIBRATION_DIR", str(by_env))
+    dispatch.forget_calibration()
+    assert dispatch.calibration_source(SLUG) == (by_env / f"{SLUG}.json", "SAMU_CALIBRATION_DIR")
+    assert _choice() == CHUNK16
+
+    samu.set_calibration_dir(by_call)  # no forget_calibration needed: it drops the cache
+    try:
+        assert samu.calibration_source(SLUG) == (by_call / f"{SLUG}.json", "set_calibration_dir")
+        assert _choice() == CHUNK8
+    finally:
+        samu.set_calibration_dir(None)
+    assert dispatch.calibration_source(SLUG).origin == "SAMU_CALIBRATION_DIR"
+    assert _choice() == CHUNK16
+
+    monkeypatch.delenv("SAMU_CALIBRATION_DIR")
+    dispatch.forget_calibration()
+    assert dispatch.calibration_source(SLUG).origin == ("checkout" if in_checkout else "packaged")
+    assert _choice() == default
+
+
+def test_a_named_directory_without_the_file_means_no_calibrated_choice(lookup, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    samu.set_calibration_dir(empty)
+    try:
+        assert _choice() is None  # the data folder's file is not tried after it
+    finally:
+        samu.set_calibration_dir(None)
+    assert _choice() == CHUNK8
+
+
+def test_set_calibration_dir_refuses_a_missing_directory(lookup, tmp_path):
+    with pytest.raises(NotADirectoryError, match="no-such-dir"):
+        samu.set_calibration_dir(tmp_path / "no-such-dir")
+    assert dispatch.calibration_source(SLUG).origin == "checkout"
+
+
+def test_a_relative_environment_value_keeps_naming_one_folder(lookup, monkeypatch):
+    first, second = lookup / "first", lookup / "second"
+    _write(first / "cal", CHUNK16)
+    second.mkdir()
+    monkeypatch.chdir(first)
+    monkeypatch.setenv("SAMU_CALIBRATION_DIR", "cal")
+    dispatch.forget_calibration()
+    assert dispatch.calibration_source(SLUG).path == first / "cal" / f"{SLUG}.json"
+    monkeypatch.chdir(second)
+    dispatch.forget_calibration()
+    assert dispatch.calibration_source(SLUG).path == first / "cal" / f"{SLUG}.json"
+    assert _choice() == CHUNK16
+
+
+def test_errors_name_the_file_wherever_it_is(lookup, monkeypatch):
+    _not_a_checkout(monkeypatch, lookup)
+    broken = lookup / "packaged" / f"{SLUG}.json"
+    broken.write_text("{")
+    with pytest.raises(dispatch.CalibrationFileError, match="not valid JSON") as info:
+        _choice()
+    assert str(broken) in str(info.value)
+
+
+def test_the_directory_is_looked_up_once_per_recheck(lookup, monkeypatch):
+    calls = []
+    real = dispatch.calibration_source
+    monkeypatch.setattr(dispatch, "calibration_source", lambda slug=None: calls.append(slug)
+                        or real(slug))
+    monkeypatch.setattr(dispatch, "RECHECK_SECONDS", 3600.0)
+    for _ in range(50):
+        assert _choice() == CHUNK8
+        assert dispatch.calibrated_choice("samu", (1, 8, 16), "uncalibrated-gpu") is None
+    assert calls == [SLUG, "uncalibrated-gpu"]  # a missing file is remembered as well
+    samu.set_calibration_dir(lookup / "packaged")
+    try:
+        assert _choice() == CHUNK16
+    finally:
+        samu.set_calibration_dir(None)
+    assert calls == [SLUG, "uncalibrated-gpu", SLUG]
+    monkeypatch.setattr(dispatch, "RECHECK_SECONDS", 0.0)
+    _choice()
+    _choice()
+    assert len(calls) == 5
+
+
+def test_a_file_that_appears_is_read_at_the_next_recheck(lookup, monkeypatch):
+    assert dispatch.calibrated_choice("samu", (1, 8, 16), "late-gpu") is None
+    _write(lookup / "data" / "calibration", CHUNK16, slug="late-gpu")
+    monkeypatch.setattr(dispatch, "RECHECK_SECONDS", 0.0)
+    assert dispatch.calibrated_choice("samu", (1, 8, 16), "late-gpu") == CHUNK16
+
+
+# --- what a wheel and an sdist carry ---------------------------------------------------------
+
+def _copy_of_the_checkout(dest: Path) -> Path:
+    root = paths.REPO_ROOT
+    dest.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(root / name, dest / name)
+    shutil.copytree(root / "samu", dest / "samu",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "_calibration"))
+    (dest / "data" / "calibration").mkdir(parents=True)
+    for path in (root / "data" / "calibration").glob("*.json"):
+        shutil.copy2(path, dest / "data" / "calibration" / path.name)
+    (dest / "data" / "calibration" / "cpu.json").write_text("{}")  # a CPU run: never packaged
+    return dest
+
+
+def _canonical() -> dict[str, bytes]:
+    return {p.name: p.read_bytes()
+            for p in sorted((paths.REPO_ROOT / "data" / "calibration").glob("*.json"))
+            if p.name != "cpu.json"}
+
+
+def test_a_wheel_carries_the_calibration_files(tmp_path):
+    pytest.importorskip("setuptools")
+    src = _copy_of_the_checkout(tmp_path / "src")
+    out = tmp_path / "wheels"
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                           "--no-build-isolation", "--no-index", "-q", "-w", str(out), str(src)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = out.glob("samu-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        packaged = {n.rsplit("/", 1)[1]: z.read(n) for n in names
+                    if n.startswith("samu/_calibration/")}
+        metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    canonical = _canonical()
+    assert "nvidia-h200.json" in canonical
+    assert packaged == canonical  # byte-identical, cpu.json left out
+    assert {"samu/ops/common/launching.py", "samu/experiment/schema.py"} <= names
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    plain = [line for line in requires if "extra ==" not in line]
+    assert [line.split()[1].split(">")[0].split(";")[0] for line in plain] == ["torch", "triton"]
+    assert any(line.startswith("Requires-Dist: jsonschema") and 'extra == "experiment"' in line
+               for line in requires)
+
+
+def test_an_sdist_carries_them_inside_the_package(tmp_path):
+    pytest.importorskip("setuptools")
+    src = _copy_of_the_checkout(tmp_path / "src")
+    out = tmp_path / "sdist"
+    script = ("import sys; from setuptools import build_meta; "
+              "print(build_meta.build_sdist(sys.argv[1]))")
+    done = subprocess.run([sys.executable, "-c", script, str(out)], cwd=src,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (sdist,) = out.glob("samu-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        packaged = {m.name.rsplit("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers()
+                    if m.isfile() and "/samu/_calibration/" in m.name}
+    assert packaged == _canonical()
+
+
+# --- what `import samu` needs -----------------------------------------------------------------
+
+BLOCK_TRITON = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ImportError(f"{name} is blocked")
+sys.meta_path.insert(0, Block())
+"""
+
+IMPORT_SAMU = """
+import sys, torch
+import samu
+# (not tqdm: torch.hub imports it whenever it is installed)
+heavy = sorted(m for m in ("jsonschema", "pandas", "matplotlib", "seaborn", "papermill",
+                           "nbformat", "nbclient") if m in sys.modules)
+assert not heavy, heavy
+m = samu.SAMU(16)
+m(torch.randn(1, 4, 16, dtype=torch.float64))
+print(sorted(samu.backends.available("samu")), "triton" in sys.modules, m.last_backend)
+"""
+
+
+@pytest.mark.parametrize("triton", ["present", "absent"])
+def test_import_samu_needs_neither_the_experiment_nor_triton(triton):
+    script = (BLOCK_TRITON if triton == "absent" else "") + IMPORT_SAMU
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=paths.REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "reference_chunked"
+    if triton == "absent":
+        assert done.stdout.startswith("['reference_chunked', 'reference_sequential'] False")
