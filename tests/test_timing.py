@@ -1,4 +1,7 @@
+import statistics
+
 import pytest
+import torch
 
 from samu.experiment import protocol, schema
 
@@ -45,3 +48,51 @@ def test_git_commit_override_wins(monkeypatch):
     monkeypatch.delenv("SAMU_GIT_COMMIT")
     commit = protocol.environment()["git_commit"]
     assert commit is None or len(commit) == 40
+
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+def test_graph_replay_time_is_the_kernels_own():
+    """On a GPU: positive and no more than the protocol's median (which adds the host); on a
+    CPU there is no graph to replay."""
+    module = protocol.build_module("samu", 64, "auto", DEVICE)
+    x = torch.randn(2, 512, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    gpu = protocol.graph_replay_ms(module, x, dy)
+    if not CUDA:
+        assert gpu is None
+        return
+    median = statistics.median(protocol.sample(module, x, dy, "forward_backward")
+                               for _ in range(10))
+    assert 0 < gpu <= 1.2 * median
+    assert x.grad is None  # the replays leave nothing behind
+
+
+def test_host_cost_is_a_ratio_to_a_linear_layer():
+    module = protocol.build_module("samu", 64, "auto", DEVICE)
+    cost = protocol.host_cost_us(module, 64, DEVICE, reps=5)
+    if not CUDA:
+        assert cost is None
+        return
+    assert cost["linear_us"] > 0 and cost["mixer_us"] > 0
+    assert cost["ratio_to_linear"] == pytest.approx(cost["mixer_us"] / cost["linear_us"])
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_public_pipeline_computes_the_same_mixer(mixer):
+    """Eager gates or controller then FLA's chunk_hgrn: the reference's function, on a GPU with
+    fla-core; elsewhere no peer is built."""
+    from samu.experiment import legality, peers
+    module = protocol.build_module(mixer, 64, "auto", DEVICE)
+    peer = peers.peer_of(module)
+    if not CUDA or peers.fla_version() is None:
+        assert peer is None
+        return
+    x = torch.randn(1, 300, 64, device=DEVICE, dtype=torch.bfloat16)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = peer(x)
+    params = {n: p.detach() for n, p in module.named_parameters()}
+    want = legality.oracle(mixer, x, params, torch.zeros_like(x))["y"]
+    assert ((got.double() - want).norm() / want.norm()).item() < 2e-2

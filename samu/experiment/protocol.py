@@ -13,6 +13,7 @@ import torch
 from ..shapes import Shape
 from .. import backends, paths
 from ..modules import MODULES, dynamic_control_values_per_token, parameter_count
+from . import peers as peers_
 from . import schema
 
 ROUNDS = schema.ROUNDS
@@ -112,6 +113,71 @@ def sample(module, x, dy, phase: str) -> float:
     return end()
 
 
+def graph_replay_ms(module, x, dy, replays: int = 20) -> float | None:
+    """GPU time of one forward+backward with no host in it: the call captured once in a CUDA
+    graph, replayed ``replays`` times between CUDA events; the median of 3 such runs, per
+    replay.  None on a CPU, or where the call cannot be captured (the error is not a result)."""
+    if not x.is_cuda:
+        return None
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up off the default stream, as capture needs
+        for _ in range(3):
+            _clear_grads(module, x)
+            _forward(module, x).backward(dy)
+    torch.cuda.current_stream().wait_stream(stream)
+    _clear_grads(module, x)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            _forward(module, x).backward(dy)
+    except Exception:
+        return None
+    runs = []
+    for _ in range(3):
+        begin, end = _timer(x.device)
+        begin()
+        for _ in range(replays):
+            graph.replay()
+        runs.append(end() / replays)
+    del graph
+    _clear_grads(module, x)
+    torch.cuda.synchronize()
+    return statistics.median(runs)
+
+
+HOST_SHAPE_LENGTH = 128  # (1, 128, D): the GPU work is negligible, the host sets the time
+
+
+def host_cost_us(module, width: int, device, reps: int = 50) -> dict | None:
+    """Host cost of a synchronised forward+backward at (1, 128, D), beside torch.nn.Linear(D, D)
+    under BF16 autocast measured the same way in the same process: this host is slow and noisy,
+    so the ratio is the figure (docs/SPEC.md section 8).  None on a CPU, where the interpreter,
+    not the host, sets the time."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    x = torch.randn(1, HOST_SHAPE_LENGTH, width, device=device, dtype=torch.bfloat16,
+                    requires_grad=True)
+    dy = torch.randn_like(x)
+    linear = torch.nn.Linear(width, width).to(device)
+
+    def wall_us(m):
+        times = []
+        for i in range(reps + 5):
+            _clear_grads(m, x)
+            t0 = time.perf_counter()
+            _forward(m, x).backward(dy)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= 5:
+                times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+    mixer_us, linear_us = wall_us(module), wall_us(linear)
+    return {"shape": {"batch": 1, "length": HOST_SHAPE_LENGTH, "width": width},
+            "mixer_us": mixer_us, "linear_us": linear_us, "ratio_to_linear": mixer_us / linear_us}
+
+
 def build_module(mixer: str, width: int, backend: str, device, seed: int = 0):
     module = MODULES[mixer](width, backend=backend)
     module.reset_parameters(generator=torch.Generator().manual_seed(seed))
@@ -175,19 +241,29 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
     x.requires_grad_()
     dy = torch.randn(batch, length, width, generator=gen).to(device, torch.bfloat16)
     modules = {m: build_module(m, width, chosen[m], device, seed) for m in ("rglru", "samu")}
+    # The public pipeline on the same parameters, timed right after each mixer in every round.
+    peers = {m: p for m, p in ((m, peers_.peer_of(mod)) for m, mod in modules.items()) if p}
     per_round = {m: [] for m in modules}
+    peer_rounds = {m: [] for m in peers}
+
+    def run_phases(module, label):
+        for _ in range(warmup_count(device)):
+            sample(module, x, dy, "forward_backward")
+        phases = {}
+        for phase in ("forward", "backward", "forward_backward"):
+            phases[f"{phase}_ms"] = [sample(module, x, dy, phase) for _ in range(samples)]
+            if progress:
+                progress(f"round {r} {label} {phase}")
+        return phases
+
     for r in range(rounds):
         order = ["rglru", "samu"] if (r + shape_index) % 2 == 0 else ["samu", "rglru"]
         for position, mixer in enumerate(order):
-            module = modules[mixer]
-            for _ in range(warmup_count(device)):
-                sample(module, x, dy, "forward_backward")
-            phases = {}
-            for phase in ("forward", "backward", "forward_backward"):
-                phases[f"{phase}_ms"] = [sample(module, x, dy, phase) for _ in range(samples)]
-                if progress:
-                    progress(f"round {r} {mixer} {phase}")
-            per_round[mixer].append({"round": r, "order_index": position, **phases})
+            per_round[mixer].append({"round": r, "order_index": position,
+                                     **run_phases(modules[mixer], mixer)})
+            if mixer in peers:
+                peer_rounds[mixer].append({"round": r, "order_index": position,
+                                           **run_phases(peers[mixer], f"{mixer} peer")})
     rows = []
     for mixer, module in modules.items():
         rounds_ = per_round[mixer]
@@ -208,6 +284,20 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
             dynamic_control_values_per_token(mixer, width))
         row["materialized_state_sized_transition"] = (
             backends.REGISTRY[mixer][module.last_backend].materialized_state_sized_transition)
+        row["gpu_time_ms"] = graph_replay_ms(module, x, dy)
+        row["host"] = host_cost_us(module, width, device)
+        if mixer in peers:
+            peer = {"pipeline": peers[mixer].last_backend, "fla_core": peers_.fla_version(),
+                    "materialized_state_sized_transition": True}
+            for phase in ("forward", "backward", "forward_backward"):
+                peer[phase] = summarize([s for rd in peer_rounds[mixer]
+                                         for s in rd[f"{phase}_ms"]])
+            peer["rounds"] = peer_rounds[mixer]
+            peer["gpu_time_ms"] = graph_replay_ms(peers[mixer], x, dy)
+            peer["host"] = host_cost_us(peers[mixer], width, device)
+            row["peer"] = peer
+            row["speedup_vs_peer"] = (peer["forward_backward"]["median_ms"]
+                                      / row["forward_backward"]["median_ms"])
         rows.append(row)
     return rows
 
@@ -227,6 +317,8 @@ def add_floor_figures(rows: list[dict], bandwidth: float) -> None:
         row["achieved_bandwidth_bytes_per_s"] = (
             FLOOR_BYTES_PER_ELEMENT * shape[0] * shape[1] * shape[2] / (median * 1e-3))
         row["copy_bandwidth_bytes_per_s"] = bandwidth
+        if row.get("gpu_time_ms"):
+            row["gpu_time_times_floor"] = row["gpu_time_ms"] / floor
         fb[(shape, row["architecture"])] = row["forward_backward"]
     for row in rows:
         s = row["shape"]

@@ -20,10 +20,10 @@ def block_diagonal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
     return torch.einsum("blhi,hij->blhj", xh, weight).reshape(x.shape) + bias
 
 
-def rglru_reference(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
-                    scan: str = "chunked"):
-    """RG-LRU: gx, ga = sigmoid(block-diagonal gates); log a = -8 ga softplus(a_param);
-    u = m gx x; y = h."""
+def rglru_scan_inputs(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
+    """The recurrence's inputs, (log a, a, u), from the eager gates: gx, ga = sigmoid(block-
+    diagonal gates); log a = -8 ga softplus(a_param); u = m gx x.  [B, L, D] each, in the carry
+    dtype: this is the state-sized transition the kernels never write."""
     cdt = carry_dtype(x)
     if cdt == torch.float64:
         xg, wx, wa = x, gate_x_weight.double(), gate_a_weight.double()
@@ -35,5 +35,12 @@ def rglru_reference(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a
     ga = torch.sigmoid(block_diagonal(xg, wa, gate_a_bias.to(cdt)).to(cdt))
     log_a = -GATE_SCALE * ga * F.softplus(a_param.to(cdt))
     a, m = transition(log_a)
-    h = run_scan(a, m * gx * x.to(cdt), scan)
-    return h.to(x.dtype)
+    return log_a, a, m * gx * x.to(cdt)
+
+
+def rglru_reference(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
+                    scan: str = "chunked"):
+    """RG-LRU: the scan of rglru_scan_inputs; y = h."""
+    _, a, u = rglru_scan_inputs(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias,
+                                a_param)
+    return run_scan(a, u, scan).to(x.dtype)

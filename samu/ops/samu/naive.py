@@ -19,14 +19,19 @@ def samu_controller(x, ctrl_weight, ctrl_bias):
     return torch.sigmoid(z[..., 0]), torch.sigmoid(z[..., 1])
 
 
-def samu_reference(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, scan: str = "chunked"):
-    """SAMU: per-token scalars r, g; log a = -8 exp(log_temp) r softplus(a_param);
-    u = m g x; y = h + skip x."""
+def samu_scan_inputs(x, ctrl_weight, ctrl_bias, a_param, log_temp):
+    """The recurrence's inputs, (log a, a, u), from the eager controller: per-token scalars r, g;
+    log a = -8 exp(log_temp) r softplus(a_param); u = m g x.  [B, L, D] each, in the carry dtype:
+    this is the state-sized transition the kernels never write."""
     cdt = carry_dtype(x)
     r, g = samu_controller(x, ctrl_weight, ctrl_bias)
     c = GATE_SCALE * torch.exp(log_temp.to(cdt))
     log_a = -c * r[..., None] * F.softplus(a_param.to(cdt))
     a, m = transition(log_a)
-    xc = x.to(cdt)
-    h = run_scan(a, m * g[..., None] * xc, scan)
-    return (h + skip.to(cdt) * xc).to(x.dtype)
+    return log_a, a, m * g[..., None] * x.to(cdt)
+
+
+def samu_reference(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, scan: str = "chunked"):
+    """SAMU: the scan of samu_scan_inputs; y = h + skip x."""
+    _, a, u = samu_scan_inputs(x, ctrl_weight, ctrl_bias, a_param, log_temp)
+    return (run_scan(a, u, scan) + skip.to(u.dtype) * x.to(u.dtype)).to(x.dtype)
