@@ -26,6 +26,7 @@ file that fails its checks raises ``CalibrationFileError`` naming the file and t
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -139,14 +140,47 @@ def forget_calibration() -> None:
 
 
 def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str | None:
-    """The calibrated backend for (mixer, shape) on GPU ``slug``, from ``calibration_source(slug)``
-    (None: no file, no entry, or the entry chose none).  The directory is looked up and the file
+    """The calibrated backend for (mixer, shape) on GPU ``slug``, from ``calibration_source(slug)``:
+    the entry for the shape, else the choice calibrated at the nearest shape (``nearest_entry``),
+    so that an uncalibrated shape does not fall back to a default far slower than the best
+    (None: no file, or no entry chose a backend).  The directory is looked up and the file
     re-stat'ed at most every RECHECK_SECONDS; the file is re-read when its path or stat changed."""
     now = time.monotonic()
     cached = _CHOICES.get(slug)
     if cached is None or now - cached[0] > RECHECK_SECONDS:
         cached = _recheck(slug, now, cached)
-    return cached[2].get((mixer, tuple(shape)))
+    choices = cached[2]
+    key = (mixer, tuple(shape))
+    if key in choices:
+        return choices[key]
+    nearest = ("nearest", *key)  # memoised beside the file's own entries
+    if nearest not in choices:
+        found = nearest_entry(choices, mixer, tuple(shape))
+        choices[nearest] = choices[(mixer, found)] if found else None
+    return choices[nearest]
+
+
+# An entry at another width is this many times further than one at another token count: the
+# block width (RG-LRU) and the tiles follow the width, the grid follows the tokens.
+WIDTH_DISTANCE_WEIGHT = 4.0
+
+
+def nearest_entry(choices: dict, mixer: str, shape) -> tuple[int, int, int] | None:
+    """The calibrated shape closest to ``shape`` among the mixer's entries that chose a backend:
+    distance |log(D / D')| * WIDTH_DISTANCE_WEIGHT + |log(B L / B' L')|; ties go to the larger
+    shape (the kernels' choice is stabler there)."""
+    batch, length, width = shape
+    best, best_key = None, None
+    for key, name in choices.items():
+        if len(key) != 2 or key[0] != mixer or name is None:
+            continue
+        b, l, d = key[1]
+        distance = (WIDTH_DISTANCE_WEIGHT * abs(math.log(width / d))
+                    + abs(math.log(batch * length / (b * l))))
+        rank = (distance, -(b * l * d))
+        if best is None or rank < best:
+            best, best_key = rank, key[1]
+    return best_key
 
 
 def _recheck(slug: str, now: float, cached) -> tuple[float, tuple, dict]:

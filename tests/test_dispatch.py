@@ -278,3 +278,24 @@ def test_import_samu_needs_neither_the_experiment_nor_triton(triton):
     assert done.stdout.split()[-1] == "reference_chunked"
     if triton == "absent":
         assert done.stdout.startswith("['reference_chunked', 'reference_sequential'] False")
+
+
+def test_an_uncalibrated_shape_takes_the_nearest_calibrated_choice(tmp_path, monkeypatch):
+    """No cliff: a shape the file lacks gets the choice of the nearest shape of the same width
+    (tokens in log space), and a width the file lacks the nearest width's."""
+    def entry(name):
+        return {"ranking": [name], "chosen": name, "backends": [{"backend": name, "legal": True}]}
+    c8, c16, c32 = (f"fused_controller_hierarchical_chunk{c}" for c in (8, 16, 32))
+    doc = {"gpu": "test", "environment": {}, "shapes": {
+        "1x32768x2048": {"samu": entry(c8)}, "4x2048x2048": {"samu": entry(c16)},
+        "1x8192x4096": {"samu": entry(c32)}}}
+    (tmp_path / "test-gpu.json").write_text(json.dumps(doc))
+    dispatch.set_calibration_dir(tmp_path)
+    try:
+        assert dispatch.calibrated_choice("samu", (1, 32768, 2048), "test-gpu") == c8  # exact
+        assert dispatch.calibrated_choice("samu", (2, 16384, 2048), "test-gpu") == c8
+        assert dispatch.calibrated_choice("samu", (1, 4096, 2048), "test-gpu") == c16
+        assert dispatch.calibrated_choice("samu", (1, 8192, 3072), "test-gpu") == c32
+        assert dispatch.calibrated_choice("rglru", (1, 8192, 3072), "test-gpu") is None
+    finally:
+        dispatch.set_calibration_dir(None)
