@@ -195,19 +195,33 @@ EXTREME_A_PARAM = [-30.0, -17.0, -12.0, -8.0, 10.0, 30.0]
 EXTREME_CASES = [(m, n, a) for m in ("samu", "rglru") for n in _triton(m) for a in EXTREME_A_PARAM]
 
 
-def _inputs_with(mixer, backend, a_param_value, seed=7):
-    """A small shape over two chunks, every channel at one a_param value; RG-LRU with 2 heads
-    (bw = 16) keeps the interpreter quick."""
-    width = 32
-    module = samu.RGLRU(width, num_heads=2) if mixer == "rglru" else samu.SAMU(width)
+def _inputs_with(mixer, backend, a_param_value=None, seed=7, width=32, heads=2, batch=1):
+    """A small shape over two chunks, every channel at one a_param value (or the module's
+    initialisation); RG-LRU with 2 heads (bw = 16) keeps the interpreter quick."""
+    module = samu.RGLRU(width, num_heads=heads) if mixer == "rglru" else samu.SAMU(width)
     gen = torch.Generator().manual_seed(seed)
     module.reset_parameters(generator=gen)
     params = {n: p.detach().to(DEVICE) for n, p in module.named_parameters()}
-    params["a_param"] = torch.full_like(params["a_param"], a_param_value)
+    if a_param_value is not None:
+        params["a_param"] = torch.full_like(params["a_param"], a_param_value)
     length = _chunk(mixer, backend) + 5
-    x = torch.randn(1, length, width, generator=gen).to(DEVICE, torch.bfloat16)
-    dy = torch.randn(1, length, width, generator=gen).to(DEVICE, torch.bfloat16)
+    x = torch.randn(batch, length, width, generator=gen).to(DEVICE, torch.bfloat16)
+    dy = torch.randn(batch, length, width, generator=gen).to(DEVICE, torch.bfloat16)
     return x, params, dy
+
+
+# (width, heads): block widths that are not powers of two, RecurrentGemma-2B's 10 heads of 256
+# and the Griffin 7B preset's 176 on the GPU; small ones for the interpreter.
+HEAD_LAYOUTS = ([(2560, 10), (2816, 16), (3072, 16), (2560, 16)] if DEVICE == "cuda"
+                else [(40, 10), (48, 3), (24, 1)])
+
+
+@pytest.mark.parametrize("width, heads", HEAD_LAYOUTS)
+@pytest.mark.parametrize("backend", _triton("rglru"))
+def test_rglru_backend_is_legal_at_any_head_count(backend, width, heads):
+    x, params, dy = _inputs_with("rglru", backend, width=width, heads=heads, batch=2)
+    entry = legality.check_legality("rglru", backend, inputs=(x, params, dy))
+    assert entry["legal"], entry["reason"]
 
 
 @pytest.mark.parametrize("mixer, backend, a_param_value", EXTREME_CASES)
