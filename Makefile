@@ -35,9 +35,15 @@ test: $(SETUP)
 reproduce: $(SETUP)
 	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.pipeline --shapes "$$SHAPES"
 
+# JupyterLab on the repository root (notebooks/ and data/runs/ side by side); it prints the URL it
+# serves. LAB_ARGS go to jupyter lab, e.g. make lab LAB_ARGS="--no-browser --port 8899". Jupyter
+# refuses to run as root without --allow-root, so root gets it.
+LAB_ARGS ?=
+LAB_ROOT_FLAG = $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: $(SETUP)
 	$(PYTHON) -c "import jupyterlab" 2>/dev/null || $(PYTHON) -m pip install -q jupyterlab
-	$(PYTHON) -m jupyter lab notebooks
+	@echo "JupyterLab on $(CURDIR): open notebooks/ or data/runs/ from its file browser; its URL follows."
+	$(PYTHON) -m jupyterlab --ServerApp.root_dir="$(CURDIR)" $(LAB_ROOT_FLAG) $(LAB_ARGS)
 
 notebooks: $(SETUP)
 	$(PYTHON) scripts/make_notebooks.py

@@ -7,11 +7,13 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP = '''import os
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default (FP fusion on); Triton 3.9 warns while unset
 import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton's interpreter runs the kernels on a CPU
 import samu
 from samu import backends, dispatch, paths
+from samu.shapes import Shape
 from samu.experiment import calibration, legality, protocol, report, schema
 device = "cuda" if torch.cuda.is_available() else "cpu"
 slug = dispatch.gpu_slug()
@@ -151,22 +153,22 @@ for mixer in ("rglru", "samu"):
         rows.append({"mixer": mixer, "gradient": name, "formula vs autograd": rel})
         assert rel < 1e-12, (mixer, name, rel)
 pd.DataFrame(rows)'''),
-    md("## 4. Footprints against the seed\n\nParameters and dynamic control values per token, from the formulas of SPEC section 2, beside the seed file's figures."),
-    code('''seed_doc = report.seed_document()
+    md("## 4. Footprints against the published H800 result\n\nParameters and dynamic control values per token, from the formulas of SPEC section 2, beside the figures recorded in the published H800 result (`data/reference/h800_pcie_published_result.json`)."),
+    code('''published = report.published_h800_document()
 rows = []
-for row in seed_doc["rows"]:
+for row in published["rows"]:
     w, mixer = row["shape"]["width"], row["architecture"]
-    rows.append({"width": w, "mixer": mixer, "seed parameters": row["parameters"],
+    rows.append({"width": w, "mixer": mixer, "published parameters": row["parameters"],
                  "samu parameters": samu.parameter_count(mixer, w),
-                 "seed control values/token": row["dynamic_control_values_per_token"],
+                 "published control values/token": row["dynamic_control_values_per_token"],
                  "samu control values/token": samu.dynamic_control_values_per_token(mixer, w)})
 table = pd.DataFrame(rows).drop_duplicates()
 print(table.to_string(index=False))
-assert (table["seed parameters"] == table["samu parameters"]).all()'''),
-    md(r"""The seed's RG-LRU rows record 2D control values per token (gx and ga per channel), as the formula does; SAMU's two
-scalars per token are shared by every channel. The byte counts that bound the kernels are in SPEC section 8 and in the
-module docstrings of `samu/samu_chunk.py` and `samu/rglru_chunk.py`."""),
-    code('''assert (table["seed control values/token"] == table["samu control values/token"]).all()'''),
+assert (table["published parameters"] == table["samu parameters"]).all()'''),
+    md(r"""The published H800 result's RG-LRU rows record 2D control values per token (gx and ga per channel), as the formula
+does; SAMU's two scalars per token are shared by every channel. The byte counts that bound the kernels are in SPEC
+section 8 and in the module docstrings of `samu/ops/samu/chunk.py` and `samu/ops/rglru/chunk.py`."""),
+    code('''assert (table["published control values/token"] == table["samu control values/token"]).all()'''),
 ])
 
 save("01_correctness", [
@@ -216,7 +218,7 @@ if device == "cpu":  # the interpreter is slow: two Triton backends per mixer ex
         keep = {backends.DEFAULTS[m], triton_names[0]}
         candidates[m] = [n for n in backends.available(m) if n in keep or n.startswith("reference")]
     print("CPU run: interpreter timings rank nothing about a GPU; they only exercise the pipeline.")'''),
-    code('''from tqdm.auto import tqdm
+    code('''from tqdm import tqdm  # the text bar: tqdm.auto's widget bar needs ipywidgets
 names = candidates or {m: backends.available(m) for m in ("rglru", "samu")}
 bar = tqdm(desc="calibrate", total=sum(len(v) for v in names.values()))
 def progress(label):
@@ -238,7 +240,7 @@ df'''),
 ])
 
 save("03_timing", [
-    md("# 03 — Timing one shape by the seed's protocol\n\n"
+    md("# 03 — Timing one shape by the protocol of the published H800 result\n\n"
        "Both mixers in one process, 2 rounds, AB/BA counterbalanced (round r runs RG-LRU first when r + shape_index "
        "is even); per round and mixer, warm-up first, then 5 CUDA-event samples each of forward, backward and "
        "forward+backward under BF16 autocast; the six memory figures around one forward+backward. The backend comes "
@@ -252,7 +254,7 @@ entry = cal["shapes"].get(Shape.of(shape).key)
 assert entry, f"{cal_path} has no entry for {shape}: run notebook 02 for it first"
 chosen = {m: entry[m]["chosen"] for m in ("rglru", "samu")}
 print("calibrated choice:", chosen)'''),
-    code('''from tqdm.auto import tqdm
+    code('''from tqdm import tqdm  # the text bar: tqdm.auto's widget bar needs ipywidgets
 bar = tqdm(desc="timing", total=2 * 2 * 3)
 def progress(label):
     bar.set_postfix_str(label); bar.update()
@@ -261,44 +263,69 @@ bar.close()
 if device == "cuda":
     bandwidth = protocol.COPY_BANDWIDTH.get(slug) or protocol.measure_copy_bandwidth(device)
 else:
-    bandwidth = protocol.COPY_BANDWIDTH["nvidia-h200"]
-    print("CPU run: these timings are no GPU claim.")
+    bandwidth = float("nan")  # the floor is a GPU's copy bandwidth (SPEC section 8): a CPU has none
+    print(f"{report.CPU_NOTE}: no floor and no bandwidth.")
 protocol.add_floor_figures(rows, bandwidth)
+if device != "cuda":
+    for r in rows:
+        r["achieved_bandwidth_bytes_per_s"] = float("nan")
 path = protocol.write_shape_result(slug, shape, rows, cal)
 print("wrote", path)'''),
     code('''import pandas as pd
 pd.DataFrame([{"mixer": r["architecture"], "backend": r["backend"],
                "forward_ms": r["forward"]["median_ms"], "backward_ms": r["backward"]["median_ms"],
                "forward_backward_ms": r["forward_backward"]["median_ms"],
-               "times_floor": r["times_floor"], "peak_alloc_delta_MB": r["peak_allocated_delta_bytes"] / 2**20,
+               "times_floor": r["times_floor"],
+               "peak_alloc_delta_MB": r["peak_allocated_delta_bytes"] / 2**20 if device == "cuda" else float("nan"),
                "speedup_vs_rglru": r.get("speedup_vs_rglru")} for r in rows])'''),
 ])
 
 save("04_report", [
-    md("# 04 — Report: this GPU's rows beside the seed's H800 rows\n\n"
-       "Combines `data/results/<gpu>/*.json` into `data/results/<gpu>.json` (schema version 1) and draws the figures "
-       "into `data/figures/`."),
-    params("gpu_slug = None"),
-    code('''import torch
-import pandas as pd
+    md("# 04 — Report: measured rows beside the published H800 result\n\n"
+       "Combines `data/results/<gpu>/*.json` into one document (schema version 1), sets it beside the published H800 "
+       "result (`data/reference/h800_pcie_published_result.json`: H800 PCIe, torch 2.1.2) and draws the figures. "
+       "Each row's floor is 10 bytes per element at its own GPU's copy bandwidth (SPEC section 8): 4.22 TB/s measured "
+       "on the H200, 2.0 TB/s from the H800 PCIe datasheet. A CPU run (Triton's interpreter) has no floor, bandwidth "
+       "or memory figures: its timings are no GPU result.\n\n"
+       "`gpu_slug = None` shows this machine's results when `data/results/<this machine's slug>/` holds per-shape "
+       "files, else the committed `nvidia-h200` results. `write = False` only reads them and draws the figures here; "
+       "`make reproduce` runs this notebook with `write=True`, which writes `data/results/<gpu>.json` and "
+       "`data/figures/<gpu>_*.png`."),
+    params("gpu_slug = None\nwrite = False"),
+    code('''import pandas as pd
 from IPython.display import Image, display
-import samu
-from samu import backends, dispatch, paths
+from samu import paths
 from samu.experiment import report
-slug = gpu_slug or dispatch.gpu_slug()
-doc = report.combine(slug)
-df = report.frame(doc, slug)
-seed_df = report.frame(report.seed_document(), "seed nvidia-h800-pcie")
-print(f"{len(doc['rows'])} rows from {slug}; environment: {doc['environment']}")'''),
-    md("## Summary"),
+slug = gpu_slug or report.default_slug()
+print(report.describe_choice(slug))
+doc = report.combine(slug, write=write)
+df = report.frame(doc)
+published_df = report.frame(report.published_h800_document(), report.PUBLISHED_SOURCE)
+env = doc["environment"]
+print(f"{len(doc['rows'])} rows; gpu {env['gpu']}, torch {env['torch']}, triton {env.get('triton')}, "
+      f"commit {(env.get('git_commit') or '?')[:7]}")'''),
+    md("## Summary\n\nMedians in ms; `times_floor` is the forward+backward median over the floor, `achieved_TBps` the "
+       "floor's 10 bytes per element over that median, and memory the peak allocated delta in units of B·L·D BF16 "
+       "elements."),
     code('''pd.set_option("display.width", 200)
+if df["cpu"].any():
+    print(f"{report.CPU_NOTE}: floor, bandwidth and memory are NaN.")
 report.summary_table(df)'''),
-    md("## Beside the seed (H800 PCIe, torch 2.1.2)"),
-    code('''report.seed_comparison(df, seed_df)'''),
-    code('''report.speedups(pd.concat([seed_df, df]))'''),
-    md("## Figures"),
-    code('''for path in report.draw_figures(df, seed_df, slug):
-    print(path.relative_to(paths.DATA.parent) if path.is_relative_to(paths.DATA.parent) else path)
-    display(Image(filename=str(path)))'''),
+    md("## Beside the published H800 result (H800 PCIe, torch 2.1.2)"),
+    code('''comparison = report.published_comparison(df, published_df)
+if comparison.empty:
+    print("No GPU rows at the shapes of the published H800 result.")
+comparison'''),
+    code('''report.speedups(pd.concat([published_df, df]))'''),
+    md("## Figures\n\nTime per shape, SAMU's speedup with its spread, peak memory, and a roofline: achieved bandwidth "
+       "(the floor's bytes over the median) against FLOPs per byte, under each GPU's copy bandwidth and the H200's "
+       "compute ceilings."),
+    code('''if write:
+    for path in report.draw_figures(df, published_df, slug):
+        print("wrote", path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path)
+        display(Image(filename=str(path)))
+else:
+    for name, fig in report.figures(df, published_df).items():
+        display(Image(data=report.png_bytes(fig)))'''),
 ])
 print("notebooks written")

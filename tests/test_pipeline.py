@@ -83,3 +83,79 @@ def test_make_reproduce_fails_on_a_bad_shape(tmp_path):
     assert out.returncode != 0
     assert "bad shape 'bad;touch'" in out.stderr
     assert not marker.exists()
+
+
+def _make_dry(target, *args):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "LAB_ARGS")}
+    make = shutil.which("make")
+    assert make, "make is needed to test the Makefile"
+    out = subprocess.run([make, "-n", "-s", "-C", str(paths.REPO_ROOT), target, *args], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_make_lab_serves_the_repository_root_and_passes_lab_args():
+    """A dry run (-n): the command, no server."""
+    out = _make_dry("lab", "PYTHON=python3", "LAB_ARGS=--no-browser --port 8899")
+    lab = [line for line in out.splitlines() if "-m jupyterlab" in line]
+    assert len(lab) == 1, out
+    assert f'--ServerApp.root_dir="{paths.REPO_ROOT}"' in lab[0]
+    assert lab[0].rstrip().endswith("--no-browser --port 8899")
+    assert " notebooks" not in lab[0]  # the root, not notebooks/
+    assert ("--allow-root" in lab[0]) == (os.geteuid() == 0)
+    plain = [line for line in _make_dry("lab", "PYTHON=python3").splitlines()
+             if "-m jupyterlab" in line][0]
+    assert "--port" not in plain
+
+
+def test_report_notebook_runs_in_write_mode_only_from_the_pipeline(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    calls = []
+    monkeypatch.setattr(pipeline, "run_notebook", lambda name, out_dir, p: calls.append((name, p)))
+    monkeypatch.setattr(pipeline, "print_summary", lambda slug: None)
+    assert pipeline.main(["--shapes", "1x16x16"]) == 0
+    assert calls[-1][0] == "04_report" and calls[-1][1]["write"] is True
+    assert os.environ["TRITON_DEFAULT_FP_FUSION"] == "1"
+
+
+def test_cpu_summary_has_no_floor_bandwidth_or_memory(tmp_path, monkeypatch, capsys):
+    from samu.experiment import protocol, report
+
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    rows = protocol.time_shape((1, 8, 16), 0, {"rglru": "reference_chunked",
+                                               "samu": "reference_chunked"}, "cpu")
+    protocol.add_floor_figures(rows, 4.22e12)  # as notebook 03 did before: ignored on a CPU
+    protocol.write_shape_result("cpu", (1, 8, 16), rows)
+    pipeline.print_summary("cpu")
+    out = capsys.readouterr().out
+    assert report.CPU_NOTE in out
+    assert "H200" not in out and "e+09" not in out
+    header = next(line for line in out.splitlines() if line.split()[:1] == ["source"]).split()
+    line = next(line for line in out.splitlines() if " rglru " in line).split()
+    # times_floor, achieved_TBps and memory are the last three columns: blank ("-")
+    assert header[-3:] == ["times_floor", "achieved_TBps", "peak_allocated_delta_units"]
+    assert line[-3:] == ["-", "-", "-"]
+
+
+def test_papermill_kernels_use_ipc_not_tcp(capfd):
+    """ipykernel warns "Kernel is running over TCP without encryption" on every TCP start."""
+    manager_class = pipeline.kernel_manager_class()
+    if os.name != "posix":
+        assert manager_class is None
+        return
+    km = manager_class()
+    assert km.transport == "ipc"
+    assert Path(km.ip).parent == Path(__import__("tempfile").gettempdir())
+    km.start_kernel()
+    try:
+        client = km.client()
+        client.start_channels()
+        client.wait_for_ready(timeout=60)
+        client.stop_channels()
+    finally:
+        km.shutdown_kernel(now=True)
+    assert "without encryption" not in capfd.readouterr().err
+    assert not list(Path(km.ip).parent.glob(Path(km.ip).name + "-*"))  # sockets removed
+    assert manager_class().ip != km.ip  # each kernel its own sockets

@@ -1,35 +1,176 @@
+import copy
+
 import pytest
 
-from samu import paths
+from samu import dispatch, paths
 from samu.experiment import protocol, report, schema
 
 
-def test_seed_frame_and_published_speedups():
-    seed = report.frame(report.seed_document(), "seed")
-    assert len(seed) == 8
-    sp = report.speedups(seed)
+def published_frame():
+    return report.frame(report.published_h800_document(), report.PUBLISHED_SOURCE)
+
+
+def cpu_results(slug="test-gpu", shapes=((1, 8, 16), (2, 5, 16))):
+    """Per-shape files of a CPU run under paths.DATA, as notebook 03 writes them."""
+    chosen = {"rglru": "reference_chunked", "samu": "reference_chunked"}
+    for k, shape in enumerate(shapes):
+        rows = protocol.time_shape(shape, k, chosen, "cpu")
+        protocol.add_floor_figures(rows, 4.22e12)
+        protocol.write_shape_result(slug, shape, rows)
+
+
+def as_gpu(doc, gpu="NVIDIA H200"):
+    doc = copy.deepcopy(doc)
+    for env in [doc["environment"], *doc.get("shape_environments", {}).values()]:
+        env["gpu"] = gpu
+    return doc
+
+
+def test_published_frame_and_speedups():
+    published = published_frame()
+    assert len(published) == 8
+    assert (published["source"] == "published H800 PCIe").all()
+    sp = report.speedups(published)
     assert len(sp) == 4
     assert sp["speedup"].min() == pytest.approx(1.33, abs=0.01)
     assert sp["speedup"].max() == pytest.approx(1.67, abs=0.01)
     assert (sp["low"] <= sp["speedup"]).all() and (sp["speedup"] <= sp["high"]).all()
 
 
+def test_published_h800_rows_take_the_h800_pcie_floor():
+    """SPEC section 8: the H800 PCIe's datasheet bandwidth, 2.0 TB/s, not the H200's."""
+    assert report.PUBLISHED_H800_PCIE_BANDWIDTH == 2.0e12
+    published = published_frame().set_index(["shape", "mixer"])
+    assert (published["copy_TBps"] == 2.0).all()
+    row = published.loc[("(4, 2048, 2048)", "rglru")]
+    assert row["floor_ms"] == pytest.approx(10 * 4 * 2048 * 2048 / 2.0e12 * 1e3)
+    # SPEC section 8's table: 30.4 and 15.6 times the H800 PCIe floor
+    assert row["times_floor"] == pytest.approx(30.4, abs=0.05)
+    samu_row = published.loc[("(1, 32768, 2048)", "samu")]
+    assert samu_row["times_floor"] == pytest.approx(15.6, abs=0.05)
+
+
+def test_committed_h200_rows_take_the_h200_floor():
+    df = report.frame(report.combine(report.COMMITTED_SLUG, write=False))
+    assert (df["machine"] == "NVIDIA H200").all() and not df["cpu"].any()
+    assert df["copy_TBps"].tolist() == pytest.approx([4.22] * len(df))
+    fb = df["forward_backward_ms"]
+    assert df["achieved_TBps"].tolist() == pytest.approx(
+        [10 * s.elements / (t * 1e-3) / 1e12 for s, t in zip(df["shape_tuple"], fb)])
+
+
+def test_cpu_rows_have_no_floor_bandwidth_or_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    cpu_results()  # written with the H200's bandwidth: the report must not use it
+    df = report.frame(report.combine("test-gpu", write=False))
+    assert df["cpu"].all() and (df["machine"] == report.CPU_LABEL).all()
+    for column in ("floor_ms", "times_floor", "floor_fraction", "forward_times_floor",
+                   "achieved_TBps", "copy_TBps", "peak_allocated_delta_units"):
+        assert df[column].isna().all(), column
+    table = report.summary_table(df)
+    assert table["times_floor"].isna().all() and table["achieved_TBps"].isna().all()
+    assert report.run_label(df) == report.CPU_NOTE
+    assert report.published_comparison(df, published_frame()).empty
+    # slug "cpu" marks CPU results whatever the environment says
+    gpu_doc = as_gpu(report.combine("test-gpu", write=False))
+    assert report.frame(gpu_doc, report.CPU_SLUG)["floor_ms"].isna().all()
+    assert report.frame(gpu_doc)["floor_ms"].notna().all()
+
+
+def test_nan_floor_figures_in_a_file_read_back_as_nan(tmp_path, monkeypatch):
+    """Notebook 03 on a CPU writes its floor figures as NaN, which the file holds as "nan"."""
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    rows = protocol.time_shape((1, 8, 16), 0, {"rglru": "reference_chunked",
+                                               "samu": "reference_chunked"}, "cpu")
+    protocol.add_floor_figures(rows, float("nan"))
+    path = protocol.write_shape_result("cpu", (1, 8, 16), rows)
+    assert schema.read_json(path)["rows"][0]["times_floor"] == "nan"
+    assert report.frame(report.combine("cpu"))["times_floor"].isna().all()
+    assert report._number("nan") != report._number("nan")  # NaN
+
+
 def test_combine_and_figures(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "DATA", tmp_path)
-    chosen = {"rglru": "reference_chunked", "samu": "reference_chunked"}
-    for k, shape in enumerate([(1, 8, 16), (2, 5, 16)]):
-        rows = protocol.time_shape(shape, k, chosen, "cpu")
-        protocol.add_floor_figures(rows, 4.22e12)
-        protocol.write_shape_result("test-gpu", shape, rows)
+    cpu_results()
     doc = report.combine("test-gpu")
     schema.validate(doc)
+    assert paths.results_file("test-gpu").exists()
     assert [r["shape"]["length"] for r in doc["rows"]] == [5, 5, 8, 8]
-    df = report.frame(doc, "test-gpu")
-    paths_ = report.draw_figures(df, report.frame(report.seed_document(), "seed"), "test-gpu")
+    df = report.frame(doc)
+    paths_ = report.draw_figures(df, published_frame(), "test-gpu")
     assert [p.name for p in paths_] == [f"test-gpu_{n}.png" for n in
                                         ("time", "speedup", "memory", "roofline")]
     assert all(p.stat().st_size > 10_000 for p in paths_)
-    assert report.seed_comparison(df, df).shape[0] == 4
+    gpu = report.frame(as_gpu(doc))
+    assert report.published_comparison(gpu, gpu).shape[0] == 4
+    assert set(report.published_comparison(gpu, gpu).columns) >= {
+        "published_h800_ms", "measured_ms", "faster_than_published"}
+
+
+def test_combine_without_write_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    cpu_results()
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    doc = report.combine("test-gpu", write=False)
+    assert len(doc["rows"]) == 4
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert not paths.results_file("test-gpu").exists()
+
+
+def test_viewing_the_committed_results_rewrites_nothing():
+    combined = paths.REPO_ROOT / "data" / "results" / f"{report.COMMITTED_SLUG}.json"
+    before = combined.read_bytes()
+    figs = report.figures(report.frame(report.combine(report.COMMITTED_SLUG, write=False)),
+                          published_frame())
+    assert sorted(figs) == ["memory", "roofline", "speedup", "time"]
+    assert report.png_bytes(figs["roofline"])[:4] == b"\x89PNG"
+    assert combined.read_bytes() == before
+
+
+def test_default_slug(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    monkeypatch.setattr(dispatch, "gpu_slug", lambda name=None: "cpu")
+    assert report.default_slug() == report.COMMITTED_SLUG == "nvidia-h200"
+    assert "committed nvidia-h200" in report.describe_choice(report.default_slug())
+    assert "no per-shape results" in report.describe_choice(report.default_slug())
+    paths.results_dir("cpu").mkdir(parents=True)
+    assert report.default_slug() == "nvidia-h200"  # an empty folder is no results
+    cpu_results("cpu", shapes=((1, 8, 16),))
+    assert report.default_slug() == "cpu"
+    assert report.CPU_NOTE in report.describe_choice("cpu")
+
+
+def test_cpu_figures_are_labelled_cpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    cpu_results()
+    figs = report.figures(report.frame(report.combine("test-gpu", write=False)), published_frame())
+    for name, fig in figs.items():
+        title = fig.axes[0].get_title()
+        assert report.CPU_NOTE in title, name
+        assert "H200" not in title and "this GPU" not in title, name
+
+
+def test_roofline_axes_and_legend():
+    df = report.frame(report.combine(report.COMMITTED_SLUG, write=False))
+    fig = report.figures(df, published_frame())["roofline"]
+    ax = fig.axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    # one marker per row: every H200 and every published row
+    assert sum(len(c.get_offsets()) for c in ax.collections) == len(df) + 8
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("4.22 TB/s" in t for t in labels) and any("2.00 TB/s" in t for t in labels)
+    assert any("790 TFLOP/s" in t for t in labels)
+    assert ax.get_legend().get_bbox_to_anchor().x0 > ax.bbox.x1 - 1  # outside the axes
+    for axis in (ax.xaxis, ax.yaxis):
+        texts = [t.get_text() for t in axis.get_ticklabels()]
+        assert texts and all("10^" not in t and "times" not in t for t in texts), texts
+        assert all(t == f"{float(t):g}" for t in texts), texts
+
+
+def test_flops_per_element_follows_the_performance_notes():
+    assert report.flops_per_element("samu", 2048) == 120
+    # docs/PERFORMANCE.md: ~4600 FLOPs per element at D = 2048 (bw = 128) for RG-LRU's gates
+    assert report.flops_per_element("rglru", 2048) - 120 == pytest.approx(4608)
 
 
 def test_combine_without_results_says_what_to_do(tmp_path, monkeypatch):
@@ -54,9 +195,28 @@ def test_failed_figure_save_leaves_old_figure_and_no_temporary(tmp_path, monkeyp
         raise OSError("disk full")
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", write_half_then_fail)
-    seed = report.frame(report.seed_document(), "seed")
+    published = published_frame()
     with pytest.raises(OSError, match="disk full"):
-        report.draw_figures(seed, seed, "test-gpu")
+        report.draw_figures(published, published, "test-gpu")
     assert [p.name for p in folder.iterdir()] == [old.name]
     assert old.read_bytes() == b"the previous figure"
-    assert plt.get_fignums() == []  # the failed figure is closed too
+    assert plt.get_fignums() == []  # no figure is left open
+
+
+def test_vocabulary_seed_means_random_seeds_only():
+    """'the published H800 result' names the reference file; 'seed' means random seeds only."""
+    import json
+
+    banned = ("seed's", "the seed", "seed file", "seed_document", "seed_comparison", "seed_h800",
+              "seed_df", "seed_doc", "than_seed", "seed h800", "seed nvidia", "seed parameters",
+              "seed control")
+    texts = {p.name: p.read_text() for p in (
+        paths.REPO_ROOT / "samu" / "experiment" / "report.py",
+        paths.REPO_ROOT / "samu" / "experiment" / "pipeline.py",
+        paths.REPO_ROOT / "scripts" / "make_notebooks.py")}
+    for nb in sorted((paths.REPO_ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        texts[nb.name] = "\n".join("".join(c["source"]) for c in cells)
+    for name, text in texts.items():
+        for phrase in banned:
+            assert phrase not in text.lower(), (name, phrase)

@@ -40,6 +40,34 @@ def export_data_dir() -> str:
     return os.environ["SAMU_DATA_DIR"]
 
 
+def kernel_manager_class():
+    """The kernel manager for papermill's kernels: they listen on Unix (IPC) sockets, not TCP.
+    Over TCP ipykernel warns at every start that code and outputs travel unencrypted ("Kernel is
+    running over TCP without encryption") and names IPC transport as the remedy; IPC removes the
+    cause instead of hiding the message.  Each kernel's sockets get a unique path in the temporary
+    folder: the default, "kernel-ipc" in the working directory (notebooks/), would be shared by
+    runs at the same time.  Without Unix sockets (Windows) this returns None: papermill's default,
+    TCP."""
+    if os.name != "posix":
+        return None
+    import tempfile
+    import uuid
+
+    from jupyter_client.manager import KernelManager
+    from traitlets import default
+
+    class IPCKernelManager(KernelManager):
+        @default("transport")
+        def _transport_default(self):
+            return "ipc"
+
+        @default("ip")
+        def _ip_default(self):  # a socket path: short enough for AF_UNIX's ~100 bytes
+            return os.path.join(tempfile.gettempdir(), f"samu-kernel-{uuid.uuid4().hex[:16]}")
+
+    return IPCKernelManager
+
+
 def run_notebook(name: str, out_dir: Path, parameters: dict) -> Path:
     import papermill
     from .. import paths
@@ -48,9 +76,14 @@ def run_notebook(name: str, out_dir: Path, parameters: dict) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / f"{name}.ipynb"
     partial = out_dir / f".{name}.running.ipynb"
+    engine_options = {}
+    manager = kernel_manager_class()
+    if manager is not None:
+        engine_options["kernel_manager_class"] = manager
     try:
         papermill.execute_notebook(str(src), str(partial), parameters=parameters,
-                                   cwd=str(paths.REPO_ROOT / "notebooks"), progress_bar=False)
+                                   cwd=str(paths.REPO_ROOT / "notebooks"), progress_bar=False,
+                                   **engine_options)
     except Exception:
         if partial.exists():
             partial.replace(out_dir / f"{name}.failed.ipynb")
@@ -59,23 +92,55 @@ def run_notebook(name: str, out_dir: Path, parameters: dict) -> Path:
     return final
 
 
+def print_summary(slug: str) -> None:
+    """The combined results of this run as a table, labelled: a CPU run's timings come from
+    Triton's interpreter, so its floor, bandwidth and memory figures are left blank."""
+    import pandas as pd
+    from . import report
+
+    doc = report.combine(slug)
+    df = report.frame(doc)
+    print()
+    if df["cpu"].any():
+        print(f"{report.CPU_NOTE}: floor, times_floor, achieved_TBps and memory are left blank.")
+    else:
+        print(f"{report.run_label(df)}: floor at {df['copy_TBps'].median():.2f} TB/s copy "
+              "bandwidth (SPEC section 8); memory in units of B*L*D BF16 elements.")
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(report.summary_table(df).to_string(index=False, na_rep="-"))
+        sp = report.speedups(df)
+        if len(sp):
+            print("\nSAMU / RG-LRU forward+backward speedup (10th-90th percentile of the pairwise "
+                  "sample ratios):")
+            print(sp.drop(columns="cpu").round(2).to_string(index=False))
+        published = report.published_comparison(
+            df, report.frame(report.published_h800_document(), report.PUBLISHED_SOURCE))
+        if len(published):
+            print(f"\nBeside the published H800 result ({report.PUBLISHED_SOURCE}):")
+            print(published.round(3).to_string(index=False))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shapes", nargs="*", default=None,
                         help="BATCHxLENGTHxWIDTH ..., separate arguments or one whitespace-"
-                             "separated argument (default, also for an empty one: the seed's "
-                             "four on a GPU, small ones on a CPU)")
+                             "separated argument (default, also for an empty one: the four "
+                             "shapes of the published H800 result on a GPU, a small one on a "
+                             "CPU)")
     args = parser.parse_args(argv)
     explicit = parse_shapes(args.shapes)  # a bad shape stops the run before any notebook
+    # Triton 3.9 warns when TRITON_DEFAULT_FP_FUSION is unset; "1" keeps its default (fused
+    # multiply-adds on), which every committed result was measured with.  The notebook kernels
+    # inherit it.
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     import torch
     cuda = torch.cuda.is_available()
     if not cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         print("No CUDA device: running small shapes with Triton's interpreter. CPU timings "
-              "are no GPU claim.", flush=True)
-    from tqdm.auto import tqdm
+              "are no GPU result.", flush=True)
+    from tqdm import tqdm
     from .. import dispatch, paths
-    from . import report
 
     shapes = explicit or parse_shapes(GPU_SHAPES if cuda else CPU_SHAPES)
     export_data_dir()
@@ -90,18 +155,14 @@ def main(argv=None) -> int:
                          dict(batch=shape[0], length=shape[1], width=shape[2], shape_index=k))
             bar.update()
         bar.set_postfix_str("04_report")
-        run_notebook("04_report", paths.DATA / "runs" / slug, dict(gpu_slug=slug))
+        run_notebook("04_report", paths.DATA / "runs" / slug, dict(gpu_slug=slug, write=True))
         bar.update()
     except Exception as exc:
         bar.close()
         print(f"\nreproduce FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     bar.close()
-    doc = report.combine(slug)
-    df = report.frame(doc, slug)
-    import pandas as pd
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(report.summary_table(df).to_string(index=False))
+    print_summary(slug)
     print(f"\nwrote {paths.results_file(slug)}, {paths.results_dir(slug)}/, "
           f"{paths.calibration_file(slug)}, {paths.figures_dir()}/{slug}_*.png")
     return 0

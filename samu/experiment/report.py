@@ -1,20 +1,108 @@
-"""Combine per-shape result files, compare with the seed's H800 rows, and draw the figures."""
+"""Combine per-shape result files, set them beside the published H800 result, draw the figures.
+
+Each row is judged on its own machine: the floor (SPEC section 8) is 10 bytes per element at that
+GPU's own copy bandwidth, the H200's measured, the H800 PCIe's from its datasheet.  A CPU run
+(Triton's interpreter) has no floor, no bandwidth and no memory figures: its timings only exercise
+the pipeline, and every table and figure says so.
+"""
 from __future__ import annotations
 
+import io
+import math
 import statistics
 from pathlib import Path
 
 import pandas as pd
 
 from ..shapes import Shape
-from .. import paths
+from .. import dispatch, paths
 from . import protocol, schema
 
 SHAPE_ORDER_KEY = lambda s: (s[1], s[2], s[0])  # noqa: E731  length, width, batch
 
+COMMITTED_SLUG = "nvidia-h200"  # the results committed in data/results/
+CPU_SLUG = "cpu"  # dispatch.gpu_slug() without CUDA
+CPU_LABEL = "CPU (Triton interpreter)"
+CPU_NOTE = "CPU (Triton interpreter): timings are no GPU result"
+PUBLISHED_SOURCE = "published H800 PCIe"
+MIXER_NAMES = {"rglru": "RG-LRU", "samu": "SAMU"}
+
+# The memory bandwidth in NVIDIA's H800 PCIe datasheet (NVIDIA H800 Tensor Core GPU datasheet,
+# H800 PCIe 80 GB): 2.0 TB/s.  The published H800 rows are judged against it (SPEC section 8).
+PUBLISHED_H800_PCIE_BANDWIDTH = 2.0e12
+# Each GPU's copy bandwidth, bytes read plus bytes written per second, by GPU slug: the H200's as
+# measured by protocol.measure_copy_bandwidth, the H800 PCIe's from its datasheet.  A result row's
+# own copy_bandwidth_bytes_per_s (written by notebook 03) takes precedence.
+COPY_BANDWIDTH = {**protocol.COPY_BANDWIDTH, "nvidia-h800-pcie": PUBLISHED_H800_PCIE_BANDWIDTH}
+
+# The roofline's compute ceilings, FLOP/s, by GPU slug.  BF16 tensor cores: ~790 TFLOP/s, the
+# rate measured on the project's H200 (docs/PERFORMANCE.md's "~0.4 ms of tensor-core time" for
+# RG-LRU at (1, 32768, 2048) is this rate).  FP32 without tensor cores: 67 TFLOP/s, the NVIDIA H200
+# (SXM) datasheet's peak; SAMU's FLOPs (exp, sqrt, the scans) and RG-LRU's scans run there.  No
+# compute ceiling is drawn for the H800 PCIe: none was measured.
+COMPUTE_CEILINGS = {
+    "nvidia-h200": [("BF16 tensor cores, measured", 790e12),
+                    ("FP32 without tensor cores, datasheet", 67e12)],
+}
+
+# FLOPs per element of [B, L, D], forward+backward, from docs/PERFORMANCE.md, "The two numbers":
+# SAMU ~40 forward (exp, sqrt, scan) + ~80 backward; RG-LRU 8 bw forward (its gates) + ~28 bw
+# backward, with bw = D / heads the block width (36 bw = 4608 at bw = 128: the "~4600 FLOPs per
+# element at D = 2048" there), plus its scans, which that table does not count apart and which
+# are taken here as SAMU's 120.  Result rows do not record the head count; the published result
+# and this project's timing use 16 heads.
+SAMU_FLOPS_PER_ELEMENT = 40 + 80
+RGLRU_FLOPS_PER_BLOCK_WIDTH = 8 + 28
+RGLRU_SCAN_FLOPS_PER_ELEMENT = SAMU_FLOPS_PER_ELEMENT
+RGLRU_HEADS = 16
+
+
+def flops_per_element(mixer: str, width: int, num_heads: int = RGLRU_HEADS) -> float:
+    """Forward+backward FLOPs per element of [B, L, D] (docs/PERFORMANCE.md's counts)."""
+    if mixer == "samu":
+        return float(SAMU_FLOPS_PER_ELEMENT)
+    return float(RGLRU_FLOPS_PER_BLOCK_WIDTH * width / num_heads + RGLRU_SCAN_FLOPS_PER_ELEMENT)
+
 
 def shape_of(row: dict) -> Shape:
     return Shape.of(row["shape"])
+
+
+def _relative(path: Path) -> str:
+    path = Path(path)
+    inside = path.is_relative_to(paths.REPO_ROOT)
+    return str(path.relative_to(paths.REPO_ROOT)) if inside else str(path)
+
+
+# --- which results -------------------------------------------------------------------------------
+
+def has_shape_results(slug: str) -> bool:
+    return any(paths.results_dir(slug).glob("*.json"))
+
+
+def default_slug() -> str:
+    """This machine's results when data/results/<its slug>/ holds per-shape files, else the
+    committed H200 results (data/results/nvidia-h200/)."""
+    here = dispatch.gpu_slug()
+    return here if has_shape_results(here) else COMMITTED_SLUG
+
+
+def describe_choice(slug: str) -> str:
+    """One line naming the results shown, and why when they are not this machine's."""
+    here = dispatch.gpu_slug()
+    folder = _relative(paths.results_dir(slug))
+    if slug == here:
+        text = f"Showing this machine's results ({slug}) from {folder}/"
+    else:
+        text = f"Showing the {slug} results from {folder}/"
+        if slug == COMMITTED_SLUG:
+            text = f"Showing the committed {slug} results from {folder}/"
+        if not has_shape_results(here):
+            text += (f"; this machine ({here}) has no per-shape results in "
+                     f"{_relative(paths.results_dir(here))}/")
+    if slug == CPU_SLUG:
+        text += f". {CPU_NOTE}."
+    return text
 
 
 def load_shape_files(slug: str) -> list[dict]:
@@ -25,8 +113,10 @@ def load_shape_files(slug: str) -> list[dict]:
     return docs
 
 
-def combine(slug: str) -> dict:
-    """All per-shape files of one GPU in one schema-valid document, written atomically."""
+def combine(slug: str, write: bool = True) -> dict:
+    """All per-shape files of one GPU in one schema-valid document; with write=True (the
+    pipeline) it is also written atomically to data/results/<slug>.json, with write=False (viewing
+    results) nothing is written."""
     docs = load_shape_files(slug)
     if not docs:
         raise FileNotFoundError(f"no per-shape result files in {paths.results_dir(slug)}; run "
@@ -41,35 +131,86 @@ def combine(slug: str) -> dict:
                                for d in docs},
         "rows": rows,
     }
-    schema.write_json_atomic(paths.results_file(slug), combined)
+    if write:
+        schema.write_json_atomic(paths.results_file(slug), combined)
+    else:
+        schema.validate(combined)
     return combined
 
 
-def seed_document() -> dict:
+def published_h800_document() -> dict:
+    """The published H800 result (data/reference/h800_pcie_published_result.json), unchanged."""
     return schema.read_json(paths.PUBLISHED_H800_FILE)
 
 
-def frame(doc: dict, source: str) -> pd.DataFrame:
-    """One line per row: times, memory in units of B*L*D BF16 elements, floor figures."""
-    bandwidth = protocol.COPY_BANDWIDTH["nvidia-h200"]
+# --- tables --------------------------------------------------------------------------------------
+
+def is_cpu(environment: dict, source: str | None = None) -> bool:
+    """Results of a CPU run: slug "cpu", or an environment whose gpu is "cpu"."""
+    return source == CPU_SLUG or str(environment.get("gpu", "")).strip().lower() == "cpu"
+
+
+def machine_label(environment: dict, source: str | None = None) -> str:
+    if is_cpu(environment, source):
+        return CPU_LABEL
+    return str(environment.get("gpu") or "unknown GPU")
+
+
+def _number(value) -> float:
+    """A float from a row value (files hold non-finite numbers as strings); NaN when absent."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def row_bandwidth(row: dict, environment: dict) -> float:
+    """The copy bandwidth (bytes/s) that a GPU row's floor is taken at: the row's own, else its
+    GPU's from COPY_BANDWIDTH; NaN for a GPU with neither."""
+    own = _number(row.get("copy_bandwidth_bytes_per_s"))
+    if math.isfinite(own) and own > 0:
+        return own
+    return COPY_BANDWIDTH.get(dispatch.gpu_slug(str(environment.get("gpu", ""))), math.nan)
+
+
+def frame(doc: dict, source: str | None = None) -> pd.DataFrame:
+    """One line per row: times, memory in units of B*L*D BF16 elements, floor figures at the
+    row's own GPU's copy bandwidth, arithmetic intensity.  `source` labels the rows (default: the
+    GPU's name, or CPU_LABEL); rows from a CPU have NaN floor, bandwidth and memory figures."""
+    shape_envs = doc.get("shape_environments", {})
     records = []
     for row in doc["rows"]:
         shape = shape_of(row)
-        unit = 2 * shape[0] * shape[1] * shape[2]
+        env = shape_envs.get(shape.key, doc["environment"])
+        cpu = is_cpu(env, source)
+        elements = shape.elements
+        unit = 2 * elements
         fb = row["forward_backward"]["median_ms"]
-        floor = row.get("floor_ms", protocol.floor_ms(shape, bandwidth))
+        fwd = row["forward"]["median_ms"]
+        nan = math.nan
+        bandwidth = nan if cpu else row_bandwidth(row, env)
+        floor = protocol.floor_ms(shape, bandwidth) if not cpu else nan
+        forward_floor = (protocol.floor_ms(shape, bandwidth,
+                                           protocol.FORWARD_FLOOR_BYTES_PER_ELEMENT)
+                         if not cpu else nan)
+        flops = flops_per_element(row["architecture"], shape.width)
         records.append({
-            "source": source, "shape": shape.label, "shape_tuple": shape,
+            "source": source if source not in (None, CPU_SLUG) else machine_label(env, source),
+            "machine": machine_label(env, source), "cpu": cpu,
+            "shape": shape.label, "shape_tuple": shape,
             "mixer": row["architecture"], "backend": row["backend"],
-            "forward_ms": row["forward"]["median_ms"],
+            "forward_ms": fwd,
             "backward_ms": row["backward"]["median_ms"],
             "forward_backward_ms": fb,
             "forward_backward_std_ms": row["forward_backward"]["std_ms"],
-            "peak_allocated_delta_units": row["peak_allocated_delta_bytes"] / unit,
+            "peak_allocated_delta_units": nan if cpu else row["peak_allocated_delta_bytes"] / unit,
+            "copy_TBps": bandwidth / 1e12,
             "floor_ms": floor, "times_floor": fb / floor, "floor_fraction": floor / fb,
-            "forward_times_floor": row["forward"]["median_ms"] / protocol.floor_ms(
-                shape, bandwidth, protocol.FORWARD_FLOOR_BYTES_PER_ELEMENT),
-            "achieved_TBps": protocol.FLOOR_BYTES_PER_ELEMENT * unit / 2 / (fb * 1e-3) / 1e12,
+            "forward_times_floor": fwd / forward_floor,
+            "achieved_TBps": (nan if cpu else
+                              protocol.FLOOR_BYTES_PER_ELEMENT * elements / (fb * 1e-3) / 1e12),
+            "flops_per_element": flops,
+            "flops_per_byte": flops / protocol.FLOOR_BYTES_PER_ELEMENT,
             "samples": row["forward_backward"]["samples_ms"],
         })
     df = pd.DataFrame.from_records(records)
@@ -88,80 +229,248 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
             q = statistics.quantiles(ratios, n=10)
             out.append({"source": source, "shape": shape,
                         "speedup": by["rglru"].forward_backward_ms / by["samu"].forward_backward_ms,
-                        "low": q[0], "high": q[-1]})
-    return pd.DataFrame(out)
+                        "low": q[0], "high": q[-1], "cpu": bool(grp["cpu"].any())})
+    return pd.DataFrame(out, columns=["source", "shape", "speedup", "low", "high", "cpu"])
 
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The summary columns; floor, bandwidth and memory are NaN on CPU rows."""
     cols = ["source", "shape", "mixer", "backend", "forward_ms", "backward_ms",
             "forward_backward_ms", "times_floor", "achieved_TBps", "peak_allocated_delta_units"]
     return df[cols].round(4)
 
 
-def seed_comparison(df: pd.DataFrame, seed_df: pd.DataFrame) -> pd.DataFrame:
-    """This GPU's forward+backward medians beside the seed's H800 rows, shape by shape."""
-    mine = df.set_index(["shape", "mixer"])["forward_backward_ms"]
-    seed = seed_df.set_index(["shape", "mixer"])["forward_backward_ms"]
-    both = pd.DataFrame({"seed_h800_ms": seed, "this_gpu_ms": mine}).dropna()
-    both["faster_than_seed"] = both["seed_h800_ms"] / both["this_gpu_ms"]
+def published_comparison(df: pd.DataFrame, published_df: pd.DataFrame) -> pd.DataFrame:
+    """GPU rows' forward+backward medians beside the published H800 rows, shape by shape (CPU
+    rows are left out: an interpreter's time says nothing beside a GPU's)."""
+    gpu = df[~df["cpu"]]
+    measured = gpu.set_index(["shape", "mixer"])["forward_backward_ms"]
+    machine = gpu.set_index(["shape", "mixer"])["machine"]
+    published = published_df.set_index(["shape", "mixer"])["forward_backward_ms"]
+    both = pd.DataFrame({"published_h800_ms": published, "measured_ms": measured,
+                         "machine": machine}).dropna()
+    both["faster_than_published"] = both["published_h800_ms"] / both["measured_ms"]
     return both.reset_index()
 
 
-def draw_figures(df: pd.DataFrame, seed_df: pd.DataFrame, slug: str) -> list[Path]:
-    """Seaborn figures into data/figures/: time, speedup, memory, fraction of the floor."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def run_label(df: pd.DataFrame) -> str:
+    """The machines of a frame's rows, for titles; a CPU run carries CPU_NOTE."""
+    machines = [m for m in dict.fromkeys(df["machine"]) if m != CPU_LABEL]
+    label = ", ".join(machines)
+    if df["cpu"].any():
+        label = f"{label}; {CPU_NOTE}" if label else CPU_NOTE
+    return label
+
+
+# --- figures -------------------------------------------------------------------------------------
+
+def _plain_log_ticks(axis, lo: float, hi: float) -> None:
+    """Major ticks at 1-2-5 steps (1 and 10 steps over wide ranges) labelled as plain numbers,
+    no minor labels: a log axis otherwise writes "2x10^0"."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    lo, hi = min(lo, hi), max(lo, hi)
+    decades = range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+    for steps in ((1, 2, 5), (1, 3), (1,)):
+        ticks = [m * 10.0 ** e for e in decades for m in steps if lo <= m * 10.0 ** e <= hi]
+        if len(ticks) <= 9:
+            break
+    if len(ticks) > 9:
+        ticks = ticks[::math.ceil(len(ticks) / 8)]
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _legend_outside(ax, **kwargs) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    if handles:
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0.0, frameon=False, **kwargs)
+
+
+def _series(both: pd.DataFrame) -> pd.Series:
+    return both["source"] + ", " + both["mixer"].map(MIXER_NAMES)
+
+
+def _shape_order(both: pd.DataFrame) -> list[str]:
+    tuples = sorted(set(both["shape_tuple"]), key=SHAPE_ORDER_KEY)
+    return [Shape.of(t).label for t in tuples]
+
+
+def figures(df: pd.DataFrame, published_df: pd.DataFrame) -> dict:
+    """The four figures, matplotlib Figures (no pyplot, so nothing is left open): time per
+    shape, SAMU's speedup with its spread, peak memory, and the roofline."""
     import seaborn as sns
+    from matplotlib.figure import Figure
 
     sns.set_theme(style="whitegrid", context="notebook")
-    folder = paths.figures_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    both = pd.concat([seed_df, df], ignore_index=True)
-    both["series"] = both["source"] + " " + both["mixer"]
-    written = []
+    both = pd.concat([published_df, df], ignore_index=True)
+    both["series"] = _series(both)
+    order = _shape_order(both)
+    machines = ", ".join(dict.fromkeys(df["machine"]))
+    beside = (f"{machines} beside the {PUBLISHED_SOURCE} result" if machines
+              else f"the {PUBLISHED_SOURCE} result")
+    cpu = bool(df["cpu"].any())
+    cpu_line = f"\n{CPU_NOTE}" if cpu else ""
+    out = {}
 
-    def save(fig, name):
-        for ax_ in fig.axes:
-            ax_.tick_params(axis="x", labelrotation=20)
-        path = folder / f"{slug}_{name}.png"
-        try:
-            # The temporary's name does not end in .png, so the format is given.
-            schema.atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120,
-                                                              bbox_inches="tight"))
-        finally:
-            plt.close(fig)
-        written.append(path)
+    # Mixer by colour; the published rows in a lighter shade of it.
+    base = dict(zip(MIXER_NAMES, sns.color_palette("deep", 2)))
+    palette = {}
+    for series, source, mixer in zip(both["series"], both["source"], both["mixer"]):
+        rgb = base[mixer]
+        palette[series] = (tuple(0.45 * c + 0.55 for c in rgb) if source == PUBLISHED_SOURCE
+                           else rgb)
 
-    def bars(name, column, ylabel, title, log=False):
-        fig, ax = plt.subplots(figsize=(9, 4.5))
-        sns.barplot(data=both, x="shape", y=column, hue="series", ax=ax)
+    def bar_figure(data, column, ylabel, title, log=False):
+        fig = Figure(figsize=(10, 4.8))
+        ax = fig.subplots()
+        sns.barplot(data=data, x="shape", y=column, hue="series", order=_shape_order(data), ax=ax,
+                    hue_order=list(dict.fromkeys(data["series"])), palette=palette)
         if log:
             ax.set_yscale("log")
+            lo = data[column].min()
+            hi = data[column].max()
+            ax.set_ylim(lo / 1.6, hi * 1.6)
+            _plain_log_ticks(ax.yaxis, lo / 1.6, hi * 1.6)
+        ax.set_xlabel("shape (batch, length, width)")
         ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        save(fig, name)
+        ax.set_title(title, fontsize=11)
+        ax.tick_params(axis="x", labelrotation=20)
+        _legend_outside(ax)
+        return fig
 
-    bars("time", "forward_backward_ms", "forward+backward median (ms, log)",
-         "Complete mixer time per shape: this GPU beside the seed's H800", log=True)
+    out["time"] = bar_figure(
+        both, "forward_backward_ms", "forward+backward median (ms, log scale)",
+        f"Complete mixer time per shape\n{beside}{cpu_line}", log=True)
 
     sp = speedups(both)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    sns.pointplot(data=sp, x="shape", y="speedup", hue="source", linestyle="none", ax=ax,
-                  dodge=0.3)
-    for source_i, (source, grp) in enumerate(sp.groupby("source", sort=False)):
-        xs = [list(sp["shape"].unique()).index(s) for s in grp["shape"]]
-        offset = -0.15 if source_i == 0 else 0.15
-        ax.errorbar([x + offset for x in xs], grp["speedup"],
+    fig = Figure(figsize=(10, 4.5))
+    ax = fig.subplots()
+    sources = list(dict.fromkeys(sp["source"]))
+    width = 0.5 / max(len(sources), 1)
+    colours = sns.color_palette("dark", len(sources))
+    for i, source in enumerate(sources):
+        grp = sp[sp["source"] == source]
+        xs = [order.index(s) + (i - (len(sources) - 1) / 2) * width for s in grp["shape"]]
+        ax.errorbar(xs, grp["speedup"],
                     yerr=[grp["speedup"] - grp["low"], grp["high"] - grp["speedup"]],
-                    fmt="none", ecolor="gray", capsize=4)
+                    fmt="o", color=colours[i], ecolor="gray", capsize=4, label=source)
+    ax.set_xticks(range(len(order)), order)
+    ax.set_xlim(-0.6, len(order) - 0.4)
     ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_ylabel("RG-LRU / SAMU time (forward+backward)")
-    ax.set_title("SAMU's speedup over RG-LRU (bars: 10th-90th percentile of sample ratios)")
-    save(fig, "speedup")
+    ax.set_xlabel("shape (batch, length, width)")
+    ax.set_ylabel("RG-LRU time / SAMU time")
+    ax.set_title("SAMU's speedup over RG-LRU, forward+backward medians (bars: 10th-90th "
+                 f"percentile of the pairwise sample ratios)\n{beside}{cpu_line}", fontsize=11)
+    ax.tick_params(axis="x", labelrotation=20)
+    _legend_outside(ax)
+    out["speedup"] = fig
 
-    bars("memory", "peak_allocated_delta_units", "peak allocated delta (units of B*L*D BF16)",
-         "Peak memory around one forward+backward")
-    bars("roofline", "floor_fraction", "floor / measured (1 = at the floor)",
-         "Fraction of the 10 B/element bandwidth floor (4.22 TB/s, H200)", log=True)
+    memory = both[~both["cpu"]]
+    note = f"{cpu_line}; CPU rows omitted: no allocator counters" if cpu else ""
+    out["memory"] = bar_figure(
+        memory, "peak_allocated_delta_units", "peak allocated delta (units of B*L*D BF16)",
+        f"Peak memory above the baseline around one forward+backward\n{beside}{note}")
+
+    out["roofline"] = _roofline(both, beside + (
+        f"{cpu_line}; CPU rows omitted: no floor, no bandwidth" if cpu else ""))
+    return out
+
+
+def _roofline(both: pd.DataFrame, beside: str):
+    """Achieved bandwidth (bytes at the 10-byte floor count / time) against arithmetic intensity
+    (FLOPs per floor byte), log-log, with each GPU's copy-bandwidth ceiling and the H200's compute
+    ceilings (a FLOP/s ceiling P is the bandwidth P / intensity)."""
+    import numpy as np
+    import seaborn as sns
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    rows = both[~both["cpu"] & both["achieved_TBps"].notna()]
+    fig = Figure(figsize=(10, 5.5))
+    ax = fig.subplots()
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    colours = dict(zip(MIXER_NAMES, sns.color_palette("deep", 2)))
+    markers = ["o", "s", "^", "D", "v", "P"]
+    machines = list(dict.fromkeys(rows["machine"]))
+    marker_of = {m: markers[i % len(markers)] for i, m in enumerate(machines)}
+    for (machine, mixer), grp in rows.groupby(["machine", "mixer"], sort=False):
+        ax.scatter(grp["flops_per_byte"], grp["achieved_TBps"], s=55, color=colours[mixer],
+                   marker=marker_of[machine], edgecolor="black", linewidth=0.5, zorder=3)
+    intensities = rows["flops_per_byte"] if len(rows) else pd.Series([1.0, 100.0])
+    x_lo, x_hi = intensities.min() / 3, intensities.max() * 3
+    xs = np.geomspace(x_lo, x_hi, 200)
+    ceiling_handles, y_values = [], list(rows["achieved_TBps"])
+    styles = ["-", "--", "-.", ":"]
+    for i, machine in enumerate(machines):
+        slug = dispatch.gpu_slug(machine)
+        grp = rows[rows["machine"] == machine]
+        bw = float(grp["copy_TBps"].median())
+        if not math.isfinite(bw):
+            continue
+        ceilings = COMPUTE_CEILINGS.get(slug, [])
+        roof = np.full_like(xs, bw)
+        name = f"{machine}: copy bandwidth {bw:.2f} TB/s"
+        if ceilings:  # the roof: the lower of bandwidth and the first (tensor-core) ceiling
+            label, flops = ceilings[0]
+            roof = np.minimum(roof, flops / xs / 1e12)
+            name += f", {label} {flops / 1e12:.0f} TFLOP/s"
+        else:
+            name += " (no compute ceiling measured)"
+        style = styles[i % len(styles)]
+        ax.plot(xs, roof, color="black", lw=1.4, ls=style, zorder=2)
+        ceiling_handles.append(Line2D([], [], color="black", lw=1.4, ls=style, label=name))
+        y_values += [bw]
+        # The FP32 ceiling bounds SAMU's FLOPs only (RG-LRU's gates run on tensor cores), so it
+        # is drawn over SAMU's intensity alone.
+        samu_x = rows.loc[rows["mixer"] == "samu", "flops_per_byte"]
+        for label, flops in ceilings[1:] if len(samu_x) else ():
+            near = xs[(xs >= samu_x.min() / 2.5) & (xs <= samu_x.max() * 2.5)]
+            ax.plot(near, flops / near / 1e12, color="gray", lw=1.2, ls=":", zorder=1)
+            ceiling_handles.append(Line2D(
+                [], [], color="gray", lw=1.2, ls=":",
+                label=f"{machine}: {label} {flops / 1e12:.0f} TFLOP/s (SAMU's FLOPs)"))
+    y_lo = min(y_values) / 3 if y_values else 0.01
+    y_hi = max(y_values) * 3 if y_values else 10.0
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(y_lo, y_hi)
+    _plain_log_ticks(ax.xaxis, x_lo, x_hi)
+    _plain_log_ticks(ax.yaxis, y_lo, y_hi)
+    handles = ([Line2D([], [], ls="none", marker="o", color=colours[m], label=MIXER_NAMES[m])
+                for m in MIXER_NAMES]
+               + [Line2D([], [], ls="none", marker=marker_of[m], color="white",
+                         markeredgecolor="black", label=m) for m in machines]
+               + ceiling_handles)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+              frameon=False, fontsize=9)
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte; FLOPs per docs/PERFORMANCE.md, "
+                  "bytes at the 10 B/element floor)")
+    ax.set_ylabel("achieved bandwidth (TB/s, 10 B/element / median time)")
+    ax.set_title(f"Roofline: complete mixer, forward+backward\n{beside}", fontsize=11)
+    return fig
+
+
+def png_bytes(fig) -> bytes:
+    """A figure as PNG, for showing without writing a file."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def draw_figures(df: pd.DataFrame, published_df: pd.DataFrame, slug: str) -> list[Path]:
+    """The four figures written atomically into data/figures/<slug>_<name>.png."""
+    folder = paths.figures_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fig in figures(df, published_df).items():
+        path = folder / f"{slug}_{name}.png"
+        # The temporary's name does not end in .png, so the format is given.
+        schema.atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120,
+                                                          bbox_inches="tight"))
+        written.append(path)
     return written

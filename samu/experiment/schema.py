@@ -1,7 +1,7 @@
 """Result schema version 1 (SPEC section 6) as a JSON Schema document, and atomic JSON writes.
 
-The seed file is the schema by example: every key it has is required with the same meaning;
-extra keys are allowed.  Validation uses the ``jsonschema`` package.
+The published H800 result file is the schema by example: every key it has is required with the
+same meaning; extra keys are allowed.  Validation uses the ``jsonschema`` package.
 """
 from __future__ import annotations
 
