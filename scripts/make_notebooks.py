@@ -244,7 +244,10 @@ save("03_timing", [
        "Both mixers in one process, 2 rounds, AB/BA counterbalanced (round r runs RG-LRU first when r + shape_index "
        "is even); per round and mixer, warm-up first, then 5 CUDA-event samples each of forward, backward and "
        "forward+backward under BF16 autocast; the six memory figures around one forward+backward. The backend comes "
-       "from the calibration file only (notebook 02)."),
+       "from the calibration file only (notebook 02). Beside the protocol's medians (which include the host): the GPU "
+       "time of one forward+backward replayed from a CUDA graph, the best public pipeline (eager gates or controller, "
+       "then FLA's `chunk_hgrn`, where fla-core is installed) timed in the same rounds, and the host cost at "
+       "(1, 128, D) as a ratio to `torch.nn.Linear(D, D)`."),
     params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nseed = 0"),
     code(SETUP),
     code('''cal_path = paths.calibration_file(slug)
@@ -276,8 +279,15 @@ pd.DataFrame([{"mixer": r["architecture"], "backend": r["backend"],
                "forward_ms": r["forward"]["median_ms"], "backward_ms": r["backward"]["median_ms"],
                "forward_backward_ms": r["forward_backward"]["median_ms"],
                "times_floor": r["times_floor"],
+               # the kernels' own time: one forward+backward replayed from a CUDA graph
+               "gpu_time_ms": r.get("gpu_time_ms"), "gpu_time_times_floor": r.get("gpu_time_times_floor"),
                "peak_alloc_delta_MB": r["peak_allocated_delta_bytes"] / 2**20 if device == "cuda" else float("nan"),
-               "speedup_vs_rglru": r.get("speedup_vs_rglru")} for r in rows])'''),
+               "speedup_vs_rglru": r.get("speedup_vs_rglru"),
+               # eager gates or controller, then FLA's chunk_hgrn, in the same rounds
+               "public_pipeline_ms": (r.get("peer") or {}).get("forward_backward", {}).get("median_ms"),
+               "speedup_vs_public_pipeline": r.get("speedup_vs_peer"),
+               # a synchronised forward+backward at (1, 128, D) against torch.nn.Linear(D, D)
+               "host_ratio_to_linear": (r.get("host") or {}).get("ratio_to_linear")} for r in rows])'''),
 ])
 
 save("04_report", [
@@ -304,9 +314,12 @@ published_df = report.frame(report.published_h800_document(), report.PUBLISHED_S
 env = doc["environment"]
 print(f"{len(doc['rows'])} rows; gpu {env['gpu']}, torch {env['torch']}, triton {env.get('triton')}, "
       f"commit {(env.get('git_commit') or '?')[:7]}")'''),
-    md("## Summary\n\nMedians in ms; `times_floor` is the forward+backward median over the floor, `achieved_TBps` the "
-       "floor's 10 bytes per element over that median, and memory the peak allocated delta in units of B·L·D BF16 "
-       "elements."),
+    md("## Summary\n\nMedians in ms; `times_floor` is the forward+backward median over the floor, `gpu_time_ms` one "
+       "forward+backward replayed from a CUDA graph (the kernels' own time, no host) and `gpu_time_times_floor` its "
+       "multiple of the floor, `achieved_TBps` the floor's 10 bytes per element over the median, memory the peak "
+       "allocated delta in units of B·L·D BF16 elements, `speedup_vs_peer` the public pipeline's median (eager gates "
+       "or controller, then FLA's `chunk_hgrn`, same rounds) over samu's, and `host_ratio_to_linear` the host cost "
+       "of a forward+backward at (1, 128, D) over `torch.nn.Linear(D, D)`'s in the same run."),
     code('''pd.set_option("display.width", 200)
 if df["cpu"].any():
     print(f"{report.CPU_NOTE}: floor, bandwidth and memory are NaN.")

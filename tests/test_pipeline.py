@@ -134,9 +134,12 @@ def test_cpu_summary_has_no_floor_bandwidth_or_memory(tmp_path, monkeypatch, cap
     assert "H200" not in out and "e+09" not in out
     header = next(line for line in out.splitlines() if line.split()[:1] == ["source"]).split()
     line = next(line for line in out.splitlines() if " rglru " in line).split()
-    # times_floor, achieved_TBps and memory are the last three columns: blank ("-")
-    assert header[-3:] == ["times_floor", "achieved_TBps", "peak_allocated_delta_units"]
-    assert line[-3:] == ["-", "-", "-"]
+    # the floor, GPU-time, bandwidth, memory, peer and host columns are blank ("-"); the row's
+    # first columns (source, shape) hold spaces, so count from the end
+    blank = ["times_floor", "gpu_time_ms", "gpu_time_times_floor", "achieved_TBps",
+             "peak_allocated_delta_units", "speedup_vs_peer", "host_ratio_to_linear"]
+    assert header[-len(blank):] == blank
+    assert line[-len(blank):] == ["-"] * len(blank)
 
 
 def test_papermill_kernels_use_ipc_not_tcp(capfd):

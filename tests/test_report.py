@@ -220,3 +220,26 @@ def test_vocabulary_seed_means_random_seeds_only():
     for name, text in texts.items():
         for phrase in banned:
             assert phrase not in text.lower(), (name, phrase)
+
+
+def test_floor_multiples_figure_shows_median_gpu_time_and_public_pipeline(tmp_path):
+    """GPU rows with a CUDA-graph time and a public-pipeline median get a figure of all three as
+    multiples of the floor; CPU rows get none."""
+    doc = report.published_h800_document()
+    rows = []
+    for row in doc["rows"]:
+        row = dict(row, gpu_time_ms=row["forward_backward"]["median_ms"] / 3,
+                   peer={"forward_backward": {"median_ms": row["forward_backward"]["median_ms"] * 2}},
+                   speedup_vs_peer=2.0)
+        rows.append(row)
+    h200 = dict(doc, rows=rows, environment=dict(doc["environment"], gpu="NVIDIA H200"))
+    df = report.frame(h200)
+    floors = report.floor_multiples(df)
+    assert set(floors["series"]) == {f"{m} {s}" for m in ("rglru", "samu")
+                                     for s in ("median", "GPU time", "public pipeline median")}
+    median = floors[floors["series"] == "samu median"]["times_floor"].to_numpy()
+    gpu = floors[floors["series"] == "samu GPU time"]["times_floor"].to_numpy()
+    assert (abs(gpu * 3 - median) < 1e-9).all()
+    assert "floor_multiples" in report.figures(df, report.frame(doc, report.PUBLISHED_SOURCE))
+    cpu = report.frame(dict(h200, environment=dict(doc["environment"], gpu="cpu")), "cpu")
+    assert report.floor_multiples(cpu).empty

@@ -209,6 +209,17 @@ def frame(doc: dict, source: str | None = None) -> pd.DataFrame:
             "forward_times_floor": fwd / forward_floor,
             "achieved_TBps": (nan if cpu else
                               protocol.FLOOR_BYTES_PER_ELEMENT * elements / (fb * 1e-3) / 1e12),
+            # The kernels' own time: one forward+backward replayed from a CUDA graph (no host).
+            "gpu_time_ms": _or_nan(row.get("gpu_time_ms")),
+            "gpu_time_times_floor": _or_nan(row.get("gpu_time_ms")) / floor,
+            # The best public pipeline (eager gates or controller, then FLA's chunk_hgrn), timed
+            # in the same rounds: its median, GPU time, and samu's speedup over it.
+            "peer_forward_backward_ms": _or_nan((row.get("peer") or {}).get(
+                "forward_backward", {}).get("median_ms")),
+            "peer_gpu_time_ms": _or_nan((row.get("peer") or {}).get("gpu_time_ms")),
+            "speedup_vs_peer": _or_nan(row.get("speedup_vs_peer")),
+            # Host cost of a synchronised forward+backward at (1, 128, D) against nn.Linear(D, D).
+            "host_ratio_to_linear": _or_nan((row.get("host") or {}).get("ratio_to_linear")),
             "flops_per_element": flops,
             "flops_per_byte": flops / protocol.FLOOR_BYTES_PER_ELEMENT,
             "samples": row["forward_backward"]["samples_ms"],
@@ -216,6 +227,23 @@ def frame(doc: dict, source: str | None = None) -> pd.DataFrame:
     df = pd.DataFrame.from_records(records)
     return df.sort_values(["shape_tuple", "mixer"], key=lambda c: c.map(
         lambda v: SHAPE_ORDER_KEY(v) if isinstance(v, tuple) else v)).reset_index(drop=True)
+
+
+def floor_multiples(df: pd.DataFrame) -> pd.DataFrame:
+    """Long form of each GPU row's forward+backward as multiples of its floor: the protocol's
+    median, the GPU time (CUDA-graph replay) and the public pipeline's median, where measured."""
+    records = []
+    for r in df[~df["cpu"]].itertuples():
+        for label, ms in (("median", r.forward_backward_ms), ("GPU time", r.gpu_time_ms),
+                          ("public pipeline median", r.peer_forward_backward_ms)):
+            if not math.isnan(ms) and not math.isnan(r.floor_ms):
+                records.append({"shape": r.shape, "shape_tuple": r.shape_tuple,
+                                "series": f"{r.mixer} {label}", "times_floor": ms / r.floor_ms})
+    return pd.DataFrame(records, columns=["shape", "shape_tuple", "series", "times_floor"])
+
+
+def _or_nan(value) -> float:
+    return math.nan if value is None else float(value)
 
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
@@ -236,7 +264,9 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     """The summary columns; floor, bandwidth and memory are NaN on CPU rows."""
     cols = ["source", "shape", "mixer", "backend", "forward_ms", "backward_ms",
-            "forward_backward_ms", "times_floor", "achieved_TBps", "peak_allocated_delta_units"]
+            "forward_backward_ms", "times_floor", "gpu_time_ms", "gpu_time_times_floor",
+            "achieved_TBps", "peak_allocated_delta_units", "speedup_vs_peer",
+            "host_ratio_to_linear"]
     return df[cols].round(4)
 
 
@@ -301,7 +331,7 @@ def _shape_order(both: pd.DataFrame) -> list[str]:
 
 
 def figures(df: pd.DataFrame, published_df: pd.DataFrame) -> dict:
-    """The four figures, matplotlib Figures (no pyplot, so nothing is left open): time per
+    """The figures, matplotlib Figures (no pyplot, so nothing is left open): time per
     shape, SAMU's speedup with its spread, peak memory, and the roofline."""
     import seaborn as sns
     from matplotlib.figure import Figure
@@ -346,6 +376,26 @@ def figures(df: pd.DataFrame, published_df: pd.DataFrame) -> dict:
     out["time"] = bar_figure(
         both, "forward_backward_ms", "forward+backward median (ms, log scale)",
         f"Complete mixer time per shape\n{beside}{cpu_line}", log=True)
+
+    floors = floor_multiples(df)
+    if floors["series"].str.endswith("GPU time").any():  # results from before GPU time: none
+        fig = Figure(figsize=(10, 4.8))
+        ax = fig.subplots()
+        sns.barplot(data=floors, x="shape", y="times_floor", hue="series",
+                    order=_shape_order(floors), ax=ax, palette="Paired")
+        ax.set_yscale("log")
+        lo, hi = min(floors["times_floor"].min(), 1.0) / 1.6, floors["times_floor"].max() * 1.6
+        ax.set_ylim(lo, hi)
+        _plain_log_ticks(ax.yaxis, lo, hi)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xlabel("shape (batch, length, width)")
+        ax.set_ylabel("multiple of the 10-byte floor (log scale)")
+        ax.set_title(f"Forward+backward on {machines}: protocol median (host included), GPU time "
+                     "(CUDA-graph replay),\nand the public pipeline (eager gates or controller, "
+                     "then FLA chunk_hgrn)", fontsize=11)
+        ax.tick_params(axis="x", labelrotation=20)
+        _legend_outside(ax)
+        out["floor_multiples"] = fig
 
     sp = speedups(both)
     fig = Figure(figsize=(10, 4.5))
@@ -463,7 +513,7 @@ def png_bytes(fig) -> bytes:
 
 
 def draw_figures(df: pd.DataFrame, published_df: pd.DataFrame, slug: str) -> list[Path]:
-    """The four figures written atomically into data/figures/<slug>_<name>.png."""
+    """The figures written atomically into data/figures/<slug>_<name>.png."""
     folder = paths.figures_dir()
     folder.mkdir(parents=True, exist_ok=True)
     written = []
