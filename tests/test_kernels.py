@@ -246,7 +246,8 @@ def test_softplus_is_exact_in_float32_over_the_whole_range():
     _softplus_kernel[(1,)](z, out, N=n)
     want = torch.nn.functional.softplus(z.double().cpu(), threshold=1000)
     relative = ((out.double().cpu() - want).abs() / want).max().item()
-    assert relative < 1e-6, relative
+    # the GPU's exp and log are approximate to ~2^-22: a few of those, no more
+    assert relative < 2e-6, relative
 
 
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
@@ -334,7 +335,7 @@ def test_a_configuration_passed_in_runs_without_changing_the_registered_one(mixe
     assert max(legality.relative_errors(got, want).values()) < 0.02
     assert backends.REGISTRY[mixer][name].config == registered
     module = samu.SAMU(32, backend=tried) if mixer == "samu" else samu.RGLRU(32, 2, backend=tried)
-    module(x.float())
+    module.to(DEVICE)(x.float())
     assert module.last_backend == tried.name
     with pytest.raises(TypeError, match="backend must be 'auto', a name"):
         samu.SAMU(32, backend=registered if mixer == "rglru" else rglru_chunk.CONFIGS[0])

@@ -74,13 +74,17 @@ def to_element(x, ptr):
 
 @triton.jit
 def softplus(z):
-    """log(1 + e^z), accurate in FP32 over the whole range: log(1 + e) alone rounds to 0 once
-    e = e^-|z| < 2^-24 (z < -17), and loses digits well before.  log1p(e) is taken by
-    Goldberg's correction, log(w) * e / (w - 1) with w = 1 + e, exact to a few ulps, built from
-    tl.log so that the interpreter runs it (no libdevice)."""
+    """log(1 + e^z), accurate in FP32 over the whole range.  With e = e^-|z|, log(1 + e) alone
+    rounds to 0 once e < 2^-24 (z < -17) and loses digits well before; and the GPU's log is
+    approximate (to ~2^-22 absolute near 1), so no correction built on log(1 + e) recovers them.
+    Where e < 1/4, log1p(e) is its series to e^12 (truncation < 5e-9 relative); elsewhere
+    log(1 + e) >= 0.22, where the log's absolute error is small beside it.  Built from tl.exp /
+    tl.log and arithmetic, so that the interpreter runs it (no libdevice)."""
     e = tl.exp(-tl.abs(z))
-    w = 1.0 + e
-    log1p_e = tl.where(w == 1.0, e, tl.log(w) * (e / (w - 1.0)))
+    series = e * (1.0 + e * (-1.0 / 2 + e * (1.0 / 3 + e * (-1.0 / 4 + e * (1.0 / 5 + e * (
+        -1.0 / 6 + e * (1.0 / 7 + e * (-1.0 / 8 + e * (1.0 / 9 + e * (-1.0 / 10 + e * (
+            1.0 / 11 + e * (-1.0 / 12))))))))))))
+    log1p_e = tl.where(e < 0.25, series, tl.log(1.0 + e))
     return tl.maximum(z, 0.0) + log1p_e
 
 

@@ -28,7 +28,8 @@ from ..common.launching import (aligned, cdiv, dot_dtype, dot_operand_dtype, fp3
                              sm_count, tile_width, vector_width)
 from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
 from ..common.reduce import named_columns, sum_partials
-from ..common.scan import adjoint_combine, affine_combine, last_row, row_offsets
+from ..common.scan import (adjoint_combine, affine_combine, last_row, previous_state_combine,
+                           row_offsets)
 
 MIXER = "rglru"
 GATE_SCALE = 8.0
@@ -148,7 +149,7 @@ def _chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, b
                    V: tl.constexpr, BWK: tl.constexpr, DOT_DTYPE: tl.constexpr,
                    PREC: tl.constexpr):
     """One [T, BN] tile of the backward, recomputed: gate gradients, dx's direct term, dlog a.
-    rows run latest first: the adjoint is a forward scan, only h needs a reverse one."""
+    rows run latest first: the adjoint is a forward scan, only h_{t-1} needs a reverse one."""
     gx, wx = _gate(xh, wx_ptr, bx_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
     ga, wa = _gate(xh, wa_ptr, ba_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
     offs, ok = _own_tile(b, rows, head, j, L, BW, row_units, V)
@@ -158,13 +159,14 @@ def _chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, b
     log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
     a, m, dm_dlog_a = transition(log_a, (rows == 0)[:, None])
     u = m * gx * x
-    p, h = tl.associative_scan((a, u), 0, affine_combine, reverse=True)
-    state = (b * NC + k) * D + head * BW + j
-    h = h + p * tl.load(h_in_ptr + state, mask=j < BW, other=0.0)[None, :]
     ones = tl.full(a.shape, 1.0, tl.float32)
+    _, _, c, d = tl.associative_scan((a, u, ones, tl.zeros_like(a)), 0, previous_state_combine,
+                                     reverse=True)
+    state = (b * NC + k) * D + head * BW + j
+    h_prev = c * tl.load(h_in_ptr + state, mask=j < BW, other=0.0)[None, :] + d
     _, _, q, w = tl.associative_scan((a, a * dy, ones, dy), 0, adjoint_combine)
     dh = w + q * tl.load(carry_ptr + state, mask=j < BW, other=0.0)[None, :]
-    dla = dh * (h - u) + dh * gx * x * dm_dlog_a
+    dla = dh * (a * h_prev) + dh * gx * x * dm_dlog_a
     d_gate_x = dh * m * x * gx * (1.0 - gx)
     d_gate_a = dla * (-8.0 * sp[None, :]) * ga * (1.0 - ga)
     return d_gate_x, d_gate_a, dh * m * gx, dla * (-8.0 * ga), wx, wa
