@@ -5,7 +5,7 @@ import torch
 from samu.functional import PARAMETER_NAMES
 from samu.ops import BACKWARDS, REFERENCES, recurrence
 
-from test_reference import _params
+from test_recurrence import _params
 
 
 @pytest.mark.parametrize("mixer", ["rglru", "samu"])
