@@ -59,7 +59,7 @@ def _gate(xh, w_ptr, bias_ptr, head, j, BW, BWK: tl.constexpr, DOT_DTYPE: tl.con
 @triton.jit
 def _own_tile(b, rows, head, j, L, BW, row_units, V: tl.constexpr):
     """A [T, BN] tile of the program's own channels, laid out with each channel's T tokens in
-    one thread (scan_kernels.row_offsets)."""
+    one thread (scan.row_offsets)."""
     ok = (rows[:, None] < L) & (j[None, :] < BW)
     offs = row_offsets(b, rows, L, row_units, V)[:, None] + (head * BW + j)[None, :]
     return offs, ok
@@ -233,7 +233,7 @@ def _rglru_param_grad_kernel(x_ptr, dy_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_pa
         dba += tl.sum(d_gate_a, axis=0)
         dsp += tl.sum(d_sp, axis=0)
     # One row per program of part, [dWx (H bw bw) | dWa (H bw bw) | dbx D | dba D], and of
-    # dsp_part, d softplus (D): scan_kernels.sum_partials sums them
+    # dsp_part, d softplus (D): reduce.sum_partials sums them
     row = pid.to(tl.int64) * (2 * D * BW + 2 * D)
     i = tl.arange(0, BWK)
     w_offs = row + head * BW * BW + i[:, None] * BW + j[None, :]

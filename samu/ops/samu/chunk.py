@@ -157,7 +157,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
                           T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
     """Per chunk, full width.  Pass 1 reduces dr, dg per token (and per-channel and scalar
     partials); pass 2 writes dx = dh m g + skip dy + W^T dz and the ctrl_weight partials.
-    The chunk's parameter gradients go to its rows (summed by scan_kernels.sum_partials): in
+    The chunk's parameter gradients go to its rows (summed by reduce.sum_partials): in
     part [d ctrl_weight (2 D) | d log_temp, d skip, d ctrl_bias (2)], in dsp_part d softplus."""
     pid = tl.program_id(0)
     row = part_ptr + pid.to(tl.int64) * (2 * D + 4)
@@ -213,7 +213,7 @@ VALUES_PER_THREAD = 64
 @dataclass(frozen=True)
 class Launch:
     """Warps and channels per thread of one kernel; the tile is 32 * warps * vector channels wide,
-    so that each thread holds all T tokens of its channels (scan_kernels.row_offsets).  Longer
+    so that each thread holds all T tokens of its channels (scan.row_offsets).  Longer
     chunks take fewer channels per thread (VALUES_PER_THREAD)."""
     warps: int
     vector: int
