@@ -1,0 +1,430 @@
+"""RG-LRU with its gate products in cuBLAS and its elementwise work and scans in Triton kernels.
+
+The block-diagonal products run as strided batched GEMMs on head views of x (torch.bmm of
+x.view(N, H, bw).transpose(0, 1), no copy, by W_cat = [Wx | Wa], [H, bw, 2 bw], in x's dtype):
+G = [Gx | Ga] comes back as [H, N, 2 bw] in x's dtype, rounded as the eager autocast reference
+rounds its products, and the biases are added in FP32 inside the kernels.  The kernels work on
+flat channels d = h bw + j (any head count, any block width); only the addressing of G and dG
+knows the heads.  The scan is hierarchical, as SAMU's: a per-chunk summary (decay, end state),
+``chunk_carry``, and chunk outputs recomputed from the entering states; the backward mirrors it.
+
+Bytes per element of [B, L, D] (BF16 x, y, dy, dx; G and dG hold two values per element):
+  forward   gate GEMM reads x (2) and writes G (4)                                       6
+            summary reads G and x (6)                                                    6
+            output reads G and x, writes y (8)                                           8  -> 20
+  backward  reverse summary reads Ga and dy (4)                                          4
+            main kernel reads x, dy, G (8), writes dG (4) and dx's direct term (2)      14
+            dx GEMM, in place on dx: reads dG (4) and dx (2), writes dx (2)              8
+            dW GEMM reads x (2) and dG (4)                                               6  -> 32
+The FP32 per-chunk states (decays, end states, entering states, adjoint carries) add ~48 D / T
+bytes per token, 3 per element at T = 16; the backward's partial rows are per program, not per
+chunk, and negligible.  Saved for backward: x, G (x's dtype) and the per-chunk decays and
+entering states: no FP32 [B, L, D] tensor, no a or log a.
+FLOPs per element: 4 bw per GEMM, three GEMMs -> 12 bw (1536 at bw = 128), tensor cores; the
+kernels ~100 (sigmoids, exp, sqrt, the scans).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common import launching
+from ..common.carry import chunk_carry
+from ..common.launching import (aligned, cdiv, fp32_contiguous, refuse_double_backward, rows_of,
+                                sm_count, tile_width)
+from ..common.math import (FAST_MATH, _ptx_approx, exp_fast, one_minus_a_squared, sigmoid_fast,
+                           softplus, to_element, transition)
+from ..common.reduce import named_columns, sum_partials
+from ..common.scan import affine_combine, decayed_previous_state, last_row
+
+MIXER = "rglru"
+
+
+@triton.jit
+def _columns(D: tl.constexpr, BN: tl.constexpr, V: tl.constexpr):
+    """The program's BN channels (grid axis 1) and their mask (all true, folded away, when BN
+    divides D).  They are hinted as multiples of V and no more, so that loads give each thread
+    V adjacent channels and, with BN = 32 * warps * V, all T tokens of them (as
+    scan.row_offsets does with an unspecialised width).  Computed here: a hint on a function's
+    argument is lost."""
+    cols = tl.multiple_of(tl.program_id(1) * BN + tl.arange(0, BN), V)
+    if D % BN == 0:
+        ok = tl.full([BN], 1, tl.int1)
+    else:
+        ok = cols < D
+    return cols, ok
+
+
+@triton.jit
+def _chunk_tile(b, k, rows_in_chunk, cols, col_ok, L, N, T: tl.constexpr, BW: tl.constexpr,
+                V: tl.constexpr, RUN: tl.constexpr):
+    """Chunk k's [T, BN] tile: its rows, its first token (int64), its mask, and the offsets of
+    its channels' x-gate columns in G [H, N, 2 BW] from the token's row (the a gate's lie BW
+    further).  V divides BW: a thread's V channels sit in one head of G, contiguous and
+    V-aligned; the block's channels run contiguous in G for RUN = gcd(BN, BW), which the hint
+    says so that the columns, not the rows, are the loads' fast axis."""
+    rows = k * T + rows_in_chunk
+    head = cols // BW
+    within = head.to(tl.int64) * N * (2 * BW) + (cols - head * BW)
+    within = tl.max_contiguous(tl.multiple_of(within, V), RUN)
+    ok = (rows < L)[:, None] & col_ok[None, :]
+    return rows, b * L + k * T, ok, within
+
+
+@triton.jit
+def _rows_at(ptr, first, rows_in_chunk, cols, ROW: tl.constexpr):
+    """Pointers to a tile of rows ROW elements apart, from the chunk's first token: the rows'
+    offsets from it are constants (D and BW are constexprs), added last, which the loads and
+    stores take as immediates, so that one address register per thread and tensor serves every
+    row."""
+    return (ptr + first * ROW + cols)[None, :] + (rows_in_chunk * ROW)[:, None]
+
+
+@triton.jit
+def _rsqrt_fast(x):
+    """1 / sqrt(x) for x > 0: PTX rsqrt.approx.ftz (relative error ~2^-23)."""
+    if FAST_MATH:
+        return _ptx_approx(x, "rsqrt.approx.ftz.f32")
+    else:
+        return 1.0 / tl.sqrt(x)
+
+
+@triton.jit
+def _transition_rsqrt(log_a, is_first):
+    """common.math.transition from one reciprocal square root r = 1 / sqrt(1 - a^2) instead of
+    a sqrt and a reciprocal: m = (1 - a^2) r, and dm/dlog a = -a^2 min(r, 2000) (the floor of
+    m at 5e-4 there).  1 - a^2 under 1e-30 gives m = 0 (it is under 1e-15), as sqrt.approx.ftz
+    gives for the denormals."""
+    a = exp_fast(log_a)
+    v = one_minus_a_squared(log_a, a)
+    r = _rsqrt_fast(tl.maximum(v, 1e-30))
+    m = tl.where(is_first, 1.0, tl.where(v > 1e-30, v * r, 0.0))
+    dm_dlog_a = tl.where(is_first, 0.0, -(a * a) * tl.minimum(r, 2000.0))
+    return a, m, dm_dlog_a
+
+
+@triton.jit
+def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, b, k, L, N, D: tl.constexpr,
+                  T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr,
+                  RUN: tl.constexpr):
+    """Chunk k's local scan from h_in = 0: returns (prod a, h, offsets, mask, columns)."""
+    cols, col_ok = _columns(D, BN, V)
+    rows_in_chunk = tl.arange(0, T)
+    rows, first, ok, within = _chunk_tile(b, k, rows_in_chunk, cols, col_ok, L, N, T, BW, V, RUN)
+    g_at = _rows_at(g_ptr, first, rows_in_chunk, within, 2 * BW)
+    x_at = _rows_at(x_ptr, first, rows_in_chunk, cols, D)
+    bx = tl.load(bx_ptr + cols, mask=col_ok, other=0.0)
+    ba = tl.load(ba_ptr + cols, mask=col_ok, other=0.0)
+    sp = softplus(tl.load(a_param_ptr + cols, mask=col_ok, other=0.0))
+    ga = sigmoid_fast(tl.load(g_at + BW, mask=ok, other=0.0).to(tl.float32) + ba[None, :])
+    log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
+    a, m, _ = transition(log_a, (rows == 0)[:, None])
+    gx = sigmoid_fast(tl.load(g_at, mask=ok, other=0.0).to(tl.float32) + bx[None, :])
+    x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
+    p, h = tl.associative_scan((a, m * gx * x), 0, affine_combine)
+    return p, h, first, ok, cols, col_ok
+
+
+@triton.jit
+def _summary_kernel(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, decay_ptr, end_ptr, L, N, NC,
+                    D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
+                    BW: tl.constexpr, RUN: tl.constexpr):
+    """Per (chunk, channel block): the chunk's decay prod a and its end state from h_in = 0."""
+    pid = tl.program_id(0)
+    b = (pid // NC).to(tl.int64)
+    k = pid % NC
+    p, h, _, _, cols, col_ok = _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, b, k, L, N,
+                                             D, T, BN, V, BW, RUN)
+    state = (b * NC + k) * D + cols
+    tr = tl.arange(0, T)
+    tl.store(decay_ptr + state, last_row(p, tr, T), mask=col_ok)
+    tl.store(end_ptr + state, last_row(h, tr, T), mask=col_ok)
+
+
+@triton.jit
+def _output_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr, L, N, NC,
+                   D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
+                   BW: tl.constexpr, RUN: tl.constexpr):
+    """Per (chunk, channel block): y = h, rebuilt from the chunk's entering state."""
+    pid = tl.program_id(0)
+    b = (pid // NC).to(tl.int64)
+    k = pid % NC
+    p, h, first, ok, cols, col_ok = _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, b, k,
+                                                  L, N, D, T, BN, V, BW, RUN)
+    h_in = tl.load(h_in_ptr + (b * NC + k) * D + cols, mask=col_ok, other=0.0)
+    y_at = _rows_at(y_ptr, first, tl.arange(0, T), cols, D)
+    tl.store(y_at, to_element(h + p * h_in[None, :], y_ptr), mask=ok)
+
+
+@triton.jit
+def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, end_ptr, L, N, NC,
+                            D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
+                            BW: tl.constexpr, RUN: tl.constexpr):
+    """Per (chunk, channel block): the adjoint carry a_s dh_s leaving the chunk's first token s,
+    with nothing entering from the right.  Rows latest first: the reverse recurrence is a
+    forward scan (Triton's reverse scan shuffles even within a thread)."""
+    pid = tl.program_id(0)
+    b = (pid // NC).to(tl.int64)
+    k = pid % NC
+    cols, col_ok = _columns(D, BN, V)
+    latest_first = T - 1 - tl.arange(0, T)
+    rows, first, ok, within = _chunk_tile(b, k, latest_first, cols, col_ok, L, N, T, BW, V, RUN)
+    g_at = _rows_at(g_ptr, first, latest_first, within, 2 * BW)
+    dy_at = _rows_at(dy_ptr, first, latest_first, cols, D)
+    ba = tl.load(ba_ptr + cols, mask=col_ok, other=0.0)
+    sp = softplus(tl.load(a_param_ptr + cols, mask=col_ok, other=0.0))
+    ga = sigmoid_fast(tl.load(g_at + BW, mask=ok, other=0.0).to(tl.float32) + ba[None, :])
+    a = exp_fast(tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0))
+    dy = tl.load(dy_at, mask=ok, other=0.0).to(tl.float32)
+    _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
+    tl.store(end_ptr + (b * NC + k) * D + cols, last_row(v, tl.arange(0, T), T), mask=col_ok)
+
+
+@triton.jit
+def _adjoint_latest_first(a, dy, carry, T: tl.constexpr):
+    """dh_t = dy_t + a_{t+1} dh_{t+1} for a tile whose T rows (latest first) sit in one thread,
+    the chunk's last token taking the carry a_s dh_s from its right.  Unrolled like
+    scan.decayed_previous_state: each row pick folds to a register move."""
+    index = tl.arange(0, T)[:, None]
+    incoming = carry
+    dh = tl.zeros_like(dy)
+    for i in tl.static_range(T):
+        dh_i = tl.sum(tl.where(index == i, dy, 0.0), axis=0) + incoming
+        dh = tl.where(index == i, dh_i[None, :], dh)
+        incoming = tl.sum(tl.where(index == i, a, 0.0), axis=0) * dh_i
+    return dh
+
+
+@triton.jit
+def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr,
+                     carry_ptr, part_ptr, dsp_part_ptr, L, N, NC, SPAN, NSPAN, D: tl.constexpr,
+                     T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr,
+                     RUN: tl.constexpr):
+    """Per (span of SPAN chunks, channel block), each chunk recomputed from its entering state h_in
+    and adjoint carry: dG = [dGx | dGa] in G's layout, dx's direct term dh m gx (the GEMM adds
+    dG W_cat^T to it in place), and the program's partial sums of d bias (row of part:
+    [dbx (D) | dba (D)]) and of d softplus(a_param) (row of dsp_part), for sum_partials."""
+    pid = tl.program_id(0)
+    b = (pid // NSPAN).to(tl.int64)
+    span = pid % NSPAN
+    cols, col_ok = _columns(D, BN, V)
+    bx = tl.load(bx_ptr + cols, mask=col_ok, other=0.0)
+    ba = tl.load(ba_ptr + cols, mask=col_ok, other=0.0)
+    sp = softplus(tl.load(a_param_ptr + cols, mask=col_ok, other=0.0))
+    dbx = tl.zeros([BN], dtype=tl.float32)
+    dba = tl.zeros([BN], dtype=tl.float32)
+    dsp = tl.zeros([BN], dtype=tl.float32)
+    latest_first = T - 1 - tl.arange(0, T)  # the adjoint then runs as a forward recurrence
+    k0 = span * SPAN
+    for k in range(k0, tl.minimum(k0 + SPAN, NC)):
+        rows, first, ok, within = _chunk_tile(b, k, latest_first, cols, col_ok, L, N, T, BW, V, RUN)
+        g_at = _rows_at(g_ptr, first, latest_first, within, 2 * BW)
+        x_at = _rows_at(x_ptr, first, latest_first, cols, D)
+        ga = sigmoid_fast(tl.load(g_at + BW, mask=ok, other=0.0).to(tl.float32) + ba[None, :])
+        log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
+        a, m, dm_dlog_a = _transition_rsqrt(log_a, (rows == 0)[:, None])
+        gx = sigmoid_fast(tl.load(g_at, mask=ok, other=0.0).to(tl.float32) + bx[None, :])
+        x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
+        gate_x = gx * x
+        u = m * gate_x
+        state = (b * NC + k) * D + cols
+        h_in = tl.load(h_in_ptr + state, mask=col_ok, other=0.0)
+        # d log a = dh (a_t h_{t-1} + gx x dm/dlog a), a_t h_{t-1} as a product (no h - u)
+        dla_per_dh = decayed_previous_state(a, u, h_in, T) + gate_x * dm_dlog_a
+        dgx_per_dh = u * (1.0 - gx)  # dGx = dh m x gx (1 - gx)
+        direct_per_dh = m * gx
+        dy = tl.load(_rows_at(dy_ptr, first, latest_first, cols, D), mask=ok,
+                     other=0.0).to(tl.float32)
+        carry = tl.load(carry_ptr + state, mask=col_ok, other=0.0)
+        dh = _adjoint_latest_first(a, dy, carry, T)
+        dla = dh * dla_per_dh
+        d_gate_x = dh * dgx_per_dh
+        d_gate_a = dla * (-8.0 * sp[None, :]) * ga * (1.0 - ga)
+        dg_at = _rows_at(dg_ptr, first, latest_first, within, 2 * BW)
+        tl.store(dg_at, to_element(d_gate_x, dg_ptr), mask=ok)
+        tl.store(dg_at + BW, to_element(d_gate_a, dg_ptr), mask=ok)
+        tl.store(_rows_at(dx_ptr, first, latest_first, cols, D),
+                 to_element(dh * direct_per_dh, dx_ptr), mask=ok)
+        dbx += tl.sum(d_gate_x, axis=0)
+        dba += tl.sum(d_gate_a, axis=0)
+        dsp += tl.sum(dla * ga, axis=0)
+    row = pid.to(tl.int64) * (2 * D)
+    tl.store(part_ptr + row + cols, dbx, mask=col_ok)
+    tl.store(part_ptr + row + D + cols, dba, mask=col_ok)
+    tl.store(dsp_part_ptr + pid.to(tl.int64) * D + cols, -8.0 * dsp, mask=col_ok)
+
+
+# Values of one [T, BN] tile per thread (T x vector) past which the vector width is cut: the
+# kernels hold three to eight such tiles at once.
+VALUES_PER_THREAD = 32
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Warps and channels per thread of one kernel's [T, BN] tiles, BN = 32 * warps * vector,
+    so that each thread holds all T tokens of its channels (scan.row_offsets).  The vector
+    width is cut to 1 where it does not divide the block width (a thread's channels must lie in
+    one head of G) and halved while T x vector exceeds VALUES_PER_THREAD."""
+    warps: int
+    vector: int
+
+    def tile(self, bw: int, chunk: int) -> dict:
+        vector = self.vector if bw % self.vector == 0 else 1
+        while vector > 1 and chunk * vector > VALUES_PER_THREAD:
+            vector //= 2
+        return dict(BN=tile_width(self.warps, vector), V=vector, num_warps=self.warps)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One RG-LRU backend of this family: tokens per chunk and each kernel's launch, and how
+    many backward programs to aim for per SM (each walks a span of chunks, so that its partial
+    sums are one row per program).  The name is generated from the chunk; launches are tuning
+    (sweeps pass other ones in), not part of the name."""
+    chunk: int
+    summary: Launch = Launch(2, 2)
+    output: Launch = Launch(2, 2)
+    reverse_summary: Launch = Launch(2, 2)
+    backward: Launch = Launch(2, 1)
+    backward_programs_per_sm: int = 32
+
+    @property
+    def name(self) -> str:
+        return f"gemm_fused_hierarchical_chunk{self.chunk}"
+
+    def launches(self) -> dict[str, Launch]:
+        return {role: getattr(self, role) for role in KERNELS}
+
+
+KERNELS = {"summary": _summary_kernel, "output": _output_kernel,
+           "reverse_summary": _reverse_summary_kernel, "backward": _backward_kernel}
+
+
+@functools.lru_cache(maxsize=None)
+def tiles(config: GemmConfig, bw: int, width: int) -> dict:
+    """Each kernel's constexprs and warps, by role (signature order: D, T, BN, V, BW, RUN)."""
+    out = {}
+    for role, setting in config.launches().items():
+        tile = setting.tile(bw, config.chunk)
+        out[role] = dict(D=width, T=config.chunk, **tile, BW=bw, RUN=math.gcd(tile["BN"], bw))
+    return out
+
+
+def launch_plan(config: GemmConfig, width: int, heads: int = 16):
+    """(kernel, constexprs, warps) of every kernel a backend launches at this width."""
+    plan = []
+    for role, kernel in KERNELS.items():
+        meta = dict(tiles(config, width // heads, width)[role])
+        warps = meta.pop("num_warps")
+        plan.append((kernel, meta, warps))
+    return plan
+
+
+@functools.lru_cache(maxsize=None)
+def gradient_columns(width: int) -> dict[str, slice]:
+    """Where each bias and a_param gradient sits in sum_partials' output."""
+    return named_columns([("gate_x_bias", width), ("gate_a_bias", width), ("a_param", width)])
+
+
+def _gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The GEMM operands' dtype, and G's: x's own when it is BF16 or FP16 (as autocast rounds
+    the products), else FP32."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
+def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, L, D] as [H, B L, bw]: a strided view (no copy) that cuBLAS takes as it is."""
+    return t.view(t.shape[0] * t.shape[1], heads, t.shape[2] // heads).transpose(0, 1)
+
+
+def _weight_gradient(x_heads: torch.Tensor, d_gates: torch.Tensor) -> torch.Tensor:
+    """x_h^T dG_h for every head, [H, bw, 2 bw], FP32 (accumulated in FP32 either way)."""
+    xt = x_heads.transpose(1, 2)
+    if d_gates.is_cuda and d_gates.dtype != torch.float32:
+        return torch.bmm(xt, d_gates, out_dtype=torch.float32)
+    return torch.bmm(xt, d_gates).float()
+
+
+class GemmScanFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
+                config: GemmConfig):
+        x = aligned(x)
+        batch, length, width = x.shape
+        heads, bw, _ = gate_x_weight.shape
+        tokens = batch * length
+        n_chunks = cdiv(length, config.chunk)
+        w_cat = torch.cat([gate_x_weight, gate_a_weight], dim=2).to(_gemm_dtype(x.dtype))
+        gates = torch.bmm(_heads(x, heads), w_cat)  # x's dtype is the operand dtype
+        bx, ba, a_param_ = params = [fp32_contiguous(p) for p in (gate_x_bias, gate_a_bias,
+                                                                   a_param)]
+        meta = tiles(config, bw, width)
+        f32 = dict(device=x.device, dtype=torch.float32)
+        decay = torch.empty(batch, n_chunks, width, **f32)
+        end = torch.empty(batch, n_chunks, width, **f32)
+        grid = (batch * n_chunks, cdiv(width, meta["summary"]["BN"]))
+        launching.launch(_summary_kernel, grid, x, gates, bx, ba, a_param_, decay, end, length,
+                         tokens, n_chunks, **meta["summary"])
+        h_in = chunk_carry(decay, end, reverse=False)
+        y = torch.empty_like(x)
+        grid = (batch * n_chunks, cdiv(width, meta["output"]["BN"]))
+        launching.launch(_output_kernel, grid, x, gates, y, bx, ba, a_param_, h_in, length, tokens,
+                         n_chunks, **meta["output"])
+        ctx.save_for_backward(x, gates, decay, h_in, w_cat, *params)
+        ctx.config = config
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        refuse_double_backward("rglru")
+        x, gates, decay, h_in, w_cat, bx, ba, a_param = ctx.saved_tensors
+        config = ctx.config
+        dy = aligned(dy)
+        batch, length, width = x.shape
+        heads, bw, _ = w_cat.shape
+        tokens = batch * length
+        n_chunks = cdiv(length, config.chunk)
+        meta = tiles(config, bw, width)
+        end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
+        grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BN"]))
+        launching.launch(_reverse_summary_kernel, grid, dy, gates, ba, a_param, end, length,
+                         tokens, n_chunks, **meta["reverse_summary"])
+        carry = chunk_carry(decay, end, reverse=True)
+        col_blocks = cdiv(width, meta["backward"]["BN"])
+        programs = config.backward_programs_per_sm * sm_count(x.device)
+        spans = max(1, min(n_chunks, programs // (batch * col_blocks)))
+        per_span = cdiv(n_chunks, spans)
+        spans = cdiv(n_chunks, per_span)
+        n_parts = batch * spans
+        part = torch.empty(n_parts, 2 * width, device=x.device, dtype=torch.float32)
+        dsp_part = rows_of(end, n_parts, width)  # end is spent: the carry has read it
+        d_gates = torch.empty_like(gates)
+        dx = torch.empty_like(x)
+        launching.launch(_backward_kernel, (n_parts, col_blocks), x, dy, gates, d_gates, dx, bx,
+                         ba, a_param, h_in, carry, part, dsp_part, length, tokens, n_chunks,
+                         per_span, spans, **meta["backward"])
+        grads = sum_partials(part, dsp_part, a_param)
+        x_heads = _heads(x, heads)
+        _heads(dx, heads).baddbmm_(d_gates, w_cat.transpose(1, 2))  # dx += dG W_cat^T
+        d_weight = _weight_gradient(x_heads, d_gates)
+        at = gradient_columns(width)
+        return (dx, d_weight[:, :, :bw], grads[at["gate_x_bias"]], d_weight[:, :, bw:],
+                grads[at["gate_a_bias"]], grads[at["a_param"]], None)
+
+
+def run_with(config: GemmConfig):
+    """The backend of one configuration: run(x, *parameters) -> y."""
+    def run(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
+        return GemmScanFunction.apply(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias,
+                                      a_param, config)
+    return run
+
+
+# Chunk 64 is left out: its [64, BN] tiles spill in every kernel (sm_90a, 2 warps, 1 channel per
+# thread); chunk 32's backward spills a little.
+CONFIGS = tuple(GemmConfig(chunk) for chunk in (8, 16, 32))

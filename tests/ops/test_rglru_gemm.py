@@ -1,0 +1,178 @@
+"""The gemm RG-LRU backends (samu.ops.rglru.gemm) against the float64 oracle with SPEC section 4's
+legality rule, their launches, what they save for backward, and double backward.  On a CPU these
+run under Triton's interpreter at tiny sizes (conftest sets TRITON_INTERPRET)."""
+import inspect
+
+import pytest
+import torch
+
+import samu
+from samu import backends
+from samu.experiment import legality
+from samu.functional import FUNCTIONS
+from samu.ops.common import launching
+from samu.ops.rglru import gemm
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NAMES = [config.name for config in gemm.CONFIGS]
+CHUNK = {config.name: config.chunk for config in gemm.CONFIGS}
+
+
+def _inputs(shape, heads, seed=0, a_param_value=None, dtype=torch.bfloat16):
+    """Parameters from samu.RGLRU's initialisation (with `heads` heads), x and dy standard
+    normal; every channel's a_param set to one value when a_param_value is given."""
+    batch, length, width = shape
+    module = samu.RGLRU(width, num_heads=heads)
+    gen = torch.Generator().manual_seed(seed)
+    module.reset_parameters(generator=gen)
+    params = {n: p.detach().to(DEVICE) for n, p in module.named_parameters()}
+    if a_param_value is not None:
+        params["a_param"] = torch.full_like(params["a_param"], a_param_value)
+    x = torch.randn(batch, length, width, generator=gen).to(DEVICE, dtype)
+    dy = torch.randn(batch, length, width, generator=gen).to(DEVICE, dtype)
+    return x, params, dy
+
+
+def _assert_legal(name, inputs):
+    entry = legality.check_legality("rglru", name, inputs=inputs)
+    assert entry["legal"], entry["reason"]
+    assert not entry["materialized_state_sized_transition"]
+    assert set(entry["errors"]) == {"y", "x", *legality.PARAMETER_NAMES["rglru"]}
+
+
+def test_every_configuration_is_registered_with_words_that_explain_it():
+    assert len(set(NAMES)) == len(NAMES)
+    assert set(NAMES) <= set(backends.available("rglru"))
+    for config in gemm.CONFIGS:
+        backend = backends.REGISTRY["rglru"][config.name]
+        assert backend.kind == "triton" and backend.config == config
+        assert "gemm:" in backends.explain(config.name)
+
+
+# Every configuration over two chunks or more at an odd length with B > 1; block widths that are
+# not powers of two (24, 8, 3), one head (bw = D), and bw = 1.
+SHAPES = [((2, 37, 48), 2), ((1, 45, 40), 5), ((2, 21, 48), 16), ((1, 41, 32), 1), ((2, 19, 8), 8)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("shape, heads", SHAPES)
+def test_backend_is_legal(name, shape, heads):
+    batch, length, width = shape
+    length = max(length, 2 * CHUNK[name] + 3)  # at least two chunks, the last one partial
+    _assert_legal(name, _inputs((batch, length, width), heads, seed=length + heads))
+
+
+# Slow decay (softplus(a_param) of 1e-13 at -30) and fast decay (a near 0 at 10 and 30).
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("a_param_value", [-30.0, -17.0, 10.0, 30.0])
+def test_backend_is_legal_at_extreme_decay(name, a_param_value):
+    shape = (2, 2 * CHUNK[name] + 5, 24)
+    _assert_legal(name, _inputs(shape, 2, seed=7, a_param_value=a_param_value))
+
+
+def test_chunk_sizes_agree():
+    """The configurations compute the same function: in FP32 they agree to rounding."""
+    x, params, dy = _inputs((2, 75, 24), 3, seed=5, dtype=torch.float32)
+    outs = [legality.outputs("rglru", name, x, params, dy) for name in NAMES]
+    want = legality.oracle("rglru", x, params, dy)
+    for got in outs:
+        assert max(legality.relative_errors(got, want).values()) < 1e-5
+    for other in outs[1:]:
+        for key in outs[0]:
+            a, b = outs[0][key].double(), other[key].double()
+            assert ((a - b).norm() / b.norm().clamp_min(1e-30)).item() < 1e-5, key
+
+
+def test_cached_launches_pass_every_argument(monkeypatch):
+    """launching.launch replays a compiled kernel with the positional arguments followed by the
+    constexprs in signature order, taken from the keywords: every launch must pass every kernel
+    argument, the constexprs by keyword, and every kernel must be launched."""
+    seen = []
+
+    def checked_launch(kernel, grid, *args, **meta):
+        names = kernel.arg_names
+        missing = [n for n in names[len(args):] if n not in meta]
+        assert not missing, (kernel.fn.__name__, missing)
+        constexprs = [n for n, p in inspect.signature(kernel.fn).parameters.items()
+                      if "constexpr" in str(p.annotation)]
+        assert constexprs, kernel.fn.__name__
+        assert all(names.index(n) >= len(args) for n in constexprs), (kernel.fn.__name__, "a "
+                                                                      "constexpr passed by position")
+        seen.append(kernel.fn.__name__)
+        kernel[grid](*args, **meta)
+
+    monkeypatch.setattr(launching, "launch", checked_launch)  # every kernel launches through it
+    x, params, dy = _inputs((1, 40, 32), 2, seed=2)
+    legality.outputs("rglru", NAMES[0], x, params, dy)
+    assert set(seen) == {"_summary_kernel", "_output_kernel", "_reverse_summary_kernel",
+                         "_backward_kernel", "chunk_carry_kernel", "sum_partials_kernel"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_saves_no_fp32_state_sized_tensor_and_no_transition(name):
+    """Saved for backward: x and G in x's dtype and per-chunk FP32 states, nothing else of
+    [B, L, D] size; compared with the eager reference, which saves a and log a."""
+    batch, length, width = 2, 2 * CHUNK[name] + 3, 32
+    x, params, dy = _inputs((batch, length, width), 2, seed=3)
+    saved = []
+
+    def pack(t):
+        saved.append((tuple(t.shape), t.dtype))
+        return t
+
+    leaves = [x.clone().requires_grad_(), *(p.clone().requires_grad_() for p in params.values())]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = FUNCTIONS["rglru"](*leaves, backend=name)
+    state_sized = batch * length * width
+    x_shape, gates_shape = (batch, length, width), (2, batch * length, width)  # G: [H, N, 2 bw]
+    big = [(shape, dtype) for shape, dtype in saved if torch.Size(shape).numel() >= state_sized]
+    assert sorted(big) == sorted([(x_shape, torch.bfloat16), (gates_shape, torch.bfloat16)]), saved
+    assert all(torch.Size(shape).numel() < state_sized
+               for shape, dtype in saved if dtype == torch.float32)
+    assert [tuple(t.shape) for t in y.grad_fn.saved_tensors[:2]] == [x_shape, gates_shape]
+    torch.autograd.grad(y, leaves, dy)  # and the backward runs from what was saved
+
+
+def test_double_backward_is_refused():
+    """A gradient penalty through the backend must not silently drop second-order terms."""
+    x, params, dy = _inputs((1, 20, 32), 2, seed=4)
+    xg = x.clone().requires_grad_()
+    ps = [p.clone().requires_grad_() for p in params.values()]
+    y = FUNCTIONS["rglru"](xg, *ps, backend=NAMES[0])
+    with pytest.raises(RuntimeError, match="do not support double backward"):
+        torch.autograd.grad(y, xg, dy, create_graph=True)
+    (gx,) = torch.autograd.grad(y, xg, dy)  # first order still works
+    assert torch.isfinite(gx).all()
+
+
+def test_a_configuration_passed_in_runs_without_changing_the_registered_one():
+    """Sweeps pass frozen configurations in as the backend (backends.from_config)."""
+    import dataclasses
+    registered = gemm.CONFIGS[0]
+    tried = dataclasses.replace(registered, output=gemm.Launch(1, 1),
+                                backward_programs_per_sm=1)
+    x, params, dy = _inputs((1, 40, 32), 2, seed=6)
+    got = legality.outputs("rglru", tried, x, params, dy)
+    want = legality.oracle("rglru", x, params, dy)
+    assert max(legality.relative_errors(got, want).values()) < 0.02
+    assert backends.REGISTRY["rglru"][registered.name].config == registered
+    module = samu.RGLRU(32, 2, backend=tried)
+    module(x.float())
+    assert module.last_backend == tried.name
+    with pytest.raises(TypeError, match="backend must be 'auto', a name"):
+        samu.SAMU(32, backend=registered)
+
+
+def test_launch_plan_covers_every_kernel_and_keeps_the_chunk_in_each_thread():
+    """BN = 32 x warps x V for every kernel, V dividing the block width, at the widths the
+    project runs (bw = 128, 160, 256) and at a block width of 176."""
+    for config in gemm.CONFIGS:
+        for width, heads in ((2048, 16), (2560, 16), (2560, 10), (2816, 16)):
+            plan = gemm.launch_plan(config, width, heads)
+            assert {k.fn.__name__ for k, _, _ in plan} == {
+                "_summary_kernel", "_output_kernel", "_reverse_summary_kernel", "_backward_kernel"}
+            for kernel, meta, warps in plan:
+                assert meta["BN"] == 32 * warps * meta["V"]
+                assert (width // heads) % meta["V"] == 0
+                assert meta["T"] * meta["V"] <= max(gemm.VALUES_PER_THREAD, config.chunk)
+                assert meta["D"] == width and meta["BW"] == width // heads
