@@ -157,7 +157,7 @@ def test_a_configuration_passed_in_runs_without_changing_the_registered_one():
     assert max(legality.relative_errors(got, want).values()) < 0.02
     assert backends.REGISTRY["rglru"][registered.name].config == registered
     module = samu.RGLRU(32, 2, backend=tried)
-    module(x.float())
+    module.to(x.device)(x.float())
     assert module.last_backend == tried.name
     with pytest.raises(TypeError, match="backend must be 'auto', a name"):
         samu.SAMU(32, backend=registered)
