@@ -106,24 +106,6 @@ class RGLRU(_Mixer):
         init_a_param(self.a_param, generator)
 
     def forward(self, x):
-        """y = mixer(x).
-
-        Args:
-            x: [batch, length, width], bfloat16, float16, float32 or float64, on CUDA (the Triton
-                kernels) or the CPU (the reference; the kernels under TRITON_INTERPRET=1).  Under
-                ``torch.autocast("cuda", dtype=torch.bfloat16)`` a float32 x enters as BF16, as a
-                matmul would.  Each batch row is an independent sequence whose state resets at
-                its first token.  Non-contiguous x is copied.
-
-        Returns:
-            y of x's shape and dtype.  The recurrence is carried in FP32; backward gives dx in
-            x's dtype and every parameter gradient in FP32 (the Triton backends refuse double
-            backward).
-
-        Raises ValueError or TypeError, before anything runs, for a rank other than 3, a width
-        other than the mixer's, an empty batch or length, an unsupported dtype or device, or a
-        tensor too large to address.
-        """
         # Attributes, not self.parameters(): the generator costs ~15 us of host time per call.
         y, self.last_backend = rglru(x, self.gate_x_weight, self.gate_x_bias, self.gate_a_weight,
                                      self.gate_a_bias, self.a_param, backend=self.backend,
@@ -170,27 +152,32 @@ class SAMU(_Mixer):
         init_a_param(self.a_param, generator)
 
     def forward(self, x):
-        """y = mixer(x).
-
-        Args:
-            x: [batch, length, width], bfloat16, float16, float32 or float64, on CUDA (the Triton
-                kernels) or the CPU (the reference; the kernels under TRITON_INTERPRET=1).  Under
-                ``torch.autocast("cuda", dtype=torch.bfloat16)`` a float32 x enters as BF16, as a
-                matmul would.  Each batch row is an independent sequence whose state resets at
-                its first token.  Non-contiguous x is copied.
-
-        Returns:
-            y of x's shape and dtype.  The recurrence is carried in FP32; backward gives dx in
-            x's dtype and every parameter gradient in FP32 (the Triton backends refuse double
-            backward).
-
-        Raises ValueError or TypeError, before anything runs, for a rank other than 3, a width
-        other than the mixer's, an empty batch or length, an unsupported dtype or device, or a
-        tensor too large to address.
-        """
         y, self.last_backend = samu(x, self.ctrl_weight, self.ctrl_bias, self.a_param,
                                     self.log_temp, self.skip, backend=self.backend,
                                     return_backend=True)
         return y
 
+
 MODULES = {"rglru": RGLRU, "samu": SAMU}
+
+
+# One docstring serves both modules' forward: help(samu.SAMU.forward) and help(samu.RGLRU.forward).
+FORWARD_DOC = """y = mixer(x).
+
+Args:
+    x: [batch, length, width], bfloat16, float16, float32 or float64, on CUDA (the Triton
+        kernels) or the CPU (the reference; the kernels under TRITON_INTERPRET=1).  Under
+        ``torch.autocast("cuda", dtype=torch.bfloat16)`` a float32 x enters as BF16, as a
+        matmul would.  Each batch row is an independent sequence whose state resets at
+        its first token.  Non-contiguous x is copied.
+
+Returns:
+    y of x's shape and dtype.  The recurrence is carried in FP32; backward gives dx in
+    x's dtype and every parameter gradient in FP32 (the Triton backends refuse double
+    backward).
+
+Raises ValueError or TypeError, before anything runs, for a rank other than 3, a width
+other than the mixer's, an empty batch or length, an unsupported dtype or device, or a
+tensor too large to address.
+"""
+RGLRU.forward.__doc__ = SAMU.forward.__doc__ = FORWARD_DOC
