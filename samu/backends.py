@@ -32,9 +32,10 @@ VOCABULARY = {
             "and weight-gradient products; the gate pre-activations G are saved for backward",
 }
 
-# Used on CUDA when the calibration file has no entry for the shape.
+# Used on CUDA when there is no calibration file for the GPU (the gemm family was fastest at
+# every shape measured on the H200: docs/PERFORMANCE.md), and under the interpreter.
 DEFAULTS = {
-    "rglru": "fused_gates_hierarchical_chunk32",
+    "rglru": "gemm_fused_hierarchical_chunk8",
     "samu": "fused_controller_hierarchical_chunk16",
 }
 

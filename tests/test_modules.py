@@ -146,6 +146,8 @@ def test_non_tensor_parameter_is_refused_by_name(mixer):
             samu.functional.FUNCTIONS[mixer]([[1.0]], **bad)
 
 
+# torch's own inductor code calls its deprecated torch.jit.script_method
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_torch_compile_fails_cleanly_and_leaves_eager_intact():
     """Dynamo must not trace into the library: fullgraph=True raises at the mixer's call, and
     eager calls afterwards, of these modules and of fresh ones, still give the right values."""
