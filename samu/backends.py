@@ -146,6 +146,14 @@ def from_config(mixer: str, config) -> Backend:
 _registered = False
 
 
+def _reference_run(reference, scan: str):
+    """A reference as a backend: run(x, *parameters, **state keywords) -> (y, final or None)."""
+    def run(x, *params, output_final_state=False, **state):
+        out = reference(x, *params, scan=scan, output_final_state=output_final_state, **state)
+        return out if output_final_state else (out, None)
+    return run
+
+
 def _ensure_registered() -> None:
     global _registered
     if _registered:
@@ -156,8 +164,7 @@ def _ensure_registered() -> None:
     from .ops.samu.naive import samu_reference
     for mixer, fn in (("rglru", rglru_reference), ("samu", samu_reference)):
         for scan in SCANS:
-            register(Backend(f"reference_{scan}", mixer, "reference",
-                             (lambda f, s: lambda x, *p: f(x, *p, scan=s))(fn, scan),
+            register(Backend(f"reference_{scan}", mixer, "reference", _reference_run(fn, scan),
                              materialized_state_sized_transition=True))
     try:
         from .ops.rglru import chunk as rglru_chunk, gemm as rglru_gemm

@@ -83,15 +83,97 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _run(mixer: str, x, params: dict, backend: str):
+CU_SEQLENS_DTYPES = (torch.int32, torch.int64)
+
+
+def _values_checkable(t: torch.Tensor) -> bool:
+    """Reading cu_seqlens' values needs a host sync, which a CUDA-graph capture forbids and a
+    compiled graph cannot hold; there only its shape, dtype and device are checked."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def check_cu_seqlens(mixer: str, x: torch.Tensor, cu_seqlens) -> int:
+    """The number of packed sequences, after FlashAttention's convention is checked: batch 1,
+    [N + 1] int32 or int64 offsets on x's device, from 0 to the length, each sequence at least
+    one token long."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"{mixer}: cu_seqlens must be a torch.Tensor, got "
+                        f"{type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype not in CU_SEQLENS_DTYPES:
+        raise TypeError(f"{mixer}: cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"{mixer}: cu_seqlens must have shape [N + 1] with N >= 1 sequences, "
+                         f"got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != x.device:
+        raise ValueError(f"{mixer}: cu_seqlens is on {cu_seqlens.device} but x is on {x.device}")
+    if x.shape[0] != 1:
+        raise ValueError(f"{mixer}: packed sequences (cu_seqlens) need batch 1, got batch "
+                         f"{x.shape[0]}")
+    if _values_checkable(cu_seqlens):
+        offsets = cu_seqlens.tolist()
+        length = x.shape[1]
+        if offsets[0] != 0 or offsets[-1] != length:
+            raise ValueError(f"{mixer}: cu_seqlens must start at 0 and end at the length "
+                             f"{length}, got {offsets[0]} ... {offsets[-1]}")
+        short = next((n for n in range(len(offsets) - 1) if offsets[n + 1] <= offsets[n]), None)
+        if short is not None:
+            raise ValueError(f"{mixer}: cu_seqlens must increase (every sequence at least one "
+                             f"token), but sequence {short} runs from {offsets[short]} to "
+                             f"{offsets[short + 1]}")
+    return cu_seqlens.numel() - 1
+
+
+def check_sequences(mixer: str, x: torch.Tensor, initial_state, cu_seqlens,
+                    output_final_state) -> None:
+    """The state keywords of SPEC section 3, checked before anything runs."""
+    if not isinstance(output_final_state, bool):
+        raise TypeError(f"{mixer}: output_final_state must be True or False, got "
+                        f"{output_final_state!r}")
+    count = x.shape[0] if cu_seqlens is None else check_cu_seqlens(mixer, x, cu_seqlens)
+    if initial_state is None:
+        return
+    if not isinstance(initial_state, torch.Tensor):
+        raise TypeError(f"{mixer}: initial_state must be a torch.Tensor, got "
+                        f"{type(initial_state).__name__}")
+    width = x.shape[2]
+    if tuple(initial_state.shape) != (count, width):
+        what = "sequences in cu_seqlens" if cu_seqlens is not None else "batch"
+        raise ValueError(f"{mixer}: initial_state must have shape [{count}, {width}] "
+                         f"({what} {count}, width {width}), got {tuple(initial_state.shape)}")
+    if not initial_state.is_floating_point():
+        raise TypeError(f"{mixer}: initial_state must be floating point (FP32), got "
+                        f"{initial_state.dtype}")
+    if initial_state.device != x.device:
+        raise ValueError(f"{mixer}: initial_state is on {initial_state.device} but x is on "
+                         f"{x.device}")
+
+
+def _run(mixer: str, x, params: dict, backend: str, initial_state=None, cu_seqlens=None,
+         output_final_state: bool = False):
+    """(y, final state or None, name of the backend that ran)."""
     x = autocast_input(x)
     check_parameters(mixer, x, params)
+    if initial_state is not None or cu_seqlens is not None or output_final_state:
+        check_sequences(mixer, x, initial_state, cu_seqlens, output_final_state)
+        state = dict(initial_state=initial_state, cu_seqlens=cu_seqlens,
+                     output_final_state=output_final_state)
+    else:
+        state = {}
     chosen = dispatch.resolve(mixer, x, backend)
     if chosen.kind == "triton" or not torch.is_autocast_enabled(x.device.type):
         # The kernels set every dtype themselves; entering autocast costs ~15 us of host time.
-        return chosen.run(x, *params.values()), chosen.name
+        return (*chosen.run(x, *params.values(), **state), chosen.name)
     with torch.autocast(x.device.type, enabled=False):
-        return chosen.run(x, *params.values()), chosen.name
+        return (*chosen.run(x, *params.values(), **state), chosen.name)
+
+
+def _result(y, final, name, output_final_state: bool, return_backend: bool):
+    out = (y, final) if output_final_state else (y,)
+    if return_backend:
+        out = (*out, name)
+    return out if len(out) > 1 else y
 
 # The entry points are opaque to dynamo until the kernels are custom ops: tracing into the
 # library fails (CUDA queries, Triton launches) and can leave launch caches half filled.  So
@@ -101,10 +183,24 @@ _opaque_to_dynamo = torch.compiler.disable(
     reason="samu's mixers run eagerly: their Triton kernels are not custom ops yet")
 
 
+STATE_DOC = """
+    initial_state: FP32 [B, D] ([N, D] with cu_seqlens), the state entering each sequence's first
+        token, which is then an ordinary step; without it the state resets there.
+    output_final_state: also return the FP32 state after each sequence's last token, [B, D]
+        ([N, D] with cu_seqlens).
+    cu_seqlens: packed sequences in one row (batch 1): int32 or int64 offsets [0, ..., L] as in
+        FlashAttention; every start resets (or takes its initial state).
+
+    Returns y, (y, final_state) with output_final_state, and the backend's name after them with
+    return_backend=True.  Every output is differentiable, the states included."""
+
+
 @_opaque_to_dynamo
 def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, backend="auto",
-          return_backend: bool = False):
-    """Functional RG-LRU. With return_backend=True returns (y, name of the backend that ran)."""
+          return_backend: bool = False, initial_state=None, output_final_state: bool = False,
+          cu_seqlens=None):
+    """Functional RG-LRU (SPEC sections 2 and 3).
+    """
     params = dict(gate_x_weight=gate_x_weight, gate_x_bias=gate_x_bias,
                   gate_a_weight=gate_a_weight, gate_a_bias=gate_a_bias, a_param=a_param)
     check_tensors("rglru", params)
@@ -116,14 +212,17 @@ def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, ba
                              f"{tuple(params[name].shape)}")
     if gate_a_weight.shape != gate_x_weight.shape:
         raise ValueError("rglru: gate_a_weight and gate_x_weight must have the same shape")
-    y, name = _run("rglru", x, params, backend)
-    return (y, name) if return_backend else y
+    y, final, name = _run("rglru", x, params, backend, initial_state, cu_seqlens,
+                          output_final_state)
+    return _result(y, final, name, output_final_state, return_backend)
 
 
 @_opaque_to_dynamo
 def samu(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend="auto",
-         return_backend: bool = False):
-    """Functional SAMU. With return_backend=True returns (y, name of the backend that ran)."""
+         return_backend: bool = False, initial_state=None, output_final_state: bool = False,
+         cu_seqlens=None):
+    """Functional SAMU (SPEC sections 2 and 3).
+    """
     params = dict(ctrl_weight=ctrl_weight, ctrl_bias=ctrl_bias, a_param=a_param,
                   log_temp=log_temp, skip=skip)
     check_tensors("samu", params)
@@ -137,7 +236,10 @@ def samu(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend="auto",
         if tuple(params[name].shape) != shape:
             raise ValueError(f"samu: {name} must have shape {list(shape)}, got "
                              f"{list(params[name].shape)}")
-    y, name = _run("samu", x, params, backend)
-    return (y, name) if return_backend else y
+    y, final, name = _run("samu", x, params, backend, initial_state, cu_seqlens,
+                          output_final_state)
+    return _result(y, final, name, output_final_state, return_backend)
 
+rglru.__doc__ += STATE_DOC
+samu.__doc__ += STATE_DOC
 FUNCTIONS = {"rglru": rglru, "samu": samu}

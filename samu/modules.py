@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from . import backends
-from .functional import check_positive_int, rglru, samu
+from .functional import FUNCTIONS, check_positive_int
 
 
 NUM_HEADS = 16
@@ -57,6 +57,28 @@ class _Mixer(nn.Module):
 
     def extra_repr(self) -> str:
         return f"width={self.width}, backend={self.backend!r}"
+
+    def _parameters_in_order(self) -> tuple:
+        raise NotImplementedError
+
+    def forward(self, x, initial_state=None, output_final_state: bool = False, cu_seqlens=None):
+        # Attributes, not self.parameters(): the generator costs ~15 us of host time per call.
+        out = FUNCTIONS[self.mixer](x, *self._parameters_in_order(), backend=self.backend,
+                                    return_backend=True, initial_state=initial_state,
+                                    output_final_state=output_final_state,
+                                    cu_seqlens=cu_seqlens)
+        self.last_backend = out[-1]
+        return out[:-1] if output_final_state else out[0]
+
+    def step(self, x_t, state=None):
+        """(y_t, state): one token from a state, for generation.  x_t is [B, D]; state FP32
+        [B, D] (None: the first token, where the state resets).  A loop of steps equals one
+        forward over the sequence, and so does a prefill's final state followed by steps."""
+        if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2:
+            shape = tuple(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
+            raise ValueError(f"{self.mixer}: step takes x_t of shape [batch, width], got {shape}")
+        y, state = self(x_t[:, None], initial_state=state, output_final_state=True)
+        return y[:, 0], state
 
 
 class RGLRU(_Mixer):
@@ -105,12 +127,9 @@ class RGLRU(_Mixer):
             self.gate_a_bias.zero_()
         init_a_param(self.a_param, generator)
 
-    def forward(self, x):
-        # Attributes, not self.parameters(): the generator costs ~15 us of host time per call.
-        y, self.last_backend = rglru(x, self.gate_x_weight, self.gate_x_bias, self.gate_a_weight,
-                                     self.gate_a_bias, self.a_param, backend=self.backend,
-                                     return_backend=True)
-        return y
+    def _parameters_in_order(self) -> tuple:
+        return (self.gate_x_weight, self.gate_x_bias, self.gate_a_weight, self.gate_a_bias,
+                self.a_param)
 
 
 class SAMU(_Mixer):
@@ -151,18 +170,15 @@ class SAMU(_Mixer):
             self.skip.zero_()
         init_a_param(self.a_param, generator)
 
-    def forward(self, x):
-        y, self.last_backend = samu(x, self.ctrl_weight, self.ctrl_bias, self.a_param,
-                                    self.log_temp, self.skip, backend=self.backend,
-                                    return_backend=True)
-        return y
+    def _parameters_in_order(self) -> tuple:
+        return self.ctrl_weight, self.ctrl_bias, self.a_param, self.log_temp, self.skip
 
 
 MODULES = {"rglru": RGLRU, "samu": SAMU}
 
 
 # One docstring serves both modules' forward: help(samu.SAMU.forward) and help(samu.RGLRU.forward).
-FORWARD_DOC = """y = mixer(x).
+FORWARD_DOC = """y = mixer(x), or (y, final_state) = mixer(x, output_final_state=True).
 
 Args:
     x: [batch, length, width], bfloat16, float16, float32 or float64, on CUDA (the Triton
@@ -171,13 +187,20 @@ Args:
         matmul would.  Each batch row is an independent sequence whose state resets at
         its first token.  Non-contiguous x is copied.
 
+    initial_state: FP32 [B, D] ([N, D] with cu_seqlens): the state entering each sequence's
+        first token, which is then an ordinary step.
+    output_final_state: also return the FP32 state after each sequence's last token.
+    cu_seqlens: packed sequences in one row (batch 1), int32 or int64 offsets [0, ..., L] as in
+        FlashAttention; every start resets the state (or takes its initial state).
+
 Returns:
-    y of x's shape and dtype.  The recurrence is carried in FP32; backward gives dx in
+    y of x's shape and dtype (and the final state, [B, D] or [N, D]).  The recurrence is carried in FP32; backward gives dx in
     x's dtype and every parameter gradient in FP32 (the Triton backends refuse double
     backward).
 
 Raises ValueError or TypeError, before anything runs, for a rank other than 3, a width
-other than the mixer's, an empty batch or length, an unsupported dtype or device, or a
-tensor too large to address.
+other than the mixer's, an empty batch or length, an unsupported dtype or device, a
+tensor too large to address, an initial state of the wrong shape or device, or cu_seqlens
+that are not FlashAttention's offsets of this row.
 """
-RGLRU.forward.__doc__ = SAMU.forward.__doc__ = FORWARD_DOC
+_Mixer.forward.__doc__ = FORWARD_DOC

@@ -40,6 +40,8 @@ def signature(fn, constexprs):
     for name in names:
         if name in constexprs:
             sig[name] = "constexpr"
+        elif name == "seq_ptr":
+            sig[name] = "*i32"
         elif name.endswith("_ptr"):
             sig[name] = "*bf16" if name in BF16_ARGS else "*fp32"
         else:

@@ -94,7 +94,7 @@ assert all(torch.allclose(l, r, rtol=1e-14) for l, r in zip(left, right))
 sequential = recurrence.scan_sequential(a, u)
 rows = []
 for chunk in (1, 3, 16, 64, recurrence.default_chunk(length)):
-    rel = ((recurrence.scan_chunked(a, u, chunk) - sequential).norm() / sequential.norm()).item()
+    rel = ((recurrence.scan_chunked(a, u, chunk=chunk) - sequential).norm() / sequential.norm()).item()
     rows.append({"chunk": chunk, "relative error vs sequential": rel})
     assert rel < 1e-12
 pd.DataFrame(rows)'''),

@@ -37,20 +37,53 @@ def make_inputs(mixer: str, shape, device, seed: int = 0, dtype=torch.bfloat16):
     return x, params, dy
 
 
-def outputs(mixer: str, backend: str, x, params: dict, dy):
-    """y and every gradient (x first, then parameters in state_dict order) of one backend."""
+def make_state(shape, device, seed: int = 0, cu_seqlens=None, initial: bool = True) -> dict:
+    """State keywords for a legality check: an initial state (standard normal, FP32) unless
+    ``initial`` is False, cu_seqlens as given, and the final state's incoming gradient."""
+    batch, _, width = shape
+    count = batch if cu_seqlens is None else len(cu_seqlens) - 1
+    gen = torch.Generator(device="cpu").manual_seed(seed + 1)
+    state = {"d_final_state": torch.randn(count, width, generator=gen).to(device)}
+    if initial:
+        state["initial_state"] = torch.randn(count, width, generator=gen).to(device)
+    if cu_seqlens is not None:
+        state["cu_seqlens"] = torch.as_tensor(cu_seqlens, dtype=torch.int32, device=device)
+    return state
+
+
+def outputs(mixer: str, backend: str, x, params: dict, dy, state: dict | None = None):
+    """y and every gradient (x first, then parameters in state_dict order) of one backend.
+    With ``state`` (make_state), the call passes its initial state and cu_seqlens and returns
+    the final state, whose gradient d_final_state enters beside dy; the outputs then add
+    final_state and (given an initial state) its gradient initial_state."""
     xg = x.detach().clone().requires_grad_()
     ps = [p.detach().clone().requires_grad_() for p in params.values()]
-    y = FUNCTIONS[mixer](xg, *ps, backend=backend)
-    grads = torch.autograd.grad(y, [xg, *ps], dy.to(y.dtype))
-    return {"y": y.detach(), **dict(zip(["x", *PARAMETER_NAMES[mixer]], grads))}
+    if state is None:
+        y = FUNCTIONS[mixer](xg, *ps, backend=backend)
+        grads = torch.autograd.grad(y, [xg, *ps], dy.to(y.dtype))
+        return {"y": y.detach(), **dict(zip(["x", *PARAMETER_NAMES[mixer]], grads))}
+    h0 = state.get("initial_state")
+    h0 = None if h0 is None else h0.detach().clone().requires_grad_()
+    y, final = FUNCTIONS[mixer](xg, *ps, backend=backend, initial_state=h0,
+                                cu_seqlens=state.get("cu_seqlens"), output_final_state=True)
+    inputs = [xg, *ps] + ([h0] if h0 is not None else [])
+    grads = torch.autograd.grad([y, final], inputs,
+                                [dy.to(y.dtype), state["d_final_state"].to(final.dtype)])
+    names = ["x", *PARAMETER_NAMES[mixer]] + (["initial_state"] if h0 is not None else [])
+    return {"y": y.detach(), "final_state": final.detach(), **dict(zip(names, grads))}
 
 
-def oracle(mixer: str, x, params: dict, dy):
-    """float64 outputs from the same BF16-rounded x and FP32 parameters."""
+def _double_state(state: dict | None) -> dict | None:
+    if state is None:
+        return None
+    return {n: t if n == "cu_seqlens" else t.double() for n, t in state.items()}
+
+
+def oracle(mixer: str, x, params: dict, dy, state: dict | None = None):
+    """float64 outputs from the same BF16-rounded x and FP32 parameters (and states)."""
     scan = "sequential" if x.shape[1] <= SEQUENTIAL_ORACLE_MAX_LENGTH else "chunked"
     return outputs(mixer, f"reference_{scan}", x.double(),
-                   {n: p.double() for n, p in params.items()}, dy.double())
+                   {n: p.double() for n, p in params.items()}, dy.double(), _double_state(state))
 
 
 def relative_errors(got: dict, want: dict) -> dict[str, float]:
@@ -68,19 +101,21 @@ def relative_errors(got: dict, want: dict) -> dict[str, float]:
 
 def check_legality(mixer: str, backend: str, shape=None, device=None, seed: int = 0,
                    want: dict | None = None, eager_errors: dict | None = None,
-                   inputs: tuple | None = None) -> dict:
+                   inputs: tuple | None = None, state: dict | None = None) -> dict:
     """Errors of y and every gradient against the oracle, the eager reference's beside them.
-    The inputs are make_inputs(mixer, shape, device, seed), or ``inputs`` = (x, params, dy)."""
+    The inputs are make_inputs(mixer, shape, device, seed), or ``inputs`` = (x, params, dy);
+    ``state`` (make_state) adds the state keywords, the final state and its gradients."""
     x, params, dy = inputs if inputs is not None else make_inputs(mixer, shape, device, seed)
     if want is None:
-        want = oracle(mixer, x, params, dy)
+        want = oracle(mixer, x, params, dy, state)
     if eager_errors is None:
-        eager_errors = relative_errors(outputs(mixer, "reference_chunked", x, params, dy), want)
+        eager_errors = relative_errors(outputs(mixer, "reference_chunked", x, params, dy, state),
+                                       want)
     chosen = backends.REGISTRY[mixer][backend]
     entry = {"backend": backend, "eager_errors": eager_errors,
              "materialized_state_sized_transition": chosen.materialized_state_sized_transition}
     try:
-        errs = relative_errors(outputs(mixer, backend, x, params, dy), want)
+        errs = relative_errors(outputs(mixer, backend, x, params, dy, state), want)
     except torch.cuda.OutOfMemoryError as exc:
         return {**entry, "legal": False, "reason": f"out of memory: {exc}", "errors": {}}
     except Exception as exc:  # a backend that cannot run here is illegal here, not fatal

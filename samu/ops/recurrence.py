@@ -7,6 +7,11 @@ h_t = a_t * h_{t-1} + u_t with h_{-1} = 0, in two formulations that check each o
   C positions, vectorised over every chunk), then chunk carries are composed with the identity
   h_t = local_t + (prod_{s <= t in chunk} a_s) * h_in.  About 2*sqrt(L) Python steps.
 
+Where a sequence starts (``starts``, [B, L] bool; samu.ops.sequences), the state entering the token
+is replaced by ``entering`` (h0, or 0 where the state resets).  The sequential scan does exactly
+that; the chunked scan folds it into the inputs instead, a_s -> 0 and u_s -> u_s + a_s entering_s,
+so that its chunks and carries are those of a scan from zero.
+
 and the pieces of the hand-derived backward that both mixers use (``reverse_scan``, ``dlog_a``).
 """
 from __future__ import annotations
@@ -39,32 +44,54 @@ def carry_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def transition(log_a: torch.Tensor):
-    """a and m = sqrt(1 - a^2) from log a, [B, L, D]; m_0 = 1 (the state resets at t = 0)."""
+def first_token(log_a: torch.Tensor) -> torch.Tensor:
+    """[B, L] bool, true at t = 0: where an unpacked sequence without initial state resets."""
+    reset = torch.zeros(log_a.shape[:2], dtype=torch.bool, device=log_a.device)
+    reset[:, 0] = True
+    return reset
+
+
+def transition(log_a: torch.Tensor, reset: torch.Tensor | None = None):
+    """a and m = sqrt(1 - a^2) from log a, [B, L, D]; m = 1 where the state resets (``reset``,
+    [B, L] bool; t = 0 by default)."""
+    reset = first_token(log_a) if reset is None else reset
     a = torch.exp(log_a)
     m = BoundedSqrt.apply(-torch.expm1(2.0 * log_a))
-    first = torch.zeros_like(m, dtype=torch.bool)
-    first[:, 0] = True
-    m = torch.where(first, torch.ones_like(m), m)
+    m = torch.where(reset[..., None], torch.ones_like(m), m)
     return a, m
 
 
-def scan_sequential(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """h_t = a_t h_{t-1} + u_t, h_{-1} = 0, one token at a time."""
+def scan_sequential(a: torch.Tensor, u: torch.Tensor, starts: torch.Tensor | None = None,
+                    entering: torch.Tensor | None = None) -> torch.Tensor:
+    """h_t = a_t h_{t-1} + u_t, h_{-1} = 0, one token at a time; at starts, h_{t-1} is replaced
+    by entering."""
     h = torch.zeros_like(u[:, 0])
     out = []
     for t in range(u.shape[1]):
+        if starts is not None:
+            h = torch.where(starts[:, t, None], entering[:, t], h)
         h = a[:, t] * h + u[:, t]
         out.append(h)
     return torch.stack(out, dim=1)
+
+
+def fold_starts(a, u, starts, entering):
+    """The starts folded into the inputs: a_s -> 0 and u_s -> u_s + a_s entering_s."""
+    if starts is None:
+        return a, u
+    s = starts[..., None]
+    return torch.where(s, torch.zeros_like(a), a), u + torch.where(s, a * entering,
+                                                                  torch.zeros_like(u))
 
 
 def default_chunk(length: int) -> int:
     return max(1, math.isqrt(max(length - 1, 0)) + 1)
 
 
-def scan_chunked(a: torch.Tensor, u: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+def scan_chunked(a: torch.Tensor, u: torch.Tensor, starts: torch.Tensor | None = None,
+                 entering: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
     """The same scan, chunk-parallel: local scans of every chunk at once, then the carries."""
+    a, u = fold_starts(a, u, starts, entering)
     batch, length, width = u.shape
     chunk = chunk or default_chunk(length)
     n_chunks = -(-length // chunk)
@@ -93,22 +120,29 @@ def scan_chunked(a: torch.Tensor, u: torch.Tensor, chunk: int | None = None) -> 
 SCANS = {"sequential": scan_sequential, "chunked": scan_chunked}
 
 
-def run_scan(a, u, scan: str):
+def run_scan(a, u, scan: str, starts=None, entering=None):
     try:
-        return SCANS[scan](a, u)
+        fn = SCANS[scan]
     except KeyError:
         raise ValueError(f"unknown scan {scan!r}; choose one of {sorted(SCANS)}") from None
+    return fn(a, u, starts, entering)
 
 
-def reverse_scan(a: torch.Tensor, dy: torch.Tensor, scan: str = "sequential") -> torch.Tensor:
-    """dh_t = dy_t + a_{t+1} dh_{t+1}: the forward scan run on the time-reversed sequence."""
+def reverse_scan(a: torch.Tensor, dy: torch.Tensor, scan: str = "sequential",
+                 starts: torch.Tensor | None = None) -> torch.Tensor:
+    """dh_t = dy_t + a_{t+1} dh_{t+1}: the forward scan run on the time-reversed sequence.
+    Nothing crosses a start backwards: a_{t+1} counts as 0 where t + 1 starts a sequence."""
+    if starts is not None:
+        a = torch.where(starts[..., None], torch.zeros_like(a), a)
     a_next = torch.cat([a[:, 1:], torch.ones_like(a[:, :1])], dim=1)
     return SCANS[scan](a_next.flip(1), dy.flip(1)).flip(1)
 
 
-def dlog_a(log_a, a, h, u, dh, gate_x):
-    """Gradient reaching log a through a_t h_{t-1} and through m_t (none at t = 0)."""
+def dlog_a(log_a, a, h, u, dh, gate_x, reset: torch.Tensor | None = None):
+    """Gradient reaching log a through a_t h_{t-1} and through m_t (none where the state resets:
+    t = 0 by default).  h - u is a_t h_{t-1}, with h_{t-1} the entering state at a start."""
+    reset = first_token(log_a) if reset is None else reset
     dm_dlog_a = -2.0 * a * a / torch.sqrt(torch.clamp(4.0 * -torch.expm1(2.0 * log_a),
                                                       min=SQRT_GRAD_FLOOR))
-    dm_dlog_a[:, 0] = 0.0
+    dm_dlog_a = torch.where(reset[..., None], torch.zeros_like(dm_dlog_a), dm_dlog_a)
     return dh * (h - u) + dh * gate_x * dm_dlog_a

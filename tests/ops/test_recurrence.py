@@ -40,7 +40,7 @@ def test_scan_chunked_any_chunk(chunk):
     a = torch.rand(2, 50, 8, generator=gen, dtype=torch.float64)
     u = torch.randn(2, 50, 8, generator=gen, dtype=torch.float64)
     seq = recurrence.scan_sequential(a, u)
-    assert torch.allclose(recurrence.scan_chunked(a, u, chunk), seq, rtol=1e-13, atol=1e-14)
+    assert torch.allclose(recurrence.scan_chunked(a, u, chunk=chunk), seq, rtol=1e-13, atol=1e-14)
 
 
 def test_scan_matches_explicit_sum():

@@ -16,6 +16,7 @@ from . import launching
 from .launching import cdiv, next_power_of_2
 from .math import exp_fast, softplus
 from .scan import affine_combine, first_row, last_row
+from .sequences import START_MARK
 
 
 @triton.jit
@@ -65,7 +66,8 @@ def chunk_carry_kernel(decay_ptr, end_ptr, out_ptr, a_param_ptr, log_temp_ptr,
         if SCALAR_DECAY:
             r_sum = tl.load(decay_ptr + b * NC + ks, mask=ok, other=0.0)
             r_total += r_sum
-            dec = exp_fast(-rate[None, :] * r_sum[:, None])
+            dec = tl.where(r_sum[:, None] == START_MARK, 0.0,  # a packed start: decay 0
+                           exp_fast(-rate[None, :] * r_sum[:, None]))
         else:
             dec = tl.load(decay_ptr + offs, mask=m2, other=1.0)
         end = tl.load(end_ptr + offs, mask=m2, other=0.0)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..recurrence import GATE_SCALE, carry_dtype, run_scan, transition
+from ..recurrence import GATE_SCALE, carry_dtype, transition
+from ..sequences import scan_sequences, with_final_state
 
 
 def block_diagonal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -20,10 +21,12 @@ def block_diagonal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
     return torch.einsum("blhi,hij->blhj", xh, weight).reshape(x.shape) + bias
 
 
-def rglru_scan_inputs(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
+def rglru_scan_inputs(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
+                      reset=None):
     """The recurrence's inputs, (log a, a, u), from the eager gates: gx, ga = sigmoid(block-
     diagonal gates); log a = -8 ga softplus(a_param); u = m gx x.  [B, L, D] each, in the carry
-    dtype: this is the state-sized transition the kernels never write."""
+    dtype: this is the state-sized transition the kernels never write.  m = 1 where ``reset``
+    ([B, L] bool; t = 0 by default)."""
     cdt = carry_dtype(x)
     if cdt == torch.float64:
         xg, wx, wa = x, gate_x_weight.double(), gate_a_weight.double()
@@ -34,13 +37,17 @@ def rglru_scan_inputs(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias,
     gx = torch.sigmoid(block_diagonal(xg, wx, gate_x_bias.to(cdt)).to(cdt))
     ga = torch.sigmoid(block_diagonal(xg, wa, gate_a_bias.to(cdt)).to(cdt))
     log_a = -GATE_SCALE * ga * F.softplus(a_param.to(cdt))
-    a, m = transition(log_a)
+    a, m = transition(log_a, reset)
     return log_a, a, m * gx * x.to(cdt)
 
 
 def rglru_reference(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
-                    scan: str = "chunked"):
-    """RG-LRU: the scan of rglru_scan_inputs; y = h."""
-    _, a, u = rglru_scan_inputs(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias,
-                                a_param)
-    return run_scan(a, u, scan).to(x.dtype)
+                    scan: str = "chunked", initial_state=None, cu_seqlens=None,
+                    output_final_state: bool = False):
+    """RG-LRU: the scan of rglru_scan_inputs; y = h.  The state keywords are SPEC section 3's
+    (samu.ops.sequences); with output_final_state returns (y, final state)."""
+    h, seqs = scan_sequences(
+        x, lambda reset: rglru_scan_inputs(x, gate_x_weight, gate_x_bias, gate_a_weight,
+                                           gate_a_bias, a_param, reset),
+        scan, initial_state, cu_seqlens)
+    return with_final_state(h.to(x.dtype), h, seqs, output_final_state)

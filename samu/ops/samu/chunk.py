@@ -23,6 +23,8 @@ from ..common.launching import (aligned, cdiv, fp32_contiguous, refuse_double_ba
 from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
 from ..common.reduce import named_columns, sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row, row_offsets
+from ..common.sequences import (START_MARK, entering_state, fold_starts, load_at, resets,
+                                row_sequences, sequence_args, store_at)
 
 MIXER = "samu"
 
@@ -36,16 +38,19 @@ def _tile(b, rows, cols, L, D, row_units, V: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["row_units"])
-def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr,
+def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_ptr, h0_ptr,
                          r_ptr, g_ptr, r_sum_ptr, end_ptr, L, D, NC, row_units,
-                         T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
+                         T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
+                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr):
     """Per chunk, full width: the controller (r, g) and the chunk summary: its end state and
-    its sum of r (the chunk's decay is exp(-c softplus(a_param) sum r), rebuilt by the carry)."""
+    its sum of r (the chunk's decay is exp(-c softplus(a_param) sum r), rebuilt by the carry;
+    START_MARK where the chunk holds a packed sequence's start, whose decay is 0)."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
     rows = k * T + tl.arange(0, T)
     row_ok = rows < L
+    seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
     # Per-thread partial dot products; one cross-thread reduction after the loop.
     z0 = tl.zeros([T, BD], dtype=tl.float32)
     z1 = tl.zeros([T, BD], dtype=tl.float32)
@@ -63,28 +68,38 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr,
     tl.store(r_ptr + b * L + rows, r, mask=row_ok)
     tl.store(g_ptr + b * L + rows, g, mask=row_ok)
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
-    tl.store(r_sum_ptr + b * NC + k, tl.sum(r, axis=0))
-    is_first = (rows == 0)[:, None]
+    r_sum = tl.sum(r, axis=0)
+    if PACKED:
+        r_sum = tl.where(tl.max(starts.to(tl.int32), axis=0) > 0, START_MARK, r_sum)
+    tl.store(r_sum_ptr + b * NC + k, r_sum)
+    is_first = resets(starts, HAS_INITIAL)
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         offs, ok = _tile(b, rows, cols, L, D, row_units, V)
         x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
         a, m, _ = transition(-lam[None, :] * r[:, None], is_first)
-        _, h = tl.associative_scan((a, m * g[:, None] * x), 0, affine_combine)
+        u = m * g[:, None] * x
+        if PACKED or HAS_INITIAL:
+            a, u = fold_starts(a, u, starts, entering_state(h0_ptr, seq, starts, cols, D, HAS_INITIAL))
+        _, h = tl.associative_scan((a, u), 0, affine_combine)
         tl.store(end_ptr + (b * NC + k) * D + cols, last_row(h, tl.arange(0, T), T),
                  mask=cols < D)
 
 
 @triton.jit(do_not_specialize=["row_units"])
 def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, a_param_ptr, log_temp_ptr, skip_ptr,
-                        L, D, NC, row_units, T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
-    """Per (chunk, channel block): y = h + skip x with h rebuilt from the chunk's entering state."""
+                        seq_ptr, h0_ptr, final_ptr, L, D, NC, row_units,
+                        T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
+                        PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr):
+    """Per (chunk, channel block): y = h + skip x with h rebuilt from the chunk's entering state;
+    h at each sequence's last token into final (HAS_FINAL)."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
     rows = k * T + tl.arange(0, T)
     row_ok = rows < L
+    seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     offs, ok = _tile(b, rows, cols, L, D, row_units, V)
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
@@ -92,19 +107,28 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, a_param_ptr, log_t
     g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
     lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
-    a, m, _ = transition(-lam[None, :] * r[:, None], (rows == 0)[:, None])
-    p, h = tl.associative_scan((a, m * g[:, None] * x), 0, affine_combine)
+    a, m, _ = transition(-lam[None, :] * r[:, None], resets(starts, HAS_INITIAL))
+    u = m * g[:, None] * x
+    if PACKED or HAS_INITIAL:
+        a, u = fold_starts(a, u, starts, entering_state(h0_ptr, seq, starts, cols, D, HAS_INITIAL))
+    p, h = tl.associative_scan((a, u), 0, affine_combine)
     h_in = tl.load(h_in_ptr + (b * NC + k) * D + cols, mask=cols < D, other=0.0)
-    y = h + p * h_in[None, :] + tl.load(skip_ptr) * x
+    h = h + p * h_in[None, :]
+    if HAS_FINAL:
+        store_at(final_ptr, h, seq, ends, cols, D)
+    y = h + tl.load(skip_ptr) * x
     tl.store(y_ptr + offs, to_element(y, y_ptr), mask=ok)
 
 
 @triton.jit(do_not_specialize=["row_units"])
-def _samu_reverse_summary_kernel(dy_ptr, r_ptr, a_param_ptr, log_temp_ptr, end_ptr, L, D, NC,
-                                 row_units, T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
+def _samu_reverse_summary_kernel(dy_ptr, r_ptr, a_param_ptr, log_temp_ptr, seq_ptr, dfinal_ptr,
+                                 end_ptr, L, D, NC, row_units,
+                                 T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
+                                 PACKED: tl.constexpr, HAS_DFINAL: tl.constexpr):
     """Per (chunk, channel block): the adjoint carry a_s dh_s leaving the chunk's first token,
     with nothing entering from the right.  Rows are taken latest first, so the reverse
-    recurrence is a forward scan (Triton's reverse scan shuffles even within a thread)."""
+    recurrence is a forward scan (Triton's reverse scan shuffles even within a thread).  The
+    final state's gradient enters at each sequence's end; nothing leaves through a start."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
@@ -116,45 +140,68 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, a_param_ptr, log_temp_ptr, end_p
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
     lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
     a = exp_fast(-lam[None, :] * r[:, None])
+    if PACKED or HAS_DFINAL:
+        seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
+        if HAS_DFINAL:
+            dy += load_at(dfinal_ptr, seq, ends, cols, D)
+        if PACKED:
+            a = tl.where(starts[:, None], 0.0, a)
     _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
     tl.store(end_ptr + (b * NC + k) * D + cols, last_row(v, tl.arange(0, T), T), mask=cols < D)
 
 
 @triton.jit
-def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols,
-                        r, g, c, L, D, NC, row_units, T: tl.constexpr, V: tl.constexpr,
-                        NEED_H: tl.constexpr):
-    """Recompute one [T, BD] tile of the backward: x, dy, a, m, dh and (if NEED_H) dlog a.
-    rows run latest first: the adjoint is a forward scan; a_t h_{t-1} is unrolled from the
-    earliest row."""
+def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, h0_ptr, dfinal_ptr,
+                        dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, c, L, D, NC, row_units,
+                        T: tl.constexpr, V: tl.constexpr, NEED_H: tl.constexpr,
+                        PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
+                        HAS_DFINAL: tl.constexpr):
+    """Recompute one [T, BD] tile of the backward: x, dy, a, m, dh and (if NEED_H) dlog a, and
+    then d h0 = a_s dh_s at each start (HAS_INITIAL).  rows run latest first: the adjoint is a
+    forward scan; a_t h_{t-1} is unrolled from the earliest row."""
     offs, ok = _tile(b, rows, cols, L, D, row_units, V)
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
     log_a = -lam[None, :] * r[:, None]
-    a, m, dm_dlog_a = transition(log_a, (rows == 0)[:, None])
+    a, m, dm_dlog_a = transition(log_a, resets(starts, HAS_INITIAL))
     gx = g[:, None] * x
     state = (b * NC + k) * D + cols
     carry = tl.load(carry_ptr + state, mask=cols < D, other=0.0)
     # dh_t = dy_t + a_{t+1} dh_{t+1}; the chunk's last token takes the carry (a dh) instead.
     r_next = tl.load(r_ptr + b * L + rows + 1, mask=rows + 1 < L, other=0.0)
-    a_next = tl.where((rows == k * T + T - 1)[:, None], 1.0,
-                      exp_fast(-lam[None, :] * r_next[:, None]))
-    q, w = tl.associative_scan((a_next, dy), 0, affine_combine)
+    a_next = exp_fast(-lam[None, :] * r_next[:, None])
+    if PACKED:  # nothing crosses a start backwards
+        a_next = tl.where(ends[:, None], 0.0, a_next)
+    a_next = tl.where((rows == k * T + T - 1)[:, None], 1.0, a_next)
+    dy_state = dy
+    if HAS_DFINAL:
+        dy_state += load_at(dfinal_ptr, seq, ends, cols, D)
+    q, w = tl.associative_scan((a_next, dy_state), 0, affine_combine)
     dh = w + q * carry[None, :]
     dla = tl.zeros_like(dh)
     if NEED_H:
         h_in = tl.load(h_in_ptr + state, mask=cols < D, other=0.0)
-        a_h_prev = decayed_previous_state(a, m * gx, h_in, T)
+        u = m * gx
+        if PACKED or HAS_INITIAL:
+            entering = entering_state(h0_ptr, seq, starts, cols, D, HAS_INITIAL)
+            a_fold, u_fold = fold_starts(a, u, starts, entering)
+            a_h_prev = decayed_previous_state(a_fold, u_fold, h_in, T) + (u_fold - u)
+        else:
+            a_h_prev = decayed_previous_state(a, u, h_in, T)
         dla = dh * a_h_prev + dh * gx * dm_dlog_a
+        if HAS_INITIAL:  # pass 1 only
+            store_at(dh0_ptr, a * dh, seq, starts, cols, D)
     return offs, ok, x, dy, m, dh, dla, lam, log_a
 
 
 @triton.jit(do_not_specialize=["row_units"])
 def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, carry_ptr,
-                          a_param_ptr, log_temp_ptr, skip_ptr,
-                          part_ptr, dsp_part_ptr, L, D, NC, row_units,
-                          T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr):
+                          a_param_ptr, log_temp_ptr, skip_ptr, seq_ptr, h0_ptr, dfinal_ptr,
+                          dh0_ptr, part_ptr, dsp_part_ptr, L, D, NC, row_units,
+                          T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
+                          PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
+                          HAS_DFINAL: tl.constexpr):
     """Per chunk, full width.  Pass 1 reduces dr, dg per token (and per-channel and scalar
     partials); pass 2 writes dx = dh m g + skip dy + W^T dz and the ctrl_weight partials.
     The chunk's parameter gradients go to its rows (summed by reduce.sum_partials): in
@@ -165,6 +212,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     k = pid % NC
     rows = k * T + (T - 1 - tl.arange(0, T))  # latest first (see _samu_chunk_adjoint)
     row_ok = rows < L
+    seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
     r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
     g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
@@ -177,8 +225,9 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g, c,
-            L, D, NC, row_units, T, V, True)
+            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
+            b, k, rows, cols, seq, starts, ends, r, g, c, L, D, NC, row_units, T, V, True,
+            PACKED, HAS_INITIAL, HAS_DFINAL)
         dr_part += dla * -lam[None, :]
         dg_part += dh * m * x
         tl.store(dsp_part_ptr + pid.to(tl.int64) * D + cols,
@@ -195,8 +244,9 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, b, k, rows, cols, r, g, c,
-            L, D, NC, row_units, T, V, False)
+            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
+            b, k, rows, cols, seq, starts, ends, r, g, c, L, D, NC, row_units, T, V, False,
+            PACKED, HAS_INITIAL, HAS_DFINAL)
         w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
         dx = (dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :]
@@ -257,13 +307,22 @@ def tiles(config: SamuConfig, width: int) -> dict:
     return out
 
 
-def launch_plan(config: SamuConfig, width: int):
-    """(kernel, constexprs, warps) of every kernel a backend launches at this width."""
+# The state keywords' constexprs of each kernel (samu.ops.common.sequences).
+FEATURES = {"summary": ("PACKED", "HAS_INITIAL"),
+            "output": ("PACKED", "HAS_INITIAL", "HAS_FINAL"),
+            "reverse_summary": ("PACKED", "HAS_DFINAL"),
+            "backward": ("PACKED", "HAS_INITIAL", "HAS_DFINAL")}
+
+
+def launch_plan(config: SamuConfig, width: int, features: bool = False):
+    """(kernel, constexprs, warps) of every kernel a backend launches at this width: without
+    the state keywords, or (features=True) with all of them."""
     plan = []
     for role, kernel in KERNELS.items():
         meta = dict(tiles(config, width)[role])
         warps = meta.pop("num_warps")
-        plan.append((kernel, dict(T=config.chunk, **meta), warps))
+        flags = {name: features for name in FEATURES[role]}
+        plan.append((kernel, dict(T=config.chunk, **meta, **flags), warps))
     return plan
 
 
@@ -276,14 +335,20 @@ def gradient_columns(width: int) -> dict[str, slice]:
 
 
 class SamuFunction(torch.autograd.Function):
+    """The forward's outputs are y and the final state (None unless asked for); the backward
+    takes both gradients and returns one for the initial state."""
+
     @staticmethod
-    def forward(ctx, x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, config: SamuConfig):
+    def forward(ctx, x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, initial_state,
+                seq_index, config: SamuConfig, sequences):
         x = aligned(x)
         batch, length, width = x.shape
         chunk = config.chunk
         n_chunks = cdiv(length, chunk)
         w, bias, a_param_, log_temp_, skip_ = params = [
             fp32_contiguous(p) for p in (ctrl_weight, ctrl_bias, a_param, log_temp, skip)]
+        seq, h0 = sequences.seq_index, sequences.initial_state
+        flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial)
         f32 = dict(device=x.device, dtype=torch.float32)
         r = torch.empty(batch, length, **f32)
         g = torch.empty(batch, length, **f32)
@@ -291,51 +356,68 @@ class SamuFunction(torch.autograd.Function):
         end = torch.empty(batch, n_chunks, width, **f32)
         meta = tiles(config, width)
         launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param_,
-                         log_temp_, r, g, r_sum, end, length, width, n_chunks,
-                         meta["summary_units"], T=chunk, **meta["summary"])
+                         log_temp_, seq, h0, r, g, r_sum, end, length, width, n_chunks,
+                         meta["summary_units"], T=chunk, **meta["summary"], **flags)
         h_in = chunk_carry(r_sum, end, reverse=False, a_param=a_param_, log_temp=log_temp_)
         y = torch.empty_like(x)
+        final = sequences.final_state(width, x.device)
         grid = (batch * n_chunks, cdiv(width, meta["output"]["BD"]))
         launching.launch(_samu_output_kernel, grid, x, y, r, g, h_in, a_param_, log_temp_, skip_,
-                         length, width, n_chunks, meta["output_units"], T=chunk, **meta["output"])
+                         seq, h0, final, length, width, n_chunks, meta["output_units"], T=chunk,
+                         **meta["output"], **flags, HAS_FINAL=sequences.output_final_state)
         ctx.save_for_backward(x, r, g, r_sum, h_in, *params)
         ctx.config = config
-        return y
+        ctx.sequences = sequences
+        ctx.set_materialize_grads(False)
+        return y, (final if sequences.output_final_state else None)
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy, d_final):
         refuse_double_backward("samu")
         x, r, g, r_sum, h_in, w, bias, a_param, log_temp, skip = ctx.saved_tensors
-        config = ctx.config
+        config, sequences = ctx.config, ctx.sequences
         chunk = config.chunk
-        dy = aligned(dy)
+        dy = torch.zeros_like(x) if dy is None else aligned(dy)
         batch, length, width = x.shape
         n_chunks = cdiv(length, chunk)
         meta = tiles(config, width)
+        seq, h0 = sequences.seq_index, sequences.initial_state
+        has_dfinal = d_final is not None
+        d_final = d_final.float().contiguous() if has_dfinal else h0
         end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
         grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BD"]))
-        launching.launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, end, length,
-                         width, n_chunks, meta["reverse_summary_units"], T=chunk,
-                         **meta["reverse_summary"])
+        launching.launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, seq,
+                         d_final, end, length, width, n_chunks, meta["reverse_summary_units"],
+                         T=chunk, **meta["reverse_summary"], PACKED=sequences.packed,
+                         HAS_DFINAL=has_dfinal)
         carry = chunk_carry(r_sum, end, reverse=True, a_param=a_param, log_temp=log_temp)
         dx = torch.empty_like(x)
         items = batch * n_chunks
         part = torch.empty(items, 2 * width + 4, device=x.device, dtype=torch.float32)
         dsp_part = end.view(items, width)  # end is spent: the carry has read it
+        d_h0 = torch.empty_like(h0) if sequences.has_initial else h0
         launching.launch(_samu_backward_kernel, (items,), x, dy, dx, w, r, g, h_in, carry, a_param,
-                         log_temp, skip, part, dsp_part, length, width, n_chunks,
-                         meta["backward_units"], T=chunk, **meta["backward"])
+                         log_temp, skip, seq, h0, d_final, d_h0, part, dsp_part, length, width,
+                         n_chunks, meta["backward_units"], T=chunk, **meta["backward"],
+                         PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
+                         HAS_DFINAL=has_dfinal)
         grads = sum_partials(part, dsp_part, a_param)
         at = gradient_columns(width)
         return (dx, grads[at["ctrl_weight"]].view(2, width), grads[at["ctrl_bias"]],
                 grads[at["a_param"]], grads[at["log_temp"]].view(()), grads[at["skip"]].view(()),
-                None)
+                d_h0 if sequences.has_initial else None, None, None, None)
 
 
 def run_with(config: SamuConfig):
-    """The backend of one configuration: run(x, *parameters) -> y."""
-    def run(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip):
-        return SamuFunction.apply(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, config)
+    """The backend of one configuration: run(x, *parameters, initial_state=None,
+    cu_seqlens=None, output_final_state=False) -> (y, final state or None)."""
+    def run(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, initial_state=None,
+            cu_seqlens=None, output_final_state=False):
+        if initial_state is not None:
+            initial_state = fp32_contiguous(initial_state)  # differentiable: autograd casts back
+        sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state)
+        return SamuFunction.apply(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip,
+                                  initial_state, sequences.seq_index, config, sequences)
     return run
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..recurrence import GATE_SCALE, carry_dtype, run_scan, transition
+from ..recurrence import GATE_SCALE, carry_dtype, transition
+from ..sequences import scan_sequences, with_final_state
 
 
 def samu_controller(x, ctrl_weight, ctrl_bias):
@@ -19,19 +20,25 @@ def samu_controller(x, ctrl_weight, ctrl_bias):
     return torch.sigmoid(z[..., 0]), torch.sigmoid(z[..., 1])
 
 
-def samu_scan_inputs(x, ctrl_weight, ctrl_bias, a_param, log_temp):
+def samu_scan_inputs(x, ctrl_weight, ctrl_bias, a_param, log_temp, reset=None):
     """The recurrence's inputs, (log a, a, u), from the eager controller: per-token scalars r, g;
     log a = -8 exp(log_temp) r softplus(a_param); u = m g x.  [B, L, D] each, in the carry dtype:
-    this is the state-sized transition the kernels never write."""
+    this is the state-sized transition the kernels never write.  m = 1 where ``reset`` ([B, L]
+    bool; t = 0 by default)."""
     cdt = carry_dtype(x)
     r, g = samu_controller(x, ctrl_weight, ctrl_bias)
     c = GATE_SCALE * torch.exp(log_temp.to(cdt))
     log_a = -c * r[..., None] * F.softplus(a_param.to(cdt))
-    a, m = transition(log_a)
+    a, m = transition(log_a, reset)
     return log_a, a, m * g[..., None] * x.to(cdt)
 
 
-def samu_reference(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, scan: str = "chunked"):
-    """SAMU: the scan of samu_scan_inputs; y = h + skip x."""
-    _, a, u = samu_scan_inputs(x, ctrl_weight, ctrl_bias, a_param, log_temp)
-    return (run_scan(a, u, scan) + skip.to(u.dtype) * x.to(u.dtype)).to(x.dtype)
+def samu_reference(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, scan: str = "chunked",
+                   initial_state=None, cu_seqlens=None, output_final_state: bool = False):
+    """SAMU: the scan of samu_scan_inputs; y = h + skip x.  The state keywords are SPEC
+    section 3's (samu.ops.sequences); with output_final_state returns (y, final state)."""
+    h, seqs = scan_sequences(
+        x, lambda reset: samu_scan_inputs(x, ctrl_weight, ctrl_bias, a_param, log_temp, reset),
+        scan, initial_state, cu_seqlens)
+    y = (h + skip.to(h.dtype) * x.to(h.dtype)).to(x.dtype)
+    return with_final_state(y, h, seqs, output_final_state)

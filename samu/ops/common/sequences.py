@@ -1,0 +1,131 @@
+"""Sequence starts and ends inside the scan kernels: initial states, packed rows, final states.
+
+The algebra is samu.ops.sequences'.  In a kernel, each tile row (token) knows its sequence, and
+whether it starts or ends one (``row_sequences``).  The forward folds every start into the scan
+inputs, a_s -> 0 and u_s -> u_s + a_s h0 (``fold_starts``), so the chunk summaries and the carry
+are those of a scan from zero: a chunk holding a start has decay 0, and nothing crosses it.  The
+backward cuts the adjoint in the same place (a_{t+1} -> 0 where t + 1 starts), adds the final
+state's gradient at each end, and writes d h0 = a_s dh_s at each start.
+
+Each feature is a constexpr (PACKED, HAS_INITIAL, HAS_FINAL), so a call without it compiles to the
+kernel it was before.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..sequences import sequence_index
+
+
+@triton.jit
+def row_sequences(seq_ptr, b, rows, L, PACKED: tl.constexpr):
+    """(sequence index (int64), starts, ends) of each row.  Unpacked, row b is sequence b;
+    packed (batch 1), seq_ptr holds each token's sequence."""
+    ok = rows < L
+    if PACKED:
+        seq = tl.load(seq_ptr + rows, mask=ok, other=0)
+        before = tl.load(seq_ptr + rows - 1, mask=ok & (rows > 0), other=-1)
+        after = tl.load(seq_ptr + rows + 1, mask=rows + 1 < L, other=-1)
+        starts = ok & (seq != before)
+        ends = ok & (seq != after)
+        seq = seq.to(tl.int64)
+    else:
+        seq = tl.zeros_like(rows).to(tl.int64) + b
+        starts = rows == 0
+        ends = rows == L - 1
+    return seq, starts, ends
+
+
+@triton.jit
+def state_offsets(seq, cols, D):
+    """Offsets of the [N, D] state rows of each tile row's sequence."""
+    return seq[:, None] * D + cols[None, :]
+
+
+@triton.jit
+def load_at(ptr, seq, where, cols, D):
+    """The [N, D] state row of each tile row's sequence where ``where`` holds (0 elsewhere)."""
+    return tl.load(ptr + state_offsets(seq, cols, D), mask=where[:, None] & (cols < D)[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def store_at(ptr, values, seq, where, cols, D):
+    """values into the [N, D] state row of each tile row's sequence where ``where`` holds."""
+    tl.store(ptr + state_offsets(seq, cols, D), values,
+             mask=where[:, None] & (cols < D)[None, :])
+
+
+@triton.jit
+def resets(starts, HAS_INITIAL: tl.constexpr):
+    """[T, 1]: where the state resets (m = 1, no gradient into a): every start, unless an
+    initial state enters it."""
+    if HAS_INITIAL:
+        return (starts & False)[:, None]
+    else:
+        return starts[:, None]
+
+
+@triton.jit
+def entering_state(h0_ptr, seq, starts, cols, D, HAS_INITIAL: tl.constexpr):
+    """The state entering each start: h0 of its sequence, or 0 where the state resets."""
+    if HAS_INITIAL:
+        return load_at(h0_ptr, seq, starts, cols, D)
+    else:
+        return 0.0
+
+
+@triton.jit
+def fold_starts(a, u, starts, entering):
+    """A start folded into the scan inputs: a_s -> 0 and u_s -> u_s + a_s entering_s (entering
+    is h0, or 0 where the state resets)."""
+    s = starts[:, None]
+    return tl.where(s, 0.0, a), tl.where(s, u + a * entering, u)
+
+
+class SequenceArgs(NamedTuple):
+    """The kernels' view of the state keywords: the arguments and constexprs of every launch.
+    Where a feature is off, its tensor argument is a placeholder the kernel never reads."""
+    seq_index: torch.Tensor  # [L] int32, packed only
+    initial_state: torch.Tensor  # [N, D] FP32
+    count: int  # N, the number of sequences
+    packed: bool
+    has_initial: bool
+    output_final_state: bool
+
+    @property
+    def resets(self) -> bool:
+        """Whether a start resets the state (no initial state enters it)."""
+        return not self.has_initial
+
+    @property
+    def folds(self) -> bool:
+        """Whether any start other than a row's first token, or an initial state, is folded."""
+        return self.packed or self.has_initial
+
+    def final_state(self, width: int, device) -> torch.Tensor:
+        """[N, D] FP32 for the output kernel to fill, or a placeholder."""
+        if not self.output_final_state:
+            return self.initial_state
+        return torch.empty(self.count, width, device=device, dtype=torch.float32)
+
+
+def sequence_args(x: torch.Tensor, initial_state, cu_seqlens, output_final_state: bool
+                  ) -> SequenceArgs:
+    """The kernels' arguments for checked state keywords (samu.functional checks them)."""
+    batch, length, _ = x.shape
+    packed = cu_seqlens is not None
+    placeholder = x
+    seq_index = sequence_index(cu_seqlens, length) if packed else placeholder
+    count = cu_seqlens.numel() - 1 if packed else batch
+    h0 = placeholder if initial_state is None else initial_state  # FP32, contiguous
+    return SequenceArgs(seq_index, h0, count, packed, initial_state is not None,
+                        bool(output_final_state))
+
+
+# SAMU's chunk sum of r where the chunk holds a packed sequence's start: its decay is 0.
+START_MARK = tl.constexpr(float("inf"))

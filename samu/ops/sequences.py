@@ -1,0 +1,83 @@
+"""Where sequences start and end inside x, and what enters their first token (SPEC section 3).
+
+Unpacked, every batch row is one sequence.  Packed (``cu_seqlens``, FlashAttention's convention:
+batch 1, cumulative offsets [0, l_0, l_0 + l_1, ..., L]), sequence n holds the tokens
+cu_seqlens[n] <= t < cu_seqlens[n + 1] of the single row.  At a sequence's first token s:
+
+* with an initial state h0 [N, D], the step is an ordinary one from it:
+  h_s = a_s h0[n] + m_s u'_s (u' = gate * x), so d h0[n] = a_s dh_s;
+* without one, the state resets: h_s = u'_s (m_s = 1, a_s counts as 0), and nothing flows into
+  a_s's inputs.
+
+The final state of sequence n is h at its last token; a gradient on it adds to dh there.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class Sequences(NamedTuple):
+    """Per-token layout, [B, L] each: starts, ends, and each token's sequence index."""
+    starts: torch.Tensor
+    ends: torch.Tensor
+    index: torch.Tensor
+    count: int
+
+
+def sequence_index(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    """[L] int32: the sequence of each token of a packed row, without a host sync."""
+    positions = torch.arange(length, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    return torch.searchsorted(cu_seqlens[1:].contiguous(), positions, right=True).to(torch.int32)
+
+
+def layout(batch: int, length: int, device, cu_seqlens: torch.Tensor | None = None) -> Sequences:
+    """Where each sequence starts and ends (every row one sequence, or the packed ones)."""
+    if cu_seqlens is None:
+        t = torch.arange(length, device=device)
+        starts = (t == 0).expand(batch, length)
+        ends = (t == length - 1).expand(batch, length)
+        index = torch.arange(batch, device=device)[:, None].expand(batch, length)
+        return Sequences(starts, ends, index, batch)
+    index = sequence_index(cu_seqlens.to(device), length).long()[None]
+    starts = torch.ones_like(index, dtype=torch.bool)
+    starts[:, 1:] = index[:, 1:] != index[:, :-1]
+    ends = torch.ones_like(starts)
+    ends[:, :-1] = starts[:, 1:]
+    return Sequences(starts, ends, index, int(cu_seqlens.numel()) - 1)
+
+
+def entering_state(seqs: Sequences, initial_state: torch.Tensor | None, width: int, dtype):
+    """[B, L, D]: the state entering each token where a sequence starts (h0[n], or 0 where the
+    state resets), zero elsewhere.  The reference's formulation only: the kernels read h0 at the
+    start tokens."""
+    if initial_state is None:
+        return torch.zeros(*seqs.starts.shape, width, device=seqs.starts.device, dtype=dtype)
+    return initial_state.to(dtype)[seqs.index] * seqs.starts[..., None]
+
+
+def final_states(h: torch.Tensor, seqs: Sequences) -> torch.Tensor:
+    """[N, D]: h at each sequence's last token, in sequence order."""
+    return h[seqs.ends]
+
+
+def reset_tokens(seqs: Sequences, initial_state: torch.Tensor | None) -> torch.Tensor:
+    """[B, L] bool: where the state resets (every start, unless an initial state enters it)."""
+    return seqs.starts if initial_state is None else torch.zeros_like(seqs.starts)
+
+
+def scan_sequences(x, scan_inputs, scan: str, initial_state=None, cu_seqlens=None):
+    """(h, sequences) of a reference: scan_inputs(reset) gives (log a, a, u) for the resets
+    that the sequences imply; the scan then replaces the state entering every start."""
+    from .recurrence import run_scan
+    batch, length, width = x.shape
+    seqs = layout(batch, length, x.device, cu_seqlens)
+    _, a, u = scan_inputs(reset_tokens(seqs, initial_state))
+    h = run_scan(a, u, scan, seqs.starts, entering_state(seqs, initial_state, width, u.dtype))
+    return h, seqs
+
+
+def with_final_state(y, h, seqs: Sequences, output_final_state: bool):
+    """y, or (y, the final states in the carry dtype) when asked for."""
+    return (y, final_states(h, seqs)) if output_final_state else y

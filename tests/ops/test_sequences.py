@@ -1,0 +1,224 @@
+"""State in and out, packed sequences and single-step decode (SPEC section 3), for every backend,
+against the float64 oracle under SPEC section 4's legality rule.  On a CPU the Triton backends
+run under Triton's interpreter (conftest) at tiny sizes."""
+import pytest
+import torch
+
+import samu
+from samu import backends
+from samu.experiment import legality
+from samu.functional import FUNCTIONS
+from samu.modules import MODULES
+from samu.ops import sequences
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+MIXERS = ("samu", "rglru")
+
+
+def _triton(mixer):
+    return [n for n in backends.available(mixer) if backends.REGISTRY[mixer][n].kind == "triton"]
+
+
+def _chunk(mixer, name):
+    return backends.REGISTRY[mixer][name].config.chunk
+
+
+# Boundaries inside chunks, at chunk edges, sequences of length 1, a last one not a multiple
+# of the chunk.
+PACKED = [0, 3, 4, 11, 16, 17, 29]
+
+
+def _packing_for(chunk):
+    """PACKED stretched so that some sequences span chunks at this chunk size."""
+    scale = max(1, chunk // 8)
+    return [o * scale for o in PACKED[:-1]] + [PACKED[-1] * scale + 2]
+
+
+STATE_CASES = []
+for mixer in MIXERS:
+    for name in _triton(mixer):
+        chunk = _chunk(mixer, name)
+        STATE_CASES.append((mixer, name, (2, 2 * chunk + 3, 48), None, True))
+        STATE_CASES.append((mixer, name, (1, _packing_for(chunk)[-1], 48), _packing_for(chunk),
+                            True))
+        STATE_CASES.append((mixer, name, (1, _packing_for(chunk)[-1], 48), _packing_for(chunk),
+                            False))
+    for name in ("reference_chunked",):
+        STATE_CASES.append((mixer, name, (2, 21, 32), None, True))
+        STATE_CASES.append((mixer, name, (1, PACKED[-1], 32), PACKED, True))
+
+
+def _id(case):
+    mixer, name, shape, packing, initial = case
+    return (f"{mixer}-{name}-{'x'.join(map(str, shape))}-"
+            f"{'packed' if packing else 'rows'}-{'h0' if initial else 'reset'}")
+
+
+@pytest.mark.parametrize("case", STATE_CASES, ids=[_id(c) for c in STATE_CASES])
+def test_state_and_packing_are_legal(case):
+    """y, the final state and every gradient (x, parameters, the initial state) within the
+    legality bound, at odd lengths, with and without an initial state, packed or not."""
+    mixer, name, shape, packing, initial = case
+    seed = sum(shape) + len(name)
+    state = legality.make_state(shape, DEVICE, seed, cu_seqlens=packing, initial=initial)
+    entry = legality.check_legality(mixer, name, shape, DEVICE, seed=seed, state=state)
+    if backends.REGISTRY[mixer][name].kind == "triton":
+        assert entry["legal"], entry["reason"]
+    else:  # the references store a and log a, so only their errors can be legal
+        failing = {n: e for n, e in entry["errors"].items() if not e <= entry["bounds"][n]}
+        assert not failing, failing
+    expected = {"y", "final_state", "x", *legality.PARAMETER_NAMES[mixer]}
+    assert set(entry["errors"]) == expected | ({"initial_state"} if initial else set())
+
+
+def _inputs(mixer, shape, seed, dtype=torch.float32):
+    x, params, _ = legality.make_inputs(mixer, shape, DEVICE, seed=seed, dtype=dtype)
+    return x, list(params.values())
+
+
+def _close(got, want, tol):
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item() < tol
+
+
+BACKENDS = [(m, n) for m in MIXERS for n in _triton(m)[:1] + ["reference_chunked"]]
+BACKENDS += [(m, n) for m in MIXERS for n in _triton(m)[1:] if _chunk(m, n) == 32][:2]
+
+
+@pytest.mark.parametrize("mixer, name", BACKENDS)
+def test_prefill_in_two_parts_equals_one_call(mixer, name):
+    """The final state of the first part, passed as the second part's initial state, gives
+    the same outputs and final state as one call (FP32 inputs, split inside a chunk)."""
+    x, params = _inputs(mixer, (2, 45, 32), seed=3)
+    fn = FUNCTIONS[mixer]
+    y, final = fn(x, *params, backend=name, output_final_state=True)
+    y1, mid = fn(x[:, :19], *params, backend=name, output_final_state=True)
+    y2, final2 = fn(x[:, 19:], *params, backend=name, initial_state=mid, output_final_state=True)
+    assert _close(torch.cat([y1, y2], 1), y, 1e-5)
+    assert _close(final2, final, 1e-5)
+
+
+@pytest.mark.parametrize("mixer, name", BACKENDS)
+def test_packed_equals_sequences_one_by_one(mixer, name):
+    """A packed row gives each sequence's outputs, final state and gradients as if it ran
+    alone, with or without initial states."""
+    x, params = _inputs(mixer, (1, PACKED[-1], 32), seed=4)
+    fn = FUNCTIONS[mixer]
+    cu = torch.tensor(PACKED, dtype=torch.int64, device=DEVICE)
+    h0 = torch.randn(len(PACKED) - 1, 32, device=DEVICE)
+    for initial in (None, h0):
+        xp = x.clone().requires_grad_()
+        hp = None if initial is None else initial.clone().requires_grad_()
+        y, final = fn(xp, *params, backend=name, cu_seqlens=cu, initial_state=hp,
+                      output_final_state=True)
+        (y.square().sum() + final.sum()).backward()
+        for n in range(len(PACKED) - 1):
+            part = slice(PACKED[n], PACKED[n + 1])
+            xn = x[:, part].clone().requires_grad_()
+            hn = None if initial is None else initial[n:n + 1].clone().requires_grad_()
+            yn, fn_ = fn(xn, *params, backend=name, initial_state=hn, output_final_state=True)
+            (yn.square().sum() + fn_.sum()).backward()
+            assert _close(y[:, part], yn, 1e-5), n
+            assert _close(final[n:n + 1], fn_, 1e-5), n
+            assert _close(xp.grad[:, part], xn.grad, 1e-4), n
+            if initial is not None:
+                assert _close(hp.grad[n:n + 1], hn.grad, 1e-4), n
+
+
+@pytest.mark.parametrize("mixer, name", BACKENDS)
+def test_steps_equal_the_full_forward(mixer, name):
+    """A loop of step from no state equals one forward; so does a prefill then steps."""
+    torch.manual_seed(0)
+    module = MODULES[mixer](32, backend=name).to(DEVICE)
+    x = torch.randn(2, 11, 32, device=DEVICE)
+    with torch.no_grad():
+        y, final = module(x, output_final_state=True)
+        state, ys = None, []
+        for t in range(x.shape[1]):
+            y_t, state = module.step(x[:, t], state)
+            ys.append(y_t)
+        assert _close(torch.stack(ys, 1), y, 1e-5)
+        assert _close(state, final, 1e-5)
+        _, state = module(x[:, :6], output_final_state=True)
+        ys = [module(x[:, :6])]
+        for t in range(6, x.shape[1]):
+            y_t, state = module.step(x[:, t], state)
+            ys.append(y_t[:, None])
+        assert _close(torch.cat(ys, 1), y, 1e-5)
+        assert _close(state, final, 1e-5)
+
+
+def test_final_state_is_h_at_the_last_token():
+    """With skip = 0 SAMU's y is h: the final state equals y's last token, in FP32."""
+    x, params = _inputs("samu", (2, 9, 16), seed=5, dtype=torch.float64)
+    params[4] = torch.zeros((), dtype=torch.float64)
+    y, final = samu.samu(x, *params, output_final_state=True)
+    assert final.dtype == torch.float64 and final.shape == (2, 16)
+    assert torch.equal(final, y[:, -1])
+
+
+def test_initial_state_gradient_is_a_times_dh_at_the_first_token():
+    """d h0 = a_0 dh_0 (the reference's algebra, checked against autograd): with dy only at
+    t = 0, dh_0 = dy_0."""
+    x, params = _inputs("samu", (1, 5, 8), seed=6, dtype=torch.float64)
+    h0 = torch.randn(1, 8, dtype=torch.float64, requires_grad=True)
+    y = samu.samu(x, *params, initial_state=h0)
+    dy = torch.zeros_like(y)
+    dy[:, 0] = torch.randn(8, dtype=torch.float64)
+    y.backward(dy)
+    from samu.ops.samu.naive import samu_scan_inputs
+    _, a, _ = samu_scan_inputs(x, *params[:4], reset=torch.zeros(1, 5, dtype=torch.bool))
+    assert torch.allclose(h0.grad, a[:, 0] * dy[:, 0], rtol=1e-12)
+
+
+def test_sequence_layout():
+    layout = sequences.layout(1, 7, "cpu", torch.tensor([0, 2, 3, 7]))
+    assert layout.starts.tolist() == [[True, False, True, True, False, False, False]]
+    assert layout.ends.tolist() == [[False, True, True, False, False, False, True]]
+    assert layout.index.tolist() == [[0, 0, 1, 2, 2, 2, 2]] and layout.count == 3
+
+
+BAD_CU_SEQLENS = [
+    ([1, 4, 9], "start at 0"),
+    ([0, 4, 8], "end at the length 9"),
+    ([0, 5, 4, 9], "must increase"),
+    ([0, 4, 4, 9], "must increase"),
+    ([9], "shape"),
+]
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("offsets, words", BAD_CU_SEQLENS)
+def test_bad_cu_seqlens_is_refused_clearly(mixer, offsets, words):
+    x, params = _inputs(mixer, (1, 9, 16), seed=0)
+    with pytest.raises(ValueError, match=words):
+        FUNCTIONS[mixer](x, *params, cu_seqlens=torch.tensor(offsets))
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_bad_state_arguments_are_refused_clearly(mixer):
+    x, params = _inputs(mixer, (2, 9, 16), seed=0)
+    fn = FUNCTIONS[mixer]
+    cu = torch.tensor([0, 4, 9])
+    with pytest.raises(TypeError, match="int32 or int64"):
+        fn(x[:1], *params, cu_seqlens=cu.float())
+    with pytest.raises(ValueError, match="batch 1"):
+        fn(x, *params, cu_seqlens=cu)
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[2, 16\]"):
+        fn(x, *params, initial_state=torch.zeros(3, 16))
+    with pytest.raises(ValueError, match=r"\[2, 16\] \(sequences in cu_seqlens"):
+        fn(x[:1], *params, cu_seqlens=cu, initial_state=torch.zeros(1, 16))
+    with pytest.raises(TypeError, match="floating point"):
+        fn(x, *params, initial_state=torch.zeros(2, 16, dtype=torch.int64))
+    with pytest.raises(TypeError, match="output_final_state must be True or False"):
+        fn(x, *params, output_final_state=1)
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cu_seqlens is on"):
+            fn(x[:1].cuda(), *[p.cuda() for p in params], cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_step_refuses_a_sequence(mixer):
+    module = MODULES[mixer](16)
+    with pytest.raises(ValueError, match=r"step takes x_t of shape \[batch, width\]"):
+        module.step(torch.zeros(1, 3, 16))
