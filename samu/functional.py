@@ -5,9 +5,11 @@ backend, so every backend refuses the same inputs with the same words.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from . import dispatch
+from . import backends, dispatch
 
 
 PARAMETER_NAMES = {
@@ -161,6 +163,8 @@ def _run(mixer: str, x, params: dict, backend: str, initial_state=None, cu_seqle
                      output_final_state=output_final_state)
     else:
         state = {}
+    if torch.compiler.is_compiling():
+        return _run_compiled(mixer, x, params, backend, state)
     chosen = dispatch.resolve(mixer, x, backend)
     if chosen.kind == "triton" or not torch.is_autocast_enabled(x.device.type):
         # The kernels set every dtype themselves; entering autocast costs ~15 us of host time.
@@ -169,19 +173,46 @@ def _run(mixer: str, x, params: dict, backend: str, initial_state=None, cu_seqle
         return (*chosen.run(x, *params.values(), **state), chosen.name)
 
 
+class _Traced(NamedTuple):
+    """What ``dispatch.resolve`` reads of x."""
+    shape: tuple
+    dtype: torch.dtype
+    is_cuda: bool
+
+
+@torch.compiler.assume_constant_result
+def _compiled_choice(mixer: str, shape: tuple, dtype: torch.dtype, is_cuda: bool,
+                     backend: str) -> str:
+    """The backend name ``resolve`` picks, taken once while torch.compile traces: a constant
+    of the graph, which then holds the Triton path as custom ops (samu.ops.library)."""
+    return dispatch.resolve(mixer, _Traced(shape, dtype, is_cuda), backend).name
+
+
+# A compiled graph takes the backend chosen for (1, this many tokens, D): its batch and length
+# may be symbolic (torch.compile's dynamic shapes), and one graph serves every length.
+COMPILED_SHAPE_TOKENS = 16384
+
+
+def _run_compiled(mixer: str, x, params: dict, backend, state: dict):
+    """The traced call: a reference's torch ops as they are, a Triton backend as custom ops."""
+    if not isinstance(backend, str):
+        raise TypeError(f"{mixer}: under torch.compile, backend must be 'auto' or a registered "
+                        f"name (samu.backends.available({mixer!r})), not a configuration")
+    width = int(params["a_param"].shape[0])
+    name = _compiled_choice(mixer, (1, COMPILED_SHAPE_TOKENS, width), x.dtype, x.is_cuda,
+                            backend)
+    chosen = backends.REGISTRY[mixer][name]
+    if chosen.kind != "triton":
+        return (*chosen.run(x, *params.values(), **state), name)
+    from .ops import library
+    return (*library.run(mixer, name, x, params.values(), **state), name)
+
+
 def _result(y, final, name, output_final_state: bool, return_backend: bool):
     out = (y, final) if output_final_state else (y,)
     if return_backend:
         out = (*out, name)
     return out if len(out) > 1 else y
-
-# The entry points are opaque to dynamo until the kernels are custom ops: tracing into the
-# library fails (CUDA queries, Triton launches) and can leave launch caches half filled.  So
-# torch.compile(fullgraph=True) raises at the call, and without fullgraph the graph breaks there
-# and the mixer runs eagerly.  The wrapper costs ~0.5 us of host time per call.
-_opaque_to_dynamo = torch.compiler.disable(
-    reason="samu's mixers run eagerly: their Triton kernels are not custom ops yet")
-
 
 STATE_DOC = """
     initial_state: FP32 [B, D] ([N, D] with cu_seqlens), the state entering each sequence's first
@@ -195,7 +226,6 @@ STATE_DOC = """
     return_backend=True.  Every output is differentiable, the states included."""
 
 
-@_opaque_to_dynamo
 def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, backend="auto",
           return_backend: bool = False, initial_state=None, output_final_state: bool = False,
           cu_seqlens=None):
@@ -217,7 +247,6 @@ def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, ba
     return _result(y, final, name, output_final_state, return_backend)
 
 
-@_opaque_to_dynamo
 def samu(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend="auto",
          return_backend: bool = False, initial_state=None, output_final_state: bool = False,
          cu_seqlens=None):

@@ -334,78 +334,102 @@ def gradient_columns(width: int) -> dict[str, slice]:
                           ("ctrl_bias", 2), ("a_param", width)])
 
 
+def forward(x, params, sequences, config: SamuConfig):
+    """(y, final state or None, residuals): the forward's kernels.  The residuals are the
+    tensors the backward needs beside x and the parameters: r, g ([B, L]), the chunks' sums of
+    r ([B, NC]) and entering states ([B, NC, D]), all FP32."""
+    x = aligned(x)
+    batch, length, width = x.shape
+    chunk = config.chunk
+    n_chunks = cdiv(length, chunk)
+    w, bias, a_param, log_temp, skip = [fp32_contiguous(p) for p in params]
+    seq, h0 = sequences.seq_index, sequences.initial_state
+    flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial)
+    f32 = dict(device=x.device, dtype=torch.float32)
+    r = torch.empty(batch, length, **f32)
+    g = torch.empty(batch, length, **f32)
+    r_sum = torch.empty(batch, n_chunks, **f32)
+    end = torch.empty(batch, n_chunks, width, **f32)
+    meta = tiles(config, width)
+    launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param, log_temp,
+                     seq, h0, r, g, r_sum, end, length, width, n_chunks, meta["summary_units"],
+                     T=chunk, **meta["summary"], **flags)
+    h_in = chunk_carry(r_sum, end, reverse=False, a_param=a_param, log_temp=log_temp)
+    y = torch.empty_like(x)
+    final = sequences.final_state(width, x.device)
+    grid = (batch * n_chunks, cdiv(width, meta["output"]["BD"]))
+    launching.launch(_samu_output_kernel, grid, x, y, r, g, h_in, a_param, log_temp, skip, seq,
+                     h0, final, length, width, n_chunks, meta["output_units"], T=chunk,
+                     **meta["output"], **flags, HAS_FINAL=sequences.output_final_state)
+    return y, (final if sequences.output_final_state else None), (r, g, r_sum, h_in)
+
+
+def residual_specs(config: SamuConfig, batch: int, length: int, width: int, dtype):
+    """(shape, dtype) of each of forward's residuals, for a compiled graph's fake tensors."""
+    n_chunks = cdiv(length, config.chunk)
+    shapes = [(batch, length), (batch, length), (batch, n_chunks), (batch, n_chunks, width)]
+    return [(shape, torch.float32) for shape in shapes]
+
+
+def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
+    """(dx, d ctrl_weight, d ctrl_bias, d a_param, d log_temp, d skip, d initial_state or
+    None): the backward's kernels.  dy and d_final may be None (no gradient reached them)."""
+    x = aligned(x)
+    w, bias, a_param, log_temp, skip = [fp32_contiguous(p) for p in params]
+    r, g, r_sum, h_in = residuals
+    chunk = config.chunk
+    dy = torch.zeros_like(x) if dy is None else aligned(dy)
+    batch, length, width = x.shape
+    n_chunks = cdiv(length, chunk)
+    meta = tiles(config, width)
+    seq, h0 = sequences.seq_index, sequences.initial_state
+    has_dfinal = d_final is not None
+    d_final = fp32_contiguous(d_final) if has_dfinal else h0
+    end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
+    grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BD"]))
+    launching.launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, seq, d_final,
+                     end, length, width, n_chunks, meta["reverse_summary_units"], T=chunk,
+                     **meta["reverse_summary"], PACKED=sequences.packed, HAS_DFINAL=has_dfinal)
+    carry = chunk_carry(r_sum, end, reverse=True, a_param=a_param, log_temp=log_temp)
+    dx = torch.empty_like(x)
+    items = batch * n_chunks
+    part = torch.empty(items, 2 * width + 4, device=x.device, dtype=torch.float32)
+    dsp_part = end.view(items, width)  # end is spent: the carry has read it
+    d_h0 = torch.empty_like(h0) if sequences.has_initial else h0
+    launching.launch(_samu_backward_kernel, (items,), x, dy, dx, w, r, g, h_in, carry, a_param,
+                     log_temp, skip, seq, h0, d_final, d_h0, part, dsp_part, length, width,
+                     n_chunks, meta["backward_units"], T=chunk, **meta["backward"],
+                     PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
+                     HAS_DFINAL=has_dfinal)
+    grads = sum_partials(part, dsp_part, a_param)
+    at = gradient_columns(width)
+    return (dx, grads[at["ctrl_weight"]].view(2, width), grads[at["ctrl_bias"]],
+            grads[at["a_param"]], grads[at["log_temp"]].view(()), grads[at["skip"]].view(()),
+            d_h0 if sequences.has_initial else None)
+
+
 class SamuFunction(torch.autograd.Function):
-    """The forward's outputs are y and the final state (None unless asked for); the backward
-    takes both gradients and returns one for the initial state."""
+    """Eager autograd over forward and backward.  The outputs are y and the final state (None
+    unless asked for); the backward takes both gradients and returns one for the initial
+    state."""
 
     @staticmethod
     def forward(ctx, x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, initial_state,
                 seq_index, config: SamuConfig, sequences):
-        x = aligned(x)
-        batch, length, width = x.shape
-        chunk = config.chunk
-        n_chunks = cdiv(length, chunk)
-        w, bias, a_param_, log_temp_, skip_ = params = [
-            fp32_contiguous(p) for p in (ctrl_weight, ctrl_bias, a_param, log_temp, skip)]
-        seq, h0 = sequences.seq_index, sequences.initial_state
-        flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial)
-        f32 = dict(device=x.device, dtype=torch.float32)
-        r = torch.empty(batch, length, **f32)
-        g = torch.empty(batch, length, **f32)
-        r_sum = torch.empty(batch, n_chunks, **f32)
-        end = torch.empty(batch, n_chunks, width, **f32)
-        meta = tiles(config, width)
-        launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param_,
-                         log_temp_, seq, h0, r, g, r_sum, end, length, width, n_chunks,
-                         meta["summary_units"], T=chunk, **meta["summary"], **flags)
-        h_in = chunk_carry(r_sum, end, reverse=False, a_param=a_param_, log_temp=log_temp_)
-        y = torch.empty_like(x)
-        final = sequences.final_state(width, x.device)
-        grid = (batch * n_chunks, cdiv(width, meta["output"]["BD"]))
-        launching.launch(_samu_output_kernel, grid, x, y, r, g, h_in, a_param_, log_temp_, skip_,
-                         seq, h0, final, length, width, n_chunks, meta["output_units"], T=chunk,
-                         **meta["output"], **flags, HAS_FINAL=sequences.output_final_state)
-        ctx.save_for_backward(x, r, g, r_sum, h_in, *params)
+        params = (ctrl_weight, ctrl_bias, a_param, log_temp, skip)
+        y, final, residuals = forward(x, params, sequences, config)
+        ctx.save_for_backward(x, *params, *residuals)
         ctx.config = config
         ctx.sequences = sequences
         ctx.set_materialize_grads(False)
-        return y, (final if sequences.output_final_state else None)
+        return y, final
 
     @staticmethod
     def backward(ctx, dy, d_final):
         refuse_double_backward("samu")
-        x, r, g, r_sum, h_in, w, bias, a_param, log_temp, skip = ctx.saved_tensors
-        config, sequences = ctx.config, ctx.sequences
-        chunk = config.chunk
-        dy = torch.zeros_like(x) if dy is None else aligned(dy)
-        batch, length, width = x.shape
-        n_chunks = cdiv(length, chunk)
-        meta = tiles(config, width)
-        seq, h0 = sequences.seq_index, sequences.initial_state
-        has_dfinal = d_final is not None
-        d_final = d_final.float().contiguous() if has_dfinal else h0
-        end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
-        grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BD"]))
-        launching.launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, seq,
-                         d_final, end, length, width, n_chunks, meta["reverse_summary_units"],
-                         T=chunk, **meta["reverse_summary"], PACKED=sequences.packed,
-                         HAS_DFINAL=has_dfinal)
-        carry = chunk_carry(r_sum, end, reverse=True, a_param=a_param, log_temp=log_temp)
-        dx = torch.empty_like(x)
-        items = batch * n_chunks
-        part = torch.empty(items, 2 * width + 4, device=x.device, dtype=torch.float32)
-        dsp_part = end.view(items, width)  # end is spent: the carry has read it
-        d_h0 = torch.empty_like(h0) if sequences.has_initial else h0
-        launching.launch(_samu_backward_kernel, (items,), x, dy, dx, w, r, g, h_in, carry, a_param,
-                         log_temp, skip, seq, h0, d_final, d_h0, part, dsp_part, length, width,
-                         n_chunks, meta["backward_units"], T=chunk, **meta["backward"],
-                         PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
-                         HAS_DFINAL=has_dfinal)
-        grads = sum_partials(part, dsp_part, a_param)
-        at = gradient_columns(width)
-        return (dx, grads[at["ctrl_weight"]].view(2, width), grads[at["ctrl_bias"]],
-                grads[at["a_param"]], grads[at["log_temp"]].view(()), grads[at["skip"]].view(()),
-                d_h0 if sequences.has_initial else None, None, None, None)
+        x, *rest = ctx.saved_tensors
+        grads = backward(x, rest[:5], rest[5:], dy, d_final, ctx.sequences, ctx.config)
+        return (*grads, None, None, None)
 
 
 def run_with(config: SamuConfig):

@@ -1,0 +1,119 @@
+"""The Triton backends as torch.library custom ops, for torch.compile and CUDA graphs
+(SPEC section 3).
+
+``samu::scan_forward`` and ``samu::scan_backward`` wrap a backend family's ``forward`` and
+``backward`` (the same functions its autograd.Function calls), with fake implementations that
+give every output's shape from the backend's configuration, and autograd that connects them.
+Eager calls do not come here: they keep the autograd.Functions, so the dispatcher adds no host
+time to them; samu.functional routes a call here only while torch.compile traces it.
+
+A backend reaches the ops by its registered name: the configuration (chunk, launches) is then a
+constant of the compiled graph.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import backends
+from .common.sequences import sequence_args
+
+
+def _family(mixer: str, backend: str):
+    """(module with forward / backward / residual_specs, configuration) of a registered name."""
+    backends._ensure_registered()
+    config = backends.REGISTRY[mixer][backend].config
+    from .rglru import chunk as rglru_chunk, gemm as rglru_gemm
+    from .samu import chunk as samu_chunk
+    for module in (samu_chunk, rglru_chunk, rglru_gemm):
+        if isinstance(config, module.CONFIGS[0].__class__):
+            return module, config
+    raise ValueError(f"{mixer}: backend {backend!r} is not a Triton backend")
+
+
+def _count(x: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
+    return x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+@torch.library.custom_op("samu::scan_forward", mutates_args=())
+def scan_forward(x: torch.Tensor, params: list[torch.Tensor],
+                 initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                 mixer: str, backend: str, output_final_state: bool) -> list[torch.Tensor]:
+    """[y, final state (empty unless asked for), *residuals] of one backend's forward."""
+    module, config = _family(mixer, backend)
+    sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state)
+    y, final, residuals = module.forward(x, params, sequences, config)
+    if final is None:
+        final = x.new_empty(0, dtype=torch.float32)
+    return [y, final, *residuals]
+
+
+@scan_forward.register_fake
+def _scan_forward_fake(x, params, initial_state, cu_seqlens, mixer, backend, output_final_state):
+    module, config = _family(mixer, backend)
+    batch, length, width = x.shape
+    final_shape = (_count(x, cu_seqlens), width) if output_final_state else (0,)
+    residuals = [x.new_empty(shape, dtype=dtype)
+                 for shape, dtype in module.residual_specs(config, batch, length, width, x.dtype)]
+    return [torch.empty_like(x), x.new_empty(final_shape, dtype=torch.float32), *residuals]
+
+
+@torch.library.custom_op("samu::scan_backward", mutates_args=())
+def scan_backward(x: torch.Tensor, params: list[torch.Tensor], residuals: list[torch.Tensor],
+                  dy: Optional[torch.Tensor], d_final: Optional[torch.Tensor],
+                  initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                  mixer: str, backend: str) -> list[torch.Tensor]:
+    """[dx, the parameter gradients flattened into one FP32 vector, d initial state (empty
+    without one)] of one backend.  A custom op's outputs may not alias each other, and the
+    kernels' parameter gradients are views of one buffer: one small copy joins them."""
+    module, config = _family(mixer, backend)
+    sequences = sequence_args(x, initial_state, cu_seqlens, False)
+    grads = module.backward(x, params, residuals, dy, d_final, sequences, config)
+    d_h0 = grads[-1] if grads[-1] is not None else x.new_empty(0, dtype=torch.float32)
+    flat = torch.cat([g.reshape(-1).float() for g in grads[1:-1]])
+    return [grads[0], flat, d_h0]
+
+
+@scan_backward.register_fake
+def _scan_backward_fake(x, params, residuals, dy, d_final, initial_state, cu_seqlens, mixer,
+                        backend):
+    d_h0 = (x.new_empty(initial_state.shape, dtype=torch.float32) if initial_state is not None
+            else x.new_empty(0, dtype=torch.float32))
+    flat = x.new_empty(sum(p.numel() for p in params), dtype=torch.float32)
+    return [torch.empty_like(x), flat, d_h0]
+
+
+def _setup_context(ctx, inputs, output):
+    x, params, initial_state, cu_seqlens, mixer, backend, output_final_state = inputs
+    ctx.save_for_backward(x, initial_state, cu_seqlens, *params, *output[2:])
+    ctx.n_params = len(params)
+    ctx.names = (mixer, backend)
+    ctx.output_final_state = output_final_state
+
+
+def _backward(ctx, grads):
+    x, initial_state, cu_seqlens, *rest = ctx.saved_tensors
+    params, residuals = rest[:ctx.n_params], rest[ctx.n_params:]
+    dy, d_final = grads[0], grads[1]
+    if not ctx.output_final_state:
+        d_final = None
+    out = torch.ops.samu.scan_backward(x, params, residuals, dy, d_final, initial_state,
+                                       cu_seqlens, *ctx.names)
+    d_h0 = out[2] if initial_state is not None else None
+    sizes = [p.numel() for p in params]
+    d_params = [g.view(p.shape) for g, p in zip(out[1].split(sizes), params)]
+    return out[0], d_params, d_h0, None, None, None, None
+
+
+scan_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def run(mixer: str, backend: str, x, params, initial_state=None, cu_seqlens=None,
+        output_final_state: bool = False):
+    """(y, final state or None) of a registered Triton backend through the custom ops."""
+    if initial_state is not None:
+        initial_state = initial_state.float()
+    out = torch.ops.samu.scan_forward(x, list(params), initial_state, cu_seqlens, mixer, backend,
+                                      output_final_state)
+    return out[0], (out[1] if output_final_state else None)
