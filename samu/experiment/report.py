@@ -512,15 +512,17 @@ def png_bytes(fig) -> bytes:
     return buf.getvalue()
 
 
+def save_figure(fig, path) -> Path:
+    """A figure written atomically as PNG (its folder made if needed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The temporary's name does not end in .png, so the format is given.
+    return schema.atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120,
+                                                             bbox_inches="tight"))
+
+
 def draw_figures(df: pd.DataFrame, published_df: pd.DataFrame, slug: str) -> list[Path]:
     """The figures written atomically into data/figures/<slug>_<name>.png."""
     folder = paths.figures_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, fig in figures(df, published_df).items():
-        path = folder / f"{slug}_{name}.png"
-        # The temporary's name does not end in .png, so the format is given.
-        schema.atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120,
-                                                          bbox_inches="tight"))
-        written.append(path)
-    return written
+    return [save_figure(fig, folder / f"{slug}_{name}.png")
+            for name, fig in figures(df, published_df).items()]
