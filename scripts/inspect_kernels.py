@@ -30,8 +30,12 @@ from samu.ops.rglru import chunk as rglru_chunk
 from samu.ops.samu import chunk as samu_chunk
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+# Newer triton ships a second ptxas for the PTX versions its own compiler emits.
+PTXAS = next(os.path.join(BIN, name) for name in ("ptxas-blackwell", "ptxas")
+             if os.path.exists(os.path.join(BIN, name)))
 SASS_OPS = ("LDG", "STG", "LDS", "STS", "BAR.SYNC", "SHFL", "MUFU", "HMMA", "HGMMA", "LDL", "STL")
-BF16_ARGS = {"x_ptr", "y_ptr", "dy_ptr", "dx_ptr", "wx_ptr", "wa_ptr"}  # RG-LRU gate weights too
+BF16_ARGS = {"x_ptr", "y_ptr", "dy_ptr", "dx_ptr", "wx_ptr", "wa_ptr",  # RG-LRU gate weights too
+             "g_ptr", "dg_ptr"}  # the gemm family's gate pre-activations
 
 
 def signature(fn, constexprs):
@@ -101,7 +105,7 @@ def compile_stats(fn, constexprs, num_warps, specialized_ints=("L", "D", "NC", "
         cubin = os.path.join(tmp, "k.cubin")
         with open(ptx, "w") as f:
             f.write(kernel.asm["ptx"])
-        log = subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin],
+        log = subprocess.run([PTXAS, "-arch=sm_90a", "-v", ptx, "-o", cubin],
                              capture_output=True, text=True, check=True).stderr
         sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin],
                               capture_output=True, text=True, check=True).stdout
@@ -117,6 +121,8 @@ def main():
     parser.add_argument("mixer", nargs="?", choices=("samu", "rglru"))
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--layouts", action="store_true", help="print the TTGIR layouts too")
+    parser.add_argument("--features", action="store_true", help="compile with every state "
+                        "keyword on (initial and final state, packed sequences)")
     parser.add_argument("--ptx-digest", metavar="FILE", help="write one PTX hash per kernel "
                         "configuration to FILE")
     args = parser.parse_args()
@@ -128,7 +134,8 @@ def main():
     module = samu_chunk if args.mixer == "samu" else rglru_chunk
     for config in module.CONFIGS:
         name = config.name
-        for kernel, constexprs, warps in module.launch_plan(config, args.width):
+        for kernel, constexprs, warps in module.launch_plan(config, args.width,
+                                                            features=args.features):
             regs, spills, ops, layouts = compile_stats(kernel, constexprs, warps)
             print(f"{name:42s} {kernel.fn.__name__:34s} warps={warps} {constexprs} "
                   f"regs={regs} spill={spills} {ops}", flush=True)

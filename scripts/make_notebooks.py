@@ -153,7 +153,69 @@ for mixer in ("rglru", "samu"):
         rows.append({"mixer": mixer, "gradient": name, "formula vs autograd": rel})
         assert rel < 1e-12, (mixer, name, rel)
 pd.DataFrame(rows)'''),
-    md("## 4. Footprints against the published H800 result\n\nParameters and dynamic control values per token, from the formulas of SPEC section 2, beside the figures recorded in the published H800 result (`data/reference/h800_pcie_published_result.json`)."),
+    md(r"""## 4. State in and out, resets and packed sequences
+
+A sequence starting at token $s$ either **resets** ($h_s = u'_s$: $m_s=1$, $a_s$ counts as 0, no gradient into $a_s$'s
+inputs) or, given an **initial state** $h^0$, takes an ordinary step from it: $h_s = a_s h^0 + m_s u'_s$ with
+$u' = \mathrm{gate}\cdot x$. Packed sequences (`cu_seqlens`) put several sequences in one row; each start inside the row
+behaves like a row's first token. The **final state** is $h$ at each sequence's last token.
+
+**What crosses a chunk boundary.** The kernels fold every start into the scan's inputs,
+$$a_s \to 0,\qquad u_s \to u_s + a_s\,h^0_s\quad(h^0_s = 0\text{ where the state resets}),$$
+so the chunk summaries and the carry are exactly those of a scan from zero: a chunk that holds a start has decay
+$\prod a = 0$, and no state crosses it. (SAMU's carry rebuilds a chunk's decay from its sum of $r$; a chunk holding a packed
+start stores $+\infty$ there, whose decay is 0.)
+
+**The backward.** The adjoint is cut at the same place, $\delta_t = \bar y_t + [t\text{ ends}]\,\overline{h^{\text{final}}} + [t+1\text{ does not start}]\,a_{t+1}\delta_{t+1}$,
+the gradient reaching $\log a_s$ at a start uses $h^0$ as the previous state ($a_s h^0$), and the initial state receives
+$$\overline{h^0} = a_s\,\delta_s .$$"""),
+    code('''from samu.ops import sequences
+offsets = [0, 3, 4, min(11, length - 1), length] if length > 12 else [0, length]
+cu = torch.tensor(offsets)
+layout = sequences.layout(1, length, "cpu", cu)
+h0 = torch.randn(layout.count, width, generator=gen, dtype=torch.float64)
+entering = sequences.entering_state(layout, h0, width, torch.float64)
+a1, u1 = a[:1], u[:1]
+# the sequential scan replaces the entering state; the chunked one folds the starts into its inputs
+want = recurrence.scan_sequential(a1, u1, layout.starts, entering)
+for chunk in (1, 2, 5, 16):
+    got = recurrence.scan_chunked(a1, u1, layout.starts, entering, chunk=chunk)
+    assert torch.allclose(got, want, rtol=1e-13, atol=1e-14), chunk
+# each packed sequence equals the same tokens scanned alone from its initial state
+for n, (lo, hi) in enumerate(zip(offsets, offsets[1:])):
+    alone = recurrence.scan_sequential(a1[:, lo:hi], u1[:, lo:hi], layout.starts[:, lo:hi],
+                                       h0[n].expand(1, hi - lo, width) * layout.starts[:, lo:hi, None])
+    assert torch.allclose(want[:, lo:hi], alone, rtol=1e-13)
+# a folded start makes its chunk's decay 0: nothing from before it survives
+a_fold, _ = recurrence.fold_starts(a1, u1, layout.starts, entering)
+assert (a_fold[layout.starts] == 0).all()
+print("starts folded into the inputs = states replaced at the starts; packed = one by one: OK")'''),
+    code('''# The backward's state algebra against autograd on the references (float64).
+rows = []
+for mixer in ("rglru", "samu"):
+    module = samu.modules.MODULES[mixer](width).double()
+    module.reset_parameters(generator=torch.Generator().manual_seed(seed))
+    ps = [p.detach() for p in module.parameters()]
+    x = torch.randn(1, length, width, generator=gen, dtype=torch.float64)
+    h0_ = h0.clone().requires_grad_()
+    y, final = REFERENCES[mixer](x, *ps, scan="sequential", initial_state=h0_, cu_seqlens=cu,
+                                 output_final_state=True)
+    d_final = torch.randn_like(final)
+    (y * dy[:1]).sum().add((final * d_final).sum()).backward()
+    inputs = (samu.ops.rglru.naive.rglru_scan_inputs if mixer == "rglru"
+              else samu.ops.samu.naive.samu_scan_inputs)(x, *ps[:4 if mixer == "samu" else 5],
+                                                          reset=torch.zeros_like(layout.starts))
+    a_ = inputs[1]
+    # delta: dy, plus the final state's gradient at each end; nothing crosses a start backwards
+    g = dy[:1].clone()
+    g[layout.ends] += d_final
+    delta = recurrence.reverse_scan(a_, g, "sequential", layout.starts)
+    manual = a_[layout.starts] * delta[layout.starts]
+    rel = ((manual - h0_.grad).norm() / h0_.grad.norm()).item()
+    rows.append({"mixer": mixer, "d initial_state = a_s delta_s, vs autograd": rel})
+    assert rel < 1e-12, (mixer, rel)
+pd.DataFrame(rows)'''),
+    md("## 5. Footprints against the published H800 result\n\nParameters and dynamic control values per token, from the formulas of SPEC section 2, beside the figures recorded in the published H800 result (`data/reference/h800_pcie_published_result.json`)."),
     code('''published = report.published_h800_document()
 rows = []
 for row in published["rows"]:
@@ -341,4 +403,121 @@ else:
     for name, fig in report.figures(df, published_df).items():
         display(Image(data=report.png_bytes(fig)))'''),
 ])
+save("05_training", [
+    md("# 05 — Training: what each mixer learns, beside its training speed\n\n"
+       "The same small model (`samu.model.SequenceModel`: token embedding, pre-norm residual blocks of mixer and "
+       "GELU MLP, final norm, tied head) is trained with each mixer on three tasks, from fixed seeds; only the mixer "
+       "differs. **RG-LRU** and **SAMU** are the library's modules, bare (no projections, convolution or gating "
+       "branch around them, as Griffin's recurrent block has); **attention** is the yardstick: causal "
+       "self-attention (`scaled_dot_product_attention`, rotary positions) with its head count chosen so that its "
+       "parameters come closest to RG-LRU's mixer. Every task is generated on the fly; nothing is downloaded.\n\n"
+       "- **Multi-query associative recall** (MQAR, as in Zoology): key-value pairs, then every key queried once "
+       "later in the sequence (Zoology's power law: most queries soon after the pairs, a heavy tail to the end), "
+       "among noise. It measures in-context recall, the ability that separates attention from fixed-size "
+       "recurrent states; with the pairs fixed, a longer sequence adds noise and distance. Scored only at the "
+       "answer positions.\n"
+       "- **Selective copying**: a few data tokens scattered among noise tokens, then a separator and one marker per "
+       "data token, where the model must give the data tokens in order. It measures selection by content: "
+       "skipping noise needs gates that depend on the input (SAMU's two per-token scalars, RG-LRU's per-channel "
+       "gates). Scored only at the markers.\n"
+       "- **Character-level language model** on the Python standard library's own `*.py` files (present wherever "
+       "Python is; bytes as tokens, split by file into training and validation): natural data, scored in bits per "
+       "character on the held-out files.\n\n"
+       "Training speed is the training step's tokens per second after warm-up (synchronised on CUDA). The "
+       "parameters below are small enough for a CPU under nbval, where the recurrent mixers run the pure-PyTorch "
+       "reference and nothing is learned to speak of: such a run exercises the study and is no GPU result. "
+       "`make train` runs this notebook on a GPU with `samu.experiment.training.GPU_PARAMETERS` (BF16 autocast, "
+       "the Triton kernels) and writes `data/training/<gpu>.json` and `data/figures/<gpu>_training_*.png`."),
+    params('''mixers = ["attention", "rglru", "samu"]
+seeds = [0, 1]
+width = 32
+layers = 2
+mlp_expansion = 2
+tasks = {"mqar": {"lengths": [32, 64], "num_pairs": 4, "vocab_size": 32},
+         "copy": {"lengths": [32, 64], "num_tokens": 4, "data_vocab": 8, "noise_vocab": 8},
+         "lm": {"lengths": [64]}}
+steps = 20  # or a dict by task
+batch_size = 8  # or a dict by task
+lr = 3e-3
+warmup_steps = 5
+eval_batches = 2
+timing_warmup_steps = 2
+log_every = 5
+time_budget_s = None  # seconds of measured training for the whole study; None: no limit
+backend = "auto"  # the recurrent mixers' backend: one value, or a dict by mixer
+write = True  # write data/training/<gpu>.json and the figures
+progress_log = None  # a file that receives one line per finished run (make train prints them)
+cpu_threads = 1  # torch's intra-op threads on a CPU: these models are tiny, more threads only contend'''),
+    code('''import os
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default (FP fusion on); Triton 3.9 warns while unset
+import torch
+from IPython.display import Image, Markdown, display
+from samu import dispatch, model, paths
+from samu.experiment import report, training
+device = "cuda" if torch.cuda.is_available() else "cpu"
+if device == "cpu" and cpu_threads:
+    torch.set_num_threads(cpu_threads)
+slug = dispatch.gpu_slug()
+study = training.study_from_parameters(
+    mixers, seeds, width, layers, mlp_expansion, tasks, steps, batch_size, lr, warmup_steps,
+    eval_batches, timing_warmup_steps=timing_warmup_steps, log_every=log_every,
+    time_budget_s=time_budget_s, backend=backend)
+runs = {name: len(study.runs(name)) for name in study.tasks}
+print(f"device {device} ({slug}), {training.dtype_name(device)}; runs per task {runs}; "
+      f"{study.total_steps():,} training steps in all")'''),
+    md("## The models\n\nParameters by part for each task's vocabulary. The MLPs and the embedding are the same "
+       "for every mixer; the mixers differ: RG-LRU has 2 D²/H + 3 D per layer, SAMU 3 D + 4, attention "
+       "4 D × heads × head_dim."),
+    code('''for name in study.tasks:
+    print(f"{training.TASK_NAMES[name]} (vocabulary {study.task_list(name)[0].vocab_size}):")
+    print(model.parameter_report(training.models_for(study, name)), end="\\n\\n")'''),
+    md("## Associative recall\n\nOne example at the shortest length: the pairs first, then the queried keys among "
+       "noise; the targets are the values (`-100` carries no loss)."),
+    code('''records = {}
+if "mqar" in study.tasks:
+    example = study.task_list("mqar")[0]
+    x, y = example.batch(1, torch.Generator().manual_seed(0))
+    print("inputs ", x[0].tolist()); print("targets", y[0].tolist())
+    records["mqar"] = training.run_task(study, "mqar", device, progress_log)
+    display(training.summary(records["mqar"]))'''),
+    md("## Selective copying\n\nTokens: 0 separator, 1 marker, then the data tokens, then the noise tokens."),
+    code('''if "copy" in study.tasks:
+    example = study.task_list("copy")[0]
+    x, y = example.batch(1, torch.Generator().manual_seed(0))
+    print("inputs ", x[0].tolist()); print("targets", y[0].tolist())
+    records["copy"] = training.run_task(study, "copy", device, progress_log)
+    display(training.summary(records["copy"]))'''),
+    md("## Character-level language model on the standard library\n\nThe corpus is this machine's Python: another "
+       "Python version has other files, so bits per character compare across mixers, not across machines. The "
+       "result file records the corpus (Python version, files, bytes and SHA-256 of each split)."),
+    code('''if "lm" in study.tasks:
+    data, names, info = training.corpus()
+    print({k: v for k, v in info.items() if not k.endswith("sha256")})
+    records["lm"] = training.run_task(study, "lm", device, progress_log)
+    display(training.summary(records["lm"]))'''),
+    md("## The result document\n\nOne record per (task, mixer, seed, sequence length): loss curve, held-out metric, "
+       "tokens per second, parameters, and the environment. Validated against the `training` schema and written "
+       "atomically."),
+    code('''doc = training.result_document(study, [r for name in study.tasks for r in records[name]], device)
+if write:
+    path = training.write_result(doc, slug)
+    print("wrote", path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path)
+else:
+    training.validate(doc)
+    print("validated; not written (write = False)")'''),
+    md("## Figures\n\nLoss curves (band: range over seeds), accuracy against sequence length, and quality against "
+       "training speed (each task at its longest length)."),
+    code('''if write:
+    for path in training.draw_figures(doc, slug):
+        print("wrote", path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path)
+        display(Image(filename=str(path)))
+else:
+    for fig in training.figures(doc).values():
+        display(Image(data=report.png_bytes(fig)))'''),
+    md("## Summary and conclusion\n\nComputed from the document above: the mean and range over seeds, whether the "
+       "ranges separate the mixers, the speeds, and what these runs do not show."),
+    code('''training.summary(doc).round(4)'''),
+    code('''display(Markdown(training.conclusion(doc)))'''),
+])
+
 print("notebooks written")

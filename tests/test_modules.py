@@ -1,7 +1,6 @@
 """Modules and functional forms: names, shapes, footprints, autocast policy, clear errors."""
 import pytest
 import torch
-import torch._dynamo
 
 import samu
 from samu.functional import PARAMETER_NAMES
@@ -144,39 +143,3 @@ def test_non_tensor_parameter_is_refused_by_name(mixer):
         # a bad x as well: the parameter, checked first, is named
         with pytest.raises(TypeError, match=f"{mixer}: {name} must be a torch.Tensor"):
             samu.functional.FUNCTIONS[mixer]([[1.0]], **bad)
-
-
-# torch's own inductor code calls its deprecated torch.jit.script_method
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-def test_torch_compile_fails_cleanly_and_leaves_eager_intact():
-    """Dynamo must not trace into the library: fullgraph=True raises at the mixer's call, and
-    eager calls afterwards, of these modules and of fresh ones, still give the right values."""
-    build = dict(samu=lambda **kw: samu.SAMU(16, **kw),
-                 rglru=lambda **kw: samu.RGLRU(32, num_heads=2, **kw))
-    torch.manual_seed(0)
-    modules = {mixer: make() for mixer, make in build.items()}
-    inputs = dict(samu=torch.randn(1, 4, 16), rglru=torch.randn(1, 4, 32))
-
-    def like(mixer, **kw):  # a fresh module with the same parameters
-        m = build[mixer](**kw)
-        m.load_state_dict(modules[mixer].state_dict())
-        return m
-
-    def f(a, b):
-        return modules["samu"](a * 2) + 1, modules["rglru"](b) * 3
-
-    try:
-        with torch.no_grad():
-            expected = {k: like(k, backend="reference_chunked")(inputs[k]) for k in modules}
-            with pytest.raises(torch._dynamo.exc.Unsupported,
-                               match=r"(?s)torch.compiler.disable.*not custom ops"):
-                torch.compile(f, fullgraph=True)(inputs["samu"], inputs["rglru"])
-            for mixer, m in modules.items():
-                for module in (m, like(mixer)):
-                    assert torch.allclose(module(inputs[mixer]), expected[mixer], atol=1e-5)
-            # Without fullgraph the graph breaks at each mixer, which runs eagerly.
-            got = torch.compile(f)(inputs["samu"], inputs["rglru"])
-            want = f(inputs["samu"], inputs["rglru"])
-            assert all(torch.equal(g, w) for g, w in zip(got, want))
-    finally:
-        torch._dynamo.reset()

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from .. import backends
+from .common.launching import fp32_contiguous
 from .common.sequences import sequence_args
 
 
@@ -113,7 +114,7 @@ def run(mixer: str, backend: str, x, params, initial_state=None, cu_seqlens=None
         output_final_state: bool = False):
     """(y, final state or None) of a registered Triton backend through the custom ops."""
     if initial_state is not None:
-        initial_state = initial_state.float()
+        initial_state = fp32_contiguous(initial_state)
     out = torch.ops.samu.scan_forward(x, list(params), initial_state, cu_seqlens, mixer, backend,
                                       output_final_state)
     return out[0], (out[1] if output_final_state else None)

@@ -83,6 +83,8 @@ def test_compiled_model_equals_eager(mixer, name):
         torch._dynamo.reset()
 
 
+# torch's own inductor code calls its deprecated torch.jit.script_method
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_compiled_with_inductor_equals_eager():
     """The default compiler (inductor) around both mixers, no graph break."""
     mixers = [_module("samu", FAMILIES[0][1]), _module("rglru", FAMILIES[2][1])]

@@ -8,6 +8,13 @@ flat channels d = h bw + j (any head count, any block width); only the addressin
 knows the heads.  The scan is hierarchical, as SAMU's: a per-chunk summary (decay, end state),
 ``chunk_carry``, and chunk outputs recomputed from the entering states; the backward mirrors it.
 
+Initial states, packed sequences (cu_seqlens) and final states follow samu.ops.sequences, as in
+samu.ops.samu.chunk: the forward folds each sequence start into the scan inputs (a_s -> 0,
+u_s -> u_s + a_s h0), so that a chunk holding one has decay 0 and the carry needs nothing else;
+the backward cuts the adjoint there, adds the final state's gradient at each end and writes
+d h0 = a_s dh_s at each start.  Each feature is a constexpr (PACKED, HAS_INITIAL, HAS_FINAL,
+HAS_DFINAL): a call without it compiles to the kernel it was before.
+
 Bytes per element of [B, L, D] (BF16 x, y, dy, dx; G and dG hold two values per element):
   forward   gate GEMM reads x (2) and writes G (4)                                       6
             summary reads G and x (6)                                                    6
@@ -41,6 +48,8 @@ from ..common.math import (FAST_MATH, _ptx_approx, exp_fast, one_minus_a_squared
                            softplus, to_element, transition)
 from ..common.reduce import named_columns, sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
+from ..common.sequences import (entering_state, fold_starts, load_at, resets, row_sequences,
+                                sequence_args, store_at)
 
 MIXER = "rglru"
 
@@ -109,10 +118,12 @@ def _transition_rsqrt(log_a, is_first):
 
 
 @triton.jit
-def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, b, k, L, N, D: tl.constexpr,
-                  T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr,
-                  RUN: tl.constexpr):
-    """Chunk k's local scan from h_in = 0: returns (prod a, h, offsets, mask, columns)."""
+def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, L, N,
+                  D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
+                  BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
+                  HAS_INITIAL: tl.constexpr):
+    """Chunk k's local scan from h_in = 0, sequence starts folded into its inputs: returns
+    (prod a, h, first token, mask, columns, column mask, each row's sequence, ends)."""
     cols, col_ok = _columns(D, BN, V)
     rows_in_chunk = tl.arange(0, T)
     rows, first, ok, within = _chunk_tile(b, k, rows_in_chunk, cols, col_ok, L, N, T, BW, V, RUN)
@@ -123,23 +134,31 @@ def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, b, k, L, N, D: tl.c
     sp = softplus(tl.load(a_param_ptr + cols, mask=col_ok, other=0.0))
     ga = sigmoid_fast(tl.load(g_at + BW, mask=ok, other=0.0).to(tl.float32) + ba[None, :])
     log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
-    a, m, _ = transition(log_a, (rows == 0)[:, None])
+    seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
+    a, m, _ = transition(log_a, resets(starts, HAS_INITIAL))
     gx = sigmoid_fast(tl.load(g_at, mask=ok, other=0.0).to(tl.float32) + bx[None, :])
     x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
-    p, h = tl.associative_scan((a, m * gx * x), 0, affine_combine)
-    return p, h, first, ok, cols, col_ok
+    u = m * gx * x
+    if PACKED or HAS_INITIAL:
+        a, u = fold_starts(a, u, starts, entering_state(h0_ptr, seq, starts, cols, D,
+                                                        HAS_INITIAL))
+    p, h = tl.associative_scan((a, u), 0, affine_combine)
+    return p, h, first, ok, cols, col_ok, seq, ends
 
 
 @triton.jit
-def _summary_kernel(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, decay_ptr, end_ptr, L, N, NC,
-                    D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
-                    BW: tl.constexpr, RUN: tl.constexpr):
-    """Per (chunk, channel block): the chunk's decay prod a and its end state from h_in = 0."""
+def _summary_kernel(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, decay_ptr,
+                    end_ptr, L, N, NC, D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr,
+                    V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
+                    HAS_INITIAL: tl.constexpr):
+    """Per (chunk, channel block): the chunk's decay prod a and its end state from h_in = 0 (a
+    chunk holding a sequence start has decay 0: its a is folded to 0 there)."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
-    p, h, _, _, cols, col_ok = _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, b, k, L, N,
-                                             D, T, BN, V, BW, RUN)
+    p, h, _, _, cols, col_ok, _, _ = _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr,
+                                                   seq_ptr, h0_ptr, b, k, L, N, D, T, BN, V, BW,
+                                                   RUN, PACKED, HAS_INITIAL)
     state = (b * NC + k) * D + cols
     tr = tl.arange(0, T)
     tl.store(decay_ptr + state, last_row(p, tr, T), mask=col_ok)
@@ -147,27 +166,35 @@ def _summary_kernel(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, decay_ptr, end_pt
 
 
 @triton.jit
-def _output_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr, L, N, NC,
-                   D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
-                   BW: tl.constexpr, RUN: tl.constexpr):
-    """Per (chunk, channel block): y = h, rebuilt from the chunk's entering state."""
+def _output_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr, seq_ptr, h0_ptr,
+                   final_ptr, L, N, NC, D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr,
+                   V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
+                   HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr):
+    """Per (chunk, channel block): y = h, rebuilt from the chunk's entering state; h at each
+    sequence's last token into final (HAS_FINAL)."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
-    p, h, first, ok, cols, col_ok = _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, b, k,
-                                                  L, N, D, T, BN, V, BW, RUN)
+    p, h, first, ok, cols, col_ok, seq, ends = _forward_tile(
+        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, L, N, D, T, BN, V, BW,
+        RUN, PACKED, HAS_INITIAL)
     h_in = tl.load(h_in_ptr + (b * NC + k) * D + cols, mask=col_ok, other=0.0)
     y_at = _rows_at(y_ptr, first, tl.arange(0, T), cols, D)
-    tl.store(y_at, to_element(h + p * h_in[None, :], y_ptr), mask=ok)
+    h = h + p * h_in[None, :]
+    tl.store(y_at, to_element(h, y_ptr), mask=ok)
+    if HAS_FINAL:
+        store_at(final_ptr, h, seq, ends, cols, D)
 
 
 @triton.jit
-def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, end_ptr, L, N, NC,
-                            D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
-                            BW: tl.constexpr, RUN: tl.constexpr):
+def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, seq_ptr, dfinal_ptr, end_ptr, L,
+                            N, NC, D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr,
+                            V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr,
+                            PACKED: tl.constexpr, HAS_DFINAL: tl.constexpr):
     """Per (chunk, channel block): the adjoint carry a_s dh_s leaving the chunk's first token s,
     with nothing entering from the right.  Rows latest first: the reverse recurrence is a
-    forward scan (Triton's reverse scan shuffles even within a thread)."""
+    forward scan (Triton's reverse scan shuffles even within a thread).  The final state's
+    gradient enters at each sequence's end; nothing leaves through a start."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
@@ -181,6 +208,12 @@ def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, end_ptr, L, N, N
     ga = sigmoid_fast(tl.load(g_at + BW, mask=ok, other=0.0).to(tl.float32) + ba[None, :])
     a = exp_fast(tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0))
     dy = tl.load(dy_at, mask=ok, other=0.0).to(tl.float32)
+    if PACKED or HAS_DFINAL:
+        seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
+        if HAS_DFINAL:
+            dy += load_at(dfinal_ptr, seq, ends, cols, D)
+        if PACKED:
+            a = tl.where(starts[:, None], 0.0, a)
     _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
     tl.store(end_ptr + (b * NC + k) * D + cols, last_row(v, tl.arange(0, T), T), mask=col_ok)
 
@@ -202,13 +235,17 @@ def _adjoint_latest_first(a, dy, carry, T: tl.constexpr):
 
 @triton.jit
 def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr,
-                     carry_ptr, part_ptr, dsp_part_ptr, L, N, NC, SPAN, NSPAN, D: tl.constexpr,
-                     T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr,
-                     RUN: tl.constexpr):
+                     carry_ptr, seq_ptr, h0_ptr, dfinal_ptr, dh0_ptr, part_ptr, dsp_part_ptr, L,
+                     N, NC, SPAN, NSPAN, D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr,
+                     V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
+                     HAS_INITIAL: tl.constexpr, HAS_DFINAL: tl.constexpr):
     """Per (span of SPAN chunks, channel block), each chunk recomputed from its entering state h_in
     and adjoint carry: dG = [dGx | dGa] in G's layout, dx's direct term dh m gx (the GEMM adds
     dG W_cat^T to it in place), and the program's partial sums of d bias (row of part:
-    [dbx (D) | dba (D)]) and of d softplus(a_param) (row of dsp_part), for sum_partials."""
+    [dbx (D) | dba (D)]) and of d softplus(a_param) (row of dsp_part), for sum_partials.  With
+    sequences: the adjoint is cut at each start (the folded a_s = 0), takes the final state's
+    gradient at each end (HAS_DFINAL), and d h0 = a_s dh_s is written at each start
+    (HAS_INITIAL)."""
     pid = tl.program_id(0)
     b = (pid // NSPAN).to(tl.int64)
     span = pid % NSPAN
@@ -227,7 +264,8 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_par
         x_at = _rows_at(x_ptr, first, latest_first, cols, D)
         ga = sigmoid_fast(tl.load(g_at + BW, mask=ok, other=0.0).to(tl.float32) + ba[None, :])
         log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
-        a, m, dm_dlog_a = _transition_rsqrt(log_a, (rows == 0)[:, None])
+        seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
+        a, m, dm_dlog_a = _transition_rsqrt(log_a, resets(starts, HAS_INITIAL))
         gx = sigmoid_fast(tl.load(g_at, mask=ok, other=0.0).to(tl.float32) + bx[None, :])
         x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
         gate_x = gx * x
@@ -235,13 +273,28 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_par
         state = (b * NC + k) * D + cols
         h_in = tl.load(h_in_ptr + state, mask=col_ok, other=0.0)
         # d log a = dh (a_t h_{t-1} + gx x dm/dlog a), a_t h_{t-1} as a product (no h - u)
-        dla_per_dh = decayed_previous_state(a, u, h_in, T) + gate_x * dm_dlog_a
+        if PACKED or HAS_INITIAL:
+            # From the folded inputs (a_s h_{s-1} is then 0 at a start), plus a_s h0 at each
+            # start (0 where the state resets); the folded a_s = 0 also cuts the adjoint there.
+            entering = entering_state(h0_ptr, seq, starts, cols, D, HAS_INITIAL)
+            a_cut, u_fold = fold_starts(a, u, starts, entering)
+            a_h_prev = decayed_previous_state(a_cut, u_fold, h_in, T)
+            if HAS_INITIAL:
+                a_h_prev += a * entering
+        else:
+            a_cut = a
+            a_h_prev = decayed_previous_state(a, u, h_in, T)
+        dla_per_dh = a_h_prev + gate_x * dm_dlog_a
         dgx_per_dh = u * (1.0 - gx)  # dGx = dh m x gx (1 - gx)
         direct_per_dh = m * gx
         dy = tl.load(_rows_at(dy_ptr, first, latest_first, cols, D), mask=ok,
                      other=0.0).to(tl.float32)
+        if HAS_DFINAL:
+            dy += load_at(dfinal_ptr, seq, ends, cols, D)
         carry = tl.load(carry_ptr + state, mask=col_ok, other=0.0)
-        dh = _adjoint_latest_first(a, dy, carry, T)
+        dh = _adjoint_latest_first(a_cut, dy, carry, T)
+        if HAS_INITIAL:
+            store_at(dh0_ptr, a * dh, seq, starts, cols, D)
         dla = dh * dla_per_dh
         d_gate_x = dh * dgx_per_dh
         d_gate_a = dla * (-8.0 * sp[None, :]) * ga * (1.0 - ga)
@@ -315,12 +368,21 @@ def tiles(config: GemmConfig, bw: int, width: int) -> dict:
     return out
 
 
-def launch_plan(config: GemmConfig, width: int, heads: int = 16):
-    """(kernel, constexprs, warps) of every kernel a backend launches at this width."""
+# The state keywords' constexprs of each kernel (samu.ops.common.sequences).
+FEATURES = {"summary": ("PACKED", "HAS_INITIAL"),
+            "output": ("PACKED", "HAS_INITIAL", "HAS_FINAL"),
+            "reverse_summary": ("PACKED", "HAS_DFINAL"),
+            "backward": ("PACKED", "HAS_INITIAL", "HAS_DFINAL")}
+
+
+def launch_plan(config: GemmConfig, width: int, heads: int = 16, features: bool = False):
+    """(kernel, constexprs, warps) of every kernel a backend launches at this width: without
+    the state keywords, or (features=True) with all of them."""
     plan = []
     for role, kernel in KERNELS.items():
         meta = dict(tiles(config, width // heads, width)[role])
         warps = meta.pop("num_warps")
+        meta.update({name: features for name in FEATURES[role]})
         plan.append((kernel, meta, warps))
     return plan
 
@@ -350,78 +412,144 @@ def _weight_gradient(x_heads: torch.Tensor, d_gates: torch.Tensor) -> torch.Tens
     return torch.bmm(xt, d_gates).float()
 
 
+def _gate_weights(gate_x_weight, gate_a_weight, dtype: torch.dtype) -> torch.Tensor:
+    """W_cat = [Wx | Wa], [H, bw, 2 bw], in the GEMM operand dtype."""
+    return torch.cat([gate_x_weight, gate_a_weight], dim=2).to(_gemm_dtype(dtype))
+
+
+def forward(x, params, sequences, config: GemmConfig, w_cat=None):
+    """(y, final state or None, residuals): the gate GEMM and the forward's kernels.  The
+    residuals are the tensors the backward needs beside x and the parameters: G flat (its
+    [H, B L, 2 bw] layout read back from the weights' shape, x's GEMM dtype), the chunks' decays
+    and entering states ([B, NC, D] FP32).  w_cat: W_cat when the caller has it."""
+    x = aligned(x)
+    gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
+    batch, length, width = x.shape
+    heads, bw, _ = gate_x_weight.shape
+    tokens = batch * length
+    n_chunks = cdiv(length, config.chunk)
+    if w_cat is None:
+        w_cat = _gate_weights(gate_x_weight, gate_a_weight, x.dtype)
+    gates = torch.bmm(_heads(x, heads), w_cat)  # x's dtype is the operand dtype
+    bx, ba, a_param = [fp32_contiguous(p) for p in (gate_x_bias, gate_a_bias, a_param)]
+    seq, h0 = sequences.seq_index, sequences.initial_state
+    flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial)
+    meta = tiles(config, bw, width)
+    f32 = dict(device=x.device, dtype=torch.float32)
+    decay = torch.empty(batch, n_chunks, width, **f32)
+    end = torch.empty(batch, n_chunks, width, **f32)
+    grid = (batch * n_chunks, cdiv(width, meta["summary"]["BN"]))
+    launching.launch(_summary_kernel, grid, x, gates, bx, ba, a_param, seq, h0, decay, end,
+                     length, tokens, n_chunks, **meta["summary"], **flags)
+    h_in = chunk_carry(decay, end, reverse=False)
+    y = torch.empty_like(x)
+    final = sequences.final_state(width, x.device)
+    grid = (batch * n_chunks, cdiv(width, meta["output"]["BN"]))
+    launching.launch(_output_kernel, grid, x, gates, y, bx, ba, a_param, h_in, seq, h0, final,
+                     length, tokens, n_chunks, **meta["output"], **flags,
+                     HAS_FINAL=sequences.output_final_state)
+    return (y, (final if sequences.output_final_state else None),
+            (gates.view(-1), decay, h_in))
+
+
+def residual_specs(config: GemmConfig, batch: int, length: int, width: int, dtype):
+    """(shape, dtype) of each of forward's residuals, for a compiled graph's fake tensors."""
+    n_chunks = cdiv(length, config.chunk)
+    return [((2 * batch * length * width,), _gemm_dtype(dtype)),
+            ((batch, n_chunks, width), torch.float32), ((batch, n_chunks, width), torch.float32)]
+
+
+def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w_cat=None):
+    """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param,
+    d initial_state or None): the backward's kernels and GEMMs.  dy and d_final may be None (no
+    gradient reached them).  w_cat: W_cat when the caller kept it from the forward."""
+    x = aligned(x)
+    gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
+    gates, decay, h_in = residuals
+    batch, length, width = x.shape
+    heads, bw, _ = gate_x_weight.shape
+    tokens = batch * length
+    gates = gates.view(heads, tokens, 2 * bw)
+    if w_cat is None:
+        w_cat = _gate_weights(gate_x_weight, gate_a_weight, x.dtype)
+    bx, ba, a_param = [fp32_contiguous(p) for p in (gate_x_bias, gate_a_bias, a_param)]
+    dy = torch.zeros_like(x) if dy is None else aligned(dy)
+    n_chunks = cdiv(length, config.chunk)
+    meta = tiles(config, bw, width)
+    seq, h0 = sequences.seq_index, sequences.initial_state
+    has_dfinal = d_final is not None
+    d_final = fp32_contiguous(d_final) if has_dfinal else h0
+    end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
+    grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BN"]))
+    launching.launch(_reverse_summary_kernel, grid, dy, gates, ba, a_param, seq, d_final, end,
+                     length, tokens, n_chunks, **meta["reverse_summary"],
+                     PACKED=sequences.packed, HAS_DFINAL=has_dfinal)
+    carry = chunk_carry(decay, end, reverse=True)
+    col_blocks = cdiv(width, meta["backward"]["BN"])
+    programs = config.backward_programs_per_sm * sm_count(x.device)
+    spans = max(1, min(n_chunks, programs // (batch * col_blocks)))
+    per_span = cdiv(n_chunks, spans)
+    spans = cdiv(n_chunks, per_span)
+    n_parts = batch * spans
+    part = torch.empty(n_parts, 2 * width, device=x.device, dtype=torch.float32)
+    dsp_part = rows_of(end, n_parts, width)  # end is spent: the carry has read it
+    d_gates = torch.empty_like(gates)
+    dx = torch.empty_like(x)
+    d_h0 = torch.empty_like(h0) if sequences.has_initial else h0
+    launching.launch(_backward_kernel, (n_parts, col_blocks), x, dy, gates, d_gates, dx, bx, ba,
+                     a_param, h_in, carry, seq, h0, d_final, d_h0, part, dsp_part, length,
+                     tokens, n_chunks, per_span, spans, **meta["backward"],
+                     PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
+                     HAS_DFINAL=has_dfinal)
+    grads = sum_partials(part, dsp_part, a_param)
+    x_heads = _heads(x, heads)
+    _heads(dx, heads).baddbmm_(d_gates, w_cat.transpose(1, 2))  # dx += dG W_cat^T
+    d_weight = _weight_gradient(x_heads, d_gates)
+    at = gradient_columns(width)
+    return (dx, d_weight[:, :, :bw], grads[at["gate_x_bias"]], d_weight[:, :, bw:],
+            grads[at["gate_a_bias"]], grads[at["a_param"]],
+            d_h0 if sequences.has_initial else None)
+
+
 class GemmScanFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
-                config: GemmConfig):
-        x = aligned(x)
-        batch, length, width = x.shape
-        heads, bw, _ = gate_x_weight.shape
-        tokens = batch * length
-        n_chunks = cdiv(length, config.chunk)
-        w_cat = torch.cat([gate_x_weight, gate_a_weight], dim=2).to(_gemm_dtype(x.dtype))
-        gates = torch.bmm(_heads(x, heads), w_cat)  # x's dtype is the operand dtype
-        bx, ba, a_param_ = params = [fp32_contiguous(p) for p in (gate_x_bias, gate_a_bias,
-                                                                   a_param)]
-        meta = tiles(config, bw, width)
-        f32 = dict(device=x.device, dtype=torch.float32)
-        decay = torch.empty(batch, n_chunks, width, **f32)
-        end = torch.empty(batch, n_chunks, width, **f32)
-        grid = (batch * n_chunks, cdiv(width, meta["summary"]["BN"]))
-        launching.launch(_summary_kernel, grid, x, gates, bx, ba, a_param_, decay, end, length,
-                         tokens, n_chunks, **meta["summary"])
-        h_in = chunk_carry(decay, end, reverse=False)
-        y = torch.empty_like(x)
-        grid = (batch * n_chunks, cdiv(width, meta["output"]["BN"]))
-        launching.launch(_output_kernel, grid, x, gates, y, bx, ba, a_param_, h_in, length, tokens,
-                         n_chunks, **meta["output"])
-        ctx.save_for_backward(x, gates, decay, h_in, w_cat, *params)
-        ctx.config = config
-        return y
+    """Eager autograd over forward and backward.  The outputs are y and the final state (None
+    unless asked for); the backward takes both gradients and returns one for the initial
+    state.  Saved: x, G (as [H, B L, 2 bw]), the per-chunk states, W_cat and the parameters."""
 
     @staticmethod
-    def backward(ctx, dy):
+    def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
+                initial_state, seq_index, config: GemmConfig, sequences):
+        x = aligned(x)
+        params = (gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param)
+        w_cat = _gate_weights(gate_x_weight, gate_a_weight, x.dtype)
+        y, final, (gates, decay, h_in) = forward(x, params, sequences, config, w_cat)
+        heads, bw, _ = gate_x_weight.shape
+        ctx.save_for_backward(x, gates.view(heads, -1, 2 * bw), decay, h_in, w_cat, *params)
+        ctx.config = config
+        ctx.sequences = sequences
+        ctx.set_materialize_grads(False)
+        return y, final
+
+    @staticmethod
+    def backward(ctx, dy, d_final):
         refuse_double_backward("rglru")
-        x, gates, decay, h_in, w_cat, bx, ba, a_param = ctx.saved_tensors
-        config = ctx.config
-        dy = aligned(dy)
-        batch, length, width = x.shape
-        heads, bw, _ = w_cat.shape
-        tokens = batch * length
-        n_chunks = cdiv(length, config.chunk)
-        meta = tiles(config, bw, width)
-        end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
-        grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BN"]))
-        launching.launch(_reverse_summary_kernel, grid, dy, gates, ba, a_param, end, length,
-                         tokens, n_chunks, **meta["reverse_summary"])
-        carry = chunk_carry(decay, end, reverse=True)
-        col_blocks = cdiv(width, meta["backward"]["BN"])
-        programs = config.backward_programs_per_sm * sm_count(x.device)
-        spans = max(1, min(n_chunks, programs // (batch * col_blocks)))
-        per_span = cdiv(n_chunks, spans)
-        spans = cdiv(n_chunks, per_span)
-        n_parts = batch * spans
-        part = torch.empty(n_parts, 2 * width, device=x.device, dtype=torch.float32)
-        dsp_part = rows_of(end, n_parts, width)  # end is spent: the carry has read it
-        d_gates = torch.empty_like(gates)
-        dx = torch.empty_like(x)
-        launching.launch(_backward_kernel, (n_parts, col_blocks), x, dy, gates, d_gates, dx, bx,
-                         ba, a_param, h_in, carry, part, dsp_part, length, tokens, n_chunks,
-                         per_span, spans, **meta["backward"])
-        grads = sum_partials(part, dsp_part, a_param)
-        x_heads = _heads(x, heads)
-        _heads(dx, heads).baddbmm_(d_gates, w_cat.transpose(1, 2))  # dx += dG W_cat^T
-        d_weight = _weight_gradient(x_heads, d_gates)
-        at = gradient_columns(width)
-        return (dx, d_weight[:, :, :bw], grads[at["gate_x_bias"]], d_weight[:, :, bw:],
-                grads[at["gate_a_bias"]], grads[at["a_param"]], None)
+        x, gates, decay, h_in, w_cat, *params = ctx.saved_tensors
+        grads = backward(x, params, (gates, decay, h_in), dy, d_final, ctx.sequences, ctx.config,
+                         w_cat)
+        return (*grads, None, None, None)
 
 
 def run_with(config: GemmConfig):
-    """The backend of one configuration: run(x, *parameters) -> y."""
-    def run(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
+    """The backend of one configuration: run(x, *parameters, initial_state=None,
+    cu_seqlens=None, output_final_state=False) -> (y, final state or None)."""
+    def run(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
+            initial_state=None, cu_seqlens=None, output_final_state=False):
+        if initial_state is not None:
+            initial_state = fp32_contiguous(initial_state)  # differentiable: autograd casts back
+        sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state)
         return GemmScanFunction.apply(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias,
-                                      a_param, config)
+                                      a_param, initial_state, sequences.seq_index, config,
+                                      sequences)
     return run
 
 
