@@ -50,7 +50,7 @@ class Block(nn.Module):
 
     def __init__(self, mixer: nn.Module, width: int):
         super().__init__()
-        self.norm = nn.RMSNorm(width)
+        self.norm = nn.LayerNorm(width)
         self.mixer = mixer
         self.out = nn.Linear(width, width)
 

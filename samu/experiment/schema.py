@@ -95,8 +95,83 @@ CORRECTNESS_SCHEMA = {
     "type": "object",
     "required": ["shape", "environment", "mixers"],
 }
+# The training study (samu.experiment.training, notebook 05): one run per (task, mixer, seed,
+# sequence length).  A non-finite number is written as a string ("nan", "inf", "-inf").
+_real = {"anyOf": [{"type": "number"}, {"enum": ["nan", "inf", "-inf"]}]}
+_training_run = {
+    "type": "object",
+    "required": ["task", "mixer", "seed", "seq_len", "parameters", "parameter_counts",
+                 "loss_curve", "metric", "value", "eval_loss", "chance", "tokens_per_s", "steps",
+                 "steps_completed", "stopped_by_time", "diverged", "backend"],
+    "properties": {
+        "task": {"enum": ["mqar", "copy", "lm"]},
+        "mixer": {"enum": ["attention", "rglru", "samu"]},
+        "seed": {"type": "integer"},
+        "seq_len": {"type": "integer", "minimum": 1},
+        "parameters": {"type": "integer", "minimum": 1},
+        "parameter_counts": {"type": "object", "required": ["total"],
+                             "additionalProperties": _count},
+        "loss_curve": {"type": "array", "minItems": 1, "items": {
+            "type": "array", "minItems": 2, "maxItems": 2,
+            "prefixItems": [{"type": "integer", "minimum": 1}, _real]}},
+        "metric": {"enum": ["accuracy", "bits_per_char"]},
+        "value": _real, "eval_loss": _real, "tokens_per_s": _real,
+        "chance": _number,
+        "steps": {"type": "integer", "minimum": 1},
+        "steps_completed": {"type": "integer", "minimum": 1},
+        "stopped_by_time": {"type": "boolean"},
+        "diverged": {"type": "boolean"},
+        "backend": {"type": "array", "items": {"type": ["string", "null"]}},
+    },
+}
+TRAINING_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "samu training-study document",
+    "type": "object",
+    "required": ["schema_version", "kind", "environment", "study", "runs"],
+    "properties": {
+        "schema_version": {"const": SCHEMA_VERSION},
+        "kind": {"const": "training"},
+        "environment": {"type": "object",
+                        "required": ["torch", "cuda", "gpu", "triton", "python", "git_commit",
+                                     "date", "device", "dtype"]},
+        "study": {"type": "object", "required": ["mixers", "seeds", "tasks", "train"]},
+        "runs": {"type": "array", "minItems": 1, "items": _training_run},
+    },
+}
+# Packed sequences, decode steps and torch.compile (samu.experiment.features).
+_timed = {"type": "object", "required": ["forward_backward_median_ms", "gpu_time_ms"],
+          "properties": {"forward_backward_median_ms": _number,
+                         "gpu_time_ms": {"type": ["number", "null"]}}}
+FEATURES_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "samu state-keyword, decode and compile timings",
+    "type": "object",
+    "required": ["environment", "packing", "decode", "compile"],
+    "properties": {
+        "environment": {"type": "object", "required": ["torch", "cuda", "gpu"]},
+        "packing": {"type": "array", "items": {
+            "type": "object",
+            "required": ["mixer", "backend", "shape", "lengths", "packed", "unpacked",
+                         "one_by_one"],
+            "properties": {"lengths": {"type": "array", "items": {"type": "integer",
+                                                                    "minimum": 1}},
+                           "packed": _timed, "unpacked": _timed, "one_by_one": _timed}}},
+        "decode": {"type": "array", "items": {
+            "type": "object", "required": ["mixer", "batch", "host_us_per_step",
+                                           "gpu_us_per_step", "backend"],
+            "properties": {"host_us_per_step": _number,
+                           "gpu_us_per_step": {"type": ["number", "null"]}}}},
+        "compile": {"type": "array", "items": {
+            "type": "object", "required": ["mixer", "shape", "eager_ms", "compiled_ms",
+                                           "reduce_overhead_ms", "backend"],
+            "properties": {k: _number for k in ("eager_ms", "compiled_ms",
+                                                "reduce_overhead_ms")}}},
+    },
+}
 SCHEMAS = {"result": RESULT_SCHEMA, "calibration": CALIBRATION_SCHEMA,
-           "correctness": CORRECTNESS_SCHEMA}
+           "correctness": CORRECTNESS_SCHEMA, "training": TRAINING_SCHEMA,
+           "features": FEATURES_SCHEMA}
 
 
 def validate(doc: dict, kind: str = "result") -> None:
