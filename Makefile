@@ -14,7 +14,7 @@ override SHAPES := $(value SHAPES)
 export SHAPES
 NBVAL_DATA := $(shell mktemp -d -u /tmp/samu-nbval.XXXXXX)
 
-.PHONY: setup test reproduce lab notebooks clean
+.PHONY: setup test reproduce train lab notebooks clean
 
 setup: $(SETUP)
 
@@ -34,6 +34,13 @@ test: $(SETUP)
 
 reproduce: $(SETUP)
 	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.pipeline --shapes "$$SHAPES"
+
+# The training study (notebook 05: recall, selective copying and a character LM for each mixer,
+# beside its training speed), with samu.experiment.training.GPU_PARAMETERS on CUDA and the
+# notebook's small defaults otherwise. Executed notebook: data/runs/<gpu>/05_training.ipynb;
+# results: data/training/<gpu>.json; figures: data/figures/<gpu>_training_*.png.
+train: $(SETUP)
+	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.training
 
 # JupyterLab on the repository root (notebooks/ and data/runs/ side by side); it prints the URL it
 # serves. LAB_ARGS go to jupyter lab, e.g. make lab LAB_ARGS="--no-browser --port 8899". Jupyter

@@ -24,8 +24,10 @@ def draw(doc: dict, path) -> None:
     names = {"rglru": "RG-LRU", "samu": "SAMU"}
     ax = axes[0]
     variants = ("packed", "unpacked", "one_by_one")
+    on_gpu = doc["packing"][0]["packed"]["gpu_time_ms"] is not None
+    key = "gpu_time_ms" if on_gpu else "forward_backward_median_ms"
     for i, row in enumerate(doc["packing"]):
-        values = [row[v]["gpu_time_ms"] or row[v]["forward_backward_median_ms"] for v in variants]
+        values = [row[v][key] for v in variants]
         ax.bar([i * 4 + k for k in range(3)], values, color=["C0", "C1", "C2"])
     ax.set_xticks([i * 4 + 1 for i in range(len(doc["packing"]))],
                   [names[r["mixer"]] for r in doc["packing"]])
@@ -33,7 +35,7 @@ def draw(doc: dict, path) -> None:
               labels=["packed (cu_seqlens)", "same tokens, one row", "one call per sequence"])
     shape = doc["packing"][0]["shape"]
     ax.set_title(f"{len(doc['packing'][0]['lengths'])} sequences, {shape[1]} tokens, D = "
-                 f"{shape[2]}: GPU time (ms)")
+                 f"{shape[2]}: {'GPU time' if on_gpu else 'median'} (ms)")
     ax = axes[1]
     for mixer in ("rglru", "samu"):
         rows = [r for r in doc["decode"] if r["mixer"] == mixer]

@@ -11,6 +11,12 @@ Bytes per element (BF16 x, y, dy, dx):
             weight-gradient kernel reads x, dy (4)                                     -> 14
 FLOPs per element: 4 bw per gate-product pass (2 gates), 10 passes fwd+bwd -> 40 bw
 (5120 at bw = 128): at D = 2048 the gates, not the bytes, bound RG-LRU.
+
+Initial states, packed sequences and final states follow common.sequences: the forward folds each
+start into the scan inputs (a_s -> 0, u_s -> u_s + a_s h0), so a chunk holding one has decay 0
+and the carry is a scan from zero; the backward cuts the adjoint at starts, adds the final
+state's gradient at ends and writes d h0 = a_s dh_s from the dx kernel.  Each feature is a
+constexpr: a call without it compiles to the kernel it was before.
 """
 from __future__ import annotations
 
@@ -30,6 +36,8 @@ from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transiti
 from ..common.reduce import named_columns, sum_partials
 from ..common.scan import (adjoint_combine, affine_combine, last_row, previous_state_combine,
                            row_offsets)
+from ..common.sequences import (entering_state, fold_starts, load_at, resets, row_sequences,
+                                sequence_args, store_at)
 
 MIXER = "rglru"
 GATE_SCALE = 8.0
@@ -66,10 +74,20 @@ def _own_tile(b, rows, head, j, L, BW, row_units, V: tl.constexpr):
 
 
 @triton.jit
+def _state_cols(head, j, BW, D):
+    """The program's channels as columns of an [N, D] state, D (masked off by load_at and
+    store_at) past the head's bw: those belong to the next head."""
+    return tl.where(j < BW, head * BW + j, D)
+
+
+@triton.jit
 def _forward_tile(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, b, rows, head, j,
-                  L, D, BW, row_units, V: tl.constexpr, BWK: tl.constexpr,
-                  DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    """The chunk's local scan: returns (prod a, h from h_in = 0, offsets, mask)."""
+                  L, D, BW, row_units, seq_ptr, h0_ptr, V: tl.constexpr, BWK: tl.constexpr,
+                  DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, PACKED: tl.constexpr,
+                  HAS_INITIAL: tl.constexpr):
+    """The chunk's local scan: returns (prod a, h from h_in = 0, offsets, mask, each row's
+    sequence, sequence ends), each sequence start folded into the scan inputs (so prod a is 0
+    across one)."""
     xh = _head_x(x_ptr, b, rows, head, L, D, BW, BWK, DOT_DTYPE)
     gx, _ = _gate(xh, wx_ptr, bx_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
     ga, _ = _gate(xh, wa_ptr, ba_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
@@ -77,24 +95,33 @@ def _forward_tile(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, b, rows, h
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     sp = softplus(tl.load(a_param_ptr + head * BW + j, mask=j < BW, other=0.0))
     log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
-    a, m, _ = transition(log_a, (rows == 0)[:, None])
-    p, h = tl.associative_scan((a, m * gx * x), 0, affine_combine)
-    return p, h, offs, ok
+    seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
+    a, m, _ = transition(log_a, resets(starts, HAS_INITIAL))
+    u = m * gx * x
+    if PACKED or HAS_INITIAL:
+        a, u = fold_starts(a, u, starts, entering_state(h0_ptr, seq, starts,
+                                                        _state_cols(head, j, BW, D), D,
+                                                        HAS_INITIAL))
+    p, h = tl.associative_scan((a, u), 0, affine_combine)
+    return p, h, offs, ok, seq, ends
 
 
 @triton.jit(do_not_specialize=["row_units"])
 def _rglru_summary_kernel(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, decay_ptr, end_ptr,
-                          L, D, NC, BW, NBV, row_units, T: tl.constexpr, BWK: tl.constexpr,
-                          BN: tl.constexpr, V: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                          PREC: tl.constexpr):
+                          L, D, NC, BW, NBV, row_units, seq_ptr, h0_ptr, T: tl.constexpr,
+                          BWK: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
+                          DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, PACKED: tl.constexpr,
+                          HAS_INITIAL: tl.constexpr):
+    """Per (chunk, head, column block): the chunk's decay (prod a) and end state from zero."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
     head = tl.program_id(1) // NBV
     j = (tl.program_id(1) % NBV) * BN + tl.arange(0, BN)
     rows = k * T + tl.arange(0, T)
-    p, h, _, _ = _forward_tile(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, b, rows, head,
-                               j, L, D, BW, row_units, V, BWK, DOT_DTYPE, PREC)
+    p, h, _, _, _, _ = _forward_tile(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, b, rows,
+                                     head, j, L, D, BW, row_units, seq_ptr, h0_ptr, V, BWK,
+                                     DOT_DTYPE, PREC, PACKED, HAS_INITIAL)
     out = (b * NC + k) * D + head * BW + j
     tr = tl.arange(0, T)
     tl.store(decay_ptr + out, last_row(p, tr, T), mask=j < BW)
@@ -103,29 +130,38 @@ def _rglru_summary_kernel(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, de
 
 @triton.jit(do_not_specialize=["row_units"])
 def _rglru_output_kernel(x_ptr, y_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, h_in_ptr,
-                         L, D, NC, BW, NBV, row_units, T: tl.constexpr, BWK: tl.constexpr,
-                         BN: tl.constexpr, V: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                         PREC: tl.constexpr):
+                         L, D, NC, BW, NBV, row_units, seq_ptr, h0_ptr, final_ptr,
+                         T: tl.constexpr, BWK: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
+                         DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, PACKED: tl.constexpr,
+                         HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr):
+    """Per (chunk, head, column block): y = h rebuilt from the chunk's entering state; h at each
+    sequence's last token into final (HAS_FINAL)."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
     head = tl.program_id(1) // NBV
     j = (tl.program_id(1) % NBV) * BN + tl.arange(0, BN)
     rows = k * T + tl.arange(0, T)
-    p, h, offs, ok = _forward_tile(x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, b, rows,
-                                   head, j, L, D, BW, row_units, V, BWK, DOT_DTYPE, PREC)
+    p, h, offs, ok, seq, ends = _forward_tile(
+        x_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, b, rows, head, j, L, D, BW,
+        row_units, seq_ptr, h0_ptr, V, BWK, DOT_DTYPE, PREC, PACKED, HAS_INITIAL)
     h_in = tl.load(h_in_ptr + (b * NC + k) * D + head * BW + j, mask=j < BW, other=0.0)
     y = h + p * h_in[None, :]
+    if HAS_FINAL:
+        store_at(final_ptr, y, seq, ends, _state_cols(head, j, BW, D), D)
     tl.store(y_ptr + offs, to_element(y, y_ptr), mask=ok)
 
 
 @triton.jit(do_not_specialize=["row_units"])
 def _rglru_reverse_summary_kernel(x_ptr, dy_ptr, wa_ptr, ba_ptr, a_param_ptr, end_ptr,
-                                  L, D, NC, BW, NBV, row_units, T: tl.constexpr,
-                                  BWK: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
-                                  DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    """Rows latest first: the reverse recurrence is a forward scan (Triton's reverse scan
-    shuffles even within a thread)."""
+                                  L, D, NC, BW, NBV, row_units, seq_ptr, dfinal_ptr,
+                                  T: tl.constexpr, BWK: tl.constexpr, BN: tl.constexpr,
+                                  V: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
+                                  PACKED: tl.constexpr, HAS_DFINAL: tl.constexpr):
+    """Per (chunk, head, column block): the adjoint carry a_s dh_s leaving the chunk's first
+    token, with nothing entering from the right.  Rows latest first: the reverse recurrence is a
+    forward scan (Triton's reverse scan shuffles even within a thread).  The final state's
+    gradient enters at each sequence's end; nothing leaves through a start."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
@@ -138,6 +174,12 @@ def _rglru_reverse_summary_kernel(x_ptr, dy_ptr, wa_ptr, ba_ptr, a_param_ptr, en
     dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     sp = softplus(tl.load(a_param_ptr + head * BW + j, mask=j < BW, other=0.0))
     a = exp_fast(tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0))
+    if PACKED or HAS_DFINAL:
+        seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
+        if HAS_DFINAL:
+            dy += load_at(dfinal_ptr, seq, ends, _state_cols(head, j, BW, D), D)
+        if PACKED:
+            a = tl.where(starts[:, None], 0.0, a)
     _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
     out = (b * NC + k) * D + head * BW + j
     tl.store(end_ptr + out, last_row(v, tl.arange(0, T), T), mask=j < BW)
@@ -145,11 +187,15 @@ def _rglru_reverse_summary_kernel(x_ptr, dy_ptr, wa_ptr, ba_ptr, a_param_ptr, en
 
 @triton.jit
 def _chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr,
-                   a_param_ptr, xh, b, k, rows, head, j, L, D, NC, BW, row_units,
-                   V: tl.constexpr, BWK: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                   PREC: tl.constexpr):
-    """One [T, BN] tile of the backward, recomputed: gate gradients, dx's direct term, dlog a.
-    rows run latest first: the adjoint is a forward scan, only h_{t-1} needs a reverse one."""
+                   a_param_ptr, xh, b, k, rows, head, j, L, D, NC, BW, row_units, seq_ptr,
+                   h0_ptr, dfinal_ptr, dh0_ptr, V: tl.constexpr, BWK: tl.constexpr,
+                   DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, PACKED: tl.constexpr,
+                   HAS_INITIAL: tl.constexpr, HAS_DFINAL: tl.constexpr,
+                   WRITE_DH0: tl.constexpr):
+    """One [T, BN] tile of the backward, recomputed: gate gradients, dx's direct term, dlog a,
+    and d h0 = a_s dh_s at each start (WRITE_DH0).  rows run latest first: the adjoint is a
+    forward scan, only h_{t-1} needs a reverse one.  At a start, a_s h_{s-1} is a_s times the
+    entering state (h0, or 0 where the state resets)."""
     gx, wx = _gate(xh, wx_ptr, bx_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
     ga, wa = _gate(xh, wa_ptr, ba_ptr, head, j, BW, BWK, DOT_DTYPE, PREC)
     offs, ok = _own_tile(b, rows, head, j, L, BW, row_units, V)
@@ -157,16 +203,34 @@ def _chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, b
     dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     sp = softplus(tl.load(a_param_ptr + head * BW + j, mask=j < BW, other=0.0))
     log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
-    a, m, dm_dlog_a = transition(log_a, (rows == 0)[:, None])
+    seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
+    a, m, dm_dlog_a = transition(log_a, resets(starts, HAS_INITIAL))
     u = m * gx * x
     ones = tl.full(a.shape, 1.0, tl.float32)
-    _, _, c, d = tl.associative_scan((a, u, ones, tl.zeros_like(a)), 0, previous_state_combine,
-                                     reverse=True)
+    cols = _state_cols(head, j, BW, D)
+    if PACKED or HAS_INITIAL:  # h_{t-1} of the folded scan; at a start, the entering state
+        entering = entering_state(h0_ptr, seq, starts, cols, D, HAS_INITIAL)
+        a_fold, u_fold = fold_starts(a, u, starts, entering)
+        _, _, c, d = tl.associative_scan((a_fold, u_fold, ones, tl.zeros_like(a)), 0,
+                                         previous_state_combine, reverse=True)
+    else:
+        _, _, c, d = tl.associative_scan((a, u, ones, tl.zeros_like(a)), 0,
+                                         previous_state_combine, reverse=True)
     state = (b * NC + k) * D + head * BW + j
     h_prev = c * tl.load(h_in_ptr + state, mask=j < BW, other=0.0)[None, :] + d
-    _, _, q, w = tl.associative_scan((a, a * dy, ones, dy), 0, adjoint_combine)
+    if PACKED or HAS_INITIAL:
+        h_prev = tl.where(starts[:, None], entering, h_prev)
+    # dh_t = dy_t + a_{t+1} dh_{t+1}, with nothing crossing a start backwards.
+    a_cut = a
+    if PACKED:
+        a_cut = tl.where(starts[:, None], 0.0, a)
+    if HAS_DFINAL:
+        dy += load_at(dfinal_ptr, seq, ends, cols, D)
+    _, _, q, w = tl.associative_scan((a_cut, a_cut * dy, ones, dy), 0, adjoint_combine)
     dh = w + q * tl.load(carry_ptr + state, mask=j < BW, other=0.0)[None, :]
     dla = dh * (a * h_prev) + dh * gx * x * dm_dlog_a
+    if WRITE_DH0:
+        store_at(dh0_ptr, a * dh, seq, starts, cols, D)
     d_gate_x = dh * m * x * gx * (1.0 - gx)
     d_gate_a = dla * (-8.0 * sp[None, :]) * ga * (1.0 - ga)
     return d_gate_x, d_gate_a, dh * m * gx, dla * (-8.0 * ga), wx, wa
@@ -174,10 +238,13 @@ def _chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, b
 
 @triton.jit(do_not_specialize=["row_units"])
 def _rglru_dx_kernel(x_ptr, dy_ptr, dx_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr,
-                     h_in_ptr, carry_ptr, L, D, NC, BW, row_units, T: tl.constexpr,
-                     BWK: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr, NBV: tl.constexpr,
-                     V: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    """Per (chunk, head): dx = dh m gx + dGx Wx^T + dGa Wa^T over the head's column blocks."""
+                     h_in_ptr, carry_ptr, L, D, NC, BW, row_units, seq_ptr, h0_ptr,
+                     dfinal_ptr, dh0_ptr, T: tl.constexpr, BWK: tl.constexpr, BN: tl.constexpr,
+                     NB: tl.constexpr, NBV: tl.constexpr, V: tl.constexpr,
+                     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, PACKED: tl.constexpr,
+                     HAS_INITIAL: tl.constexpr, HAS_DFINAL: tl.constexpr):
+    """Per (chunk, head): dx = dh m gx + dGx Wx^T + dGa Wa^T over the head's column blocks, and
+    d h0 at the chunk's starts (HAS_INITIAL; this kernel alone writes it)."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
@@ -191,7 +258,8 @@ def _rglru_dx_kernel(x_ptr, dy_ptr, dx_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_pa
         j = nb * BN + tl.arange(0, BN)
         d_gate_x, d_gate_a, direct, _, wx, wa = _chunk_adjoint(
             x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, xh,
-            b, k, rows, head, j, L, D, NC, BW, row_units, V, BWK, DOT_DTYPE, PREC)
+            b, k, rows, head, j, L, D, NC, BW, row_units, seq_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
+            V, BWK, DOT_DTYPE, PREC, PACKED, HAS_INITIAL, HAS_DFINAL, HAS_INITIAL)
         dx_products += tl.dot(d_gate_x.to(DOT_DTYPE), tl.trans(wx), input_precision=PREC)
         dx_products += tl.dot(d_gate_a.to(DOT_DTYPE), tl.trans(wa), input_precision=PREC)
         dx_direct += tl.where(block[None, :, None] == nb, direct[:, None, :], 0.0)
@@ -205,8 +273,10 @@ def _rglru_dx_kernel(x_ptr, dy_ptr, dx_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_pa
 def _rglru_param_grad_kernel(x_ptr, dy_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr,
                              h_in_ptr, carry_ptr, part_ptr, dsp_part_ptr,
                              L, D, NC, BW, NBV, CHUNKS_PER_SPAN, NSPAN, row_units,
-                             T: tl.constexpr, BWK: tl.constexpr, BN: tl.constexpr,
-                             V: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+                             seq_ptr, h0_ptr, dfinal_ptr, T: tl.constexpr, BWK: tl.constexpr, BN: tl.constexpr,
+                             V: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
+                             PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
+                             HAS_DFINAL: tl.constexpr):
     """Per (span of chunks, head, column block): partial dWx, dWa, dbx, dba and d softplus."""
     pid = tl.program_id(0)
     b = (pid // NSPAN).to(tl.int64)
@@ -225,7 +295,8 @@ def _rglru_param_grad_kernel(x_ptr, dy_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_pa
         xh = _head_x(x_ptr, b, rows, head, L, D, BW, BWK, DOT_DTYPE)
         d_gate_x, d_gate_a, _, d_sp, _, _ = _chunk_adjoint(
             x_ptr, dy_ptr, h_in_ptr, carry_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr, xh,
-            b, k, rows, head, j, L, D, NC, BW, row_units, V, BWK, DOT_DTYPE, PREC)
+            b, k, rows, head, j, L, D, NC, BW, row_units, seq_ptr, h0_ptr, dfinal_ptr, h0_ptr,
+            V, BWK, DOT_DTYPE, PREC, PACKED, HAS_INITIAL, HAS_DFINAL, False)
         xt = tl.trans(xh)
         dwx += tl.dot(xt, d_gate_x.to(DOT_DTYPE), input_precision=PREC)
         dwa += tl.dot(xt, d_gate_a.to(DOT_DTYPE), input_precision=PREC)
@@ -303,13 +374,23 @@ KERNELS = {"summary": _rglru_summary_kernel, "output": _rglru_output_kernel,
            "param_grad": _rglru_param_grad_kernel}
 
 
-def launch_plan(config: RglruConfig, width: int, heads: int = 16):
-    """(kernel, constexprs, warps) of every kernel a backend launches at this width."""
+# The state keywords' constexprs of each kernel (samu.ops.common.sequences).
+FEATURES = {"summary": ("PACKED", "HAS_INITIAL"),
+            "output": ("PACKED", "HAS_INITIAL", "HAS_FINAL"),
+            "reverse_summary": ("PACKED", "HAS_DFINAL"),
+            "dx": ("PACKED", "HAS_INITIAL", "HAS_DFINAL"),
+            "param_grad": ("PACKED", "HAS_INITIAL", "HAS_DFINAL")}
+
+
+def launch_plan(config: RglruConfig, width: int, heads: int = 16, features: bool = False):
+    """(kernel, constexprs, warps) of every kernel a backend launches at this width: without
+    the state keywords, or (features=True) with all of them."""
     by_role = plan(config, width // heads, width)
     out = []
     for role, kernel in KERNELS.items():
         meta = dict(by_role[role])
         warps = meta.pop("num_warps")
+        meta.update({name: features for name in FEATURES[role]})
         out.append((kernel, meta, warps))
     return out
 
@@ -322,82 +403,141 @@ def gradient_columns(heads: int, bw: int, width: int) -> dict[str, slice]:
                           ("gate_x_bias", width), ("gate_a_bias", width), ("a_param", width)])
 
 
+def _operands(params, dtype: torch.dtype):
+    """The parameters as the kernels read them: gate weights in the dot's operand dtype (half the
+    registers and bytes of FP32 tiles), biases and a_param FP32; a no-op on operands."""
+    gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
+    operand = dot_operand_dtype(dtype)
+    return (aligned(gate_x_weight.to(operand)), fp32_contiguous(gate_x_bias),
+            aligned(gate_a_weight.to(operand)), fp32_contiguous(gate_a_bias),
+            fp32_contiguous(a_param))
+
+
+def forward(x, params, sequences, config: RglruConfig):
+    """(y, final state or None, residuals): the forward's kernels.  The residuals are the
+    tensors the backward needs beside x and the parameters: the chunks' decays and entering
+    states ([B, NC, D] FP32)."""
+    x = aligned(x)
+    batch, length, width = x.shape
+    heads, bw, _ = params[0].shape
+    n_chunks = cdiv(length, config.chunk)
+    by_role = plan(config, bw, width, x.dtype)
+    params = _operands(params, x.dtype)
+    seq, h0 = sequences.seq_index, sequences.initial_state
+    flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial)
+    f32 = dict(device=x.device, dtype=torch.float32)
+    decay = torch.empty(batch, n_chunks, width, **f32)
+    end = torch.empty(batch, n_chunks, width, **f32)
+    grid = (batch * n_chunks, heads * by_role["nbv"])
+    meta = by_role["summary"]
+    launching.launch(_rglru_summary_kernel, grid, x, *params, decay, end, length, width,
+                     n_chunks, bw, by_role["nbv"], row_stride_units(width, meta), seq, h0,
+                     **meta, **flags)
+    h_in = chunk_carry(decay, end, reverse=False)
+    y = torch.empty_like(x)
+    final = sequences.final_state(width, x.device)
+    meta = by_role["output"]
+    launching.launch(_rglru_output_kernel, grid, x, y, *params, h_in, length, width, n_chunks,
+                     bw, by_role["nbv"], row_stride_units(width, meta), seq, h0, final,
+                     **meta, **flags, HAS_FINAL=sequences.output_final_state)
+    return y, (final if sequences.output_final_state else None), (decay, h_in)
+
+
+def residual_specs(config: RglruConfig, batch: int, length: int, width: int, dtype):
+    """(shape, dtype) of each of forward's residuals, for a compiled graph's fake tensors."""
+    n_chunks = cdiv(length, config.chunk)
+    return [((batch, n_chunks, width), torch.float32), ((batch, n_chunks, width), torch.float32)]
+
+
+def backward(x, params, residuals, dy, d_final, sequences, config: RglruConfig):
+    """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param,
+    d initial_state or None): the backward's kernels.  dy and d_final may be None (no gradient
+    reached them).  d h0 comes from the dx kernel alone (the parameter-gradient kernel
+    recomputes the same adjoint)."""
+    x = aligned(x)
+    wx, bx, wa, ba, a_param = _operands(params, x.dtype)
+    decay, h_in = residuals
+    dy = torch.zeros_like(x) if dy is None else aligned(dy)
+    batch, length, width = x.shape
+    heads, bw, _ = wx.shape
+    n_chunks = cdiv(length, config.chunk)
+    by_role = plan(config, bw, width, x.dtype)
+    seq, h0 = sequences.seq_index, sequences.initial_state
+    has_dfinal = d_final is not None
+    d_final = fp32_contiguous(d_final) if has_dfinal else h0
+    flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
+                 HAS_DFINAL=has_dfinal)
+    f32 = dict(device=x.device, dtype=torch.float32)
+    end = torch.empty(batch, n_chunks, width, **f32)
+    meta = by_role["reverse_summary"]
+    launching.launch(_rglru_reverse_summary_kernel, (batch * n_chunks, heads * by_role["nbv"]),
+                     x, dy, wa, ba, a_param, end, length, width, n_chunks, bw, by_role["nbv"],
+                     row_stride_units(width, meta), seq, d_final, **meta,
+                     PACKED=sequences.packed, HAS_DFINAL=has_dfinal)
+    carry = chunk_carry(decay, end, reverse=True)
+    dx = torch.empty_like(x)
+    d_h0 = torch.empty_like(h0) if sequences.has_initial else h0
+    meta = by_role["dx"]
+    launching.launch(_rglru_dx_kernel, (batch * n_chunks, heads), x, dy, dx, wx, bx, wa, ba,
+                     a_param, h_in, carry, length, width, n_chunks, bw,
+                     row_stride_units(width, meta), seq, h0, d_final, d_h0, **meta, **flags)
+    nbv_w = by_role["nbv_w"]
+    slots = PARAM_GRAD_PROGRAMS_PER_SM * sm_count(x.device)
+    per_batch = max(1, slots // (batch * heads * nbv_w))
+    per_span = cdiv(n_chunks, min(n_chunks, per_batch))
+    n_spans = cdiv(n_chunks, per_span)
+    n_parts = batch * n_spans
+    part = torch.empty(n_parts, 2 * heads * bw * bw + 2 * width, **f32)
+    dsp_part = rows_of(end, n_parts, width)  # end is spent: the carry has read it
+    meta = by_role["param_grad"]
+    launching.launch(_rglru_param_grad_kernel, (n_parts, heads * nbv_w), x, dy, wx, bx, wa, ba,
+                     a_param, h_in, carry, part, dsp_part, length, width, n_chunks, bw, nbv_w,
+                     per_span, n_spans, row_stride_units(width, meta), seq, h0, d_final,
+                     **meta, **flags)
+    grads = sum_partials(part, dsp_part, a_param)
+    at = gradient_columns(heads, bw, width)
+    return (dx, grads[at["gate_x_weight"]].view(heads, bw, bw), grads[at["gate_x_bias"]],
+            grads[at["gate_a_weight"]].view(heads, bw, bw), grads[at["gate_a_bias"]],
+            grads[at["a_param"]], d_h0 if sequences.has_initial else None)
+
+
 class RglruFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
-                config: RglruConfig):
-        x = aligned(x)
-        batch, length, width = x.shape
-        heads, bw, _ = gate_x_weight.shape
-        n_chunks = cdiv(length, config.chunk)
-        by_role = plan(config, bw, width, x.dtype)
-        # Gate weights in the dot's operand dtype: half the registers and bytes of FP32 tiles.
-        operand = dot_operand_dtype(x.dtype)
-        params = [aligned(gate_x_weight.to(operand)), fp32_contiguous(gate_x_bias),
-                  aligned(gate_a_weight.to(operand)), fp32_contiguous(gate_a_bias),
-                  fp32_contiguous(a_param)]
-        f32 = dict(device=x.device, dtype=torch.float32)
-        decay = torch.empty(batch, n_chunks, width, **f32)
-        end = torch.empty(batch, n_chunks, width, **f32)
-        grid = (batch * n_chunks, heads * by_role["nbv"])
-        meta = by_role["summary"]
-        launching.launch(_rglru_summary_kernel, grid, x, *params, decay, end, length, width,
-                         n_chunks, bw, by_role["nbv"], row_stride_units(width, meta), **meta)
-        h_in = chunk_carry(decay, end, reverse=False)
-        y = torch.empty_like(x)
-        meta = by_role["output"]
-        launching.launch(_rglru_output_kernel, grid, x, y, *params, h_in, length, width, n_chunks,
-                         bw, by_role["nbv"], row_stride_units(width, meta), **meta)
-        ctx.save_for_backward(x, decay, h_in, *params)
-        ctx.config = config
-        return y
+    """Eager autograd over forward and backward.  The outputs are y and the final state (None
+    unless asked for); the backward takes both gradients and returns one for the initial
+    state.  Saved: x, the per-chunk states and the parameters as the kernels read them."""
 
     @staticmethod
-    def backward(ctx, dy):
+    def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
+                initial_state, seq_index, config: RglruConfig, sequences):
+        x = aligned(x)
+        params = _operands((gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param),
+                           x.dtype)
+        y, final, residuals = forward(x, params, sequences, config)
+        ctx.save_for_backward(x, *params, *residuals)
+        ctx.config = config
+        ctx.sequences = sequences
+        ctx.set_materialize_grads(False)
+        return y, final
+
+    @staticmethod
+    def backward(ctx, dy, d_final):
         refuse_double_backward("rglru")
-        x, decay, h_in, wx, bx, wa, ba, a_param = ctx.saved_tensors
-        config = ctx.config
-        dy = aligned(dy)
-        batch, length, width = x.shape
-        heads, bw, _ = wx.shape
-        n_chunks = cdiv(length, config.chunk)
-        by_role = plan(config, bw, width, x.dtype)
-        f32 = dict(device=x.device, dtype=torch.float32)
-        end = torch.empty(batch, n_chunks, width, **f32)
-        meta = by_role["reverse_summary"]
-        launching.launch(_rglru_reverse_summary_kernel, (batch * n_chunks, heads * by_role["nbv"]),
-                         x, dy, wa, ba, a_param, end, length, width, n_chunks, bw, by_role["nbv"],
-                         row_stride_units(width, meta), **meta)
-        carry = chunk_carry(decay, end, reverse=True)
-        dx = torch.empty_like(x)
-        meta = by_role["dx"]
-        launching.launch(_rglru_dx_kernel, (batch * n_chunks, heads), x, dy, dx, wx, bx, wa, ba,
-                         a_param, h_in, carry, length, width, n_chunks, bw,
-                         row_stride_units(width, meta), **meta)
-        nbv_w = by_role["nbv_w"]
-        slots = PARAM_GRAD_PROGRAMS_PER_SM * sm_count(x.device)
-        per_batch = max(1, slots // (batch * heads * nbv_w))
-        per_span = cdiv(n_chunks, min(n_chunks, per_batch))
-        n_spans = cdiv(n_chunks, per_span)
-        n_parts = batch * n_spans
-        part = torch.empty(n_parts, 2 * heads * bw * bw + 2 * width, **f32)
-        dsp_part = rows_of(end, n_parts, width)  # end is spent: the carry has read it
-        meta = by_role["param_grad"]
-        launching.launch(_rglru_param_grad_kernel, (n_parts, heads * nbv_w), x, dy, wx, bx, wa, ba,
-                         a_param, h_in, carry, part, dsp_part, length, width, n_chunks, bw, nbv_w,
-                         per_span, n_spans, row_stride_units(width, meta), **meta)
-        grads = sum_partials(part, dsp_part, a_param)
-        at = gradient_columns(heads, bw, width)
-        return (dx, grads[at["gate_x_weight"]].view(heads, bw, bw), grads[at["gate_x_bias"]],
-                grads[at["gate_a_weight"]].view(heads, bw, bw), grads[at["gate_a_bias"]],
-                grads[at["a_param"]], None)
+        x, *rest = ctx.saved_tensors
+        grads = backward(x, rest[:5], rest[5:], dy, d_final, ctx.sequences, ctx.config)
+        return (*grads, None, None, None)
 
 
 def run_with(config: RglruConfig):
-    """The backend of one configuration: run(x, *parameters) -> y."""
-    def run(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
+    """The backend of one configuration: run(x, *parameters, initial_state=None,
+    cu_seqlens=None, output_final_state=False) -> (y, final state or None)."""
+    def run(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
+            initial_state=None, cu_seqlens=None, output_final_state=False):
+        x = aligned(x)  # sequence_args' placeholders are x, and every pointer must be aligned
+        if initial_state is not None:
+            initial_state = fp32_contiguous(initial_state)  # differentiable: autograd casts back
+        sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state)
         return RglruFunction.apply(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias,
-                                   a_param, config)
+                                   a_param, initial_state, sequences.seq_index, config, sequences)
     return run
 
 
