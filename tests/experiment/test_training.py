@@ -1,0 +1,424 @@
+"""The training study: task generators, the standard-library corpus, the training loop, the result
+document and its schema, the figures, the conclusion and `make train`'s entry point."""
+import copy
+import json
+import math
+
+import jsonschema
+import pytest
+import torch
+
+from samu import paths
+from samu.experiment import pipeline, schema, training as T
+
+REF = "reference_chunked"  # named: tests/conftest.py sets TRITON_INTERPRET=1 on a CPU
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: more threads only contend
+    yield
+    torch.set_num_threads(threads)
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+# --- tasks ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("task", [T.MQAR(64, num_pairs=6, vocab_size=40),
+                                  T.SelectiveCopy(40, num_tokens=5),
+                                  T.CharLM(33)])
+def test_batches_are_deterministic_in_the_seed(task):
+    a, b, c = task.batch(4, gen(1)), task.batch(4, gen(1)), task.batch(4, gen(2))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(a[0], c[0])
+    assert a[0].shape == a[1].shape == (4, task.seq_len) and a[0].dtype == torch.int64
+    assert a[0].min() >= 0 and a[0].max() < task.vocab_size
+    held = task.held_out(2, 3)
+    again = task.held_out(2, 3)
+    assert len(held) == 2 and all(torch.equal(x[0], y[0]) for x, y in zip(held, again))
+
+
+def test_mqar_answers_are_the_values_of_the_queried_keys():
+    task = T.MQAR(128, num_pairs=8, vocab_size=64)
+    inputs, targets = task.batch(16, gen(3))
+    half = 32
+    for x, y in zip(inputs.tolist(), targets.tolist()):
+        context = x[:16]
+        keys, values = context[0::2], context[1::2]
+        assert len(set(keys)) == 8 and all(1 <= k < half for k in keys)
+        assert len(set(values)) == 8 and all(half <= v < 64 for v in values)
+        pairs = dict(zip(keys, values))
+        asked = [(i, x[i], y[i]) for i in range(128) if y[i] != T.IGNORE]
+        assert len(asked) == 8 and all(i >= 16 for i, _, _ in asked)
+        assert sorted(k for _, k, _ in asked) == sorted(keys)  # every key queried once
+        assert all(pairs[k] == v for _, k, v in asked)  # the answer is the key's value
+        # outside its pair and its query a key never appears: the rest is the values' range
+        queried = {i for i, _, _ in asked}
+        assert all(half <= x[i] < 64 for i in range(16, 128) if i not in queried)
+
+
+def test_mqar_queries_follow_the_power_law():
+    """Zoology's power law: most queries soon after the pairs, a tail to the end of the sequence;
+    uniform placement spreads them evenly."""
+    def positions(task):
+        _, targets = task.batch(256, gen(0))
+        return (targets != T.IGNORE).nonzero()[:, 1].float() - 8  # offsets past the pairs
+    power = positions(T.MQAR(1024, num_pairs=4, vocab_size=64))
+    uniform = positions(T.MQAR(1024, num_pairs=4, vocab_size=64, power_a=None))
+    assert power.median() < 100 and power.max() > 800  # near the pairs, with a heavy tail
+    assert (power < 20).float().mean() > 0.2
+    assert abs(uniform.mean().item() - 1016 / 2) < 30 and (uniform < 20).float().mean() < 0.05
+    # the law itself: slot s has weight s^(a - 1)
+    weights = T.MQAR(1024, num_pairs=4, vocab_size=64, power_a=0.5).slot_weights().exp()
+    assert weights[3] / weights[0] == pytest.approx(4 ** -0.5)
+
+
+def test_copy_targets_are_the_scattered_data_tokens_in_order():
+    task = T.SelectiveCopy(50, num_tokens=6, data_vocab=8, noise_vocab=5)
+    assert task.vocab_size == 15 and task.body == 43
+    inputs, targets = task.batch(16, gen(4))
+    for x, y in zip(inputs.tolist(), targets.tolist()):
+        body = x[:43]
+        data = [t for t in body if 2 <= t < 10]
+        assert len(data) == 6
+        assert all(10 <= t < 15 for t in body if not 2 <= t < 10)  # the rest is noise
+        assert x[43] == T.SelectiveCopy.SEPARATOR and x[44:] == [T.SelectiveCopy.MARKER] * 6
+        assert y[44:] == data and all(t == T.IGNORE for t in y[:44])
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: T.MQAR(31, num_pairs=8, vocab_size=64), "too short"),
+    (lambda: T.MQAR(256, num_pairs=8, vocab_size=16), "distinct keys"),
+    (lambda: T.MQAR(256, num_pairs=0), "num_pairs"),
+    (lambda: T.MQAR(256, power_a=1.5), "power_a"),
+    (lambda: T.SelectiveCopy(10, num_tokens=5), "too short"),
+    (lambda: T.SelectiveCopy(64, noise_vocab=0), "noise_vocab"),
+    (lambda: T.CharLM(0), "seq_len"),
+    (lambda: T.make_task("parity", 64), "unknown task"),
+])
+def test_bad_task_parameters_are_refused(make, words):
+    with pytest.raises(ValueError, match=words):
+        make()
+
+
+# --- the standard-library corpus -----------------------------------------------------------------
+
+@pytest.fixture
+def tiny_stdlib(tmp_path):
+    root = tmp_path / "lib"
+    names = [f"pkg{i // 10}/mod{i}.py" for i in range(40)] + ["top.py"]
+    for i, name in enumerate(names):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(("abc" * 50 + f"# {i}\n").encode())
+    for skipped in ("site-packages/x.py", "pkg0/__pycache__/y.py", "dist-packages/z.py"):
+        (root / skipped).parent.mkdir(parents=True, exist_ok=True)
+        (root / skipped).write_text("skipped = True\n")
+    (root / "notes.txt").write_text("not python\n")
+    return root, sorted(names)
+
+
+def test_corpus_split_by_file_is_deterministic_and_disjoint(tiny_stdlib):
+    root, names = tiny_stdlib
+    assert T.stdlib_files(root) == names  # installed packages, caches and non-.py left out
+    data, split, info = T.corpus(root)
+    assert sorted(split["train"] + split["validation"]) == names
+    assert not set(split["train"]) & set(split["validation"])
+    assert split["validation"] == [n for n in names if T.is_validation_file(n)]
+    assert split["validation"] and split["train"]
+    for part in ("train", "validation"):
+        blob = b"".join((root / n).read_bytes() for n in split[part])
+        assert bytes(data[part].numpy()) == blob and info[f"{part}_bytes"] == len(blob)
+    assert info["files"] == len(names)
+
+
+def test_stdlib_corpus_is_split_about_one_in_ten():
+    data, split, info = T.corpus()
+    assert info["files"] > 100 and info["python"]
+    assert not set(split["train"]) & set(split["validation"])
+    assert 0.03 < info["validation_files"] / info["files"] < 0.2
+    assert info["validation_bytes"] > 100_000
+    assert T.corpus() is T.corpus()  # read once per process
+    assert split == T.corpus(T.stdlib_root())[1]
+
+
+def test_char_lm_windows_come_from_their_split(tiny_stdlib):
+    root, _ = tiny_stdlib
+    task = T.CharLM(20, root=str(root))
+    train = bytes(T.corpus(root)[0]["train"].numpy())
+    validation = bytes(T.corpus(root)[0]["validation"].numpy())
+    inputs, targets = task.batch(8, gen(0))
+    for x, y in zip(inputs.tolist(), targets.tolist()):
+        assert bytes(x) in train and x[1:] == y[:-1]
+    (x, y), = task.held_out(1, 5)
+    assert all(bytes(row) in validation for row in x.tolist())
+
+
+# --- training ------------------------------------------------------------------------------------
+
+def test_learning_rate_schedule():
+    cfg = T.TrainConfig(steps=110, warmup_steps=10, min_lr_ratio=0.1)
+    assert cfg.lr_factor(0) == pytest.approx(0.1) and cfg.lr_factor(9) == pytest.approx(1.0)
+    assert cfg.lr_factor(10) == pytest.approx(1.0)
+    assert cfg.lr_factor(60) == pytest.approx(0.55)
+    assert cfg.lr_factor(110) == pytest.approx(0.1)
+    constant = T.TrainConfig(steps=110, warmup_steps=10, schedule="constant")
+    assert constant.lr_factor(100) == 1.0
+    with pytest.raises(ValueError, match="schedule"):
+        T.TrainConfig(schedule="linear")
+    with pytest.raises(ValueError, match="none of"):
+        T.TrainConfig(steps=5, timing_warmup_steps=5)
+
+
+def lm_study(root, mixers=("attention", "samu"), steps=60, **kw):
+    return T.study_from_parameters(
+        mixers, [0], 32, 1, 2, {"lm": {"lengths": [24], "root": str(root)}}, steps, 8, 1e-2,
+        5, 2, timing_warmup_steps=2, backend=REF, **kw)
+
+
+@pytest.mark.parametrize("mixer", ["attention", "samu"])
+def test_a_tiny_run_learns_an_easy_task(tiny_stdlib, mixer):
+    """The tiny corpus repeats "abc": the loss falls far below ln 256 within 60 steps."""
+    root, _ = tiny_stdlib
+    study = lm_study(root, mixers=(mixer,))
+    task = study.task_list("lm")[0]
+    record = T.run_one(study, "lm", task, mixer, 0, "cpu")
+    curve = [loss for _, loss in record["loss_curve"]]
+    assert curve[0] > 3.0 and curve[-1] < 0.5 * curve[0], curve
+    assert record["value"] < 3.0  # bits per character on the held-out files
+    assert record["steps_completed"] == 60 and not record["stopped_by_time"]
+    assert record["tokens_per_s"] > 0 and record["timed_steps"] == 58
+    assert record["backend"] == (["sdpa"] if mixer == "attention" else [REF])
+
+
+def test_evaluate_scores_only_the_answer_positions():
+    class Constant(torch.nn.Module):  # always says token 3
+        def forward(self, tokens):
+            out = torch.zeros(*tokens.shape, 10)
+            out[..., 3] = 1.0
+            return out
+    task = T.SelectiveCopy(30, num_tokens=4, data_vocab=4, noise_vocab=4)
+    batches = task.held_out(3, 8)
+    want = sum(int((y[y != T.IGNORE] == 3).sum()) for _, y in batches) / (3 * 8 * 4)
+    scored = T.evaluate(Constant(), task, batches, "cpu")
+    assert scored["scored"] == 3 * 8 * 4
+    assert scored["value"] == pytest.approx(want) and 0 < want < 1
+
+
+def test_time_budget_is_shared_by_steps(tiny_stdlib):
+    root, _ = tiny_stdlib
+    study = lm_study(root, steps=50, time_budget_s=8.0)  # two runs of 50 steps
+    assert study.total_steps() == 100
+    assert study.train_config("lm").max_seconds == pytest.approx(4.0)
+    tight = T.TrainConfig(steps=50, batch_size=4, timing_warmup_steps=1, max_seconds=0.0)
+    m = T.model_.build(study.model_config("samu", 256), seed=0)
+    trained = T.train(m, study.task_list("lm")[0], tight, 0, "cpu")
+    assert trained["stopped_by_time"] and trained["steps_completed"] == 2
+    assert trained["loss_curve"][-1][0] == 2
+
+
+def test_bad_study_is_refused(tiny_stdlib):
+    root, _ = tiny_stdlib
+    with pytest.raises(ValueError, match="unknown mixers"):
+        lm_study(root, mixers=("attention", "lstm"))
+    with pytest.raises(ValueError, match="unknown tasks"):
+        T.Study(tasks={"parity": {"lengths": [8]}}, train={"parity": T.TrainConfig()})
+    with pytest.raises(ValueError, match="no training configuration"):
+        T.Study(tasks={"lm": {"lengths": [8]}})
+    with pytest.raises(ValueError, match="too short"):
+        T.Study(tasks={"mqar": {"lengths": [8], "num_pairs": 4}}, train={"mqar": T.TrainConfig()})
+
+
+# --- the document --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def doc():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    study = T.study_from_parameters(
+        ["attention", "rglru", "samu"], [0, 1], 16, 1, 2,
+        {"mqar": {"lengths": [16, 32], "num_pairs": 2, "vocab_size": 16},
+         "copy": {"lengths": [16], "num_tokens": 2, "data_vocab": 4, "noise_vocab": 2},
+         "lm": {"lengths": [16]}}, 6, 4, 3e-3, 2, 1, timing_warmup_steps=1, log_every=2,
+        backend=REF)
+    try:
+        records = [r for name in study.tasks for r in T.run_task(study, name, "cpu", bar=False)]
+    finally:
+        torch.set_num_threads(threads)
+    return T.result_document(study, records, "cpu")
+
+
+def test_document_holds_every_run_and_validates(doc):
+    T.validate(doc)
+    assert doc["kind"] == "training" and len(doc["runs"]) == 3 * 2 * (2 + 1 + 1)
+    keys = {(r["task"], r["mixer"], r["seed"], r["seq_len"]) for r in doc["runs"]}
+    assert len(keys) == len(doc["runs"])
+    env = doc["environment"]
+    assert env["device"] == "cpu" and env["dtype"] == "float32" and env["torch"]
+    assert doc["corpus"]["train_files"] > 0
+    run = doc["runs"][0]
+    assert [s for s, _ in run["loss_curve"]] == [2, 4, 6]
+    assert run["parameters"] == run["parameter_counts"]["total"]
+
+
+@pytest.mark.parametrize("breakage", [
+    lambda d: d.pop("runs"),
+    lambda d: d.update(kind="result"),
+    lambda d: d["runs"].clear(),
+    lambda d: d["runs"][0].update(mixer="lstm"),
+    lambda d: d["runs"][0].pop("tokens_per_s"),
+    lambda d: d["runs"][0].update(loss_curve=[[1, 2.0, 3.0]]),
+    lambda d: d["runs"][0].update(loss_curve=[[0, 2.0]]),
+    lambda d: d["runs"][0].update(value="high"),
+    lambda d: d["environment"].pop("dtype"),
+])
+def test_broken_document_is_refused(doc, breakage):
+    bad = copy.deepcopy(doc)
+    breakage(bad)
+    with pytest.raises(jsonschema.ValidationError):
+        T.validate(bad)
+
+
+def test_non_finite_numbers_are_accepted_as_strings(doc, tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    odd = copy.deepcopy(doc)
+    odd["runs"][0]["value"] = math.nan
+    odd["runs"][0]["loss_curve"][-1][1] = math.inf
+    path = T.write_result(odd, "cpu")
+    back = json.loads(path.read_text())
+    assert back["runs"][0]["value"] == "nan" and back["runs"][0]["loss_curve"][-1][1] == "inf"
+    assert T.frame(back)["value"].isna().sum() == 1
+
+
+def test_write_is_atomic(doc, tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    path = T.write_result(doc, "cpu")
+    assert path == tmp_path / "training" / "cpu.json"
+    before = path.read_text()
+    assert json.loads(before)["runs"] == json.loads(json.dumps(doc["runs"]))
+    bad = copy.deepcopy(doc)
+    bad["runs"][0]["seed"] = "zero"
+    with pytest.raises(jsonschema.ValidationError):
+        T.write_result(bad, "cpu")
+    assert path.read_text() == before
+    assert [p.name for p in (tmp_path / "training").iterdir()] == ["cpu.json"]  # no temporary
+
+
+def test_summary_spreads_over_seeds(doc):
+    table = T.summary(doc)
+    assert len(table) == 3 * 4 and (table["seeds"] == 2).all()
+    assert (table["min"] <= table["mean"]).all() and (table["mean"] <= table["max"]).all()
+
+
+def test_figures_are_written_atomically(doc, tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    written = T.draw_figures(doc, "cpu")
+    assert [p.name for p in written] == [
+        "cpu_training_loss.png", "cpu_training_accuracy.png", "cpu_training_quality_speed.png"]
+    assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == sorted(
+        p.name for p in written)
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
+
+
+def synthetic(values: dict) -> dict:
+    """A document of copy runs at one length: values[mixer] = accuracies over seeds."""
+    runs = [{"task": "copy", "mixer": m, "seed": s, "seq_len": 64, "metric": "accuracy",
+             "value": v, "chance": 0.1, "eval_loss": 1.0, "final_train_loss": 1.0,
+             "tokens_per_s": {"attention": 2e5, "rglru": 1e5, "samu": 4e5}[m],
+             "parameters": 1000, "steps": 10, "steps_completed": 10, "stopped_by_time": False,
+             "diverged": False, "wall_s": 1.0}
+            for m, vs in values.items() for s, v in enumerate(vs)]
+    return {"environment": {"gpu": "NVIDIA H200", "device": "cuda", "dtype": "bfloat16"},
+            "study": {"tasks": {"copy": {}}, "mixers": list(values), "width": 8, "layers": 1,
+                      "train": {"copy": {"steps": 10}}},
+            "runs": runs}
+
+
+def test_conclusion_claims_an_order_only_beyond_the_seed_spread():
+    apart = T.conclusion(synthetic({"attention": [0.9, 0.95], "rglru": [0.3, 0.4],
+                                    "samu": [0.5, 0.6]}))
+    assert "Attention is best, beyond the spread over seeds" in apart
+    assert "attention 0.925 (0.900-0.950)" in apart
+    assert "RG-LRU 0.50×" in apart and "SAMU 2.00×" in apart
+    assert "does not show" in apart and "NVIDIA H200" in apart
+    overlap = T.conclusion(synthetic({"attention": [0.5, 0.9], "rglru": [0.3, 0.6],
+                                      "samu": [0.1, 0.2]}))
+    assert "no ordering is claimed" in overlap and "beyond the spread" not in overlap
+
+
+def test_conclusion_says_whether_recall_got_past_guessing_among_the_values():
+    def mqar(values):
+        d = synthetic(values)
+        for r in d["runs"]:
+            r.update(task="mqar", values_baseline=0.125)
+        d["study"]["tasks"] = {"mqar": {}}
+        d["study"]["train"] = {"mqar": {"steps": 10}}
+        return d
+    stuck = T.conclusion(mqar({"attention": [0.12, 0.14], "rglru": [0.11, 0.13],
+                               "samu": [0.12, 0.12]}))
+    assert "none learned to bind keys to values" in stuck
+    one = T.conclusion(mqar({"attention": [0.12, 0.95], "rglru": [0.11, 0.13],
+                             "samu": [0.12, 0.12]}))
+    assert "in at least one seed: attention" in one and "none learned" not in one
+
+
+def test_conclusion_of_a_real_document_names_its_runs(doc):
+    text = T.conclusion(doc)
+    assert f"{len(doc['runs'])} runs" in text and "a CPU" in text
+    assert "no GPU result" in text
+    for name in ("attention", "RG-LRU", "SAMU"):
+        assert name in text
+
+
+# --- make train ----------------------------------------------------------------------------------
+
+def test_main_runs_the_notebook_and_prints_its_progress(doc, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    monkeypatch.setenv("SAMU_DATA_DIR", str(tmp_path))
+    calls = []
+
+    def fake_run_notebook(name, out_dir, parameters):
+        calls.append((name, out_dir, dict(parameters)))
+        with open(parameters["progress_log"], "a") as f:
+            f.write("mqar L=16 samu seed 0: accuracy 0.5\n")
+        T.write_result(doc, "cpu")
+        return out_dir / f"{name}.ipynb"
+
+    monkeypatch.setattr(pipeline, "run_notebook", fake_run_notebook)
+    assert T.main(["--time-budget", "12"]) == 0
+    (name, out_dir, parameters), = calls
+    assert name == "05_training" and out_dir == tmp_path / "runs" / "cpu"
+    assert parameters["time_budget_s"] == 12.0
+    if not torch.cuda.is_available():  # the notebook's own defaults on a CPU
+        assert "width" not in parameters
+    out = capsys.readouterr().out
+    assert "mqar L=16 samu seed 0: accuracy 0.5" in out and f"{len(doc['runs'])} runs" in out
+
+
+def test_main_reports_a_failed_notebook(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    monkeypatch.setenv("SAMU_DATA_DIR", str(tmp_path))
+
+    def failing(name, out_dir, parameters):
+        raise RuntimeError("cell 5 failed")
+
+    monkeypatch.setattr(pipeline, "run_notebook", failing)
+    assert T.main([]) == 1
+    assert "train FAILED" in capsys.readouterr().err
+
+
+def test_gpu_parameters_make_a_valid_study():
+    p = dict(T.GPU_PARAMETERS)
+    study = T.study_from_parameters(
+        p["mixers"], p["seeds"], p["width"], p["layers"], p["mlp_expansion"], p["tasks"],
+        p["steps"], p["batch_size"], p["lr"], p["warmup_steps"], p["eval_batches"],
+        timing_warmup_steps=p["timing_warmup_steps"], log_every=p["log_every"],
+        time_budget_s=p["time_budget_s"])
+    assert len(study.seeds) == 3 and set(study.mixers) == {"attention", "rglru", "samu"}
+    assert sorted(study.tasks) == ["copy", "lm", "mqar"]
+    assert study.width == 256 and study.tasks["mqar"]["lengths"][-1] >= 2048
+    shares = sum(len(study.runs(n)) * study.train_config(n).max_seconds for n in study.tasks)
+    assert shares == pytest.approx(p["time_budget_s"])
