@@ -43,6 +43,8 @@ def scan_forward(x: torch.Tensor, params: list[torch.Tensor],
                  mixer: str, backend: str, output_final_state: bool) -> list[torch.Tensor]:
     """[y, final state (empty unless asked for), *residuals] of one backend's forward."""
     module, config = _family(mixer, backend)
+    if initial_state is not None:
+        initial_state = fp32_contiguous(initial_state)
     sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state)
     y, final, residuals = module.forward(x, params, sequences, config)
     if final is None:
@@ -69,6 +71,8 @@ def scan_backward(x: torch.Tensor, params: list[torch.Tensor], residuals: list[t
     without one)] of one backend.  A custom op's outputs may not alias each other, and the
     kernels' parameter gradients are views of one buffer: one small copy joins them."""
     module, config = _family(mixer, backend)
+    if initial_state is not None:
+        initial_state = fp32_contiguous(initial_state)
     sequences = sequence_args(x, initial_state, cu_seqlens, False)
     grads = module.backward(x, params, residuals, dy, d_final, sequences, config)
     d_h0 = grads[-1] if grads[-1] is not None else x.new_empty(0, dtype=torch.float32)
@@ -113,8 +117,8 @@ scan_forward.register_autograd(_backward, setup_context=_setup_context)
 def run(mixer: str, backend: str, x, params, initial_state=None, cu_seqlens=None,
         output_final_state: bool = False):
     """(y, final state or None) of a registered Triton backend through the custom ops."""
-    if initial_state is not None:
-        initial_state = fp32_contiguous(initial_state)
+    if initial_state is not None:  # traced: no alignment check here (the ops align)
+        initial_state = initial_state.float().contiguous()
     out = torch.ops.samu.scan_forward(x, list(params), initial_state, cu_seqlens, mixer, backend,
                                       output_final_state)
     return out[0], (out[1] if output_final_state else None)

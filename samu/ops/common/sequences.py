@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ..sequences import sequence_index
+from .launching import aligned
 
 
 @triton.jit
@@ -119,7 +120,7 @@ def sequence_args(x: torch.Tensor, initial_state, cu_seqlens, output_final_state
     """The kernels' arguments for checked state keywords (samu.functional checks them)."""
     batch, length, _ = x.shape
     packed = cu_seqlens is not None
-    placeholder = x
+    placeholder = aligned(x)  # a pointer the kernels never read, aligned as compiled for
     seq_index = sequence_index(cu_seqlens, length) if packed else placeholder
     count = cu_seqlens.numel() - 1 if packed else batch
     h0 = placeholder if initial_state is None else initial_state  # FP32, contiguous
