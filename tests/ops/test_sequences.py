@@ -151,7 +151,7 @@ def test_steps_equal_the_full_forward(mixer, name):
 def test_final_state_is_h_at_the_last_token():
     """With skip = 0 SAMU's y is h: the final state equals y's last token, in FP32."""
     x, params = _inputs("samu", (2, 9, 16), seed=5, dtype=torch.float64)
-    params[4] = torch.zeros((), dtype=torch.float64)
+    params[4] = torch.zeros((), dtype=torch.float64, device=DEVICE)
     y, final = samu.samu(x, *params, output_final_state=True)
     assert final.dtype == torch.float64 and final.shape == (2, 16)
     assert torch.equal(final, y[:, -1])
@@ -161,13 +161,14 @@ def test_initial_state_gradient_is_a_times_dh_at_the_first_token():
     """d h0 = a_0 dh_0 (the reference's algebra, checked against autograd): with dy only at
     t = 0, dh_0 = dy_0."""
     x, params = _inputs("samu", (1, 5, 8), seed=6, dtype=torch.float64)
-    h0 = torch.randn(1, 8, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(1, 8, dtype=torch.float64, device=DEVICE, requires_grad=True)
     y = samu.samu(x, *params, initial_state=h0)
     dy = torch.zeros_like(y)
-    dy[:, 0] = torch.randn(8, dtype=torch.float64)
+    dy[:, 0] = torch.randn(8, dtype=torch.float64, device=DEVICE)
     y.backward(dy)
     from samu.ops.samu.naive import samu_scan_inputs
-    _, a, _ = samu_scan_inputs(x, *params[:4], reset=torch.zeros(1, 5, dtype=torch.bool))
+    _, a, _ = samu_scan_inputs(x, *params[:4], reset=torch.zeros(1, 5, dtype=torch.bool,
+                                                                 device=DEVICE))
     assert torch.allclose(h0.grad, a[:, 0] * dy[:, 0], rtol=1e-12)
 
 
@@ -192,29 +193,31 @@ BAD_CU_SEQLENS = [
 def test_bad_cu_seqlens_is_refused_clearly(mixer, offsets, words):
     x, params = _inputs(mixer, (1, 9, 16), seed=0)
     with pytest.raises(ValueError, match=words):
-        FUNCTIONS[mixer](x, *params, cu_seqlens=torch.tensor(offsets))
+        FUNCTIONS[mixer](x, *params, cu_seqlens=torch.tensor(offsets, device=DEVICE))
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_bad_state_arguments_are_refused_clearly(mixer):
     x, params = _inputs(mixer, (2, 9, 16), seed=0)
     fn = FUNCTIONS[mixer]
-    cu = torch.tensor([0, 4, 9])
+    cu = torch.tensor([0, 4, 9], device=DEVICE)
     with pytest.raises(TypeError, match="int32 or int64"):
         fn(x[:1], *params, cu_seqlens=cu.float())
     with pytest.raises(ValueError, match="batch 1"):
         fn(x, *params, cu_seqlens=cu)
     with pytest.raises(ValueError, match=r"initial_state must have shape \[2, 16\]"):
-        fn(x, *params, initial_state=torch.zeros(3, 16))
+        fn(x, *params, initial_state=torch.zeros(3, 16, device=DEVICE))
     with pytest.raises(ValueError, match=r"\[2, 16\] \(sequences in cu_seqlens"):
-        fn(x[:1], *params, cu_seqlens=cu, initial_state=torch.zeros(1, 16))
+        fn(x[:1], *params, cu_seqlens=cu, initial_state=torch.zeros(1, 16, device=DEVICE))
     with pytest.raises(TypeError, match="floating point"):
-        fn(x, *params, initial_state=torch.zeros(2, 16, dtype=torch.int64))
+        fn(x, *params, initial_state=torch.zeros(2, 16, dtype=torch.int64, device=DEVICE))
     with pytest.raises(TypeError, match="output_final_state must be True or False"):
         fn(x, *params, output_final_state=1)
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="cu_seqlens is on"):
-            fn(x[:1].cuda(), *[p.cuda() for p in params], cu_seqlens=cu)
+            fn(x[:1], *params, cu_seqlens=cu.cpu())
+        with pytest.raises(ValueError, match="initial_state is on"):
+            fn(x, *params, initial_state=torch.zeros(2, 16))
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
