@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 import samu
 from samu import backends, dispatch, paths
 from samu.shapes import Shape
-from samu.experiment import calibration, legality, protocol, report, schema
+from samu.experiment import calibration, features, legality, protocol, report, schema
 device = "cuda" if torch.cuda.is_available() else "cpu"
 slug = dispatch.gpu_slug()
 shape = (batch, length, width)
@@ -350,6 +350,20 @@ pd.DataFrame([{"mixer": r["architecture"], "backend": r["backend"],
                "speedup_vs_public_pipeline": r.get("speedup_vs_peer"),
                # a synchronised forward+backward at (1, 128, D) against torch.nn.Linear(D, D)
                "host_ratio_to_linear": (r.get("host") or {}).get("ratio_to_linear")} for r in rows])'''),
+    md("## Packed sequences beside the same tokens\n\nAt a batch-1 shape: 8 sequences of random lengths packed in the row "
+       "(`cu_seqlens`), the same tokens as one plain row, and one call per sequence, each timed by the protocol's "
+       "forward+backward samples and, on a GPU, replayed from a CUDA graph (`samu.experiment.features`; "
+       "`scripts/benchmark_features.py` writes the H200's figures to `data/features/`)."),
+    code('''if batch == 1 and length >= 8:
+    samples = 10 if device == "cuda" else 1
+    packing = [features.time_packing(m, chosen[m], length, width, device, count=8, samples=samples)
+               for m in ("rglru", "samu")]
+    display(pd.DataFrame([{"mixer": p["mixer"], "backend": p["backend"], "variant": v,
+                           "forward_backward_median_ms": p[v]["forward_backward_median_ms"],
+                           "gpu_time_ms": p[v]["gpu_time_ms"]}
+                          for p in packing for v in ("packed", "unpacked", "one_by_one")]))
+else:
+    print(f"batch {batch}: packing takes batch 1")'''),
 ])
 
 save("04_report", [
