@@ -34,14 +34,17 @@ def test_reference_is_illegal_as_a_transition_materialiser():
 
 
 def _fake(monkeypatch, run):
+    backends._ensure_registered()
     fake = backends.Backend("fused_chunk16", "samu", "triton", run)
     monkeypatch.setitem(backends.REGISTRY["samu"], fake.name, fake)
     return fake.name
 
 
 def test_inaccurate_backend_is_illegal(monkeypatch):
+    backends._ensure_registered()
     reference = backends.REGISTRY["samu"]["reference_chunked"].run
-    name = _fake(monkeypatch, lambda x, *p: reference(x, *p) * 1.01)
+    # a backend's run gives (y, final state or None)
+    name = _fake(monkeypatch, lambda x, *p, **state: (reference(x, *p)[0] * 1.01, None))
     monkeypatch.setattr(_runtime, "INTERPRETING", True)
     entry = legality.check_legality("samu", name, (1, 6, 16), "cpu")
     assert not entry["legal"]
