@@ -9,12 +9,7 @@ from samu.modules import parameter_count
 REF = "reference_chunked"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: more threads only contend
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def config(mixer, **kw):

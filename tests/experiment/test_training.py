@@ -9,17 +9,12 @@ import pytest
 import torch
 
 from samu import paths
-from samu.experiment import pipeline, schema, training as T
+from samu.experiment import pipeline, training as T
 
 REF = "reference_chunked"  # named: tests/conftest.py sets TRITON_INTERPRET=1 on a CPU
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: more threads only contend
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def gen(seed=0):

@@ -98,16 +98,6 @@ class SequenceArgs(NamedTuple):
     has_initial: bool
     output_final_state: bool
 
-    @property
-    def resets(self) -> bool:
-        """Whether a start resets the state (no initial state enters it)."""
-        return not self.has_initial
-
-    @property
-    def folds(self) -> bool:
-        """Whether any start other than a row's first token, or an initial state, is folded."""
-        return self.packed or self.has_initial
-
     def final_state(self, width: int, device) -> torch.Tensor:
         """[N, D] FP32 for the output kernel to fill, or a placeholder."""
         if not self.output_final_state:
