@@ -169,9 +169,29 @@ FEATURES_SCHEMA = {
                                                 "reduce_overhead_ms")}}},
     },
 }
+# Every Triton backend timed at given shapes beside auto's choice (samu.experiment.sweep).
+_maybe_number = {"type": ["number", "null"]}
+SWEEP_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "samu backend sweep",
+    "type": "object",
+    "required": ["environment", "calibration", "rows", "auto"],
+    "properties": {
+        "environment": {"type": "object", "required": ["torch", "cuda", "gpu"]},
+        "calibration": {"type": "object", "required": ["path", "shapes"]},
+        "rows": {"type": "array", "items": {
+            "type": "object",
+            "required": ["shape", "mixer", "backend", "auto", "gpu_time_ms", "median_ms"],
+            "properties": {"auto": {"type": "boolean"}, "gpu_time_ms": _maybe_number,
+                           "median_ms": _maybe_number}}},
+        "auto": {"type": "array", "items": {
+            "type": "object", "required": ["shape", "mixer", "fastest", "auto",
+                                           "auto_over_fastest"]}},
+    },
+}
 SCHEMAS = {"result": RESULT_SCHEMA, "calibration": CALIBRATION_SCHEMA,
            "correctness": CORRECTNESS_SCHEMA, "training": TRAINING_SCHEMA,
-           "features": FEATURES_SCHEMA}
+           "features": FEATURES_SCHEMA, "sweep": SWEEP_SCHEMA}
 
 
 def validate(doc: dict, kind: str = "result") -> None:

@@ -1,0 +1,75 @@
+"""Every Triton backend timed at given shapes, beside the one ``auto`` picks there.
+
+This is the evidence behind two claims of the calibration (SPEC section 4): that ``auto`` stays
+within 1.25x of the fastest backend at shapes the calibration file lacks, and which backend
+families win anywhere at all.  Each row holds a backend's GPU time (forward+backward captured
+in a CUDA graph and replayed: no host in it) and its forward+backward median by the protocol's
+sample (the host included).  Legality is calibration's business, not this module's."""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from .. import backends, dispatch
+from ..shapes import Shape
+from . import protocol
+from .legality import make_inputs
+
+
+def triton_backends(mixer: str) -> list[str]:
+    """The mixer's Triton backends, in the registry's order."""
+    return [name for name in backends.available(mixer)
+            if backends.REGISTRY[mixer][name].kind == "triton"]
+
+
+def time_backend(mixer: str, name: str, x, params: dict, dy, samples: int) -> dict:
+    """GPU time (None off a GPU) and the forward+backward median of one backend."""
+    module, xg = protocol.module_with(mixer, name, x, params)
+    for _ in range(protocol.warmup_count(x.device)):
+        protocol.sample(module, xg, dy, "forward_backward")
+    times = [protocol.sample(module, xg, dy, "forward_backward") for _ in range(samples)]
+    return {"gpu_time_ms": protocol.graph_replay_ms(module, xg, dy),
+            "median_ms": statistics.median(times)}
+
+
+def sweep_shape(shape, device, mixers=("rglru", "samu"), samples: int = 5,
+                names: dict | None = None, progress=None) -> list[dict]:
+    """One row per (mixer, backend) at this shape; ``auto`` marks the backend that
+    ``backend="auto"`` resolves to for a BF16 x of this shape on this device."""
+    shape = Shape(*shape)
+    rows = []
+    for mixer in mixers:
+        x, params, dy = make_inputs(mixer, shape, device)
+        auto = dispatch.resolve(mixer, x, "auto").name
+        for name in (names or {}).get(mixer) or triton_backends(mixer):
+            if progress:
+                progress(f"{shape.key} {mixer}/{name}")
+            try:
+                timing = time_backend(mixer, name, x, params, dy, samples)
+                error = None
+            except torch.cuda.OutOfMemoryError as exc:  # a result: the backend does not fit
+                timing, error = {"gpu_time_ms": None, "median_ms": None}, str(exc)[:200]
+            rows.append({"shape": list(shape), "mixer": mixer, "backend": name,
+                         "auto": name == auto, **timing, "error": error})
+        del x, params, dy
+    return rows
+
+
+def auto_ratios(rows: list[dict], key: str = "gpu_time_ms") -> list[dict]:
+    """Per (shape, mixer): auto's choice, the fastest backend by ``key``, and auto's time over
+    the fastest's (1.0 when auto picked it)."""
+    groups: dict = {}
+    for row in rows:
+        if row[key] is not None:
+            groups.setdefault((tuple(row["shape"]), row["mixer"]), []).append(row)
+    out = []
+    for (shape, mixer), group in groups.items():
+        best = min(group, key=lambda r: r[key])
+        chosen = [r for r in group if r["auto"]]
+        out.append({"shape": list(shape), "mixer": mixer, "fastest": best["backend"],
+                    "fastest_ms": best[key],
+                    "auto": chosen[0]["backend"] if chosen else None,
+                    "auto_ms": chosen[0][key] if chosen else None,
+                    "auto_over_fastest": chosen[0][key] / best[key] if chosen else None})
+    return out

@@ -1,0 +1,103 @@
+"""Time every Triton backend at given shapes beside auto's choice (samu.experiment.sweep) and write
+data/sweeps/<gpu>_<name>.json and data/figures/<gpu>_sweep_<name>.png.
+
+    python scripts/sweep_backends.py --name outside 2x4096x3072 1x65536x1024
+    python scripts/sweep_backends.py --name tiny --mixers samu 1x16x32     # interpreter, CPU
+
+With no calibration entry for a shape, auto takes the choice calibrated at the nearest shape
+(samu.dispatch.nearest_entry): at shapes outside the file, the figure shows how far that choice
+is from the fastest backend."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+from tqdm import tqdm
+
+from samu import dispatch, paths
+from samu.experiment import protocol, schema, sweep
+from samu.experiment.pipeline import parse_shapes
+
+NAMES = {"rglru": "RG-LRU", "samu": "SAMU"}
+
+
+def draw(doc: dict, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from samu.experiment import report
+    mixers = [m for m in NAMES if any(r["mixer"] == m for r in doc["rows"])]
+    key = "gpu_time_ms" if any(r["gpu_time_ms"] for r in doc["rows"]) else "median_ms"
+    fig, axes = plt.subplots(1, len(mixers), figsize=(7.5 * len(mixers), 4.5), squeeze=False)
+    for ax, mixer in zip(axes[0], mixers):
+        rows = [r for r in doc["rows"] if r["mixer"] == mixer and r[key] is not None]
+        shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
+        names = list(dict.fromkeys(r["backend"] for r in rows))
+        width = 0.8 / max(1, len(names))
+        for j, name in enumerate(names):
+            for i, shape in enumerate(shapes):
+                group = [r for r in rows if tuple(r["shape"]) == shape]
+                best = min(r[key] for r in group)
+                row = next((r for r in group if r["backend"] == name), None)
+                if row is None:
+                    continue
+                ax.bar(i + j * width, row[key] / best, width, color=f"C{j}",
+                       edgecolor="black" if row["auto"] else "none",
+                       linewidth=2 if row["auto"] else 0,
+                       label=name if i == 0 else None)
+        ax.axhline(1.25, color="grey", linestyle="--", linewidth=1)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))],
+                      ["x".join(map(str, s)) for s in shapes], rotation=20)
+        ax.set_ylabel(f"{'GPU time' if key == 'gpu_time_ms' else 'median'} / fastest")
+        ax.set_title(f"{NAMES[mixer]}: every backend (outlined: auto's choice; dashed: 1.25x)")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{doc['environment']['gpu']}: backends beside auto")
+    fig.tight_layout()
+    report.save_figure(fig, path)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("shapes", nargs="+", help="BxLxD shapes")
+    parser.add_argument("--name", required=True, help="the sweep's name in its file names")
+    parser.add_argument("--mixers", nargs="+", default=["rglru", "samu"], choices=list(NAMES))
+    parser.add_argument("--samples", type=int, default=5)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shapes = parse_shapes(args.shapes)
+    slug = dispatch.gpu_slug()
+    source = dispatch.calibration_source(slug)
+    calibrated = []
+    if source.path.exists():
+        calibrated = sorted(schema.read_json(source.path)["shapes"])
+    rows = []
+    work = sum(len(sweep.triton_backends(m)) for m in args.mixers) * len(shapes)
+    with tqdm(total=work, desc="sweep") as bar:
+        def progress(text):
+            bar.set_postfix_str(text)
+            bar.update()
+        for shape in shapes:
+            rows += sweep.sweep_shape(shape, device, args.mixers, args.samples,
+                                      progress=progress)
+    key = "gpu_time_ms" if device.type == "cuda" else "median_ms"
+    doc = {"environment": protocol.environment(),
+           "calibration": {"path": str(source.path.name), "shapes": calibrated},
+           "rows": rows, "auto": sweep.auto_ratios(rows, key)}
+    out = paths.DATA / "sweeps" / f"{slug}_{args.name}.json"
+    schema.write_json_atomic(out, doc, kind="sweep")
+    figure = paths.DATA / "figures" / f"{slug}_sweep_{args.name}.png"
+    draw(doc, figure)
+    print("wrote", out, "and", figure)
+    for row in rows:
+        print(f"{'x'.join(map(str, row['shape'])):>14} {row['mixer']:5} {row['backend']:45} "
+              f"gpu {row['gpu_time_ms'] or float('nan'):8.3f} ms  median "
+              f"{row['median_ms'] or float('nan'):8.3f} ms{'  <- auto' if row['auto'] else ''}")
+    for row in doc["auto"]:
+        print(f"{'x'.join(map(str, row['shape'])):>14} {row['mixer']:5} auto {row['auto']} / "
+              f"fastest {row['fastest']}: {row['auto_over_fastest']:.3f}x ({key})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
