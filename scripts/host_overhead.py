@@ -47,6 +47,19 @@ compiled = kernel[grid](*args, T=T, **meta)
 full = [*args, T, meta["BD"], meta["V"]]
 print(f"{shape}: Triton launch via JIT {cpu_us(lambda: kernel[grid](*args, T=T, **meta)):.1f} us,"
       f" via compiled launcher {cpu_us(lambda: compiled[(*grid, 1)](*full)):.1f} us")
+# The compiled kernel's runner looks the device and stream up and builds launch metadata on every
+# call; its C launcher itself takes them as arguments.
+try:
+    compiled._init_handles()
+    stream = torch.cuda.current_stream().cuda_stream
+    g3 = (*grid, 1)
+    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+
+    def direct():
+        run(g3[0], g3[1], g3[2], stream, function, packed, None, None, None, *full)
+    print(f"{shape}: compiled C launcher called directly {cpu_us(direct):.1f} us")
+except Exception as exc:  # another Triton's launcher signature: not a result
+    print(f"direct launcher call unavailable: {type(exc).__name__}: {exc}")
 print(f"torch.empty {cpu_us(lambda: torch.empty(B, nc, D, device='cuda')):.1f} us, "
       f"sum(0) {cpu_us(lambda: h_in.sum(0)):.1f} us, "
       f"float().contiguous() {cpu_us(lambda: p.float().contiguous()):.1f} us")
