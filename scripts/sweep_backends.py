@@ -57,12 +57,21 @@ def draw(doc: dict, path) -> None:
     plt.close(fig)
 
 
+def line(row: dict) -> str:
+    gpu, median = row["gpu_time_ms"], row["median_ms"]
+    return (f"{'x'.join(map(str, row['shape'])):>14} {row['mixer']:5} {row['backend']:45} "
+            f"gpu {float('nan') if gpu is None else gpu:8.3f} ms  median "
+            f"{float('nan') if median is None else median:8.3f} ms"
+            f"{'  <- auto' if row['auto'] else ''}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("shapes", nargs="+", help="BxLxD shapes")
     parser.add_argument("--name", required=True, help="the sweep's name in its file names")
     parser.add_argument("--mixers", nargs="+", default=["rglru", "samu"], choices=list(NAMES))
     parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--backends", nargs="+", help="only these backends (default: all)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = parse_shapes(args.shapes)
@@ -71,31 +80,36 @@ def main(argv=None) -> int:
     calibrated = []
     if source.path.exists():
         calibrated = sorted(schema.read_json(source.path)["shapes"])
+    names = None
+    if args.backends:
+        names = {m: [n for n in sweep.triton_backends(m) if n in args.backends]
+                 for m in args.mixers}
+    key = "gpu_time_ms" if device.type == "cuda" else "median_ms"
+    out = paths.DATA / "sweeps" / f"{slug}_{args.name}.json"
     rows = []
-    work = sum(len(sweep.triton_backends(m)) for m in args.mixers) * len(shapes)
-    with tqdm(total=work, desc="sweep") as bar:
+    work = sum(len((names or {}).get(m) or sweep.triton_backends(m)) for m in args.mixers)
+    with tqdm(total=work * len(shapes), desc="sweep") as bar:
         def progress(text):
             bar.set_postfix_str(text)
             bar.update()
         for shape in shapes:
-            rows += sweep.sweep_shape(shape, device, args.mixers, args.samples,
-                                      progress=progress)
-    key = "gpu_time_ms" if device.type == "cuda" else "median_ms"
-    doc = {"environment": protocol.environment(),
-           "calibration": {"path": str(source.path.name), "shapes": calibrated},
-           "rows": rows, "auto": sweep.auto_ratios(rows, key)}
-    out = paths.DATA / "sweeps" / f"{slug}_{args.name}.json"
-    schema.write_json_atomic(out, doc, kind="sweep")
+            found = sweep.sweep_shape(shape, device, args.mixers, args.samples, names, progress)
+            for row in found:
+                bar.write(line(row))
+            rows += found
+            # Written after every shape: a run cut short keeps what it measured.
+            doc = {"environment": protocol.environment(),
+                   "calibration": {"path": str(source.path.name), "shapes": calibrated},
+                   "rows": rows, "auto": sweep.auto_ratios(rows, key)}
+            schema.write_json_atomic(out, doc, kind="sweep")
     figure = paths.DATA / "figures" / f"{slug}_sweep_{args.name}.png"
     draw(doc, figure)
     print("wrote", out, "and", figure)
-    for row in rows:
-        print(f"{'x'.join(map(str, row['shape'])):>14} {row['mixer']:5} {row['backend']:45} "
-              f"gpu {row['gpu_time_ms'] or float('nan'):8.3f} ms  median "
-              f"{row['median_ms'] or float('nan'):8.3f} ms{'  <- auto' if row['auto'] else ''}")
     for row in doc["auto"]:
+        ratio = row["auto_over_fastest"]
         print(f"{'x'.join(map(str, row['shape'])):>14} {row['mixer']:5} auto {row['auto']} / "
-              f"fastest {row['fastest']}: {row['auto_over_fastest']:.3f}x ({key})")
+              f"fastest {row['fastest']}: "
+              f"{'not timed' if ratio is None else f'{ratio:.3f}x'} ({key})")
     return 0
 
 
