@@ -17,8 +17,8 @@ VOCABULARY = {
     "sequential": "one Python step per token (the float64 oracle's formulation)",
     "chunked": "chunks of about sqrt(L) tokens scanned in parallel, then the chunk carries",
     "fused": "one Triton kernel per phase does all the elementwise work of that phase",
-    "gates": "RG-LRU's block-diagonal gate products run inside the scan kernels with tl.dot "
-             "(BF16 operands, FP32 accumulation) and are recomputed in the backward",
+    "gates": "(retired) RG-LRU's block-diagonal gate products inside the scan kernels with "
+             "tl.dot, recomputed in the backward",
     "controller": "SAMU's FP32 controller z = W x + b is reduced over the full width inside the "
                   "chunk-summary kernel, which also writes the per-token scalars r, g",
     "hierarchical": "three phases: per-chunk summaries (decay, local end state), a scan over "
@@ -38,6 +38,17 @@ DEFAULTS = {
     "rglru": "gemm_fused_hierarchical_chunk8",
     "samu": "fused_controller_hierarchical_chunk16",
 }
+
+
+# Backends that existed and were removed, with the reason.  A calibration file written before
+# their removal still loads: their entries are skipped, never chosen (samu.calibration_file).
+RETIRED_FUSED_GATES = ("RG-LRU's fused_gates family (gate products inside the scan kernels with "
+                       "tl.dot) was retired: the gemm family was faster at every shape measured "
+                       "on the H200 (docs/PERFORMANCE.md)")
+RETIRED = {"rglru": {f"fused_gates_hierarchical_{tail}": RETIRED_FUSED_GATES
+                     for tail in ("chunk16", "chunk32", "chunk64", "chunk16_block32",
+                                  "chunk32_block32")},
+           "samu": {}}
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,9 @@ def check_name(mixer: str, name) -> None:
         from_config(mixer, name)
         return
     _ensure_registered()
+    if name in RETIRED.get(mixer, ()):
+        raise ValueError(f"{mixer}: backend {name!r} no longer exists: {RETIRED[mixer][name]}; "
+                         f"choose 'auto' or one of {available(mixer)}")
     if name not in REGISTRY.get(mixer, ()):
         raise ValueError(f"{mixer}: unknown backend {name!r}; choose 'auto' or one of "
                          f"{available(mixer)}")
@@ -129,9 +143,9 @@ def from_config(mixer: str, config) -> Backend:
     ``dataclasses.replace(backends.REGISTRY["samu"][name].config, output=Launch(4, 2))``).  It
     is not registered; its name is the configuration's."""
     _ensure_registered()
-    from .ops.rglru import chunk as rglru_chunk, gemm as rglru_gemm
+    from .ops.rglru import gemm as rglru_gemm
     from .ops.samu import chunk as samu_chunk
-    modules = {"rglru": (rglru_chunk, rglru_gemm), "samu": (samu_chunk,)}.get(mixer)
+    modules = {"rglru": (rglru_gemm,), "samu": (samu_chunk,)}.get(mixer)
     if modules is None:
         raise ValueError(f"unknown mixer {mixer!r}; choose 'rglru' or 'samu'")
     module = next((m for m in modules if isinstance(config, m.CONFIGS[0].__class__)), None)
@@ -167,11 +181,11 @@ def _ensure_registered() -> None:
             register(Backend(f"reference_{scan}", mixer, "reference", _reference_run(fn, scan),
                              materialized_state_sized_transition=True))
     try:
-        from .ops.rglru import chunk as rglru_chunk, gemm as rglru_gemm
+        from .ops.rglru import gemm as rglru_gemm
         from .ops.samu import chunk as samu_chunk
     except ImportError:  # no triton: the reference backends still work
         return
-    for module in (rglru_chunk, samu_chunk, rglru_gemm):
+    for module in (samu_chunk, rglru_gemm):
         for config in module.CONFIGS:
             register(Backend(config.name, module.MIXER, "triton", module.run_with(config),
                              config=config))

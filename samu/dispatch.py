@@ -126,7 +126,7 @@ def check_calibration(doc: dict, path) -> dict:
     """{(mixer, (B, L, D)): chosen backend or None} of a calibration document, every entry
     checked against the registered backends (CalibrationFileError names the file and entry)."""
     _ensure_registered()
-    return calibration_file.choices(doc, path, REGISTRY)
+    return calibration_file.choices(doc, path, REGISTRY, backends.RETIRED)
 
 
 def _load_choices(path: str) -> dict:
@@ -141,7 +141,8 @@ def forget_calibration() -> None:
 
 def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str | None:
     """The calibrated backend for (mixer, shape) on GPU ``slug``, from ``calibration_source(slug)``:
-    the entry for the shape, else the choice calibrated at the nearest shape (``nearest_entry``),
+    the entry for the shape, else (no entry, or one without a choice) the choice calibrated at
+    the nearest shape (``nearest_entry``),
     so that an uncalibrated shape does not fall back to a default far slower than the best
     (None: no file, or no entry chose a backend).  The directory is looked up and the file
     re-stat'ed at most every RECHECK_SECONDS; the file is re-read when its path or stat changed."""
@@ -151,7 +152,7 @@ def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str
         cached = _recheck(slug, now, cached)
     choices = cached[2]
     key = (mixer, tuple(shape))
-    if key in choices:
+    if choices.get(key) is not None:
         return choices[key]
     nearest = ("nearest", *key)  # memoised beside the file's own entries
     if nearest not in choices:

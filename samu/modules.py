@@ -92,7 +92,7 @@ class RGLRU(_Mixer):
             RecurrentGemma-2B uses 10 heads of 256 at width 2560).
         backend: ``"auto"`` (the default: the calibrated choice on a GPU, the reference on a
             CPU; see ``samu.dispatch``), a name from ``samu.backends.available("rglru")`` (for
-            example ``"fused_gates_hierarchical_chunk32"``), or a Triton configuration from
+            example ``"gemm_fused_hierarchical_chunk16"``), or a Triton configuration from
             ``samu.backends.REGISTRY["rglru"][name].config`` changed with ``dataclasses.replace``.
             ``last_backend`` names the backend that ran in the last forward.
         device: where the FP32 parameters are created.

@@ -17,10 +17,10 @@ import torch
 
 from samu.experiment import legality, protocol
 from samu.ops.common import launching
-from samu.ops.rglru import chunk as rglru_chunk
+from samu.ops.rglru import gemm as rglru_gemm
 from samu.ops.samu import chunk as samu_chunk
 
-FUNCTIONS = {"samu": samu_chunk.SamuFunction, "rglru": rglru_chunk.RglruFunction}
+FUNCTIONS = {"samu": samu_chunk.SamuFunction, "rglru": rglru_gemm.GemmScanFunction}
 
 
 def wall_us(fn, n=200):

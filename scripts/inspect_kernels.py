@@ -26,7 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from samu.ops.rglru import chunk as rglru_chunk
+from samu.ops.rglru import gemm as rglru_gemm
 from samu.ops.samu import chunk as samu_chunk
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -74,7 +74,7 @@ def configurations():
     """(label, kernel, constexprs, warps) of every kernel configuration the backends launch."""
     from samu.ops.common import carry, reduce
     for width in (2048, 2560):
-        for module in (samu_chunk, rglru_chunk):
+        for module in (samu_chunk, rglru_gemm):
             for config in module.CONFIGS:
                 for kernel, constexprs, warps in module.launch_plan(config, width):
                     yield f"{width} {config.name}", kernel, constexprs, warps
@@ -131,7 +131,7 @@ def main():
         return
     if args.mixer is None:
         parser.error("name a mixer, or pass --ptx-digest FILE")
-    module = samu_chunk if args.mixer == "samu" else rglru_chunk
+    module = samu_chunk if args.mixer == "samu" else rglru_gemm
     for config in module.CONFIGS:
         name = config.name
         for kernel, constexprs, warps in module.launch_plan(config, args.width,

@@ -229,7 +229,7 @@ print(table.to_string(index=False))
 assert (table["published parameters"] == table["samu parameters"]).all()'''),
     md(r"""The published H800 result's RG-LRU rows record 2D control values per token (gx and ga per channel), as the formula
 does; SAMU's two scalars per token are shared by every channel. The byte counts that bound the kernels are in SPEC
-section 8 and in the module docstrings of `samu/ops/samu/chunk.py` and `samu/ops/rglru/chunk.py`."""),
+section 8 and in the module docstrings of `samu/ops/samu/chunk.py` and `samu/ops/rglru/gemm.py`."""),
     code('''assert (table["published control values/token"] == table["samu control values/token"]).all()'''),
 ])
 

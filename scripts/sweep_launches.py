@@ -1,11 +1,12 @@
-"""Sweep the launch settings of the scan kernels on a GPU: for each setting, the forward+backward
-median (CUDA events, calibration's sampler) and its legality against the float64 oracle.
+"""Sweep the launch settings of SAMU's scan kernels on a GPU: for each setting, the
+forward+backward median (CUDA events, calibration's sampler) and its legality against the float64
+oracle.
 
-    python scripts/sweep_launches.py 1x32768x2048 1x8192x2560:rglru
-    python scripts/sweep_launches.py 1x32768x2048:samu --backends=chunk8,chunk16 --roles=output
+    python scripts/sweep_launches.py 1x32768x2048 1x8192x2560
+    python scripts/sweep_launches.py 1x32768x2048 --backends=chunk8,chunk16 --roles=output
 
-SAMU: one kernel role at a time (warps, channels per thread) with the others at their defaults,
-for every backend.  RG-LRU: every backend at each of RGLRU_OPTIONS.  Each setting is a frozen
+One kernel role at a time (warps, channels per thread) with the others at their defaults, for
+every backend.  Each setting is a frozen
 configuration passed in as the backend (samu.backends.from_config), so nothing global changes.
 Prints one line per setting and the best per role; the winners become the configurations'
 defaults in samu/ops/<mixer>/chunk.py by hand, with the figures in docs/PERFORMANCE.md."""
@@ -19,11 +20,9 @@ import time
 import torch
 
 from samu.experiment import legality, protocol
-from samu.ops.rglru import chunk as rglru_chunk
 from samu.ops.samu import chunk as samu_chunk
 
 SAMU_OPTIONS = [(1, 1), (2, 1), (4, 1), (2, 2), (1, 4), (2, 4)]  # (warps, channels per thread)
-RGLRU_OPTIONS = [(1, 8, 8), (2, 8, 8), (1, 4, 4), (1, 8, 4)]  # (vector, dx warps, grad warps)
 
 
 def kernel_ms(mixer, backend, inputs, reps=3):
@@ -66,12 +65,9 @@ def main():
     backends_wanted, roles_wanted = _option("backends"), _option("roles")
     shapes = [a for a in sys.argv[1:] if not a.startswith("--")]
     for arg in shapes or ["1x32768x2048"]:
-        shape_text, _, only = arg.partition(":")
-        shape = tuple(map(int, shape_text.split("x")))
+        shape = tuple(map(int, arg.split("x")))
         floor = protocol.floor_ms(shape, protocol.COPY_BANDWIDTH["nvidia-h200"])
-        for mixer, module in (("samu", samu_chunk), ("rglru", rglru_chunk)):
-            if only and mixer != only:
-                continue
+        for mixer, module in (("samu", samu_chunk),):
             inputs = legality.make_inputs(mixer, shape, "cuda")
             want = legality.oracle(mixer, *inputs)
             eager = legality.relative_errors(
@@ -81,29 +77,21 @@ def main():
                 name = config.name
                 if backends_wanted and not any(name.endswith(b) for b in backends_wanted):
                     continue
-                if mixer == "samu":
-                    for role in config.launches():
-                        if roles_wanted and role not in roles_wanted:
-                            continue
-                        for warps, vector in SAMU_OPTIONS:
-                            tried = dataclasses.replace(config, **{role: module.Launch(warps,
-                                                                                       vector)})
-                            results.append(((name, role, warps, vector),
-                                            *_try(mixer, tried, shape, inputs, want, eager)))
-                else:
-                    for vector, dx_warps, grad_warps in RGLRU_OPTIONS:
-                        tried = dataclasses.replace(config, vector=vector, dx_warps=dx_warps,
-                                                    param_grad_warps=grad_warps)
-                        results.append(((name, vector, dx_warps, grad_warps),
+                for role in config.launches():
+                    if roles_wanted and role not in roles_wanted:
+                        continue
+                    for warps, vector in SAMU_OPTIONS:
+                        tried = dataclasses.replace(config, **{role: module.Launch(warps,
+                                                                                   vector)})
+                        results.append(((name, role, warps, vector),
                                         *_try(mixer, tried, shape, inputs, want, eager)))
             for key, median, legal, err in results:
                 print(f"{shape} {mixer} {key}: {median:.4f} ms (x{median / floor:.1f} floor) "
                       f"legal={legal} max_err={err:.2e}", flush=True)
             ok = [r for r in results if r[2]]
-            if mixer == "samu":
-                for role in roles_wanted or samu_chunk.CONFIGS[0].launches():
-                    best = min((r for r in ok if r[0][1] == role), key=lambda r: r[1])
-                    print(f"BEST {shape} samu {role}: {best[0]} {best[1]:.4f} ms")
+            for role in roles_wanted or samu_chunk.CONFIGS[0].launches():
+                best = min((r for r in ok if r[0][1] == role), key=lambda r: r[1])
+                print(f"BEST {shape} samu {role}: {best[0]} {best[1]:.4f} ms")
             best = min(ok, key=lambda r: r[1])
             print(f"BEST {shape} {mixer}: {best[0]} {best[1]:.4f} ms", flush=True)
             del want, inputs

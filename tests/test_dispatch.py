@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import samu
-from samu import dispatch, paths
+from samu import backends, dispatch, paths
 
 SLUG = "test-gpu"
 CHUNK8, CHUNK16 = "fused_controller_hierarchical_chunk8", "fused_controller_hierarchical_chunk16"
@@ -297,5 +297,38 @@ def test_an_uncalibrated_shape_takes_the_nearest_calibrated_choice(tmp_path, mon
         assert dispatch.calibrated_choice("samu", (1, 4096, 2048), "test-gpu") == c16
         assert dispatch.calibrated_choice("samu", (1, 8192, 3072), "test-gpu") == c32
         assert dispatch.calibrated_choice("rglru", (1, 8192, 3072), "test-gpu") is None
+    finally:
+        dispatch.set_calibration_dir(None)
+
+
+def test_a_retired_backend_is_refused_by_name_with_its_reason():
+    retired = next(iter(backends.RETIRED["rglru"]))
+    with pytest.raises(ValueError, match="no longer exists: RG-LRU's fused_gates family"):
+        samu.RGLRU(32, 2, backend=retired)
+    assert retired not in backends.available("rglru")
+
+
+def test_a_file_written_before_a_retirement_still_loads_without_choosing_it(tmp_path):
+    """Entries may name retired backends; where one was chosen, the best-ranked backend that
+    still exists and was legal there is the choice, and none when there is no such backend."""
+    retired = sorted(backends.RETIRED["rglru"])
+    gemm8, gemm16 = "gemm_fused_hierarchical_chunk8", "gemm_fused_hierarchical_chunk16"
+
+    def entry(ranking, legal):
+        return {"ranking": ranking, "chosen": ranking[0],
+                "backends": [{"backend": n, "legal": n in legal} for n in ranking]}
+    doc = {"gpu": "test", "environment": {}, "shapes": {
+        "1x4096x2560": {"rglru": entry([retired[0], gemm16, gemm8], {retired[0], gemm8})},
+        "1x4096x512": {"rglru": entry([retired[1], retired[0]], set(retired))}}}
+    (tmp_path / "test-gpu.json").write_text(json.dumps(doc))
+    dispatch.set_calibration_dir(tmp_path)
+    try:
+        assert dispatch.calibrated_choice("rglru", (1, 4096, 2560), "test-gpu") == gemm8
+        assert dispatch.calibrated_choice("rglru", (1, 4096, 512), "test-gpu") == gemm8  # nearest
+        doc["shapes"]["1x4096x2560"]["rglru"]["ranking"].append("fused_gates_no_such_thing")
+        (tmp_path / "test-gpu.json").write_text(json.dumps(doc))
+        dispatch.forget_calibration()
+        with pytest.raises(dispatch.CalibrationFileError, match="not a registered backend"):
+            dispatch.calibrated_choice("rglru", (1, 4096, 2560), "test-gpu")
     finally:
         dispatch.set_calibration_dir(None)

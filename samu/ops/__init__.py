@@ -1,6 +1,6 @@
 """The two mixers' implementations, one folder each: ``naive.py`` (the pure-PyTorch reference),
-``backward.py`` (the hand-derived backward formulas) and ``chunk.py`` (the chunked Triton kernels
-with their autograd Function); ``recurrence.py`` is the PyTorch recurrence both share and
+``backward.py`` (the hand-derived backward formulas) and the chunked Triton kernels with their
+autograd Function (``samu/chunk.py``; ``rglru/gemm.py``, whose gate products run in cuBLAS); ``recurrence.py`` is the PyTorch recurrence both share and
 ``common/`` the Triton pieces both share.  Importing this package imports no Triton."""
 from .rglru.backward import rglru_backward
 from .rglru.naive import rglru_reference

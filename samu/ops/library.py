@@ -25,9 +25,9 @@ def _family(mixer: str, backend: str):
     """(module with forward / backward / residual_specs, configuration) of a registered name."""
     backends._ensure_registered()
     config = backends.REGISTRY[mixer][backend].config
-    from .rglru import chunk as rglru_chunk, gemm as rglru_gemm
+    from .rglru import gemm as rglru_gemm
     from .samu import chunk as samu_chunk
-    for module in (samu_chunk, rglru_chunk, rglru_gemm):
+    for module in (samu_chunk, rglru_gemm):
         if isinstance(config, module.CONFIGS[0].__class__):
             return module, config
     raise ValueError(f"{mixer}: backend {backend!r} is not a Triton backend")

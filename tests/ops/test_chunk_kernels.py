@@ -14,7 +14,7 @@ from samu.functional import FUNCTIONS, PARAMETER_NAMES
 from samu.ops.common import carry, launching
 from samu.ops.common.math import softplus
 from samu.ops.common.scan import row_offsets
-from samu.ops.rglru import chunk as rglru_chunk
+from samu.ops.rglru import gemm as rglru_gemm
 from samu.ops.samu import chunk as samu_chunk
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -326,24 +326,22 @@ def test_launcher_caches_nothing_when_no_kernel_was_compiled():
     assert compiled.calls == [((3, 1, 1), (t, 4, 16))]
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
-def test_a_configuration_passed_in_runs_without_changing_the_registered_one(mixer):
-    """Sweeps pass frozen configurations in as the backend; the registered ones stay as they are."""
+def test_a_configuration_passed_in_runs_without_changing_the_registered_one():
+    """Sweeps pass frozen configurations in as the backend; the registered ones stay as they
+    are (the gemm family has its own test in test_rglru_gemm.py)."""
     import dataclasses
-    # this file's chunk.py configurations (the gemm family has its own test)
-    name = samu_chunk.CONFIGS[1].name if mixer == "samu" else rglru_chunk.CONFIGS[1].name
-    registered = backends.REGISTRY[mixer][name].config
-    if mixer == "samu":
-        tried = dataclasses.replace(registered, output=samu_chunk.Launch(1, 1))
-    else:
-        tried = dataclasses.replace(registered, vector=2, dx_warps=2)
-    x, params, dy = _inputs_with(mixer, name, 0.5)
-    got = legality.outputs(mixer, tried, x, params, dy)
-    want = legality.oracle(mixer, x, params, dy)
+    name = samu_chunk.CONFIGS[1].name
+    registered = backends.REGISTRY["samu"][name].config
+    tried = dataclasses.replace(registered, output=samu_chunk.Launch(1, 1))
+    x, params, dy = _inputs_with("samu", name, 0.5)
+    got = legality.outputs("samu", tried, x, params, dy)
+    want = legality.oracle("samu", x, params, dy)
     assert max(legality.relative_errors(got, want).values()) < 0.02
-    assert backends.REGISTRY[mixer][name].config == registered
-    module = samu.SAMU(32, backend=tried) if mixer == "samu" else samu.RGLRU(32, 2, backend=tried)
+    assert backends.REGISTRY["samu"][name].config == registered
+    module = samu.SAMU(32, backend=tried)
     module.to(DEVICE)(x.float())
     assert module.last_backend == tried.name
     with pytest.raises(TypeError, match="backend must be 'auto', a name"):
-        samu.SAMU(32, backend=registered if mixer == "rglru" else rglru_chunk.CONFIGS[0])
+        samu.SAMU(32, backend=rglru_gemm.CONFIGS[0])
+    with pytest.raises(TypeError, match="backend must be 'auto', a name"):
+        samu.RGLRU(32, 2, backend=registered)
