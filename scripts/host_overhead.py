@@ -41,11 +41,14 @@ p = torch.zeros(D, device="cuda")
 s = torch.zeros((), device="cuda")
 meta = samu_chunk.SamuConfig(T).output.tile(D, T)
 grid = (B * nc, triton.cdiv(D, meta["BD"]))
-args = (x, y, r, g, h_in, p, s, s, L, D, nc, D // meta["V"])
+# seq_ptr, h0_ptr and final_ptr are not read with the state keywords off; any tensor will do.
+args = (x, y, r, g, h_in, p, s, s, s, s, s, L, D, nc, D // meta["V"])
+flags = dict(PACKED=False, HAS_INITIAL=False, HAS_FINAL=False)
 kernel = samu_chunk._samu_output_kernel
-compiled = kernel[grid](*args, T=T, **meta)
-full = [*args, T, meta["BD"], meta["V"]]
-print(f"{shape}: Triton launch via JIT {cpu_us(lambda: kernel[grid](*args, T=T, **meta)):.1f} us,"
+compiled = kernel[grid](*args, T=T, **meta, **flags)
+full = [*args, T, meta["BD"], meta["V"], *flags.values()]
+print(f"{shape}: Triton launch via JIT "
+      f"{cpu_us(lambda: kernel[grid](*args, T=T, **meta, **flags)):.1f} us,"
       f" via compiled launcher {cpu_us(lambda: compiled[(*grid, 1)](*full)):.1f} us")
 # The compiled kernel's runner looks the device and stream up and builds launch metadata on every
 # call; its C launcher itself takes them as arguments.
