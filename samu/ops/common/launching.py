@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton.language as tl
 
 from ..._runtime import INTERPRETING
 
@@ -109,19 +108,6 @@ def tile_width(warps: int, vector: int) -> int:
 def row_stride_units(width: int, meta: dict) -> int:
     """The row_units argument of row_offsets: the width in units of the tile's vector V."""
     return width // meta["V"]
-
-
-def dot_operand_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Operand dtype of tl.dot: x's own, except under the interpreter, whose BF16 dot is wrong."""
-    if INTERPRETING:
-        return torch.float32
-    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
-
-
-def dot_dtype(dtype: torch.dtype):
-    """dot_operand_dtype as a Triton dtype."""
-    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
-            torch.float32: tl.float32}[dot_operand_dtype(dtype)]
 
 
 def refuse_double_backward(mixer: str) -> None:
