@@ -57,7 +57,7 @@ def compile_for_h200(fn, constexprs, num_warps, specialized_ints=("L", "D", "NC"
     sig = signature(fn, constexprs)
     names = list(sig)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if sig[n].startswith("*") or n in specialized_ints}
+             if sig[n].startswith("*") or (n in specialized_ints and sig[n] != "constexpr")}
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
