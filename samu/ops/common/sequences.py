@@ -88,6 +88,20 @@ def fold_starts(a, u, starts, entering):
     return tl.where(s, 0.0, a), tl.where(s, u + a * entering, u)
 
 
+@triton.jit
+def adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L, cols, D, PACKED: tl.constexpr,
+                   HAS_DFINAL: tl.constexpr):
+    """A reverse scan's (a, dy) with sequences: the final state's gradient enters dy at each
+    sequence's end (HAS_DFINAL), and nothing leaves through a start (a = 0 there, PACKED)."""
+    if PACKED or HAS_DFINAL:
+        seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
+        if HAS_DFINAL:
+            dy += load_at(dfinal_ptr, seq, ends, cols, D)
+        if PACKED:
+            a = tl.where(starts[:, None], 0.0, a)
+    return a, dy
+
+
 class SequenceArgs(NamedTuple):
     """The kernels' view of the state keywords: the arguments and constexprs of every launch.
     Where a feature is off, its tensor argument is a placeholder the kernel never reads."""

@@ -48,8 +48,8 @@ from ..common.math import (FAST_MATH, _ptx_approx, exp_fast, one_minus_a_squared
                            softplus, to_element, transition)
 from ..common.reduce import named_columns, sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
-from ..common.sequences import (entering_state, fold_starts, load_at, resets, row_sequences,
-                                sequence_args, store_at)
+from ..common.sequences import (adjoint_inputs, entering_state, fold_starts, load_at, resets,
+                                row_sequences, sequence_args, store_at)
 
 MIXER = "rglru"
 
@@ -208,12 +208,7 @@ def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, seq_ptr, dfinal_
     ga = sigmoid_fast(tl.load(g_at + BW, mask=ok, other=0.0).to(tl.float32) + ba[None, :])
     a = exp_fast(tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0))
     dy = tl.load(dy_at, mask=ok, other=0.0).to(tl.float32)
-    if PACKED or HAS_DFINAL:
-        seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
-        if HAS_DFINAL:
-            dy += load_at(dfinal_ptr, seq, ends, cols, D)
-        if PACKED:
-            a = tl.where(starts[:, None], 0.0, a)
+    a, dy = adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L, cols, D, PACKED, HAS_DFINAL)
     _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
     tl.store(end_ptr + (b * NC + k) * D + cols, last_row(v, tl.arange(0, T), T), mask=col_ok)
 

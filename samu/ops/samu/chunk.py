@@ -23,8 +23,8 @@ from ..common.launching import (aligned, cdiv, fp32_contiguous, refuse_double_ba
 from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
 from ..common.reduce import named_columns, sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row, row_offsets
-from ..common.sequences import (START_MARK, entering_state, fold_starts, load_at, resets,
-                                row_sequences, sequence_args, store_at)
+from ..common.sequences import (START_MARK, adjoint_inputs, entering_state, fold_starts, load_at,
+                                resets, row_sequences, sequence_args, store_at)
 
 MIXER = "samu"
 
@@ -140,12 +140,7 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, a_param_ptr, log_temp_ptr, seq_p
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
     lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
     a = exp_fast(-lam[None, :] * r[:, None])
-    if PACKED or HAS_DFINAL:
-        seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
-        if HAS_DFINAL:
-            dy += load_at(dfinal_ptr, seq, ends, cols, D)
-        if PACKED:
-            a = tl.where(starts[:, None], 0.0, a)
+    a, dy = adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L, cols, D, PACKED, HAS_DFINAL)
     _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
     tl.store(end_ptr + (b * NC + k) * D + cols, last_row(v, tl.arange(0, T), T), mask=cols < D)
 
