@@ -66,10 +66,7 @@ def random_offsets(length: int, count: int, seed: int = 0) -> list[int]:
 
 
 def _median_ms(module, x, dy, samples: int) -> float:
-    for _ in range(protocol.warmup_count(x.device)):
-        protocol.sample(module, x, dy, "forward_backward")
-    return statistics.median(protocol.sample(module, x, dy, "forward_backward")
-                             for _ in range(samples))
+    return statistics.median(protocol.warm_samples(module, x, dy, samples))
 
 
 def _timed(module, x, dy, samples: int) -> dict:

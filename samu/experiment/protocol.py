@@ -194,12 +194,17 @@ def module_with(mixer: str, backend: str, x, params: dict):
     return module, x.detach().clone().requires_grad_()
 
 
+def warm_samples(module, x, dy, reps: int) -> list:
+    """forward+backward samples of a module after its warm-up."""
+    for _ in range(warmup_count(x.device)):
+        sample(module, x, dy, "forward_backward")
+    return [sample(module, x, dy, "forward_backward") for _ in range(reps)]
+
+
 def time_forward_backward(mixer: str, backend: str, x, params: dict, dy, reps: int) -> list:
     """forward+backward samples of one backend on given inputs (for calibration)."""
     module, xg = module_with(mixer, backend, x, params)
-    for _ in range(warmup_count(x.device)):
-        sample(module, xg, dy, "forward_backward")
-    return [sample(module, xg, dy, "forward_backward") for _ in range(reps)]
+    return warm_samples(module, xg, dy, reps)
 
 
 def summarize(samples: list) -> dict:

@@ -139,10 +139,10 @@ TRAINING_SCHEMA = {
         "runs": {"type": "array", "minItems": 1, "items": _training_run},
     },
 }
+_maybe_number = {"type": ["number", "null"]}  # null: not measured on this device
 # Packed sequences, decode steps and torch.compile (samu.experiment.features).
 _timed = {"type": "object", "required": ["forward_backward_median_ms", "gpu_time_ms"],
-          "properties": {"forward_backward_median_ms": _number,
-                         "gpu_time_ms": {"type": ["number", "null"]}}}
+          "properties": {"forward_backward_median_ms": _number, "gpu_time_ms": _maybe_number}}
 FEATURES_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "samu state-keyword, decode and compile timings",
@@ -161,7 +161,7 @@ FEATURES_SCHEMA = {
             "type": "object", "required": ["mixer", "batch", "host_us_per_step",
                                            "gpu_us_per_step", "backend"],
             "properties": {"host_us_per_step": _number,
-                           "gpu_us_per_step": {"type": ["number", "null"]}}}},
+                           "gpu_us_per_step": _maybe_number}}},
         "compile": {"type": "array", "items": {
             "type": "object", "required": ["mixer", "shape", "eager_ms", "compiled_ms",
                                            "reduce_overhead_ms", "backend"],
@@ -170,7 +170,6 @@ FEATURES_SCHEMA = {
     },
 }
 # Every Triton backend timed at given shapes beside auto's choice (samu.experiment.sweep).
-_maybe_number = {"type": ["number", "null"]}
 SWEEP_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "samu backend sweep",

@@ -26,9 +26,7 @@ def triton_backends(mixer: str) -> list[str]:
 def time_backend(mixer: str, name: str, x, params: dict, dy, samples: int) -> dict:
     """GPU time (None off a GPU) and the forward+backward median of one backend."""
     module, xg = protocol.module_with(mixer, name, x, params)
-    for _ in range(protocol.warmup_count(x.device)):
-        protocol.sample(module, xg, dy, "forward_backward")
-    times = [protocol.sample(module, xg, dy, "forward_backward") for _ in range(samples)]
+    times = protocol.warm_samples(module, xg, dy, samples)
     return {"gpu_time_ms": protocol.graph_replay_ms(module, xg, dy),
             "median_ms": statistics.median(times)}
 
