@@ -1,6 +1,7 @@
 """Where the host time of one forward+backward goes (small shapes are bound by it): CPU time per
-Triton launch through the JIT path and through the compiled kernel's own launcher, per small
-torch op, and per whole forward / forward+backward call, beside the GPU time of the same call.
+Triton launch through the JIT path, the compiled kernel's runner, its C launcher and the
+library's launching.launch, per small torch op, and per whole forward / forward+backward call,
+beside the GPU time of the same call.
 
     python scripts/host_overhead.py 4x2048x2048 [--profile] [--cprofile]"""
 import sys
@@ -10,6 +11,7 @@ import torch
 import triton
 
 from samu.experiment import legality, protocol
+from samu.ops.common import launching
 from samu.ops.samu import chunk as samu_chunk
 
 
@@ -63,6 +65,9 @@ try:
     print(f"{shape}: compiled C launcher called directly {cpu_us(direct):.1f} us")
 except Exception as exc:  # another Triton's launcher signature: not a result
     print(f"direct launcher call unavailable: {type(exc).__name__}: {exc}")
+launching.launch(kernel, grid, *args, T=T, **meta, **flags)  # compiles and caches
+print(f"{shape}: the library's launching.launch "
+      f"{cpu_us(lambda: launching.launch(kernel, grid, *args, T=T, **meta, **flags)):.1f} us")
 print(f"torch.empty {cpu_us(lambda: torch.empty(B, nc, D, device='cuda')):.1f} us, "
       f"sum(0) {cpu_us(lambda: h_in.sum(0)):.1f} us, "
       f"float().contiguous() {cpu_us(lambda: p.float().contiguous()):.1f} us")

@@ -58,7 +58,8 @@ def _scan_forward_fake(x, params, initial_state, cu_seqlens, mixer, backend, out
     batch, length, width = x.shape
     final_shape = (_count(x, cu_seqlens), width) if output_final_state else (0,)
     residuals = [x.new_empty(shape, dtype=dtype)
-                 for shape, dtype in module.residual_specs(config, batch, length, width, x.dtype)]
+                 for shape, dtype in module.residual_specs(config, batch, length, width, x.dtype,
+                                                               params)]
     return [torch.empty_like(x), x.new_empty(final_shape, dtype=torch.float32), *residuals]
 
 

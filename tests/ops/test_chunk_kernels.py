@@ -326,6 +326,50 @@ def test_launcher_caches_nothing_when_no_kernel_was_compiled():
     assert compiled.calls == [((3, 1, 1), (t, 4, 16))]
 
 
+def test_launcher_calls_the_c_launcher_unless_a_launch_hook_is_set(monkeypatch):
+    """A cached launch calls the compiled kernel's C launcher with the current stream, its
+    handle and metadata, the hooks' slots empty, and every argument; with a launch hook set it
+    goes through the runner, which calls the hooks."""
+    from triton import knobs
+    from samu.ops.common import launching
+
+    class Compiled:
+        function, packed_metadata = "handle", "packed"
+
+        def __init__(self):
+            self.direct, self.runner = [], []
+
+        def _init_handles(self):
+            pass
+
+        def run(self, *args):
+            self.direct.append(args)
+
+        def __getitem__(self, grid):
+            return lambda *args: self.runner.append((grid, args))
+
+    compiled = Compiled()
+
+    class FakeKernel:
+        arg_names = ["x", "n", "BLOCK"]
+
+        def __getitem__(self, grid):
+            return lambda *args, **meta: compiled
+
+    monkeypatch.setattr(launching, "_current_stream", lambda device: 1234 + device)
+    launch = launching.Launcher(interpreting=False, device_index=lambda: 0)
+    t = torch.zeros(4)
+    kernel = FakeKernel()
+    launch(kernel, (2,), t, 4, BLOCK=16)  # compiles
+    launch(kernel, (5, 2), t, 4, BLOCK=16)
+    assert compiled.direct == [(5, 2, 1, 1234, "handle", "packed", None, None, None, t, 4, 16)]
+    hooks = knobs.HookChain()
+    hooks.add(lambda *args, **kwargs: None)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hooks)
+    launch(kernel, (3,), t, 4, BLOCK=16)
+    assert compiled.runner == [((3, 1, 1), (t, 4, 16))] and len(compiled.direct) == 1
+
+
 def test_a_configuration_passed_in_runs_without_changing_the_registered_one():
     """Sweeps pass frozen configurations in as the backend; the registered ones stay as they
     are (the gemm family has its own test in test_rglru_gemm.py)."""

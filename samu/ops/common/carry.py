@@ -100,13 +100,14 @@ TWO_LEVEL_FROM = 512
 
 
 def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool,
-                a_param: torch.Tensor | None = None, log_temp: torch.Tensor | None = None
-                ) -> torch.Tensor:
-    """Phase 2 over [B, NC, D] summaries.  With a_param and log_temp (SAMU), decay is the
-    chunks' sum of r, [B, NC] (see chunk_carry_kernel).  From TWO_LEVEL_FROM chunks on, two
-    levels: segment summaries, the carry over segments, then each segment from its carry."""
+                a_param: torch.Tensor | None = None, log_temp: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """Phase 2 over [B, NC, D] summaries, into out (contiguous, like end) when given.  With
+    a_param and log_temp (SAMU), decay is the chunks' sum of r, [B, NC] (see
+    chunk_carry_kernel).  From TWO_LEVEL_FROM chunks on, two levels: segment summaries, the
+    carry over segments, then each segment from its carry."""
     batch, n_chunks, width = end.shape
-    out = torch.empty_like(end)
+    out = torch.empty_like(end) if out is None else out
     scalar_decay = a_param is not None
     params = (a_param, log_temp) if scalar_decay else (end, end)
     block_c = min(64, max(16, next_power_of_2(n_chunks)))

@@ -12,16 +12,20 @@ from ..._runtime import INTERPRETING
 
 
 class Launcher:
-    """kernel[grid](*args, **meta), after the first call through the compiled kernel's own
-    launcher: Triton's JIT path binds and keys every argument on every call, host time that the
-    small shapes feel (scripts/host_overhead.py on the H200's host: 27.2 vs 14.1 us per launch).
+    """kernel[grid](*args, **meta), after the first call through the compiled kernel's C
+    launcher itself: Triton's JIT path binds and keys every argument on every call, host time
+    that the small shapes feel (scripts/host_overhead.py on the H200's host: 27.1 us per launch
+    through the JIT, 13.3 us through the compiled kernel's runner, 7.5 us calling its C launcher
+    directly).  The C launcher is called as the runner would call it, with the current stream,
+    while no launch hook is set (a profiler such as proton sets them); with one set, the
+    runner, which calls the hooks, is used.
 
     args are tensors and ints.  The cache key holds each int itself and each tensor's dtype, not
     its address: every pointer a kernel gets is 16-byte aligned (the Functions pass inputs
-    through ``aligned``; buffers are fresh allocations or views at their start), which is the
-    pointer specialisation Triton compiled for.  Keying the alignment cost ~0.6 us per tensor.
-    A first call that returns no compiled kernel (a tracer such as dynamo ran it) caches
-    nothing, so a later eager call compiles for real."""
+    through ``aligned``; buffers are fresh allocations or views at their start, or ``carve``d
+    at 16-byte boundaries), which is the pointer specialisation Triton compiled for.  Keying the
+    alignment cost ~0.6 us per tensor.  A first call that returns no compiled kernel (a tracer
+    such as dynamo ran it) caches nothing, so a later eager call compiles for real."""
 
     def __init__(self, interpreting: bool = INTERPRETING, device_index=None):
         self.interpreting = interpreting
@@ -32,17 +36,55 @@ class Launcher:
         if self.interpreting:
             kernel[grid](*args, **meta)
             return
-        key = (kernel, self.device_index(), arg_key(args),
+        device = self.device_index()
+        key = (kernel, device, arg_key(args),
                tuple(meta.items()))  # call sites pass constexprs in a fixed order
         entry = self.compiled.get(key)
         if entry is None:
             compiled = kernel[grid](*args, **meta)
             if compiled is not None:
                 constexpr_names = kernel.arg_names[len(args):]
-                self.compiled[key] = (compiled, [meta[name] for name in constexpr_names])
+                self.compiled[key] = (compiled, [meta[name] for name in constexpr_names],
+                                      _c_launcher(compiled))
             return
-        compiled, constexprs = entry
-        compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *constexprs)
+        compiled, constexprs, direct = entry
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        if direct is not None and _no_launch_hooks():
+            run, function, packed = direct
+            run(grid[0], grid[1], grid[2], _current_stream(device), function, packed, None, None,
+                None, *args, *constexprs)
+        else:
+            compiled[grid](*args, *constexprs)
+
+
+def _c_launcher(compiled):
+    """(C launcher, function handle, packed metadata) of a compiled kernel, or None where this
+    Triton's compiled kernels do not have them (the runner is then used)."""
+    try:
+        compiled._init_handles()
+        return compiled.run, compiled.function, compiled.packed_metadata
+    except AttributeError:
+        return None
+
+
+def _current_stream(device: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
+try:
+    from triton import knobs as _knobs
+except ImportError:  # an older Triton: no knobs, the runner is always used
+    _knobs = None
+
+
+def _no_launch_hooks() -> bool:
+    """Whether no launch hook is set: Triton's hooks are None or an empty HookChain."""
+    if _knobs is None:
+        return False
+    runtime = _knobs.runtime
+    return all(hook is None or getattr(hook, "calls", True) == []
+               for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+
 
 launch = Launcher()
 
@@ -73,6 +115,35 @@ def rows_of(spent: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     if spent.dtype == torch.float32 and spent.is_contiguous() and spent.numel() >= rows * cols:
         return spent.view(-1)[:rows * cols].view(rows, cols)
     return torch.empty(rows, cols, device=spent.device, dtype=torch.float32)
+
+
+def _padded(numel: int, element_size: int) -> int:
+    """numel rounded up to whole 16-byte lines."""
+    per_line = max(1, 16 // element_size)
+    return -(-numel // per_line) * per_line
+
+
+def carved_size(shapes, element_size: int = 4) -> int:
+    """Elements of a flat buffer that ``carve`` cuts into tensors of these shapes."""
+    return sum(_padded(_numel(shape), element_size) for shape in shapes)
+
+
+def carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
+    """Contiguous tensors of these shapes cut one after another from a flat buffer, each at a
+    16-byte aligned address (as launch's pointers must be) when the buffer's start is."""
+    out, start = [], 0
+    for shape in shapes:
+        n = _numel(shape)
+        out.append(flat[start:start + n].view(shape))
+        start += _padded(n, flat.element_size())
+    return out
+
+
+def _numel(shape) -> int:
+    n = 1
+    for extent in shape:
+        n *= extent
+    return n
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,6 +8,13 @@ flat channels d = h bw + j (any head count, any block width); only the addressin
 knows the heads.  The scan is hierarchical, as SAMU's: a per-chunk summary (decay, end state),
 ``chunk_carry``, and chunk outputs recomputed from the entering states; the backward mirrors it.
 
+The heads run in groups (GemmConfig.workspace_units): each group's G goes into one workspace
+[heads per group, N, 2 bw], and its kernels cover its DG = heads per group x bw channels, so
+that G never exists for every head at once.  G is not saved: the backward recomputes it group
+by group and writes dG over it.  Peak memory of a forward+backward, in units of B L D BF16
+elements: y and dx (1 each), one group's G (2 / groups), the saved entering states (2 / T) and
+one group's decays, adjoint ends and carries (6 / (T groups)): 2.94 at T = 8 with 4 groups.
+
 Initial states, packed sequences (cu_seqlens) and final states follow samu.ops.sequences, as in
 samu.ops.samu.chunk: the forward folds each sequence start into the scan inputs (a_s -> 0,
 u_s -> u_s + a_s h0), so that a chunk holding one has decay 0 and the carry needs nothing else;
@@ -19,15 +26,16 @@ Bytes per element of [B, L, D] (BF16 x, y, dy, dx; G and dG hold two values per 
   forward   gate GEMM reads x (2) and writes G (4)                                       6
             summary reads G and x (6)                                                    6
             output reads G and x, writes y (8)                                           8  -> 20
-  backward  reverse summary reads Ga and dy (4)                                          4
-            main kernel reads x, dy, G (8), writes dG (4) and dx's direct term (2)      14
+  backward  gate GEMM again: reads x (2) and writes G (4)                                6
+            reverse summary reads Ga and dy (4)                                          4
+            main kernel reads x, dy, G (8), writes dG over G (4) and dx's direct term (2) 14
             dx GEMM, in place on dx: reads dG (4) and dx (2), writes dx (2)              8
-            dW GEMM reads x (2) and dG (4)                                               6  -> 32
-The FP32 per-chunk states (decays, end states, entering states, adjoint carries) add ~48 D / T
-bytes per token, 3 per element at T = 16; the backward's partial rows are per program, not per
-chunk, and negligible.  Saved for backward: x, G (x's dtype) and the per-chunk decays and
-entering states: no FP32 [B, L, D] tensor, no a or log a.
-FLOPs per element: 4 bw per GEMM, three GEMMs -> 12 bw (1536 at bw = 128), tensor cores; the
+            dW GEMM reads x (2) and dG (4)                                               6  -> 38
+The FP32 per-chunk states (decays and end states both ways, entering states, adjoint carries)
+add ~52 D / T bytes per token, 6.5 per element at T = 8; the backward's partial rows are per
+program, not per chunk, and reuse the spent summaries.  Saved for backward: x and the chunks'
+entering states: no FP32 [B, L, D] tensor, no G, no a or log a.
+FLOPs per element: 4 bw per GEMM, four GEMMs -> 16 bw (2048 at bw = 128), tensor cores; the
 kernels ~100 (sigmoids, exp, sqrt, the scans).
 """
 from __future__ import annotations
@@ -42,8 +50,8 @@ import triton.language as tl
 
 from ..common import launching
 from ..common.carry import chunk_carry
-from ..common.launching import (aligned, cdiv, fp32_contiguous, refuse_double_backward, rows_of,
-                                sm_count, tile_width)
+from ..common.launching import (aligned, carve, carved_size, cdiv, fp32_contiguous,
+                                refuse_double_backward, sm_count, tile_width)
 from ..common.math import (FAST_MATH, _ptx_approx, exp_fast, one_minus_a_squared, sigmoid_fast,
                            softplus, to_element, transition)
 from ..common.reduce import named_columns, sum_partials
@@ -55,31 +63,33 @@ MIXER = "rglru"
 
 
 @triton.jit
-def _columns(D: tl.constexpr, BN: tl.constexpr, V: tl.constexpr):
-    """The program's BN channels (grid axis 1) and their mask (all true, folded away, when BN
-    divides D).  They are hinted as multiples of V and no more, so that loads give each thread
-    V adjacent channels and, with BN = 32 * warps * V, all T tokens of them (as
+def _columns(col0, DG: tl.constexpr, BN: tl.constexpr, V: tl.constexpr):
+    """The program's BN channels (grid axis 1) of the launch's group of DG channels from col0:
+    their channels, their places within the group, and their mask (all true, folded away, when
+    BN divides DG).  They are hinted as multiples of V and no more, so that loads give each
+    thread V adjacent channels and, with BN = 32 * warps * V, all T tokens of them (as
     scan.row_offsets does with an unspecialised width).  Computed here: a hint on a function's
     argument is lost."""
-    cols = tl.multiple_of(tl.program_id(1) * BN + tl.arange(0, BN), V)
-    if D % BN == 0:
+    local = tl.multiple_of(tl.program_id(1) * BN + tl.arange(0, BN), V)
+    cols = tl.multiple_of(col0 + local, V)
+    if DG % BN == 0:
         ok = tl.full([BN], 1, tl.int1)
     else:
-        ok = cols < D
-    return cols, ok
+        ok = local < DG
+    return cols, local, ok
 
 
 @triton.jit
-def _chunk_tile(b, k, rows_in_chunk, cols, col_ok, L, N, T: tl.constexpr, BW: tl.constexpr,
+def _chunk_tile(b, k, rows_in_chunk, local, col_ok, L, N, T: tl.constexpr, BW: tl.constexpr,
                 V: tl.constexpr, RUN: tl.constexpr):
     """Chunk k's [T, BN] tile: its rows, its first token (int64), its mask, and the offsets of
-    its channels' x-gate columns in G [H, N, 2 BW] from the token's row (the a gate's lie BW
-    further).  V divides BW: a thread's V channels sit in one head of G, contiguous and
+    its channels' x-gate columns in the group's G [heads of the group, N, 2 BW] from the
+    token's row (the a gate's lie BW further), from the channels' places in the group.  V divides BW: a thread's V channels sit in one head of G, contiguous and
     V-aligned; the block's channels run contiguous in G for RUN = gcd(BN, BW), which the hint
     says so that the columns, not the rows, are the loads' fast axis."""
     rows = k * T + rows_in_chunk
-    head = cols // BW
-    within = head.to(tl.int64) * N * (2 * BW) + (cols - head * BW)
+    head = local // BW
+    within = head.to(tl.int64) * N * (2 * BW) + (local - head * BW)
     within = tl.max_contiguous(tl.multiple_of(within, V), RUN)
     ok = (rows < L)[:, None] & col_ok[None, :]
     return rows, b * L + k * T, ok, within
@@ -118,15 +128,17 @@ def _transition_rsqrt(log_a, is_first):
 
 
 @triton.jit
-def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, L, N,
-                  D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
-                  BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
+def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, col0, L, N,
+                  D: tl.constexpr, DG: tl.constexpr, T: tl.constexpr, BN: tl.constexpr,
+                  V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
                   HAS_INITIAL: tl.constexpr):
     """Chunk k's local scan from h_in = 0, sequence starts folded into its inputs: returns
-    (prod a, h, first token, mask, columns, column mask, each row's sequence, ends)."""
-    cols, col_ok = _columns(D, BN, V)
+    (prod a, h, first token, mask, columns, their places in the group, column mask, each row's
+    sequence, ends)."""
+    cols, local, col_ok = _columns(col0, DG, BN, V)
     rows_in_chunk = tl.arange(0, T)
-    rows, first, ok, within = _chunk_tile(b, k, rows_in_chunk, cols, col_ok, L, N, T, BW, V, RUN)
+    rows, first, ok, within = _chunk_tile(b, k, rows_in_chunk, local, col_ok, L, N, T, BW, V,
+                                          RUN)
     g_at = _rows_at(g_ptr, first, rows_in_chunk, within, 2 * BW)
     x_at = _rows_at(x_ptr, first, rows_in_chunk, cols, D)
     bx = tl.load(bx_ptr + cols, mask=col_ok, other=0.0)
@@ -143,23 +155,24 @@ def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b,
         a, u = fold_starts(a, u, starts, entering_state(h0_ptr, seq, starts, cols, D,
                                                         HAS_INITIAL))
     p, h = tl.associative_scan((a, u), 0, affine_combine)
-    return p, h, first, ok, cols, col_ok, seq, ends
+    return p, h, first, ok, cols, local, col_ok, seq, ends
 
 
 @triton.jit
 def _summary_kernel(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, decay_ptr,
-                    end_ptr, L, N, NC, D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr,
-                    V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
-                    HAS_INITIAL: tl.constexpr):
-    """Per (chunk, channel block): the chunk's decay prod a and its end state from h_in = 0 (a
-    chunk holding a sequence start has decay 0: its a is folded to 0 there)."""
+                    end_ptr, col0, L, N, NC, D: tl.constexpr, DG: tl.constexpr, T: tl.constexpr,
+                    BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr,
+                    PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr):
+    """Per (chunk, channel block of the group): the chunk's decay prod a and its end state from
+    h_in = 0 (a chunk holding a sequence start has decay 0: its a is folded to 0 there), into
+    the group's [B, NC, DG] summaries."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
-    p, h, _, _, cols, col_ok, _, _ = _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr,
-                                                   seq_ptr, h0_ptr, b, k, L, N, D, T, BN, V, BW,
-                                                   RUN, PACKED, HAS_INITIAL)
-    state = (b * NC + k) * D + cols
+    p, h, _, _, _, local, col_ok, _, _ = _forward_tile(
+        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, col0, L, N, D, DG, T,
+        BN, V, BW, RUN, PACKED, HAS_INITIAL)
+    state = (b * NC + k) * DG + local
     tr = tl.arange(0, T)
     tl.store(decay_ptr + state, last_row(p, tr, T), mask=col_ok)
     tl.store(end_ptr + state, last_row(h, tr, T), mask=col_ok)
@@ -167,18 +180,19 @@ def _summary_kernel(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, 
 
 @triton.jit
 def _output_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr, seq_ptr, h0_ptr,
-                   final_ptr, L, N, NC, D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr,
-                   V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
-                   HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr):
-    """Per (chunk, channel block): y = h, rebuilt from the chunk's entering state; h at each
-    sequence's last token into final (HAS_FINAL)."""
+                   final_ptr, col0, L, N, NC, D: tl.constexpr, DG: tl.constexpr,
+                   T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr,
+                   RUN: tl.constexpr, PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
+                   HAS_FINAL: tl.constexpr):
+    """Per (chunk, channel block of the group): y = h, rebuilt from the chunk's entering state
+    (the group's [B, NC, DG]); h at each sequence's last token into final (HAS_FINAL)."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
-    p, h, first, ok, cols, col_ok, seq, ends = _forward_tile(
-        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, L, N, D, T, BN, V, BW,
-        RUN, PACKED, HAS_INITIAL)
-    h_in = tl.load(h_in_ptr + (b * NC + k) * D + cols, mask=col_ok, other=0.0)
+    p, h, first, ok, cols, local, col_ok, seq, ends = _forward_tile(
+        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, col0, L, N, D, DG, T,
+        BN, V, BW, RUN, PACKED, HAS_INITIAL)
+    h_in = tl.load(h_in_ptr + (b * NC + k) * DG + local, mask=col_ok, other=0.0)
     y_at = _rows_at(y_ptr, first, tl.arange(0, T), cols, D)
     h = h + p * h_in[None, :]
     tl.store(y_at, to_element(h, y_ptr), mask=ok)
@@ -187,20 +201,24 @@ def _output_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr, s
 
 
 @triton.jit
-def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, seq_ptr, dfinal_ptr, end_ptr, L,
-                            N, NC, D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr,
-                            V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr,
-                            PACKED: tl.constexpr, HAS_DFINAL: tl.constexpr):
-    """Per (chunk, channel block): the adjoint carry a_s dh_s leaving the chunk's first token s,
-    with nothing entering from the right.  Rows latest first: the reverse recurrence is a
-    forward scan (Triton's reverse scan shuffles even within a thread).  The final state's
-    gradient enters at each sequence's end; nothing leaves through a start."""
+def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, seq_ptr, dfinal_ptr, decay_ptr,
+                            end_ptr, col0, L, N, NC, D: tl.constexpr, DG: tl.constexpr,
+                            T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
+                            BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
+                            HAS_DFINAL: tl.constexpr):
+    """Per (chunk, channel block of the group): the chunk's decay prod a (as the reverse carry
+    reads it: cut at packed starts; chunk 0's is never read) and the adjoint carry a_s dh_s
+    leaving the chunk's first token s, with nothing entering from the right, into the group's
+    [B, NC, DG] summaries.  Rows latest first: the reverse recurrence is a forward scan
+    (Triton's reverse scan shuffles even within a thread).  The final state's gradient enters
+    at each sequence's end; nothing leaves through a start."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
-    cols, col_ok = _columns(D, BN, V)
+    cols, local, col_ok = _columns(col0, DG, BN, V)
     latest_first = T - 1 - tl.arange(0, T)
-    rows, first, ok, within = _chunk_tile(b, k, latest_first, cols, col_ok, L, N, T, BW, V, RUN)
+    rows, first, ok, within = _chunk_tile(b, k, latest_first, local, col_ok, L, N, T, BW, V,
+                                          RUN)
     g_at = _rows_at(g_ptr, first, latest_first, within, 2 * BW)
     dy_at = _rows_at(dy_ptr, first, latest_first, cols, D)
     ba = tl.load(ba_ptr + cols, mask=col_ok, other=0.0)
@@ -209,8 +227,10 @@ def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, seq_ptr, dfinal_
     a = exp_fast(tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0))
     dy = tl.load(dy_at, mask=ok, other=0.0).to(tl.float32)
     a, dy = adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L, cols, D, PACKED, HAS_DFINAL)
-    _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
-    tl.store(end_ptr + (b * NC + k) * D + cols, last_row(v, tl.arange(0, T), T), mask=col_ok)
+    p, v = tl.associative_scan((a, a * dy), 0, affine_combine)
+    state = (b * NC + k) * DG + local
+    tl.store(decay_ptr + state, last_row(p, tl.arange(0, T), T), mask=col_ok)
+    tl.store(end_ptr + state, last_row(v, tl.arange(0, T), T), mask=col_ok)
 
 
 @triton.jit
@@ -229,22 +249,24 @@ def _adjoint_latest_first(a, dy, carry, T: tl.constexpr):
 
 
 @triton.jit
-def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr,
-                     carry_ptr, seq_ptr, h0_ptr, dfinal_ptr, dh0_ptr, part_ptr, dsp_part_ptr, L,
-                     N, NC, SPAN, NSPAN, D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr,
-                     V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
-                     HAS_INITIAL: tl.constexpr, HAS_DFINAL: tl.constexpr):
-    """Per (span of SPAN chunks, channel block), each chunk recomputed from its entering state h_in
-    and adjoint carry: dG = [dGx | dGa] in G's layout, dx's direct term dh m gx (the GEMM adds
-    dG W_cat^T to it in place), and the program's partial sums of d bias (row of part:
-    [dbx (D) | dba (D)]) and of d softplus(a_param) (row of dsp_part), for sum_partials.  With
+def _backward_kernel(x_ptr, dy_ptr, g_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr,
+                     carry_ptr, seq_ptr, h0_ptr, dfinal_ptr, dh0_ptr, part_ptr, dsp_part_ptr,
+                     col0, L, N, NC, SPAN, NSPAN, D: tl.constexpr, DG: tl.constexpr,
+                     T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr,
+                     RUN: tl.constexpr, PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
+                     HAS_DFINAL: tl.constexpr):
+    """Per (span of SPAN chunks, channel block of the group), each chunk recomputed from its
+    entering state h_in and adjoint carry (the group's [B, NC, DG]): dG = [dGx | dGa] written
+    over G, tile by tile after reading it, dx's direct term dh m gx (the GEMM adds dG W_cat^T to
+    it in place), and the program's partial sums of d bias (row of part: [dbx (DG) | dba (DG)])
+    and of d softplus(a_param) (row of dsp_part, DG), for sum_partials.  With
     sequences: the adjoint is cut at each start (the folded a_s = 0), takes the final state's
     gradient at each end (HAS_DFINAL), and d h0 = a_s dh_s is written at each start
     (HAS_INITIAL)."""
     pid = tl.program_id(0)
     b = (pid // NSPAN).to(tl.int64)
     span = pid % NSPAN
-    cols, col_ok = _columns(D, BN, V)
+    cols, local, col_ok = _columns(col0, DG, BN, V)
     bx = tl.load(bx_ptr + cols, mask=col_ok, other=0.0)
     ba = tl.load(ba_ptr + cols, mask=col_ok, other=0.0)
     sp = softplus(tl.load(a_param_ptr + cols, mask=col_ok, other=0.0))
@@ -254,7 +276,8 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_par
     latest_first = T - 1 - tl.arange(0, T)  # the adjoint then runs as a forward recurrence
     k0 = span * SPAN
     for k in range(k0, tl.minimum(k0 + SPAN, NC)):
-        rows, first, ok, within = _chunk_tile(b, k, latest_first, cols, col_ok, L, N, T, BW, V, RUN)
+        rows, first, ok, within = _chunk_tile(b, k, latest_first, local, col_ok, L, N, T, BW, V,
+                                              RUN)
         g_at = _rows_at(g_ptr, first, latest_first, within, 2 * BW)
         x_at = _rows_at(x_ptr, first, latest_first, cols, D)
         ga = sigmoid_fast(tl.load(g_at + BW, mask=ok, other=0.0).to(tl.float32) + ba[None, :])
@@ -265,7 +288,7 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_par
         x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
         gate_x = gx * x
         u = m * gate_x
-        state = (b * NC + k) * D + cols
+        state = (b * NC + k) * DG + local
         h_in = tl.load(h_in_ptr + state, mask=col_ok, other=0.0)
         # d log a = dh (a_t h_{t-1} + gx x dm/dlog a), a_t h_{t-1} as a product (no h - u)
         if PACKED or HAS_INITIAL:
@@ -293,18 +316,17 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_par
         dla = dh * dla_per_dh
         d_gate_x = dh * dgx_per_dh
         d_gate_a = dla * (-8.0 * sp[None, :]) * ga * (1.0 - ga)
-        dg_at = _rows_at(dg_ptr, first, latest_first, within, 2 * BW)
-        tl.store(dg_at, to_element(d_gate_x, dg_ptr), mask=ok)
-        tl.store(dg_at + BW, to_element(d_gate_a, dg_ptr), mask=ok)
+        tl.store(g_at, to_element(d_gate_x, g_ptr), mask=ok)  # dG over G: this tile is read
+        tl.store(g_at + BW, to_element(d_gate_a, g_ptr), mask=ok)
         tl.store(_rows_at(dx_ptr, first, latest_first, cols, D),
                  to_element(dh * direct_per_dh, dx_ptr), mask=ok)
         dbx += tl.sum(d_gate_x, axis=0)
         dba += tl.sum(d_gate_a, axis=0)
         dsp += tl.sum(dla * ga, axis=0)
-    row = pid.to(tl.int64) * (2 * D)
-    tl.store(part_ptr + row + cols, dbx, mask=col_ok)
-    tl.store(part_ptr + row + D + cols, dba, mask=col_ok)
-    tl.store(dsp_part_ptr + pid.to(tl.int64) * D + cols, -8.0 * dsp, mask=col_ok)
+    row = pid.to(tl.int64) * (2 * DG)
+    tl.store(part_ptr + row + local, dbx, mask=col_ok)
+    tl.store(part_ptr + row + DG + local, dba, mask=col_ok)
+    tl.store(dsp_part_ptr + pid.to(tl.int64) * DG + local, -8.0 * dsp, mask=col_ok)
 
 
 # Values of one [T, BN] tile per thread (T x vector) past which the vector width is cut: the
@@ -330,16 +352,19 @@ class Launch:
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """One RG-LRU backend of this family: tokens per chunk and each kernel's launch, and how
-    many backward programs to aim for per SM (each walks a span of chunks, so that its partial
-    sums are one row per program).  The name is generated from the chunk; launches are tuning
-    (sweeps pass other ones in), not part of the name."""
+    """One RG-LRU backend of this family: tokens per chunk, each kernel's launch, how many
+    backward programs to aim for per SM (each walks a span of chunks, so that its partial sums
+    are one row per program), and the G workspace: the heads run in groups whose G (2 units
+    for all heads, a unit being B L D BF16 elements) fits in workspace_units, so that the peak
+    memory of a forward+backward stays under 3 units.  The name is generated from the chunk;
+    launches and the workspace are tuning (sweeps pass other ones in), not part of the name."""
     chunk: int
     summary: Launch = Launch(2, 2)
     output: Launch = Launch(2, 2)
     reverse_summary: Launch = Launch(2, 2)
     backward: Launch = Launch(2, 1)
     backward_programs_per_sm: int = 32
+    workspace_units: float = 0.5
 
     @property
     def name(self) -> str:
@@ -348,18 +373,25 @@ class GemmConfig:
     def launches(self) -> dict[str, Launch]:
         return {role: getattr(self, role) for role in KERNELS}
 
+    def heads_per_group(self, heads: int) -> int:
+        """The most heads, a divisor of heads, whose G fits the workspace (at least one)."""
+        fit = max(1, int(heads * self.workspace_units / 2))
+        return max(d for d in range(1, min(fit, heads) + 1) if heads % d == 0)
+
 
 KERNELS = {"summary": _summary_kernel, "output": _output_kernel,
            "reverse_summary": _reverse_summary_kernel, "backward": _backward_kernel}
 
 
 @functools.lru_cache(maxsize=None)
-def tiles(config: GemmConfig, bw: int, width: int) -> dict:
-    """Each kernel's constexprs and warps, by role (signature order: D, T, BN, V, BW, RUN)."""
+def tiles(config: GemmConfig, bw: int, width: int, group_width: int) -> dict:
+    """Each kernel's constexprs and warps, by role (signature order: D, DG, T, BN, V, BW,
+    RUN)."""
     out = {}
     for role, setting in config.launches().items():
         tile = setting.tile(bw, config.chunk)
-        out[role] = dict(D=width, T=config.chunk, **tile, BW=bw, RUN=math.gcd(tile["BN"], bw))
+        out[role] = dict(D=width, DG=group_width, T=config.chunk, **tile, BW=bw,
+                         RUN=math.gcd(tile["BN"], bw))
     return out
 
 
@@ -373,19 +405,14 @@ FEATURES = {"summary": ("PACKED", "HAS_INITIAL"),
 def launch_plan(config: GemmConfig, width: int, heads: int = 16, features: bool = False):
     """(kernel, constexprs, warps) of every kernel a backend launches at this width: without
     the state keywords, or (features=True) with all of them."""
+    bw = width // heads
     plan = []
     for role, kernel in KERNELS.items():
-        meta = dict(tiles(config, width // heads, width)[role])
+        meta = dict(tiles(config, bw, width, config.heads_per_group(heads) * bw)[role])
         warps = meta.pop("num_warps")
         meta.update({name: features for name in FEATURES[role]})
         plan.append((kernel, meta, warps))
     return plan
-
-
-@functools.lru_cache(maxsize=None)
-def gradient_columns(width: int) -> dict[str, slice]:
-    """Where each bias and a_param gradient sits in sum_partials' output."""
-    return named_columns([("gate_x_bias", width), ("gate_a_bias", width), ("a_param", width)])
 
 
 def _gemm_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -399,12 +426,16 @@ def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.view(t.shape[0] * t.shape[1], heads, t.shape[2] // heads).transpose(0, 1)
 
 
-def _weight_gradient(x_heads: torch.Tensor, d_gates: torch.Tensor) -> torch.Tensor:
-    """x_h^T dG_h for every head, [H, bw, 2 bw], FP32 (accumulated in FP32 either way)."""
+def _weight_gradient(x_heads: torch.Tensor, d_gates: torch.Tensor, out: torch.Tensor) -> None:
+    """out = x_h^T dG_h for every head, [heads, bw, 2 bw], FP32 (accumulated in FP32 either
+    way)."""
     xt = x_heads.transpose(1, 2)
     if d_gates.is_cuda and d_gates.dtype != torch.float32:
-        return torch.bmm(xt, d_gates, out_dtype=torch.float32)
-    return torch.bmm(xt, d_gates).float()
+        torch.bmm(xt, d_gates, out_dtype=torch.float32, out=out)
+    elif d_gates.dtype == torch.float32:
+        torch.bmm(xt, d_gates, out=out)
+    else:
+        out.copy_(torch.bmm(xt, d_gates))
 
 
 def _gate_weights(gate_x_weight, gate_a_weight, dtype: torch.dtype) -> torch.Tensor:
@@ -412,104 +443,176 @@ def _gate_weights(gate_x_weight, gate_a_weight, dtype: torch.dtype) -> torch.Ten
     return torch.cat([gate_x_weight, gate_a_weight], dim=2).to(_gemm_dtype(dtype))
 
 
+@dataclass(frozen=True)
+class _Groups:
+    """The head groups of one call: each runs its gate GEMM into one G workspace
+    [heads per group, B L, 2 bw] and its kernels over its DG = heads per group x bw channels."""
+    heads: int
+    bw: int
+    per_group: int
+
+    @property
+    def count(self) -> int:
+        return self.heads // self.per_group
+
+    @property
+    def width(self) -> int:
+        return self.per_group * self.bw
+
+    def __iter__(self):
+        """(index, heads slice, first channel) of each group."""
+        for g in range(self.count):
+            yield g, slice(g * self.per_group, (g + 1) * self.per_group), g * self.width
+
+
+def _groups(config: GemmConfig, gate_x_weight: torch.Tensor) -> _Groups:
+    heads, bw, _ = gate_x_weight.shape
+    return _Groups(heads, bw, config.heads_per_group(heads))
+
+
+def _entering_state_shapes(groups: _Groups, batch: int, n_chunks: int) -> list[tuple]:
+    """The residual's pieces: each group's entering states, [B, NC, DG]."""
+    return [(batch, n_chunks, groups.width)] * groups.count
+
+
+def _recompute_gates(x_heads, w_cat, heads: slice, out: torch.Tensor) -> torch.Tensor:
+    """One group's G = x_h W_cat,h into its workspace (x's dtype is the operand dtype)."""
+    return torch.bmm(x_heads[heads], w_cat[heads], out=out)
+
+
 def forward(x, params, sequences, config: GemmConfig, w_cat=None):
-    """(y, final state or None, residuals): the gate GEMM and the forward's kernels.  The
-    residuals are the tensors the backward needs beside x and the parameters: G flat (its
-    [H, B L, 2 bw] layout read back from the weights' shape, x's GEMM dtype), the chunks' decays
-    and entering states ([B, NC, D] FP32).  w_cat: W_cat when the caller has it."""
+    """(y, final state or None, residuals): per head group, the gate GEMM and the forward's
+    kernels.  The one residual the backward needs beside x and the parameters: the chunks'
+    entering states, each group's [B, NC, DG] FP32 carved from one flat buffer.  G is not
+    kept: the backward recomputes it.  w_cat: W_cat when the caller has it."""
     x = aligned(x)
     gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
     batch, length, width = x.shape
-    heads, bw, _ = gate_x_weight.shape
+    groups = _groups(config, gate_x_weight)
     tokens = batch * length
     n_chunks = cdiv(length, config.chunk)
     if w_cat is None:
         w_cat = _gate_weights(gate_x_weight, gate_a_weight, x.dtype)
-    gates = torch.bmm(_heads(x, heads), w_cat)  # x's dtype is the operand dtype
+    x_heads = _heads(x, groups.heads)
     bx, ba, a_param = [fp32_contiguous(p) for p in (gate_x_bias, gate_a_bias, a_param)]
     seq, h0 = sequences.seq_index, sequences.initial_state
     flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial)
-    meta = tiles(config, bw, width)
+    meta = tiles(config, groups.bw, width, groups.width)
     f32 = dict(device=x.device, dtype=torch.float32)
-    decay = torch.empty(batch, n_chunks, width, **f32)
-    end = torch.empty(batch, n_chunks, width, **f32)
-    grid = (batch * n_chunks, cdiv(width, meta["summary"]["BN"]))
-    launching.launch(_summary_kernel, grid, x, gates, bx, ba, a_param, seq, h0, decay, end,
-                     length, tokens, n_chunks, **meta["summary"], **flags)
-    h_in = chunk_carry(decay, end, reverse=False)
+    gates = torch.empty(groups.per_group, tokens, 2 * groups.bw, device=x.device,
+                        dtype=_gemm_dtype(x.dtype))
+    summary_shape = (batch, n_chunks, groups.width)
+    decay, end = carve(torch.empty(carved_size([summary_shape] * 2), **f32), [summary_shape] * 2)
+    shapes = _entering_state_shapes(groups, batch, n_chunks)
+    residual = torch.empty(carved_size(shapes), **f32)
+    h_in = carve(residual, shapes)
     y = torch.empty_like(x)
     final = sequences.final_state(width, x.device)
-    grid = (batch * n_chunks, cdiv(width, meta["output"]["BN"]))
-    launching.launch(_output_kernel, grid, x, gates, y, bx, ba, a_param, h_in, seq, h0, final,
-                     length, tokens, n_chunks, **meta["output"], **flags,
-                     HAS_FINAL=sequences.output_final_state)
-    return (y, (final if sequences.output_final_state else None),
-            (gates.view(-1), decay, h_in))
+    summary_grid = (batch * n_chunks, cdiv(groups.width, meta["summary"]["BN"]))
+    output_grid = (batch * n_chunks, cdiv(groups.width, meta["output"]["BN"]))
+    for g, heads, col0 in groups:
+        _recompute_gates(x_heads, w_cat, heads, gates)
+        launching.launch(_summary_kernel, summary_grid, x, gates, bx, ba, a_param, seq, h0,
+                         decay, end, col0, length, tokens, n_chunks, **meta["summary"], **flags)
+        chunk_carry(decay, end, reverse=False, out=h_in[g])
+        launching.launch(_output_kernel, output_grid, x, gates, y, bx, ba, a_param, h_in[g], seq,
+                         h0, final, col0, length, tokens, n_chunks, **meta["output"], **flags,
+                         HAS_FINAL=sequences.output_final_state)
+    return y, (final if sequences.output_final_state else None), (residual,)
 
 
-def residual_specs(config: GemmConfig, batch: int, length: int, width: int, dtype):
+def residual_specs(config: GemmConfig, batch: int, length: int, width: int, dtype, params):
     """(shape, dtype) of each of forward's residuals, for a compiled graph's fake tensors."""
-    n_chunks = cdiv(length, config.chunk)
-    return [((2 * batch * length * width,), _gemm_dtype(dtype)),
-            ((batch, n_chunks, width), torch.float32), ((batch, n_chunks, width), torch.float32)]
+    shapes = _entering_state_shapes(_groups(config, params[0]), batch,
+                                    cdiv(length, config.chunk))
+    return [((carved_size(shapes),), torch.float32)]
+
+
+def _spans(config: GemmConfig, groups: _Groups, batch: int, n_chunks: int, col_blocks: int,
+           device) -> tuple[int, int]:
+    """(chunks per span, spans per sequence) of the backward kernel: about
+    backward_programs_per_sm programs per SM over all groups' launches, and at most 2 NC / 3
+    spans, so that the partial rows (3 DG values per program) fit in the group's spent
+    summaries (2 B NC DG values)."""
+    programs = config.backward_programs_per_sm * sm_count(device) // groups.count
+    spans = max(1, min(max(1, 2 * n_chunks // 3), programs // (batch * col_blocks)))
+    per_span = cdiv(n_chunks, spans)
+    return per_span, cdiv(n_chunks, per_span)
 
 
 def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w_cat=None):
     """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param,
-    d initial_state or None): the backward's kernels and GEMMs.  dy and d_final may be None (no
-    gradient reached them).  w_cat: W_cat when the caller kept it from the forward."""
+    d initial_state or None): per head group, G recomputed, the backward's kernels (dG written
+    over G) and GEMMs.  dy and d_final may be None (no gradient reached them).  w_cat: W_cat
+    when the caller kept it from the forward."""
     x = aligned(x)
     gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
-    gates, decay, h_in = residuals
+    (residual,) = residuals
     batch, length, width = x.shape
-    heads, bw, _ = gate_x_weight.shape
+    groups = _groups(config, gate_x_weight)
     tokens = batch * length
-    gates = gates.view(heads, tokens, 2 * bw)
+    n_chunks = cdiv(length, config.chunk)
+    h_in = carve(residual, _entering_state_shapes(groups, batch, n_chunks))
     if w_cat is None:
         w_cat = _gate_weights(gate_x_weight, gate_a_weight, x.dtype)
     bx, ba, a_param = [fp32_contiguous(p) for p in (gate_x_bias, gate_a_bias, a_param)]
     dy = torch.zeros_like(x) if dy is None else aligned(dy)
-    n_chunks = cdiv(length, config.chunk)
-    meta = tiles(config, bw, width)
+    meta = tiles(config, groups.bw, width, groups.width)
     seq, h0 = sequences.seq_index, sequences.initial_state
     has_dfinal = d_final is not None
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
-    end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
-    grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BN"]))
-    launching.launch(_reverse_summary_kernel, grid, dy, gates, ba, a_param, seq, d_final, end,
-                     length, tokens, n_chunks, **meta["reverse_summary"],
-                     PACKED=sequences.packed, HAS_DFINAL=has_dfinal)
-    carry = chunk_carry(decay, end, reverse=True)
-    col_blocks = cdiv(width, meta["backward"]["BN"])
-    programs = config.backward_programs_per_sm * sm_count(x.device)
-    spans = max(1, min(n_chunks, programs // (batch * col_blocks)))
-    per_span = cdiv(n_chunks, spans)
-    spans = cdiv(n_chunks, per_span)
+    flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
+                 HAS_DFINAL=has_dfinal)
+    f32 = dict(device=x.device, dtype=torch.float32)
+    x_heads = _heads(x, groups.heads)
+    gates = torch.empty(groups.per_group, tokens, 2 * groups.bw, device=x.device,
+                        dtype=_gemm_dtype(x.dtype))
+    summary_shape = (batch, n_chunks, groups.width)
+    col_blocks = cdiv(groups.width, meta["backward"]["BN"])
+    per_span, spans = _spans(config, groups, batch, n_chunks, col_blocks, x.device)
     n_parts = batch * spans
-    part = torch.empty(n_parts, 2 * width, device=x.device, dtype=torch.float32)
-    dsp_part = rows_of(end, n_parts, width)  # end is spent: the carry has read it
-    d_gates = torch.empty_like(gates)
+    partial_shapes = [(n_parts, 2 * groups.width), (n_parts, groups.width)]
+    # The decays and adjoint ends are spent once the carry has run: the partial rows reuse them.
+    summaries = torch.empty(max(carved_size([summary_shape] * 2), carved_size(partial_shapes)),
+                            **f32)
+    decay, end = carve(summaries, [summary_shape] * 2)
+    part, dsp_part = carve(summaries, partial_shapes)
+    carry = torch.empty(summary_shape, **f32)
     dx = torch.empty_like(x)
+    dx_heads = _heads(dx, groups.heads)
     d_h0 = torch.empty_like(h0) if sequences.has_initial else h0
-    launching.launch(_backward_kernel, (n_parts, col_blocks), x, dy, gates, d_gates, dx, bx, ba,
-                     a_param, h_in, carry, seq, h0, d_final, d_h0, part, dsp_part, length,
-                     tokens, n_chunks, per_span, spans, **meta["backward"],
-                     PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
-                     HAS_DFINAL=has_dfinal)
-    grads = sum_partials(part, dsp_part, a_param)
-    x_heads = _heads(x, heads)
-    _heads(dx, heads).baddbmm_(d_gates, w_cat.transpose(1, 2))  # dx += dG W_cat^T
-    d_weight = _weight_gradient(x_heads, d_gates)
+    d_weight = torch.empty(groups.heads, groups.bw, 2 * groups.bw, **f32)
+    grads = torch.empty(3 * width, **f32)
+    reverse_grid = (batch * n_chunks, cdiv(groups.width, meta["reverse_summary"]["BN"]))
+    for g, heads, col0 in groups:
+        _recompute_gates(x_heads, w_cat, heads, gates)
+        launching.launch(_reverse_summary_kernel, reverse_grid, dy, gates, ba, a_param, seq,
+                         d_final, decay, end, col0, length, tokens, n_chunks,
+                         **meta["reverse_summary"], PACKED=sequences.packed,
+                         HAS_DFINAL=has_dfinal)
+        chunk_carry(decay, end, reverse=True, out=carry)
+        launching.launch(_backward_kernel, (n_parts, col_blocks), x, dy, gates, dx, bx, ba,
+                         a_param, h_in[g], carry, seq, h0, d_final, d_h0, part, dsp_part, col0,
+                         length, tokens, n_chunks, per_span, spans, **meta["backward"], **flags)
+        sum_partials(part, dsp_part, a_param, out=grads, group=(col0, width))
+        dx_heads[heads].baddbmm_(gates, w_cat[heads].transpose(1, 2))  # dx += dG W_cat^T
+        _weight_gradient(x_heads[heads], gates, d_weight[heads])
     at = gradient_columns(width)
-    return (dx, d_weight[:, :, :bw], grads[at["gate_x_bias"]], d_weight[:, :, bw:],
+    return (dx, d_weight[:, :, :groups.bw], grads[at["gate_x_bias"]], d_weight[:, :, groups.bw:],
             grads[at["gate_a_bias"]], grads[at["a_param"]],
             d_h0 if sequences.has_initial else None)
+
+
+@functools.lru_cache(maxsize=None)
+def gradient_columns(width: int) -> dict[str, slice]:
+    """Where each bias and a_param gradient sits in the gradient vector."""
+    return named_columns([("gate_x_bias", width), ("gate_a_bias", width), ("a_param", width)])
 
 
 class GemmScanFunction(torch.autograd.Function):
     """Eager autograd over forward and backward.  The outputs are y and the final state (None
     unless asked for); the backward takes both gradients and returns one for the initial
-    state.  Saved: x, G (as [H, B L, 2 bw]), the per-chunk states, W_cat and the parameters."""
+    state.  Saved: x, the chunks' entering states, W_cat and the parameters."""
 
     @staticmethod
     def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
@@ -517,9 +620,8 @@ class GemmScanFunction(torch.autograd.Function):
         x = aligned(x)
         params = (gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param)
         w_cat = _gate_weights(gate_x_weight, gate_a_weight, x.dtype)
-        y, final, (gates, decay, h_in) = forward(x, params, sequences, config, w_cat)
-        heads, bw, _ = gate_x_weight.shape
-        ctx.save_for_backward(x, gates.view(heads, -1, 2 * bw), decay, h_in, w_cat, *params)
+        y, final, (entering,) = forward(x, params, sequences, config, w_cat)
+        ctx.save_for_backward(x, entering, w_cat, *params)
         ctx.config = config
         ctx.sequences = sequences
         ctx.set_materialize_grads(False)
@@ -528,9 +630,8 @@ class GemmScanFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, d_final):
         refuse_double_backward("rglru")
-        x, gates, decay, h_in, w_cat, *params = ctx.saved_tensors
-        grads = backward(x, params, (gates, decay, h_in), dy, d_final, ctx.sequences, ctx.config,
-                         w_cat)
+        x, entering, w_cat, *params = ctx.saved_tensors
+        grads = backward(x, params, (entering,), dy, d_final, ctx.sequences, ctx.config, w_cat)
         return (*grads, None, None, None)
 
 

@@ -359,8 +359,10 @@ def forward(x, params, sequences, config: SamuConfig):
     return y, (final if sequences.output_final_state else None), (r, g, r_sum, h_in)
 
 
-def residual_specs(config: SamuConfig, batch: int, length: int, width: int, dtype):
-    """(shape, dtype) of each of forward's residuals, for a compiled graph's fake tensors."""
+def residual_specs(config: SamuConfig, batch: int, length: int, width: int, dtype,
+                   params=None):
+    """(shape, dtype) of each of forward's residuals, for a compiled graph's fake tensors
+    (params, which the RG-LRU family's residuals depend on through its heads, are not needed)."""
     n_chunks = cdiv(length, config.chunk)
     shapes = [(batch, length), (batch, length), (batch, n_chunks), (batch, n_chunks, width)]
     return [(shape, torch.float32) for shape in shapes]

@@ -1,0 +1,61 @@
+"""The gemm RG-LRU family's G workspace against time: for each chunk and workspace size, the
+GPU time of a forward+backward (CUDA-graph replay), its median (CUDA events, host included) and
+its peak memory in SPEC's units (B L D BF16 elements).
+
+    python scripts/rglru_workspace.py 1x32768x2048 4x2048x2048 --chunks 8 16
+
+The heads run in groups whose G fits the workspace (samu.ops.rglru.gemm.GemmConfig): 2 units
+is one group of every head, smaller workspaces mean more groups, each a gate GEMM and the
+kernels over its channels.  Each setting is a frozen configuration passed in as the backend,
+so nothing global changes.  Prints one line per setting."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+
+import torch
+
+from samu.experiment import legality, protocol
+from samu.experiment.pipeline import parse_shapes
+from samu.ops.rglru import gemm
+
+WORKSPACES = (0.25, 0.5, 1.0, 2.0)
+
+
+def measure(config: gemm.GemmConfig, inputs, samples: int) -> dict:
+    x, params, dy = inputs
+    module, xg = protocol.module_with("rglru", config, x, params)
+    times = protocol.warm_samples(module, xg, dy, samples)
+    memory = protocol.measure_memory(module, xg, dy)
+    return {"gpu_ms": protocol.graph_replay_ms(module, xg, dy),
+            "median_ms": statistics.median(times),
+            "peak_units": memory["peak_allocated_delta_bytes"] / (2 * x.numel())}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("shapes", nargs="+", help="BxLxD shapes")
+    parser.add_argument("--chunks", nargs="+", type=int, default=[8, 16])
+    parser.add_argument("--workspaces", nargs="+", type=float, default=list(WORKSPACES))
+    parser.add_argument("--samples", type=int, default=10)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    print(f"{'shape':>14} {'chunk':>5} {'workspace':>9} {'groups':>6} {'gpu ms':>8} "
+          f"{'median ms':>9} {'peak units':>10}", flush=True)
+    for shape in parse_shapes(args.shapes):
+        inputs = legality.make_inputs("rglru", shape, device)
+        for chunk in args.chunks:
+            for units in args.workspaces:
+                config = dataclasses.replace(gemm.GemmConfig(chunk), workspace_units=units)
+                got = measure(config, inputs, args.samples)
+                gpu = float("nan") if got["gpu_ms"] is None else got["gpu_ms"]
+                print(f"{'x'.join(map(str, shape)):>14} {chunk:5d} {units:9.3f} "
+                      f"{16 // config.heads_per_group(16):6d} {gpu:8.3f} "
+                      f"{got['median_ms']:9.3f} {got['peak_units']:10.2f}", flush=True)
+        del inputs
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
