@@ -29,9 +29,11 @@ VOCABULARY = {
     "block": "blockN: a program owns N channels of one head (64 when the name has no blockN)",
     "gemm": "RG-LRU's block-diagonal gate products run as cuBLAS strided batched GEMMs on head "
             "views of x (torch.bmm, no copy), outside the kernels, and so do the backward's dx "
-            "and weight-gradient products; the heads run in groups whose gate pre-activations "
-            "G fit a workspace of half a unit, and the backward recomputes G rather than "
-            "saving it, so that peak memory stays under 3 units",
+            "and weight-gradient products; the gate pre-activations G are saved for the "
+            "backward, which writes their gradient over them",
+    "recompute": "G is not saved: the heads run in groups whose G fits half a unit of "
+                 "memory, and the backward recomputes each group's G, so that peak memory "
+                 "stays under 3 units, for one more GEMM and more launches",
 }
 
 # Used on CUDA when there is no calibration file for the GPU (the gemm family was fastest at

@@ -16,6 +16,7 @@ from samu.ops.rglru import gemm
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = [config.name for config in gemm.CONFIGS]
 CHUNK = {config.name: config.chunk for config in gemm.CONFIGS}
+RECOMPUTE = {config.name: config.recompute for config in gemm.CONFIGS}
 
 
 def _inputs(shape, heads, seed=0, a_param_value=None, dtype=torch.bfloat16):
@@ -109,9 +110,10 @@ def test_cached_launches_pass_every_argument(monkeypatch):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_saves_only_x_of_state_size_and_no_transition(name):
-    """Saved for backward: x and the chunks' FP32 entering states, nothing else of [B, L, D]
-    size (G is recomputed, a and log a never exist); the eager reference saves a and log a."""
+def test_saves_x_and_g_or_only_x_and_no_transition(name):
+    """Saved for backward: x, G in x's dtype unless the backend recomputes it, and the chunks'
+    FP32 entering states, nothing else of [B, L, D] size (a and log a never exist); the eager
+    reference saves a and log a."""
     batch, length, width = 2, 2 * CHUNK[name] + 3, 32
     x, params, dy = _inputs((batch, length, width), 2, seed=3)
     saved = []
@@ -125,8 +127,11 @@ def test_saves_only_x_of_state_size_and_no_transition(name):
         y = FUNCTIONS["rglru"](*leaves, backend=name)
     state_sized = batch * length * width
     big = [(shape, dtype) for shape, dtype in saved if torch.Size(shape).numel() >= state_sized]
-    assert big == [((batch, length, width), torch.bfloat16)], saved
-    entering = y.grad_fn.saved_tensors[1]
+    want = [((batch, length, width), torch.bfloat16)]
+    if not RECOMPUTE[name]:
+        want.append(((2 * batch * length * width,), torch.bfloat16))  # G, flat
+    assert big == want, saved
+    entering = y.grad_fn.saved_tensors[len(want)]
     assert entering.dtype == torch.float32
     assert entering.numel() >= batch * gemm.cdiv(length, CHUNK[name]) * width
     assert entering.numel() < state_sized
@@ -136,11 +141,12 @@ def test_saves_only_x_of_state_size_and_no_transition(name):
 def test_heads_run_in_groups_whose_gates_fit_the_workspace():
     """A group's G takes at most workspace_units of the 2 units all heads' G take, in whole
     heads dividing the head count (one head at least)."""
-    config = gemm.GemmConfig(8)
+    config = gemm.GemmConfig(8, recompute=True)
     assert [config.heads_per_group(h) for h in (16, 10, 32, 7, 2, 1)] == [4, 2, 8, 1, 1, 1]
-    whole = gemm.GemmConfig(8, workspace_units=2.0)
+    whole = gemm.GemmConfig(8, recompute=True, workspace_units=2.0)
     assert [whole.heads_per_group(h) for h in (16, 10, 7)] == [16, 10, 7]
-    assert gemm.GemmConfig(8, workspace_units=1.0).heads_per_group(10) == 5
+    assert gemm.GemmConfig(8, recompute=True, workspace_units=1.0).heads_per_group(10) == 5
+    assert gemm.GemmConfig(8).heads_per_group(16) == 16  # G saved: one group
 
 
 @pytest.mark.parametrize("heads", [16, 10])
@@ -149,7 +155,7 @@ def test_head_groups_compute_the_same_function(heads):
     grouped run is legal against the float64 oracle."""
     import dataclasses
     x, params, dy = _inputs((2, 37, 80), heads, seed=heads)
-    base = gemm.CONFIGS[0]
+    base = next(config for config in gemm.CONFIGS if config.recompute)
     runs = {}
     for units in (0.125, 0.25, 0.5, 2.0):
         config = dataclasses.replace(base, workspace_units=units)
@@ -164,13 +170,28 @@ def test_head_groups_compute_the_same_function(heads):
     _assert_legal(base.name, (x, params, dy))
 
 
+def test_a_second_backward_through_an_overwritten_g_raises():
+    """The backward writes dG over the saved G: a second backward through the same graph
+    (retain_graph) must fail loudly, not read dG as G."""
+    x, params, dy = _inputs((1, 20, 32), 2, seed=9)
+    xg = x.clone().requires_grad_()
+    ps = [p.clone().requires_grad_() for p in params.values()]
+    name = next(config.name for config in gemm.CONFIGS if not config.recompute)
+    y = FUNCTIONS["rglru"](xg, *ps, backend=name)
+    torch.autograd.grad(y, xg, dy, retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(y, xg, dy)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="peak memory is counted on a GPU")
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [name for name in NAMES if RECOMPUTE[name]])
 def test_peak_memory_of_a_forward_backward_is_at_most_three_units(name):
-    """SPEC's unit, B L D BF16 elements: y and dx take one each, the rest (a group's G, the
-    per-chunk states, the partial rows) must fit in the third."""
+    """SPEC's unit, B L D BF16 elements, for the recomputing backends: y and dx take one each,
+    the rest (a group's G, the per-chunk states, the partial rows) must fit in the third.  At a
+    long sequence, so that the parameter-sized buffers (W_cat, the weight gradients) are small
+    beside a unit."""
     from samu.experiment import protocol
-    shape = (1, 8192, 2048)
+    shape = (1, 32768, 2048)
     x, params, dy = _inputs(shape, 16, seed=8)
     module = samu.RGLRU(shape[2], num_heads=16, backend=name).to(DEVICE)
     module.load_state_dict(params)

@@ -8,12 +8,14 @@ flat channels d = h bw + j (any head count, any block width); only the addressin
 knows the heads.  The scan is hierarchical, as SAMU's: a per-chunk summary (decay, end state),
 ``chunk_carry``, and chunk outputs recomputed from the entering states; the backward mirrors it.
 
-The heads run in groups (GemmConfig.workspace_units): each group's G goes into one workspace
-[heads per group, N, 2 bw], and its kernels cover its DG = heads per group x bw channels, so
-that G never exists for every head at once.  G is not saved: the backward recomputes it group
-by group and writes dG over it.  Peak memory of a forward+backward, in units of B L D BF16
-elements: y and dx (1 each), one group's G (2 / groups), the saved entering states (2 / T) and
-one group's decays, adjoint ends and carries (6 / (T groups)): 2.94 at T = 8 with 4 groups.
+G is saved for the backward, which writes dG over it (peak memory of a forward+backward ~5
+units, a unit being B L D BF16 elements: y, dx, G, the per-chunk states), or, in the recompute
+configurations, not saved at all: the heads then run in groups (GemmConfig.workspace_units),
+each group's G going into one workspace [heads per group, N, 2 bw] and its kernels covering
+its DG = heads per group x bw channels, and the backward recomputes G group by group.  Peak
+memory is then y and dx (1 each), one group's G (2 / groups), the saved entering states
+(2 / T) and one group's decays, adjoint ends and carries (6 / (T groups)): 2.94 at T = 8 with
+4 groups, for one more GEMM (6 bytes per element) and four times the launches.
 
 Initial states, packed sequences (cu_seqlens) and final states follow samu.ops.sequences, as in
 samu.ops.samu.chunk: the forward folds each sequence start into the scan inputs (a_s -> 0,
@@ -26,17 +28,17 @@ Bytes per element of [B, L, D] (BF16 x, y, dy, dx; G and dG hold two values per 
   forward   gate GEMM reads x (2) and writes G (4)                                       6
             summary reads G and x (6)                                                    6
             output reads G and x, writes y (8)                                           8  -> 20
-  backward  gate GEMM again: reads x (2) and writes G (4)                                6
+  backward  gate GEMM again, recompute only: reads x (2) and writes G (4)               (6)
             reverse summary reads Ga and dy (4)                                          4
             main kernel reads x, dy, G (8), writes dG over G (4) and dx's direct term (2) 14
             dx GEMM, in place on dx: reads dG (4) and dx (2), writes dx (2)              8
-            dW GEMM reads x (2) and dG (4)                                               6  -> 38
+            dW GEMM reads x (2) and dG (4)                                               6  -> 32 (38)
 The FP32 per-chunk states (decays and end states both ways, entering states, adjoint carries)
 add ~52 D / T bytes per token, 6.5 per element at T = 8; the backward's partial rows are per
-program, not per chunk, and reuse the spent summaries.  Saved for backward: x and the chunks'
-entering states: no FP32 [B, L, D] tensor, no G, no a or log a.
-FLOPs per element: 4 bw per GEMM, four GEMMs -> 16 bw (2048 at bw = 128), tensor cores; the
-kernels ~100 (sigmoids, exp, sqrt, the scans).
+program, not per chunk, and reuse the spent summaries.  Saved for backward: x, G (x's dtype)
+unless recomputed and the chunks' entering states: no FP32 [B, L, D] tensor, no a or log a.
+FLOPs per element: 4 bw per GEMM, three GEMMs (four recomputing) -> 12 bw (1536 at bw = 128),
+tensor cores; the kernels ~100 (sigmoids, exp, sqrt, the scans).
 """
 from __future__ import annotations
 
@@ -354,11 +356,15 @@ class Launch:
 class GemmConfig:
     """One RG-LRU backend of this family: tokens per chunk, each kernel's launch, how many
     backward programs to aim for per SM (each walks a span of chunks, so that its partial sums
-    are one row per program), and the G workspace: the heads run in groups whose G (2 units
-    for all heads, a unit being B L D BF16 elements) fits in workspace_units, so that the peak
-    memory of a forward+backward stays under 3 units.  The name is generated from the chunk;
-    launches and the workspace are tuning (sweeps pass other ones in), not part of the name."""
+    are one row per program), and what happens to G.  Saved (recompute False): all heads at
+    once, G kept for the backward, which writes dG over it.  Recomputed: the heads run in
+    groups whose G (2 units for all heads, a unit being B L D BF16 elements) fits in
+    workspace_units, and the backward recomputes each group's G, so that the peak memory of a
+    forward+backward stays under 3 units, at the price of a GEMM and more launches.  The name
+    is generated from the chunk and the choice; launches and the workspace are tuning (sweeps
+    pass other ones in), not part of the name."""
     chunk: int
+    recompute: bool = False
     summary: Launch = Launch(2, 2)
     output: Launch = Launch(2, 2)
     reverse_summary: Launch = Launch(2, 2)
@@ -368,13 +374,16 @@ class GemmConfig:
 
     @property
     def name(self) -> str:
-        return f"gemm_fused_hierarchical_chunk{self.chunk}"
+        return f"gemm_{'recompute_' if self.recompute else ''}fused_hierarchical_chunk{self.chunk}"
 
     def launches(self) -> dict[str, Launch]:
         return {role: getattr(self, role) for role in KERNELS}
 
     def heads_per_group(self, heads: int) -> int:
-        """The most heads, a divisor of heads, whose G fits the workspace (at least one)."""
+        """All heads when G is saved; else the most heads, a divisor of heads, whose G fits the
+        workspace (at least one)."""
+        if not self.recompute:
+            return heads
         fit = max(1, int(heads * self.workspace_units / 2))
         return max(d for d in range(1, min(fit, heads) + 1) if heads % d == 0)
 
@@ -475,16 +484,17 @@ def _entering_state_shapes(groups: _Groups, batch: int, n_chunks: int) -> list[t
     return [(batch, n_chunks, groups.width)] * groups.count
 
 
-def _recompute_gates(x_heads, w_cat, heads: slice, out: torch.Tensor) -> torch.Tensor:
-    """One group's G = x_h W_cat,h into its workspace (x's dtype is the operand dtype)."""
+def _gate_products(x_heads, w_cat, heads: slice, out: torch.Tensor) -> torch.Tensor:
+    """One group's G = x_h W_cat,h into its buffer (x's dtype is the operand dtype)."""
     return torch.bmm(x_heads[heads], w_cat[heads], out=out)
 
 
 def forward(x, params, sequences, config: GemmConfig, w_cat=None):
     """(y, final state or None, residuals): per head group, the gate GEMM and the forward's
-    kernels.  The one residual the backward needs beside x and the parameters: the chunks'
-    entering states, each group's [B, NC, DG] FP32 carved from one flat buffer.  G is not
-    kept: the backward recomputes it.  w_cat: W_cat when the caller has it."""
+    kernels.  The residuals the backward needs beside x and the parameters: G flat (its
+    [H, B L, 2 bw] layout read back from the weights' shape, x's GEMM dtype) unless the
+    configuration recomputes it, then the chunks' entering states, each group's [B, NC, DG]
+    FP32 carved from one flat buffer.  w_cat: W_cat when the caller has it."""
     x = aligned(x)
     gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
     batch, length, width = x.shape
@@ -511,21 +521,24 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None):
     summary_grid = (batch * n_chunks, cdiv(groups.width, meta["summary"]["BN"]))
     output_grid = (batch * n_chunks, cdiv(groups.width, meta["output"]["BN"]))
     for g, heads, col0 in groups:
-        _recompute_gates(x_heads, w_cat, heads, gates)
+        _gate_products(x_heads, w_cat, heads, gates)
         launching.launch(_summary_kernel, summary_grid, x, gates, bx, ba, a_param, seq, h0,
                          decay, end, col0, length, tokens, n_chunks, **meta["summary"], **flags)
         chunk_carry(decay, end, reverse=False, out=h_in[g])
         launching.launch(_output_kernel, output_grid, x, gates, y, bx, ba, a_param, h_in[g], seq,
                          h0, final, col0, length, tokens, n_chunks, **meta["output"], **flags,
                          HAS_FINAL=sequences.output_final_state)
-    return y, (final if sequences.output_final_state else None), (residual,)
+    residuals = (residual,) if config.recompute else (gates.view(-1), residual)
+    return y, (final if sequences.output_final_state else None), residuals
 
 
 def residual_specs(config: GemmConfig, batch: int, length: int, width: int, dtype, params):
     """(shape, dtype) of each of forward's residuals, for a compiled graph's fake tensors."""
     shapes = _entering_state_shapes(_groups(config, params[0]), batch,
                                     cdiv(length, config.chunk))
-    return [((carved_size(shapes),), torch.float32)]
+    entering = [((carved_size(shapes),), torch.float32)]
+    return entering if config.recompute else [((2 * batch * length * width,), _gemm_dtype(dtype))
+                                              ] + entering
 
 
 def _spans(config: GemmConfig, groups: _Groups, batch: int, n_chunks: int, col_blocks: int,
@@ -540,14 +553,18 @@ def _spans(config: GemmConfig, groups: _Groups, batch: int, n_chunks: int, col_b
     return per_span, cdiv(n_chunks, per_span)
 
 
-def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w_cat=None):
+def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w_cat=None,
+             overwrite_gates: bool = False):
     """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param,
-    d initial_state or None): per head group, G recomputed, the backward's kernels (dG written
-    over G) and GEMMs.  dy and d_final may be None (no gradient reached them).  w_cat: W_cat
-    when the caller kept it from the forward."""
+    d initial_state or None): per head group, G recomputed (or the saved G), the backward's
+    kernels (dG written over G) and GEMMs.  A saved G is overwritten only with
+    overwrite_gates (its version is then bumped, so that a second backward through the same
+    graph raises instead of reading dG as G); else it is copied first.  dy and d_final may be
+    None (no gradient reached them).  w_cat: W_cat when the caller kept it from the forward."""
     x = aligned(x)
     gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
-    (residual,) = residuals
+    saved_gates = None if config.recompute else residuals[0]
+    residual = residuals[-1]
     batch, length, width = x.shape
     groups = _groups(config, gate_x_weight)
     tokens = batch * length
@@ -565,8 +582,15 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
                  HAS_DFINAL=has_dfinal)
     f32 = dict(device=x.device, dtype=torch.float32)
     x_heads = _heads(x, groups.heads)
-    gates = torch.empty(groups.per_group, tokens, 2 * groups.bw, device=x.device,
-                        dtype=_gemm_dtype(x.dtype))
+    if saved_gates is None:
+        gates = torch.empty(groups.per_group, tokens, 2 * groups.bw, device=x.device,
+                            dtype=_gemm_dtype(x.dtype))
+    else:
+        gates = saved_gates.view(groups.heads, tokens, 2 * groups.bw)
+        if overwrite_gates:
+            torch.autograd.graph.increment_version(saved_gates)
+        else:
+            gates = gates.clone()
     summary_shape = (batch, n_chunks, groups.width)
     col_blocks = cdiv(groups.width, meta["backward"]["BN"])
     per_span, spans = _spans(config, groups, batch, n_chunks, col_blocks, x.device)
@@ -585,7 +609,8 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
     grads = torch.empty(3 * width, **f32)
     reverse_grid = (batch * n_chunks, cdiv(groups.width, meta["reverse_summary"]["BN"]))
     for g, heads, col0 in groups:
-        _recompute_gates(x_heads, w_cat, heads, gates)
+        if saved_gates is None:
+            _gate_products(x_heads, w_cat, heads, gates)
         launching.launch(_reverse_summary_kernel, reverse_grid, dy, gates, ba, a_param, seq,
                          d_final, decay, end, col0, length, tokens, n_chunks,
                          **meta["reverse_summary"], PACKED=sequences.packed,
@@ -612,7 +637,8 @@ def gradient_columns(width: int) -> dict[str, slice]:
 class GemmScanFunction(torch.autograd.Function):
     """Eager autograd over forward and backward.  The outputs are y and the final state (None
     unless asked for); the backward takes both gradients and returns one for the initial
-    state.  Saved: x, the chunks' entering states, W_cat and the parameters."""
+    state.  Saved: x, G unless recomputed (the backward writes dG over it), the chunks'
+    entering states, W_cat and the parameters."""
 
     @staticmethod
     def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
@@ -620,8 +646,9 @@ class GemmScanFunction(torch.autograd.Function):
         x = aligned(x)
         params = (gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param)
         w_cat = _gate_weights(gate_x_weight, gate_a_weight, x.dtype)
-        y, final, (entering,) = forward(x, params, sequences, config, w_cat)
-        ctx.save_for_backward(x, entering, w_cat, *params)
+        y, final, residuals = forward(x, params, sequences, config, w_cat)
+        ctx.save_for_backward(x, *residuals, w_cat, *params)
+        ctx.residual_count = len(residuals)
         ctx.config = config
         ctx.sequences = sequences
         ctx.set_materialize_grads(False)
@@ -630,8 +657,10 @@ class GemmScanFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, d_final):
         refuse_double_backward("rglru")
-        x, entering, w_cat, *params = ctx.saved_tensors
-        grads = backward(x, params, (entering,), dy, d_final, ctx.sequences, ctx.config, w_cat)
+        x, *saved = ctx.saved_tensors
+        residuals, (w_cat, *params) = saved[:ctx.residual_count], saved[ctx.residual_count:]
+        grads = backward(x, params, residuals, dy, d_final, ctx.sequences, ctx.config, w_cat,
+                         overwrite_gates=True)
         return (*grads, None, None, None)
 
 
@@ -651,4 +680,6 @@ def run_with(config: GemmConfig):
 
 # Chunk 64 is left out: its [64, BN] tiles spill in every kernel (sm_90a, 2 warps, 1 channel per
 # thread); chunk 32's backward spills a little.
-CONFIGS = tuple(GemmConfig(chunk) for chunk in (8, 16, 32))
+# The recomputing configurations trade GPU time for memory: chunk 32's tiles are the slowest.
+CONFIGS = (tuple(GemmConfig(chunk) for chunk in (8, 16, 32))
+           + tuple(GemmConfig(chunk, recompute=True) for chunk in (8, 16)))
