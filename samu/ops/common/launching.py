@@ -77,13 +77,17 @@ except ImportError:  # an older Triton: no knobs, the runner is always used
     _knobs = None
 
 
+def _unset(hook) -> bool:
+    return hook is None or getattr(hook, "calls", True) == []
+
+
 def _no_launch_hooks() -> bool:
-    """Whether no launch hook is set: Triton's hooks are None or an empty HookChain."""
+    """Whether no launch hook is set: Triton's hooks are None or an empty HookChain (no
+    generator: this runs on every launch)."""
     if _knobs is None:
         return False
     runtime = _knobs.runtime
-    return all(hook is None or getattr(hook, "calls", True) == []
-               for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+    return _unset(runtime.launch_enter_hook) and _unset(runtime.launch_exit_hook)
 
 
 launch = Launcher()
