@@ -1,13 +1,14 @@
-"""The gemm RG-LRU family's G workspace against time: for each chunk and workspace size, the
-GPU time of a forward+backward (CUDA-graph replay), its median (CUDA events, host included) and
-its peak memory in SPEC's units (B L D BF16 elements).
+"""The gemm RG-LRU family's memory against time: for each chunk, G saved, then G recomputed with
+each workspace size: the GPU time of a forward+backward (CUDA-graph replay), its median (CUDA
+events, host included) and its peak memory in SPEC's units (B L D BF16 elements).
 
     python scripts/rglru_workspace.py 1x32768x2048 4x2048x2048 --chunks 8 16
 
-The heads run in groups whose G fits the workspace (samu.ops.rglru.gemm.GemmConfig): 2 units
-is one group of every head, smaller workspaces mean more groups, each a gate GEMM and the
-kernels over its channels.  Each setting is a frozen configuration passed in as the backend,
-so nothing global changes.  Prints one line per setting."""
+Recomputing, the heads run in groups whose G fits the workspace (samu.ops.rglru.gemm.GemmConfig):
+2 units is one group of every head, smaller workspaces mean more groups, each a gate GEMM and
+the kernels over its channels.  Each setting is a frozen configuration passed in as the
+backend, so nothing global changes.  Prints one line per setting ("saved" in the workspace
+column: G saved, one group)."""
 from __future__ import annotations
 
 import argparse
@@ -46,11 +47,14 @@ def main(argv=None) -> int:
     for shape in parse_shapes(args.shapes):
         inputs = legality.make_inputs("rglru", shape, device)
         for chunk in args.chunks:
-            for units in args.workspaces:
-                config = dataclasses.replace(gemm.GemmConfig(chunk), workspace_units=units)
+            configs = [gemm.GemmConfig(chunk)] + [
+                dataclasses.replace(gemm.GemmConfig(chunk, recompute=True), workspace_units=units)
+                for units in args.workspaces]
+            for config in configs:
                 got = measure(config, inputs, args.samples)
                 gpu = float("nan") if got["gpu_ms"] is None else got["gpu_ms"]
-                print(f"{'x'.join(map(str, shape)):>14} {chunk:5d} {units:9.3f} "
+                units = f"{config.workspace_units:9.3f}" if config.recompute else f"{'saved':>9}"
+                print(f"{'x'.join(map(str, shape)):>14} {chunk:5d} {units} "
                       f"{16 // config.heads_per_group(16):6d} {gpu:8.3f} "
                       f"{got['median_ms']:9.3f} {got['peak_units']:10.2f}", flush=True)
         del inputs

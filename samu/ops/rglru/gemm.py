@@ -82,6 +82,14 @@ def _columns(col0, DG: tl.constexpr, BN: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
+def _state_columns(cols, col_ok, D: tl.constexpr):
+    """The columns of the [N, D] state rows (h0, final state, their gradients): D, out of range,
+    on a tile's padding lanes, whose channels belong to the next group (samu.ops.sequences'
+    loads and stores mask cols < D)."""
+    return tl.where(col_ok, cols, D)
+
+
+@triton.jit
 def _chunk_tile(b, k, rows_in_chunk, local, col_ok, L, N, T: tl.constexpr, BW: tl.constexpr,
                 V: tl.constexpr, RUN: tl.constexpr):
     """Chunk k's [T, BN] tile: its rows, its first token (int64), its mask, and the offsets of
@@ -154,7 +162,8 @@ def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b,
     x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
     u = m * gx * x
     if PACKED or HAS_INITIAL:
-        a, u = fold_starts(a, u, starts, entering_state(h0_ptr, seq, starts, cols, D,
+        a, u = fold_starts(a, u, starts, entering_state(h0_ptr, seq, starts,
+                                                        _state_columns(cols, col_ok, D), D,
                                                         HAS_INITIAL))
     p, h = tl.associative_scan((a, u), 0, affine_combine)
     return p, h, first, ok, cols, local, col_ok, seq, ends
@@ -199,7 +208,7 @@ def _output_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr, s
     h = h + p * h_in[None, :]
     tl.store(y_at, to_element(h, y_ptr), mask=ok)
     if HAS_FINAL:
-        store_at(final_ptr, h, seq, ends, cols, D)
+        store_at(final_ptr, h, seq, ends, _state_columns(cols, col_ok, D), D)
 
 
 @triton.jit
@@ -228,7 +237,8 @@ def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, seq_ptr, dfinal_
     ga = sigmoid_fast(tl.load(g_at + BW, mask=ok, other=0.0).to(tl.float32) + ba[None, :])
     a = exp_fast(tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0))
     dy = tl.load(dy_at, mask=ok, other=0.0).to(tl.float32)
-    a, dy = adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L, cols, D, PACKED, HAS_DFINAL)
+    a, dy = adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L,
+                           _state_columns(cols, col_ok, D), D, PACKED, HAS_DFINAL)
     p, v = tl.associative_scan((a, a * dy), 0, affine_combine)
     state = (b * NC + k) * DG + local
     tl.store(decay_ptr + state, last_row(p, tl.arange(0, T), T), mask=col_ok)
@@ -285,6 +295,7 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr, 
         ga = sigmoid_fast(tl.load(g_at + BW, mask=ok, other=0.0).to(tl.float32) + ba[None, :])
         log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
         seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
+        state_cols = _state_columns(cols, col_ok, D)
         a, m, dm_dlog_a = _transition_rsqrt(log_a, resets(starts, HAS_INITIAL))
         gx = sigmoid_fast(tl.load(g_at, mask=ok, other=0.0).to(tl.float32) + bx[None, :])
         x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
@@ -296,7 +307,7 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr, 
         if PACKED or HAS_INITIAL:
             # From the folded inputs (a_s h_{s-1} is then 0 at a start), plus a_s h0 at each
             # start (0 where the state resets); the folded a_s = 0 also cuts the adjoint there.
-            entering = entering_state(h0_ptr, seq, starts, cols, D, HAS_INITIAL)
+            entering = entering_state(h0_ptr, seq, starts, state_cols, D, HAS_INITIAL)
             a_cut, u_fold = fold_starts(a, u, starts, entering)
             a_h_prev = decayed_previous_state(a_cut, u_fold, h_in, T)
             if HAS_INITIAL:
@@ -310,11 +321,11 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr, 
         dy = tl.load(_rows_at(dy_ptr, first, latest_first, cols, D), mask=ok,
                      other=0.0).to(tl.float32)
         if HAS_DFINAL:
-            dy += load_at(dfinal_ptr, seq, ends, cols, D)
+            dy += load_at(dfinal_ptr, seq, ends, state_cols, D)
         carry = tl.load(carry_ptr + state, mask=col_ok, other=0.0)
         dh = _adjoint_latest_first(a_cut, dy, carry, T)
         if HAS_INITIAL:
-            store_at(dh0_ptr, a * dh, seq, starts, cols, D)
+            store_at(dh0_ptr, a * dh, seq, starts, state_cols, D)
         dla = dh * dla_per_dh
         d_gate_x = dh * dgx_per_dh
         d_gate_a = dla * (-8.0 * sp[None, :]) * ga * (1.0 - ga)
@@ -649,6 +660,7 @@ class GemmScanFunction(torch.autograd.Function):
         y, final, residuals = forward(x, params, sequences, config, w_cat)
         ctx.save_for_backward(x, *residuals, w_cat, *params)
         ctx.residual_count = len(residuals)
+        ctx.gates_spent = False
         ctx.config = config
         ctx.sequences = sequences
         ctx.set_materialize_grads(False)
@@ -657,6 +669,12 @@ class GemmScanFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, d_final):
         refuse_double_backward("rglru")
+        if ctx.gates_spent:  # also under saved-tensor hooks, which skip the version check
+            raise RuntimeError(
+                f"rglru: {ctx.config.name} wrote its gradient over the saved gate "
+                "pre-activations in the first backward, so this graph cannot be backpropagated "
+                "through twice (retain_graph=True); use a gemm_recompute_* backend for that")
+        ctx.gates_spent = not ctx.config.recompute
         x, *saved = ctx.saved_tensors
         residuals, (w_cat, *params) = saved[:ctx.residual_count], saved[ctx.residual_count:]
         grads = backward(x, params, residuals, dy, d_final, ctx.sequences, ctx.config, w_cat,
