@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 
 import torch
 
-from samu.experiment import legality, protocol
+from samu.experiment import legality, protocol, sweep
 from samu.experiment.pipeline import parse_shapes
 from samu.ops.rglru import gemm
 
@@ -25,13 +24,12 @@ WORKSPACES = (0.25, 0.5, 1.0, 2.0)
 
 
 def measure(config: gemm.GemmConfig, inputs, samples: int) -> dict:
+    """The backend sweep's GPU time and median, and the peak memory of one forward+backward."""
     x, params, dy = inputs
+    timing = sweep.time_backend("rglru", config, x, params, dy, samples)
     module, xg = protocol.module_with("rglru", config, x, params)
-    times = protocol.warm_samples(module, xg, dy, samples)
     memory = protocol.measure_memory(module, xg, dy)
-    return {"gpu_ms": protocol.graph_replay_ms(module, xg, dy),
-            "median_ms": statistics.median(times),
-            "peak_units": memory["peak_allocated_delta_bytes"] / (2 * x.numel())}
+    return {**timing, "peak_units": memory["peak_allocated_delta_bytes"] / (2 * x.numel())}
 
 
 def main(argv=None) -> int:
@@ -52,7 +50,7 @@ def main(argv=None) -> int:
                 for units in args.workspaces]
             for config in configs:
                 got = measure(config, inputs, args.samples)
-                gpu = float("nan") if got["gpu_ms"] is None else got["gpu_ms"]
+                gpu = float("nan") if got["gpu_time_ms"] is None else got["gpu_time_ms"]
                 units = f"{config.workspace_units:9.3f}" if config.recompute else f"{'saved':>9}"
                 print(f"{'x'.join(map(str, shape)):>14} {chunk:5d} {units} "
                       f"{16 // config.heads_per_group(16):6d} {gpu:8.3f} "

@@ -64,6 +64,7 @@ _row = {
         "materialized_state_sized_transition": {"type": "boolean"},
     },
 }
+_environment = {"type": "object", "required": ["torch", "cuda", "gpu"]}
 RESULT_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "samu result document, schema version 1",
@@ -75,7 +76,7 @@ RESULT_SCHEMA = {
                      "required": ["scope", "dtype", "input_gradient", "order",
                                   "compile_excluded", "baseline_policy", "samu_policy",
                                   "resets"]},
-        "environment": {"type": "object", "required": ["torch", "cuda", "gpu"]},
+        "environment": _environment,
         "rows": {"type": "array", "minItems": 1, "items": _row},
     },
 }
@@ -149,7 +150,7 @@ FEATURES_SCHEMA = {
     "type": "object",
     "required": ["environment", "packing", "decode", "compile"],
     "properties": {
-        "environment": {"type": "object", "required": ["torch", "cuda", "gpu"]},
+        "environment": _environment,
         "packing": {"type": "array", "items": {
             "type": "object",
             "required": ["mixer", "backend", "shape", "lengths", "packed", "unpacked",
@@ -176,7 +177,7 @@ SWEEP_SCHEMA = {
     "type": "object",
     "required": ["environment", "calibration", "rows", "auto"],
     "properties": {
-        "environment": {"type": "object", "required": ["torch", "cuda", "gpu"]},
+        "environment": _environment,
         "calibration": {"type": "object", "required": ["path", "shapes"]},
         "rows": {"type": "array", "items": {
             "type": "object",

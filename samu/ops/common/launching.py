@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -129,7 +130,7 @@ def _padded(numel: int, element_size: int) -> int:
 
 def carved_size(shapes, element_size: int = 4) -> int:
     """Elements of a flat buffer that ``carve`` cuts into tensors of these shapes."""
-    return sum(_padded(_numel(shape), element_size) for shape in shapes)
+    return sum(_padded(math.prod(shape), element_size) for shape in shapes)
 
 
 def carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
@@ -137,17 +138,10 @@ def carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
     16-byte aligned address (as launch's pointers must be) when the buffer's start is."""
     out, start = [], 0
     for shape in shapes:
-        n = _numel(shape)
+        n = math.prod(shape)
         out.append(flat[start:start + n].view(shape))
         start += _padded(n, flat.element_size())
     return out
-
-
-def _numel(shape) -> int:
-    n = 1
-    for extent in shape:
-        n *= extent
-    return n
 
 
 @functools.lru_cache(maxsize=None)

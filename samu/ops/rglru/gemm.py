@@ -569,8 +569,8 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
     """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param,
     d initial_state or None): per head group, G recomputed (or the saved G), the backward's
     kernels (dG written over G) and GEMMs.  A saved G is overwritten only with
-    overwrite_gates (its version is then bumped, so that a second backward through the same
-    graph raises instead of reading dG as G); else it is copied first.  dy and d_final may be
+    overwrite_gates (the caller then refuses a second backward through the same graph, which
+    would read dG as G); else it is copied first.  dy and d_final may be
     None (no gradient reached them).  w_cat: W_cat when the caller kept it from the forward."""
     x = aligned(x)
     gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
@@ -598,9 +598,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
                             dtype=_gemm_dtype(x.dtype))
     else:
         gates = saved_gates.view(groups.heads, tokens, 2 * groups.bw)
-        if overwrite_gates:
-            torch.autograd.graph.increment_version(saved_gates)
-        else:
+        if not overwrite_gates:
             gates = gates.clone()
     summary_shape = (batch, n_chunks, groups.width)
     col_blocks = cdiv(groups.width, meta["backward"]["BN"])
@@ -669,7 +667,7 @@ class GemmScanFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, d_final):
         refuse_double_backward("rglru")
-        if ctx.gates_spent:  # also under saved-tensor hooks, which skip the version check
+        if ctx.gates_spent:  # a flag, not a version bump: saved-tensor hooks skip that check
             raise RuntimeError(
                 f"rglru: {ctx.config.name} wrote its gradient over the saved gate "
                 "pre-activations in the first backward, so this graph cannot be backpropagated "
