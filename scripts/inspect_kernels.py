@@ -53,13 +53,14 @@ def signature(fn, constexprs):
     return sig
 
 
-def compile_for_h200(fn, constexprs, num_warps, specialized_ints=("L", "D", "NC", "BW")):
+def compile_for_h200(fn, constexprs, options, specialized_ints=("L", "D", "NC", "BW")):
+    """options: Triton's compile options (num_warps, any maxnreg)."""
     sig = signature(fn, constexprs)
     names = list(sig)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n].startswith("*") or (n in specialized_ints and sig[n] != "constexpr")}
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+                          target=GPUTarget("cuda", 90, 32), options=dict(options))
 
 
 def ptx_without_debug_lines(ptx: str) -> str:
@@ -71,35 +72,37 @@ def ptx_without_debug_lines(ptx: str) -> str:
 
 
 def configurations():
-    """(label, kernel, constexprs, warps) of every kernel configuration the backends launch."""
+    """(label, kernel, constexprs, compile options) of every kernel configuration the backends
+    launch."""
     from samu.ops.common import carry, reduce
     for width in (2048, 2560):
         for module in (samu_chunk, rglru_gemm):
             for config in module.CONFIGS:
-                for kernel, constexprs, warps in module.launch_plan(config, width):
-                    yield f"{width} {config.name}", kernel, constexprs, warps
+                for kernel, constexprs, options in module.launch_plan(config, width):
+                    yield f"{width} {config.name}", kernel, constexprs, options
     for reverse in (False, True):
         for scalar in (False, True):
             for mode in (0, 1, 2):
                 yield ("carry", carry.chunk_carry_kernel,
                        dict(REVERSE=reverse, SCALAR_DECAY=scalar, MODE=mode, BLOCK_C=64,
-                            BLOCK_D=32), 4)
-    yield "sum_partials", reduce.sum_partials_kernel, dict(BLOCK_P=128, BLOCK_N=32), 4
+                            BLOCK_D=32), dict(num_warps=4))
+    yield ("sum_partials", reduce.sum_partials_kernel, dict(BLOCK_P=128, BLOCK_N=32),
+           dict(num_warps=4))
 
 
 def ptx_digest(path: str) -> None:
     lines = []
-    for label, kernel, constexprs, warps in configurations():
-        ptx = ptx_without_debug_lines(compile_for_h200(kernel, constexprs, warps).asm["ptx"])
+    for label, kernel, constexprs, options in configurations():
+        ptx = ptx_without_debug_lines(compile_for_h200(kernel, constexprs, options).asm["ptx"])
         digest = hashlib.sha256(ptx.encode()).hexdigest()[:16]
-        lines.append(f"{digest} {label} {kernel.fn.__name__} warps={warps} {constexprs}")
+        lines.append(f"{digest} {label} {kernel.fn.__name__} {options} {constexprs}")
         print(lines[-1], flush=True)
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
-def compile_stats(fn, constexprs, num_warps, specialized_ints=("L", "D", "NC", "BW")):
-    kernel = compile_for_h200(fn, constexprs, num_warps, specialized_ints)
+def compile_stats(fn, constexprs, options, specialized_ints=("L", "D", "NC", "BW")):
+    kernel = compile_for_h200(fn, constexprs, options, specialized_ints)
     with tempfile.TemporaryDirectory() as tmp:
         ptx = os.path.join(tmp, "k.ptx")
         cubin = os.path.join(tmp, "k.cubin")
@@ -134,10 +137,10 @@ def main():
     module = samu_chunk if args.mixer == "samu" else rglru_gemm
     for config in module.CONFIGS:
         name = config.name
-        for kernel, constexprs, warps in module.launch_plan(config, args.width,
+        for kernel, constexprs, options in module.launch_plan(config, args.width,
                                                             features=args.features):
-            regs, spills, ops, layouts = compile_stats(kernel, constexprs, warps)
-            print(f"{name:42s} {kernel.fn.__name__:34s} warps={warps} {constexprs} "
+            regs, spills, ops, layouts = compile_stats(kernel, constexprs, options)
+            print(f"{name:42s} {kernel.fn.__name__:34s} {options} {constexprs} "
                   f"regs={regs} spill={spills} {ops}", flush=True)
             if args.layouts:
                 for layout in layouts:

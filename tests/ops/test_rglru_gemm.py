@@ -270,8 +270,51 @@ def test_launch_plan_covers_every_kernel_and_keeps_the_chunk_in_each_thread():
             plan = gemm.launch_plan(config, width, heads)
             assert {k.fn.__name__ for k, _, _ in plan} == {
                 "_summary_kernel", "_output_kernel", "_reverse_summary_kernel", "_backward_kernel"}
-            for kernel, meta, warps in plan:
-                assert meta["BN"] == 32 * warps * meta["V"]
+            for kernel, meta, options in plan:
+                assert meta["BN"] == 32 * options["num_warps"] * meta["V"]
                 assert (width // heads) % meta["V"] == 0
                 assert meta["T"] * meta["V"] <= max(gemm.VALUES_PER_THREAD, config.chunk)
                 assert meta["D"] == width and meta["BW"] == width // heads
+
+
+def test_gate_gradient_in_its_own_buffer_is_legal_and_survives_a_second_backward():
+    """gradient_over_gates=False (sweeps pass it): dG gets a buffer of its own, so the saved G
+    stays intact and a retained graph backpropagates twice to the same gradient."""
+    import dataclasses
+    config = dataclasses.replace(gemm.CONFIGS[0], gradient_over_gates=False)
+    x, params, dy = _inputs((1, 40, 32), 2, seed=10)
+    got = legality.outputs("rglru", config, x, params, dy)
+    want = legality.oracle("rglru", x, params, dy)
+    assert max(legality.relative_errors(got, want).values()) < 0.02
+    xg = x.clone().requires_grad_()
+    ps = [p.clone().requires_grad_() for p in params.values()]
+    y, _ = gemm.run_with(config)(xg, *ps)
+    (first,) = torch.autograd.grad(y, xg, dy, retain_graph=True)
+    (second,) = torch.autograd.grad(y, xg, dy)
+    assert torch.equal(first, second)
+
+
+def test_backward_register_cap_is_left_off_where_a_state_keyword_is_on(monkeypatch):
+    """The cap is tuned for the default path; the state keywords' loads would spill under it."""
+    config = next(c for c in gemm.CONFIGS if c.backward.registers is not None)
+    caps = []
+    real = launching.launch
+
+    def spy(kernel, grid, *args, **meta):
+        if kernel is gemm._backward_kernel:
+            caps.append(meta.get("maxnreg"))
+        return real(kernel, grid, *args, **meta)
+
+    monkeypatch.setattr(launching, "launch", spy)
+    x, params, dy = _inputs((1, 24, 32), 2, seed=11)
+    run = gemm.run_with(config)
+    for h0 in (None, torch.zeros(1, 32, device=DEVICE)):
+        xg = x.clone().requires_grad_()
+        y, _ = run(xg, *params.values(), initial_state=h0)
+        y.backward(dy)
+    assert caps == [config.backward.registers, None]
+    plan = {k.fn.__name__: options for k, _, options in gemm.launch_plan(config, 32, 2)}
+    assert plan["_backward_kernel"]["maxnreg"] == config.backward.registers
+    plan = {k.fn.__name__: options
+            for k, _, options in gemm.launch_plan(config, 32, 2, features=True)}
+    assert "maxnreg" not in plan["_backward_kernel"]

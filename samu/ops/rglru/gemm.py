@@ -261,7 +261,7 @@ def _adjoint_latest_first(a, dy, carry, T: tl.constexpr):
 
 
 @triton.jit
-def _backward_kernel(x_ptr, dy_ptr, g_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr,
+def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr,
                      carry_ptr, seq_ptr, h0_ptr, dfinal_ptr, dh0_ptr, part_ptr, dsp_part_ptr,
                      col0, L, N, NC, SPAN, NSPAN, D: tl.constexpr, DG: tl.constexpr,
                      T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr,
@@ -329,8 +329,9 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr, 
         dla = dh * dla_per_dh
         d_gate_x = dh * dgx_per_dh
         d_gate_a = dla * (-8.0 * sp[None, :]) * ga * (1.0 - ga)
-        tl.store(g_at, to_element(d_gate_x, g_ptr), mask=ok)  # dG over G: this tile is read
-        tl.store(g_at + BW, to_element(d_gate_a, g_ptr), mask=ok)
+        dg_at = _rows_at(dg_ptr, first, latest_first, within, 2 * BW)
+        tl.store(dg_at, to_element(d_gate_x, dg_ptr), mask=ok)  # may be G: this tile is read
+        tl.store(dg_at + BW, to_element(d_gate_a, dg_ptr), mask=ok)
         tl.store(_rows_at(dx_ptr, first, latest_first, cols, D),
                  to_element(dh * direct_per_dh, dx_ptr), mask=ok)
         dbx += tl.sum(d_gate_x, axis=0)
@@ -355,12 +356,14 @@ class Launch:
     one head of G) and halved while T x vector exceeds VALUES_PER_THREAD."""
     warps: int
     vector: int
+    registers: int | None = None  # a cap on registers per thread (Triton's maxnreg), or none
 
     def tile(self, bw: int, chunk: int) -> dict:
         vector = self.vector if bw % self.vector == 0 else 1
         while vector > 1 and chunk * vector > VALUES_PER_THREAD:
             vector //= 2
-        return dict(BN=tile_width(self.warps, vector), V=vector, num_warps=self.warps)
+        cap = {} if self.registers is None else dict(maxnreg=self.registers)
+        return dict(BN=tile_width(self.warps, vector), V=vector, num_warps=self.warps, **cap)
 
 
 @dataclass(frozen=True)
@@ -373,7 +376,8 @@ class GemmConfig:
     workspace_units, and the backward recomputes each group's G, so that the peak memory of a
     forward+backward stays under 3 units, at the price of a GEMM and more launches.  The name
     is generated from the chunk and the choice; launches and the workspace are tuning (sweeps
-    pass other ones in), not part of the name."""
+    pass other ones in), not part of the name.  gradient_over_gates False gives dG a buffer of
+    its own (2 units more memory for less GPU time: docs/PERFORMANCE.md); sweeps pass it."""
     chunk: int
     recompute: bool = False
     summary: Launch = Launch(2, 2)
@@ -382,6 +386,7 @@ class GemmConfig:
     backward: Launch = Launch(2, 1)
     backward_programs_per_sm: int = 32
     workspace_units: float = 0.5
+    gradient_over_gates: bool = True
 
     @property
     def name(self) -> str:
@@ -423,15 +428,18 @@ FEATURES = {"summary": ("PACKED", "HAS_INITIAL"),
 
 
 def launch_plan(config: GemmConfig, width: int, heads: int = 16, features: bool = False):
-    """(kernel, constexprs, warps) of every kernel a backend launches at this width: without
-    the state keywords, or (features=True) with all of them."""
+    """(kernel, constexprs, compile options: num_warps and any maxnreg) of every kernel a
+    backend launches at this width: without the state keywords, or (features=True) with all of
+    them."""
     bw = width // heads
     plan = []
     for role, kernel in KERNELS.items():
         meta = dict(tiles(config, bw, width, config.heads_per_group(heads) * bw)[role])
-        warps = meta.pop("num_warps")
+        options = {name: meta.pop(name) for name in ("num_warps", "maxnreg") if name in meta}
+        if features:  # as backward() launches it with any state keyword
+            options.pop("maxnreg", None)
         meta.update({name: features for name in FEATURES[role]})
-        plan.append((kernel, meta, warps))
+        plan.append((kernel, meta, options))
     return plan
 
 
@@ -591,6 +599,9 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
     flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
                  HAS_DFINAL=has_dfinal)
+    backward_meta = meta["backward"]
+    if any(flags.values()):  # the state keywords' loads need registers the cap would spill
+        backward_meta = {k: v for k, v in backward_meta.items() if k != "maxnreg"}
     f32 = dict(device=x.device, dtype=torch.float32)
     x_heads = _heads(x, groups.heads)
     if saved_gates is None:
@@ -598,8 +609,9 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
                             dtype=_gemm_dtype(x.dtype))
     else:
         gates = saved_gates.view(groups.heads, tokens, 2 * groups.bw)
-        if not overwrite_gates:
+        if config.gradient_over_gates and not overwrite_gates:
             gates = gates.clone()
+    d_gates = gates if config.gradient_over_gates else torch.empty_like(gates)
     summary_shape = (batch, n_chunks, groups.width)
     col_blocks = cdiv(groups.width, meta["backward"]["BN"])
     per_span, spans = _spans(config, groups, batch, n_chunks, col_blocks, x.device)
@@ -625,12 +637,12 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
                          **meta["reverse_summary"], PACKED=sequences.packed,
                          HAS_DFINAL=has_dfinal)
         chunk_carry(decay, end, reverse=True, out=carry)
-        launching.launch(_backward_kernel, (n_parts, col_blocks), x, dy, gates, dx, bx, ba,
+        launching.launch(_backward_kernel, (n_parts, col_blocks), x, dy, gates, d_gates, dx, bx, ba,
                          a_param, h_in[g], carry, seq, h0, d_final, d_h0, part, dsp_part, col0,
-                         length, tokens, n_chunks, per_span, spans, **meta["backward"], **flags)
+                         length, tokens, n_chunks, per_span, spans, **backward_meta, **flags)
         sum_partials(part, dsp_part, a_param, out=grads, group=(col0, width))
-        dx_heads[heads].baddbmm_(gates, w_cat[heads].transpose(1, 2))  # dx += dG W_cat^T
-        _weight_gradient(x_heads[heads], gates, d_weight[heads])
+        dx_heads[heads].baddbmm_(d_gates, w_cat[heads].transpose(1, 2))  # dx += dG W_cat^T
+        _weight_gradient(x_heads[heads], d_gates, d_weight[heads])
     at = gradient_columns(width)
     return (dx, d_weight[:, :, :groups.bw], grads[at["gate_x_bias"]], d_weight[:, :, groups.bw:],
             grads[at["gate_a_bias"]], grads[at["a_param"]],
@@ -672,7 +684,7 @@ class GemmScanFunction(torch.autograd.Function):
                 f"rglru: {ctx.config.name} wrote its gradient over the saved gate "
                 "pre-activations in the first backward, so this graph cannot be backpropagated "
                 "through twice (retain_graph=True); use a gemm_recompute_* backend for that")
-        ctx.gates_spent = not ctx.config.recompute
+        ctx.gates_spent = ctx.config.gradient_over_gates and not ctx.config.recompute
         x, *saved = ctx.saved_tensors
         residuals, (w_cat, *params) = saved[:ctx.residual_count], saved[ctx.residual_count:]
         grads = backward(x, params, residuals, dy, d_final, ctx.sequences, ctx.config, w_cat,
@@ -694,8 +706,14 @@ def run_with(config: GemmConfig):
     return run
 
 
+# The backward kernel's launch per chunk: capped registers buy resident programs (it is
+# latency-bound), and at chunk 8 more, shorter spans cut the last wave (docs/PERFORMANCE.md).
+BACKWARD = {8: dict(backward=Launch(2, 1, registers=96), backward_programs_per_sm=64),
+            16: dict(backward=Launch(2, 1, registers=128)),
+            32: {}}
+
 # Chunk 64 is left out: its [64, BN] tiles spill in every kernel (sm_90a, 2 warps, 1 channel per
 # thread); chunk 32's backward spills a little.
 # The recomputing configurations trade GPU time for memory: chunk 32's tiles are the slowest.
-CONFIGS = (tuple(GemmConfig(chunk) for chunk in (8, 16, 32))
-           + tuple(GemmConfig(chunk, recompute=True) for chunk in (8, 16)))
+CONFIGS = (tuple(GemmConfig(chunk, **BACKWARD[chunk]) for chunk in (8, 16, 32))
+           + tuple(GemmConfig(chunk, recompute=True, **BACKWARD[chunk]) for chunk in (8, 16)))

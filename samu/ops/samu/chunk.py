@@ -310,14 +310,14 @@ FEATURES = {"summary": ("PACKED", "HAS_INITIAL"),
 
 
 def launch_plan(config: SamuConfig, width: int, features: bool = False):
-    """(kernel, constexprs, warps) of every kernel a backend launches at this width: without
-    the state keywords, or (features=True) with all of them."""
+    """(kernel, constexprs, compile options) of every kernel a backend launches at this width:
+    without the state keywords, or (features=True) with all of them."""
     plan = []
     for role, kernel in KERNELS.items():
         meta = dict(tiles(config, width)[role])
-        warps = meta.pop("num_warps")
+        options = dict(num_warps=meta.pop("num_warps"))
         flags = {name: features for name in FEATURES[role]}
-        plan.append((kernel, dict(T=config.chunk, **meta, **flags), warps))
+        plan.append((kernel, dict(T=config.chunk, **meta, **flags), options))
     return plan
 
 
