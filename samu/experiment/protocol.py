@@ -114,37 +114,45 @@ def sample(module, x, dy, phase: str) -> float:
     return end()
 
 
-def graph_replay_ms(module, x, dy, replays: int = 20) -> float | None:
-    """GPU time of one forward+backward with no host in it: the call captured once in a CUDA
-    graph, replayed ``replays`` times between CUDA events; the median of 3 such runs, per
-    replay.  None on a CPU, or where the call cannot be captured (the error is not a result)."""
-    if not x.is_cuda:
-        return None
+def graph_replay_time(step, device, replays: int = 20, reset=None) -> float | None:
+    """GPU time of step() with no host in it: captured once in a CUDA graph after three warm-up
+    calls (reset(), when given, runs before each and before the capture), replayed ``replays``
+    times between CUDA events; the median of 3 such runs, per replay.  None where the call
+    cannot be captured (the error is not a result)."""
+    reset = reset or (lambda: None)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm up off the default stream, as capture needs
         for _ in range(3):
-            _clear_grads(module, x)
-            _forward(module, x).backward(dy)
+            reset()
+            step()
     torch.cuda.current_stream().wait_stream(stream)
-    _clear_grads(module, x)
+    reset()
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
-            _forward(module, x).backward(dy)
+            step()
     except Exception:
         return None
     runs = []
     for _ in range(3):
-        begin, end = _timer(x.device)
+        begin, end = _timer(device)
         begin()
         for _ in range(replays):
             graph.replay()
         runs.append(end() / replays)
     del graph
-    _clear_grads(module, x)
+    reset()
     torch.cuda.synchronize()
     return statistics.median(runs)
+
+
+def graph_replay_ms(module, x, dy, replays: int = 20) -> float | None:
+    """GPU time of one forward+backward (graph_replay_time); None on a CPU."""
+    if not x.is_cuda:
+        return None
+    return graph_replay_time(lambda: _forward(module, x).backward(dy), x.device, replays,
+                             reset=lambda: _clear_grads(module, x))
 
 
 HOST_SHAPE_LENGTH = 128  # (1, 128, D): the GPU work is negligible, the host sets the time
