@@ -45,8 +45,10 @@ def main(argv=None) -> int:
     for shape in parse_shapes(args.shapes):
         inputs = legality.make_inputs("rglru", shape, device)
         for chunk in args.chunks:
-            configs = [gemm.GemmConfig(chunk)] + [
-                dataclasses.replace(gemm.GemmConfig(chunk, recompute=True), workspace_units=units)
+            launches = gemm.BACKWARD.get(chunk, {})  # as the registered configurations
+            configs = [gemm.GemmConfig(chunk, **launches)] + [
+                dataclasses.replace(gemm.GemmConfig(chunk, recompute=True, **launches),
+                                    workspace_units=units)
                 for units in args.workspaces]
             for config in configs:
                 got = measure(config, inputs, args.samples)

@@ -268,8 +268,8 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_par
                      RUN: tl.constexpr, PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
                      HAS_DFINAL: tl.constexpr):
     """Per (span of SPAN chunks, channel block of the group), each chunk recomputed from its
-    entering state h_in and adjoint carry (the group's [B, NC, DG]): dG = [dGx | dGa] written
-    over G, tile by tile after reading it, dx's direct term dh m gx (the GEMM adds dG W_cat^T to
+    entering state h_in and adjoint carry (the group's [B, NC, DG]): dG = [dGx | dGa] into dg
+    (G itself by default, each tile written after it is read), dx's direct term dh m gx (the GEMM adds dG W_cat^T to
     it in place), and the program's partial sums of d bias (row of part: [dbx (DG) | dba (DG)])
     and of d softplus(a_param) (row of dsp_part, DG), for sum_partials.  With
     sequences: the adjoint is cut at each start (the folded a_s = 0), takes the final state's
@@ -410,8 +410,8 @@ KERNELS = {"summary": _summary_kernel, "output": _output_kernel,
 
 @functools.lru_cache(maxsize=None)
 def tiles(config: GemmConfig, bw: int, width: int, group_width: int) -> dict:
-    """Each kernel's constexprs and warps, by role (signature order: D, DG, T, BN, V, BW,
-    RUN)."""
+    """Each kernel's constexprs (signature order: D, DG, T, BN, V, BW, RUN), warps and any
+    register cap (maxnreg), by role."""
     out = {}
     for role, setting in config.launches().items():
         tile = setting.tile(bw, config.chunk)
@@ -427,6 +427,14 @@ FEATURES = {"summary": ("PACKED", "HAS_INITIAL"),
             "backward": ("PACKED", "HAS_INITIAL", "HAS_DFINAL")}
 
 
+def with_state_keywords(meta: dict, any_keyword: bool) -> dict:
+    """A kernel's launch meta as it runs: without its register cap when a state keyword is on,
+    whose extra loads would spill under it (the cap is tuned for the default path)."""
+    if not any_keyword or "maxnreg" not in meta:
+        return meta
+    return {k: v for k, v in meta.items() if k != "maxnreg"}
+
+
 def launch_plan(config: GemmConfig, width: int, heads: int = 16, features: bool = False):
     """(kernel, constexprs, compile options: num_warps and any maxnreg) of every kernel a
     backend launches at this width: without the state keywords, or (features=True) with all of
@@ -434,10 +442,9 @@ def launch_plan(config: GemmConfig, width: int, heads: int = 16, features: bool 
     bw = width // heads
     plan = []
     for role, kernel in KERNELS.items():
-        meta = dict(tiles(config, bw, width, config.heads_per_group(heads) * bw)[role])
+        meta = dict(with_state_keywords(
+            tiles(config, bw, width, config.heads_per_group(heads) * bw)[role], features))
         options = {name: meta.pop(name) for name in ("num_warps", "maxnreg") if name in meta}
-        if features:  # as backward() launches it with any state keyword
-            options.pop("maxnreg", None)
         meta.update({name: features for name in FEATURES[role]})
         plan.append((kernel, meta, options))
     return plan
@@ -537,15 +544,18 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None):
     h_in = carve(residual, shapes)
     y = torch.empty_like(x)
     final = sequences.final_state(width, x.device)
+    summary_meta = with_state_keywords(meta["summary"], any(flags.values()))
+    output_meta = with_state_keywords(meta["output"], any(flags.values())
+                                      or sequences.output_final_state)
     summary_grid = (batch * n_chunks, cdiv(groups.width, meta["summary"]["BN"]))
     output_grid = (batch * n_chunks, cdiv(groups.width, meta["output"]["BN"]))
     for g, heads, col0 in groups:
         _gate_products(x_heads, w_cat, heads, gates)
         launching.launch(_summary_kernel, summary_grid, x, gates, bx, ba, a_param, seq, h0,
-                         decay, end, col0, length, tokens, n_chunks, **meta["summary"], **flags)
+                         decay, end, col0, length, tokens, n_chunks, **summary_meta, **flags)
         chunk_carry(decay, end, reverse=False, out=h_in[g])
         launching.launch(_output_kernel, output_grid, x, gates, y, bx, ba, a_param, h_in[g], seq,
-                         h0, final, col0, length, tokens, n_chunks, **meta["output"], **flags,
+                         h0, final, col0, length, tokens, n_chunks, **output_meta, **flags,
                          HAS_FINAL=sequences.output_final_state)
     residuals = (residual,) if config.recompute else (gates.view(-1), residual)
     return y, (final if sequences.output_final_state else None), residuals
@@ -576,9 +586,10 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
              overwrite_gates: bool = False):
     """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param,
     d initial_state or None): per head group, G recomputed (or the saved G), the backward's
-    kernels (dG written over G) and GEMMs.  A saved G is overwritten only with
-    overwrite_gates (the caller then refuses a second backward through the same graph, which
-    would read dG as G); else it is copied first.  dy and d_final may be
+    kernels (dG written over G, or into a buffer of its own without gradient_over_gates) and
+    GEMMs.  A saved G is overwritten only with overwrite_gates (the caller then refuses a second
+    backward through the same graph, which would read dG as G); else it is copied first.  dy
+    and d_final may be
     None (no gradient reached them).  w_cat: W_cat when the caller kept it from the forward."""
     x = aligned(x)
     gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
@@ -599,9 +610,9 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
     flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
                  HAS_DFINAL=has_dfinal)
-    backward_meta = meta["backward"]
-    if any(flags.values()):  # the state keywords' loads need registers the cap would spill
-        backward_meta = {k: v for k, v in backward_meta.items() if k != "maxnreg"}
+    backward_meta = with_state_keywords(meta["backward"], any(flags.values()))
+    reverse_meta = with_state_keywords(meta["reverse_summary"],
+                                       sequences.packed or has_dfinal)
     f32 = dict(device=x.device, dtype=torch.float32)
     x_heads = _heads(x, groups.heads)
     if saved_gates is None:
@@ -634,7 +645,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
             _gate_products(x_heads, w_cat, heads, gates)
         launching.launch(_reverse_summary_kernel, reverse_grid, dy, gates, ba, a_param, seq,
                          d_final, decay, end, col0, length, tokens, n_chunks,
-                         **meta["reverse_summary"], PACKED=sequences.packed,
+                         **reverse_meta, PACKED=sequences.packed,
                          HAS_DFINAL=has_dfinal)
         chunk_carry(decay, end, reverse=True, out=carry)
         launching.launch(_backward_kernel, (n_parts, col_blocks), x, dy, gates, d_gates, dx, bx, ba,
@@ -658,8 +669,8 @@ def gradient_columns(width: int) -> dict[str, slice]:
 class GemmScanFunction(torch.autograd.Function):
     """Eager autograd over forward and backward.  The outputs are y and the final state (None
     unless asked for); the backward takes both gradients and returns one for the initial
-    state.  Saved: x, G unless recomputed (the backward writes dG over it), the chunks'
-    entering states, W_cat and the parameters."""
+    state.  Saved: x, G unless recomputed (the backward writes dG over it unless
+    gradient_over_gates is off), the chunks' entering states, W_cat and the parameters."""
 
     @staticmethod
     def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
@@ -683,7 +694,8 @@ class GemmScanFunction(torch.autograd.Function):
             raise RuntimeError(
                 f"rglru: {ctx.config.name} wrote its gradient over the saved gate "
                 "pre-activations in the first backward, so this graph cannot be backpropagated "
-                "through twice (retain_graph=True); use a gemm_recompute_* backend for that")
+                "through twice (retain_graph=True); use a gemm_recompute_* backend for that, or "
+                "a GemmConfig with gradient_over_gates=False")
         ctx.gates_spent = ctx.config.gradient_over_gates and not ctx.config.recompute
         x, *saved = ctx.saved_tensors
         residuals, (w_cat, *params) = saved[:ctx.residual_count], saved[ctx.residual_count:]
