@@ -45,11 +45,9 @@ def main(argv=None) -> int:
     for shape in parse_shapes(args.shapes):
         inputs = legality.make_inputs("rglru", shape, device)
         for chunk in args.chunks:
-            launches = gemm.BACKWARD.get(chunk, {})  # as the registered configurations
-            configs = [gemm.GemmConfig(chunk, **launches)] + [
-                dataclasses.replace(gemm.GemmConfig(chunk, recompute=True, **launches),
-                                    workspace_units=units)
-                for units in args.workspaces]
+            saved = next(c for c in gemm.CONFIGS if c.chunk == chunk and not c.recompute)
+            configs = [saved] + [dataclasses.replace(saved, recompute=True, workspace_units=units)
+                                 for units in args.workspaces]
             for config in configs:
                 got = measure(config, inputs, args.samples)
                 gpu = float("nan") if got["gpu_time_ms"] is None else got["gpu_time_ms"]
