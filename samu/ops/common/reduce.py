@@ -10,51 +10,112 @@ from .launching import cdiv, next_power_of_2
 
 
 @triton.jit
-def sum_partials_kernel(part_ptr, tail_ptr, out_ptr, a_param_ptr, P, N, D, COL0, RUN, OUT_RUN,
-                        BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """sum_p part[p, :] then sum_p tail[p, :] * sigmoid(a_param), the tail being
-    d softplus(a_param): d a_param = d softplus * sigmoid(a_param).  Column c of that [N + D]
-    result goes to out[(c // RUN) OUT_RUN + c % RUN + COL0], and the tail's column j reads
-    a_param[COL0 + j]: the identity for RUN = OUT_RUN = N + D, COL0 = 0; one channel group's
-    runs of RUN columns into a wider layout otherwise."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_part = cols < N
-    in_tail = (cols >= N) & (cols < N + D)
+def sum_partials_kernel(front_ptr, part_ptr, tail_ptr, out_ptr, a_param_ptr, S, F, P, N, D, COL0,
+                        RUN, OUT_RUN, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Column sums of three row sets side by side: front [S, F], part [P, N], then tail [P, D],
+    the tail being d softplus(a_param), so its sums are multiplied by sigmoid(a_param)
+    (d a_param = d softplus * sigmoid).  Column c of that [F + N + D] result goes to
+    out[(c // RUN) OUT_RUN + c % RUN + COL0], and the tail's column j reads a_param[COL0 + j]:
+    the identity for RUN = OUT_RUN = F + N + D, COL0 = 0; one channel group's runs of RUN
+    columns into a wider layout otherwise.  A block of front columns walks S rows only."""
+    first = tl.program_id(0) * BLOCK_N
+    cols = first + tl.arange(0, BLOCK_N)
+    in_front = cols < F
+    in_part = (cols >= F) & (cols < F + N)
+    in_tail = (cols >= F + N) & (cols < F + N + D)
+    n_rows = tl.where(first + BLOCK_N <= F, S, tl.maximum(S, P))
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for p0 in range(0, P, BLOCK_P):
+    for p0 in range(0, n_rows, BLOCK_P):
         rows = p0 + tl.arange(0, BLOCK_P)[:, None]
+        wide = rows.to(tl.int64)
+        acc += tl.load(front_ptr + wide * F + cols[None, :], mask=(rows < S) & in_front[None, :],
+                       other=0.0)
         ok = rows < P
-        acc += tl.load(part_ptr + rows.to(tl.int64) * N + cols[None, :],
-                       mask=ok & in_part[None, :], other=0.0)
-        acc += tl.load(tail_ptr + rows.to(tl.int64) * D + (cols[None, :] - N),
-                       mask=ok & in_tail[None, :], other=0.0)
+        acc += tl.load(part_ptr + wide * N + (cols[None, :] - F), mask=ok & in_part[None, :],
+                       other=0.0)
+        acc += tl.load(tail_ptr + wide * D + (cols[None, :] - F - N), mask=ok & in_tail[None, :],
+                       other=0.0)
     total = tl.sum(acc, axis=0)
-    a = tl.load(a_param_ptr + COL0 + cols - N, mask=in_tail, other=0.0)
+    a = tl.load(a_param_ptr + COL0 + cols - F - N, mask=in_tail, other=0.0)
     total = tl.where(in_tail, total * tl.sigmoid(a), total)
-    tl.store(out_ptr + (cols // RUN) * OUT_RUN + cols % RUN + COL0, total,
-             mask=in_part | in_tail)
+    out_cols = cols - F
+    tl.store(out_ptr + (out_cols // RUN) * OUT_RUN + out_cols % RUN + COL0 + F, total,
+             mask=in_front | in_part | in_tail)
 
 
 def sum_partials(part: torch.Tensor, tail: torch.Tensor, a_param: torch.Tensor,
-                 out: torch.Tensor | None = None, group: tuple[int, int] | None = None
-                 ) -> torch.Tensor:
-    """Every parameter gradient from the kernels' per-program partial rows, in one launch (in
-    place of ~5 small torch ops at ~10 us of host time each): part [P, N] and tail [P, D], the
-    d softplus(a_param) rows.  Returns [N + D]: the sums of part, then d a_param.  With
-    group = (first channel, full width), the rows hold one channel group's columns, runs of D
-    (its width) each, and each run goes to its place in out, a result of the full width."""
+                 out: torch.Tensor | None = None, group: tuple[int, int] | None = None,
+                 front: torch.Tensor | None = None) -> torch.Tensor:
+    """Every parameter gradient from the kernels' partial rows, in one launch (in place of ~5
+    small torch ops at ~10 us of host time each): front [S, F] (optional, any number of rows),
+    part [P, N] and tail [P, D], the d softplus(a_param) rows.  Returns [F + N + D]: the sums of
+    front, of part, then d a_param.  With group = (first channel, full width) (no front), the
+    rows hold one channel group's columns, runs of D (its width) each, and each run goes to its
+    place in out, a result of the full width."""
     n_parts, n = part.shape
     width = tail.shape[1]
+    n_front, f = (0, 0) if front is None else front.shape
+    if front is None:
+        front = part
+    if group is not None and f:
+        raise ValueError("sum_partials: a channel group's rows take no front")
     if out is None:
-        out = torch.empty(n + width, device=part.device, dtype=torch.float32)
+        out = torch.empty(f + n + width, device=part.device, dtype=torch.float32)
     col0, run, out_run = (0, n + width, n + width) if group is None else (group[0], width,
                                                                           group[1])
     # Narrow column blocks, tall row blocks: enough programs and bytes in flight when P is large
     # (4096 rows at chunk 8, L = 32768); 128-column blocks took 0.15 ms there on the H200.
     block_n = 32
-    launching.launch(sum_partials_kernel, (cdiv(n + width, block_n),), part, tail, out, a_param,
-                     n_parts, n, width, col0, run, out_run,
-                     BLOCK_P=min(128, next_power_of_2(n_parts)), BLOCK_N=block_n, num_warps=4)
+    launching.launch(sum_partials_kernel, (cdiv(f + n + width, block_n),), front, part, tail, out,
+                     a_param, n_front, f, n_parts, n, width, col0, run, out_run,
+                     BLOCK_P=min(128, next_power_of_2(max(n_parts, n_front))), BLOCK_N=block_n,
+                     num_warps=4)
+    return out
+
+
+@triton.jit
+def weight_partials_kernel(x_ptr, dz_ptr, out_ptr, TOKENS, D, PER_SPLIT,
+                           BT: tl.constexpr, BC: tl.constexpr):
+    """Split-K rows of d W = dz^T x for a rank-2 controller z = W x: program (column block,
+    split s) sums dz[j, t] x[t, cols] over its PER_SPLIT tokens into out[s, j D + cols], j = 0, 1.
+    x: [TOKENS, D] (BF16 or FP32), dz: [2, TOKENS] FP32, out: [splits, 2 D] FP32."""
+    cols = tl.program_id(0) * BC + tl.arange(0, BC)
+    col_ok = cols < D
+    lo = tl.program_id(1) * PER_SPLIT
+    hi = tl.minimum(lo + PER_SPLIT, TOKENS)
+    acc0 = tl.zeros([BT, BC], dtype=tl.float32)
+    acc1 = tl.zeros([BT, BC], dtype=tl.float32)
+    for t0 in range(lo, hi, BT):
+        t = t0 + tl.arange(0, BT)
+        t_ok = t < hi
+        x = tl.load(x_ptr + t.to(tl.int64)[:, None] * D + cols[None, :],
+                    mask=t_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+        dz0 = tl.load(dz_ptr + t, mask=t_ok, other=0.0)
+        dz1 = tl.load(dz_ptr + TOKENS + t, mask=t_ok, other=0.0)
+        acc0 += dz0[:, None] * x
+        acc1 += dz1[:, None] * x
+    row = out_ptr + tl.program_id(1).to(tl.int64) * 2 * D
+    tl.store(row + cols, tl.sum(acc0, axis=0), mask=col_ok)
+    tl.store(row + D + cols, tl.sum(acc1, axis=0), mask=col_ok)
+
+
+# Tokens per tile and channels per program of weight_partials_kernel.
+WEIGHT_TOKENS = 32
+WEIGHT_CHANNELS = 128
+
+
+def weight_partials(x: torch.Tensor, dz: torch.Tensor, programs: int) -> torch.Tensor:
+    """[splits, 2 D] split-K rows of dz^T x (x [..., D] contiguous, dz [2, tokens] FP32), about
+    `programs` programs in all: rows for sum_partials' front."""
+    width = x.shape[-1]
+    tokens = x.numel() // width
+    col_blocks = cdiv(width, WEIGHT_CHANNELS)
+    splits = max(1, min(cdiv(tokens, WEIGHT_TOKENS), cdiv(programs, col_blocks)))
+    per_split = cdiv(cdiv(tokens, splits), WEIGHT_TOKENS) * WEIGHT_TOKENS
+    splits = cdiv(tokens, per_split)
+    out = torch.empty(splits, 2 * width, device=x.device, dtype=torch.float32)
+    launching.launch(weight_partials_kernel, (col_blocks, splits), x, dz, out, tokens, width,
+                     per_split, BT=WEIGHT_TOKENS, BC=WEIGHT_CHANNELS, num_warps=4)
     return out
 
 

@@ -18,10 +18,11 @@ import triton.language as tl
 
 from ..common.carry import chunk_carry
 from ..common import launching
-from ..common.launching import (aligned, cdiv, fp32_contiguous, refuse_double_backward,
-                             row_stride_units, tile_width, vector_width)
+from ..common.launching import (aligned, carve, carved_size, cdiv, fp32_contiguous,
+                                refuse_double_backward, row_stride_units, sm_count, tile_width,
+                                vector_width)
 from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
-from ..common.reduce import named_columns, sum_partials
+from ..common.reduce import named_columns, sum_partials, weight_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row, row_offsets
 from ..common.sequences import (START_MARK, adjoint_inputs, entering_state, fold_starts, load_at,
                                 resets, row_sequences, sequence_args, store_at)
@@ -193,16 +194,17 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, 
 @triton.jit(do_not_specialize=["row_units"])
 def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, carry_ptr,
                           a_param_ptr, log_temp_ptr, skip_ptr, seq_ptr, h0_ptr, dfinal_ptr,
-                          dh0_ptr, part_ptr, dsp_part_ptr, L, D, NC, row_units,
+                          dh0_ptr, dz_ptr, part_ptr, dsp_part_ptr, L, D, NC, TOKENS, row_units,
                           T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                           PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
                           HAS_DFINAL: tl.constexpr):
     """Per chunk, full width.  Pass 1 reduces dr, dg per token (and per-channel and scalar
-    partials); pass 2 writes dx = dh m g + skip dy + W^T dz and the ctrl_weight partials.
-    The chunk's parameter gradients go to its rows (summed by reduce.sum_partials): in
-    part [d ctrl_weight (2 D) | d log_temp, d skip, d ctrl_bias (2)], in dsp_part d softplus."""
+    partials) and writes dz = (dz_r, dz_g) per token into dz [2, TOKENS]; pass 2 writes
+    dx = dh m g + skip dy + W^T dz.  The chunk's parameter gradients go to its rows (summed by
+    reduce.sum_partials): in part [d log_temp, d skip, d ctrl_bias (2)], in dsp_part
+    d softplus; d ctrl_weight = dz^T x is reduce.weight_partials' (no 2 D-wide row per chunk)."""
     pid = tl.program_id(0)
-    row = part_ptr + pid.to(tl.int64) * (2 * D + 4)
+    row = part_ptr + pid.to(tl.int64) * 4
     b = (pid // NC).to(tl.int64)
     k = pid % NC
     rows = k * T + (T - 1 - tl.arange(0, T))  # latest first (see _samu_chunk_adjoint)
@@ -231,11 +233,12 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         d_skip += tl.sum(dy * x, axis=0)
     dz0 = tl.where(row_ok, tl.sum(dr_part, axis=1) * r * (1.0 - r), 0.0)
     dz1 = tl.where(row_ok, tl.sum(dg_part, axis=1) * g * (1.0 - g), 0.0)
-    scalars = row + 2 * D
-    tl.store(scalars, tl.sum(d_log_temp, axis=0))
-    tl.store(scalars + 1, tl.sum(d_skip, axis=0))
-    tl.store(scalars + 2, tl.sum(dz0, axis=0))
-    tl.store(scalars + 3, tl.sum(dz1, axis=0))
+    tl.store(dz_ptr + b * L + rows, dz0, mask=row_ok)
+    tl.store(dz_ptr + TOKENS + b * L + rows, dz1, mask=row_ok)
+    tl.store(row, tl.sum(d_log_temp, axis=0))
+    tl.store(row + 1, tl.sum(d_skip, axis=0))
+    tl.store(row + 2, tl.sum(dz0, axis=0))
+    tl.store(row + 3, tl.sum(dz1, axis=0))
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
@@ -247,8 +250,6 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         dx = (dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :]
               + dz1[:, None] * w1[None, :])
         tl.store(dx_ptr + offs, to_element(dx, dx_ptr), mask=ok)
-        tl.store(row + cols, tl.sum(dz0[:, None] * x, axis=0), mask=cols < D)
-        tl.store(row + D + cols, tl.sum(dz1[:, None] * x, axis=0), mask=cols < D)
 
 
 # A thread holds T x vector values of each tile: past 64 the summary kernel spills (SASS).
@@ -323,8 +324,8 @@ def launch_plan(config: SamuConfig, width: int, features: bool = False):
 
 @functools.lru_cache(maxsize=None)
 def gradient_columns(width: int) -> dict[str, slice]:
-    """Where each parameter's gradient sits in sum_partials' output: the partial rows'
-    [d ctrl_weight (2 D) | d log_temp, d skip, d ctrl_bias (2)], then d a_param (D)."""
+    """Where each parameter's gradient sits in sum_partials' output: d ctrl_weight (2 D, the
+    weight rows), d log_temp, d skip, d ctrl_bias (2) (the scalar rows), then d a_param (D)."""
     return named_columns([("ctrl_weight", 2 * width), ("log_temp", 1), ("skip", 1),
                           ("ctrl_bias", 2), ("a_param", width)])
 
@@ -368,6 +369,16 @@ def residual_specs(config: SamuConfig, batch: int, length: int, width: int, dtyp
     return [(shape, torch.float32) for shape in shapes]
 
 
+# Programs per SM of the d ctrl_weight reduction (split over tokens): enough loads in flight.
+WEIGHT_PROGRAMS_PER_SM = 4
+
+
+def _backward_shapes(items: int, width: int, tokens: int) -> tuple:
+    """The backward's FP32 work buffers: the chunks' reverse summaries [items, D], their
+    scalar gradient rows [items, 4] and dz [2, tokens]."""
+    return ((items, width), (items, 4), (2, tokens))
+
+
 def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
     """(dx, d ctrl_weight, d ctrl_bias, d a_param, d log_temp, d skip, d initial_state or
     None): the backward's kernels.  dy and d_final may be None (no gradient reached them)."""
@@ -382,23 +393,28 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
     seq, h0 = sequences.seq_index, sequences.initial_state
     has_dfinal = d_final is not None
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
-    end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
-    grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BD"]))
+    items = batch * n_chunks
+    tokens = batch * length
+    # One allocation: the reverse summaries (then d softplus rows), the scalar rows, dz.
+    end, part, dz = carve(
+        torch.empty(carved_size(_backward_shapes(items, width, tokens)), device=x.device,
+                    dtype=torch.float32), _backward_shapes(items, width, tokens))
+    end = end.view(batch, n_chunks, width)
+    grid = (items, cdiv(width, meta["reverse_summary"]["BD"]))
     launching.launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, seq, d_final,
                      end, length, width, n_chunks, meta["reverse_summary_units"], T=chunk,
                      **meta["reverse_summary"], PACKED=sequences.packed, HAS_DFINAL=has_dfinal)
     carry = chunk_carry(r_sum, end, reverse=True, a_param=a_param, log_temp=log_temp)
     dx = torch.empty_like(x)
-    items = batch * n_chunks
-    part = torch.empty(items, 2 * width + 4, device=x.device, dtype=torch.float32)
     dsp_part = end.view(items, width)  # end is spent: the carry has read it
     d_h0 = torch.empty_like(h0) if sequences.has_initial else h0
     launching.launch(_samu_backward_kernel, (items,), x, dy, dx, w, r, g, h_in, carry, a_param,
-                     log_temp, skip, seq, h0, d_final, d_h0, part, dsp_part, length, width,
-                     n_chunks, meta["backward_units"], T=chunk, **meta["backward"],
+                     log_temp, skip, seq, h0, d_final, d_h0, dz, part, dsp_part, length, width,
+                     n_chunks, tokens, meta["backward_units"], T=chunk, **meta["backward"],
                      PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
                      HAS_DFINAL=has_dfinal)
-    grads = sum_partials(part, dsp_part, a_param)
+    weight_rows = weight_partials(x, dz, WEIGHT_PROGRAMS_PER_SM * sm_count(x.device))
+    grads = sum_partials(part, dsp_part, a_param, front=weight_rows)
     at = gradient_columns(width)
     return (dx, grads[at["ctrl_weight"]].view(2, width), grads[at["ctrl_bias"]],
             grads[at["a_param"]], grads[at["log_temp"]].view(()), grads[at["skip"]].view(()),
