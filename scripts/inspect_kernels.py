@@ -101,6 +101,41 @@ def ptx_digest(path: str) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+SASS_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
+
+
+def sass_instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction text) of every SASS instruction, in order."""
+    return [(int(m.group(1), 16), m.group(2)) for m in map(SASS_LINE.match, sass.splitlines())
+            if m]
+
+
+def loop_bodies(instructions) -> list[int]:
+    """Instruction counts of the loops: a branch back to an earlier address closes one (the
+    trailing self-branch that pads a kernel is not a loop)."""
+    address = [a for a, _ in instructions]
+    bodies = []
+    for i, (at, text) in enumerate(instructions):
+        target = re.search(r"\bBRA\s+(?:`\()?(?:\.L_x_\d+|0x([0-9a-f]+))", text)
+        if target and target.group(1) and int(target.group(1), 16) < at:
+            start = address.index(int(target.group(1), 16))
+            bodies.append(i - start + 1)
+    return bodies
+
+
+def per_element(instructions, elements_per_iteration: int, iterations: int) -> float:
+    """Thread instructions per element of [B, L, D]: each loop body handles elements_per_iteration
+    elements of a thread (T tokens x V channels) and runs `iterations` times per program (the
+    D / BD channel blocks of a full-width kernel); what is outside the loops runs once per
+    program.  Without loops the whole kernel is one iteration."""
+    bodies = loop_bodies(instructions)
+    inside = sum(bodies)
+    outside = len(instructions) - inside
+    if not bodies:
+        return len(instructions) / elements_per_iteration
+    return (inside + outside / iterations) / elements_per_iteration
+
+
 def compile_stats(fn, constexprs, options, specialized_ints=("L", "D", "NC", "BW")):
     kernel = compile_for_h200(fn, constexprs, options, specialized_ints)
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,7 +151,16 @@ def compile_stats(fn, constexprs, options, specialized_ints=("L", "D", "NC", "BW
     spills = int(re.search(r"(\d+) bytes spill stores", log).group(1))
     ops = {op: len(re.findall(r"\b" + re.escape(op) + r"[\s.]", sass)) for op in SASS_OPS}
     layouts = sorted(set(re.findall(r"#(?:blocked|mma)\d* = (.*)", kernel.asm["ttgir"])))
-    return regs, spills, {k: v for k, v in ops.items() if v}, layouts
+    return regs, spills, {k: v for k, v in ops.items() if v}, layouts, sass_instructions(sass)
+
+
+def samu_per_element(instructions, constexprs, width: int) -> float | None:
+    """per_element for a SAMU scan kernel's [T, BD] tiles (T x V values per thread); None for
+    other kernels."""
+    if not {"T", "BD", "V"} <= set(constexprs):
+        return None
+    iterations = -(-width // constexprs["BD"])
+    return per_element(instructions, constexprs["T"] * constexprs["V"], iterations)
 
 
 def main():
@@ -139,9 +183,12 @@ def main():
         name = config.name
         for kernel, constexprs, options in module.launch_plan(config, args.width,
                                                             features=args.features):
-            regs, spills, ops, layouts = compile_stats(kernel, constexprs, options)
+            regs, spills, ops, layouts, instructions = compile_stats(kernel, constexprs, options)
+            counted = samu_per_element(instructions, constexprs, args.width)
+            per = "" if counted is None else f" per_element={counted:.1f}"
             print(f"{name:42s} {kernel.fn.__name__:34s} {options} {constexprs} "
-                  f"regs={regs} spill={spills} {ops}", flush=True)
+                  f"regs={regs} spill={spills} sass={len(instructions)} loops="
+                  f"{loop_bodies(instructions)}{per} {ops}", flush=True)
             if args.layouts:
                 for layout in layouts:
                     print("      ", layout)

@@ -169,7 +169,7 @@ def time(ncu: bool):
 def inspect():
     from scripts.inspect_kernels import compile_stats
     for T, BN, warps, _ in SETTINGS:
-        regs, spills, ops, _ = compile_stats(
+        regs, spills, ops, _, _ = compile_stats(
             fused_output_kernel, dict(D=2048, BW=128, T=T, BN=BN, BK=128), dict(num_warps=warps))
         print(f"T={T} BN={BN} warps={warps}: regs={regs} spill={spills} {ops}", flush=True)
 

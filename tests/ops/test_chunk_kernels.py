@@ -152,7 +152,7 @@ def test_row_offsets_stay_exact_past_two_to_the_31():
 def test_two_level_carry_matches_a_sequential_carry(reverse, scalar_decay, monkeypatch):
     """chunk_carry in one level and in two (segments of 4 chunks, from 8 chunks on) against a
     Python loop over the chunk summaries, in both directions, with per-channel decays (RG-LRU)
-    and with decays rebuilt from sums of r (SAMU)."""
+    and with decays rebuilt from sums of r and a per-channel rate (SAMU)."""
     gen = torch.Generator().manual_seed(3)
     batch, n_chunks, width = 2, 37, 24
     end = torch.randn(batch, n_chunks, width, generator=gen).to(DEVICE)
@@ -163,7 +163,7 @@ def test_two_level_carry_matches_a_sequential_carry(reverse, scalar_decay, monke
         rate = 8 * torch.exp(log_temp) * torch.nn.functional.softplus(a_param)
         decay = torch.exp(-rate * r_sum[..., None])
         args = (r_sum, end)
-        extra = dict(a_param=a_param, log_temp=log_temp)
+        extra = dict(rate=rate.contiguous())
     else:
         decay = torch.rand(batch, n_chunks, width, generator=gen).to(DEVICE)
         args = (decay, end)

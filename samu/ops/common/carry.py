@@ -14,21 +14,22 @@ import triton.language as tl
 
 from . import launching
 from .launching import cdiv, next_power_of_2
-from .math import exp_fast, softplus
+from .math import exp_fast
 from .scan import affine_combine, first_row, last_row
 from .sequences import START_MARK
 
 
 @triton.jit
-def chunk_carry_kernel(decay_ptr, end_ptr, out_ptr, a_param_ptr, log_temp_ptr,
+def chunk_carry_kernel(decay_ptr, end_ptr, out_ptr, rate_ptr,
                        seg_decay_ptr, seg_end_ptr, seg_in_ptr, NC, D, SEG,
                        REVERSE: tl.constexpr, SCALAR_DECAY: tl.constexpr, MODE: tl.constexpr,
                        BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
     """Phase 2 over one segment of SEG chunks per program (grid: batch, channel blocks,
     segments).  Forward: out[k] = state entering chunk k.  Reverse: out[k] = adjoint carry
     entering chunk k from its right.  end, out: [B, NC, D] fp32.  decay: [B, NC, D] fp32, or
-    with SCALAR_DECAY (SAMU) the chunk's sum of r, [B, NC], and decay = exp(-8 exp(log_temp)
-    softplus(a_param) sum r) is rebuilt here, so that no [B, NC, D] decay is written or read.
+    with SCALAR_DECAY (SAMU) the chunk's sum of r, [B, NC], and decay = exp(-rate sum r) is
+    rebuilt here from the per-channel rate [D] (8 exp(log_temp) softplus(a_param)), so that no
+    [B, NC, D] decay is written or read.
     MODE 0: each segment from zero (one segment: the whole carry).  MODE 1: each segment's
     summary from zero, into seg_decay ([B, S, D], or [B, S] sums of r) and seg_end [B, S, D].
     MODE 2: each segment from its entering carry seg_in [B, S, D] (MODE 0 over the summaries)."""
@@ -48,8 +49,7 @@ def chunk_carry_kernel(decay_ptr, end_ptr, out_ptr, a_param_ptr, log_temp_ptr,
     prod = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
     r_total = tl.zeros([BLOCK_C], dtype=tl.float32)
     if SCALAR_DECAY:
-        rate = 8.0 * tl.exp(tl.load(log_temp_ptr)) * softplus(
-            tl.load(a_param_ptr + cols, mask=col_ok, other=0.0))
+        rate = tl.load(rate_ptr + cols, mask=col_ok, other=0.0)
     if MODE != 1:
         if REVERSE:
             tl.store(out_ptr + base + (hi - 1) * D + cols, carry, mask=col_ok)
@@ -100,16 +100,16 @@ TWO_LEVEL_FROM = 512
 
 
 def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool,
-                a_param: torch.Tensor | None = None, log_temp: torch.Tensor | None = None,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                rate: torch.Tensor | None = None, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """Phase 2 over [B, NC, D] summaries, into out (contiguous, like end) when given.  With
-    a_param and log_temp (SAMU), decay is the chunks' sum of r, [B, NC] (see
-    chunk_carry_kernel).  From TWO_LEVEL_FROM chunks on, two levels: segment summaries, the
+    rate (SAMU's per-channel 8 exp(log_temp) softplus(a_param), [D]), decay is the chunks' sum
+    of r, [B, NC] (see chunk_carry_kernel).  From TWO_LEVEL_FROM chunks on, two levels: segment summaries, the
     carry over segments, then each segment from its carry."""
     batch, n_chunks, width = end.shape
     out = torch.empty_like(end) if out is None else out
-    scalar_decay = a_param is not None
-    params = (a_param, log_temp) if scalar_decay else (end, end)
+    scalar_decay = rate is not None
+    params = (rate,) if scalar_decay else (end,)
     block_c = min(64, max(16, next_power_of_2(n_chunks)))
     if n_chunks < TWO_LEVEL_FROM:
         # One program per (batch, channel block) walks every chunk: keep >= ~256 programs busy.
@@ -130,7 +130,7 @@ def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool,
                 num_warps=4)
     launching.launch(chunk_carry_kernel, grid, decay, end, out, *params, seg_decay, seg_end, end,
                      n_chunks, width, SEGMENT_CHUNKS, MODE=1, **meta)
-    seg_in = chunk_carry(seg_decay, seg_end, reverse, a_param, log_temp)
+    seg_in = chunk_carry(seg_decay, seg_end, reverse, rate)
     launching.launch(chunk_carry_kernel, grid, decay, end, out, *params, seg_decay, seg_end,
                      seg_in, n_chunks, width, SEGMENT_CHUNKS, MODE=2, **meta)
     return out

@@ -40,12 +40,14 @@ def _tile(b, rows, cols, L, D, row_units, V: tl.constexpr):
 
 @triton.jit(do_not_specialize=["row_units"])
 def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_ptr, h0_ptr,
-                         r_ptr, g_ptr, r_sum_ptr, end_ptr, L, D, NC, row_units,
+                         r_ptr, g_ptr, r_sum_ptr, end_ptr, rate_ptr, L, D, NC, row_units,
                          T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                          PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr):
     """Per chunk, full width: the controller (r, g) and the chunk summary: its end state and
     its sum of r (the chunk's decay is exp(-c softplus(a_param) sum r), rebuilt by the carry;
-    START_MARK where the chunk holds a packed sequence's start, whose decay is 0)."""
+    START_MARK where the chunk holds a packed sequence's start, whose decay is 0).  Program 0
+    also writes the per-channel rate c softplus(a_param) [D] that every later kernel of the
+    call reads instead of recomputing it."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
@@ -79,6 +81,8 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_
         offs, ok = _tile(b, rows, cols, L, D, row_units, V)
         x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
+        if pid == 0:
+            tl.store(rate_ptr + cols, lam, mask=cols < D)
         a, m, _ = transition(-lam[None, :] * r[:, None], is_first)
         u = m * g[:, None] * x
         if PACKED or HAS_INITIAL:
@@ -89,7 +93,7 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_
 
 
 @triton.jit(do_not_specialize=["row_units"])
-def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, a_param_ptr, log_temp_ptr, skip_ptr,
+def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, rate_ptr, skip_ptr,
                         seq_ptr, h0_ptr, final_ptr, L, D, NC, row_units,
                         T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr):
@@ -106,8 +110,7 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, a_param_ptr, log_t
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
     g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
-    c = 8.0 * tl.exp(tl.load(log_temp_ptr))
-    lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
+    lam = tl.load(rate_ptr + cols, mask=cols < D, other=0.0)
     a, m, _ = transition(-lam[None, :] * r[:, None], resets(starts, HAS_INITIAL))
     u = m * g[:, None] * x
     if PACKED or HAS_INITIAL:
@@ -122,7 +125,7 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, a_param_ptr, log_t
 
 
 @triton.jit(do_not_specialize=["row_units"])
-def _samu_reverse_summary_kernel(dy_ptr, r_ptr, a_param_ptr, log_temp_ptr, seq_ptr, dfinal_ptr,
+def _samu_reverse_summary_kernel(dy_ptr, r_ptr, rate_ptr, seq_ptr, dfinal_ptr,
                                  end_ptr, L, D, NC, row_units,
                                  T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                                  PACKED: tl.constexpr, HAS_DFINAL: tl.constexpr):
@@ -138,8 +141,7 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, a_param_ptr, log_temp_ptr, seq_p
     offs, ok = _tile(b, rows, cols, L, D, row_units, V)
     dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + b * L + rows, mask=rows < L, other=0.0)
-    c = 8.0 * tl.exp(tl.load(log_temp_ptr))
-    lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
+    lam = tl.load(rate_ptr + cols, mask=cols < D, other=0.0)
     a = exp_fast(-lam[None, :] * r[:, None])
     a, dy = adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L, cols, D, PACKED, HAS_DFINAL)
     _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
@@ -147,8 +149,8 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, a_param_ptr, log_temp_ptr, seq_p
 
 
 @triton.jit
-def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, h0_ptr, dfinal_ptr,
-                        dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, c, L, D, NC, row_units,
+def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr,
+                        dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, row_units,
                         T: tl.constexpr, V: tl.constexpr, NEED_H: tl.constexpr,
                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
                         HAS_DFINAL: tl.constexpr):
@@ -158,7 +160,7 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, 
     offs, ok = _tile(b, rows, cols, L, D, row_units, V)
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
+    lam = tl.load(rate_ptr + cols, mask=cols < D, other=0.0)
     log_a = -lam[None, :] * r[:, None]
     a, m, dm_dlog_a = transition(log_a, resets(starts, HAS_INITIAL))
     gx = g[:, None] * x
@@ -193,7 +195,7 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, 
 
 @triton.jit(do_not_specialize=["row_units"])
 def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, carry_ptr,
-                          a_param_ptr, log_temp_ptr, skip_ptr, seq_ptr, h0_ptr, dfinal_ptr,
+                          rate_ptr, log_temp_ptr, skip_ptr, seq_ptr, h0_ptr, dfinal_ptr,
                           dh0_ptr, dz_ptr, part_ptr, dsp_part_ptr, L, D, NC, TOKENS, row_units,
                           T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                           PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
@@ -222,8 +224,8 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
-            b, k, rows, cols, seq, starts, ends, r, g, c, L, D, NC, row_units, T, V, True,
+            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
+            b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, row_units, T, V, True,
             PACKED, HAS_INITIAL, HAS_DFINAL)
         dr_part += dla * -lam[None, :]
         dg_part += dh * m * x
@@ -242,8 +244,8 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, a_param_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
-            b, k, rows, cols, seq, starts, ends, r, g, c, L, D, NC, row_units, T, V, False,
+            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
+            b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, row_units, T, V, False,
             PACKED, HAS_INITIAL, HAS_DFINAL)
         w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
@@ -330,10 +332,16 @@ def gradient_columns(width: int) -> dict[str, slice]:
                           ("ctrl_bias", 2), ("a_param", width)])
 
 
+def _residual_shapes(batch: int, length: int, width: int, n_chunks: int) -> tuple:
+    """Shapes of forward's residuals, in order: r, g ([B, L]), the chunks' sums of r ([B, NC]),
+    the per-channel rate ([D]) and the chunks' entering states ([B, NC, D]), all FP32."""
+    return ((batch, length), (batch, length), (batch, n_chunks), (width,),
+            (batch, n_chunks, width))
+
+
 def forward(x, params, sequences, config: SamuConfig):
     """(y, final state or None, residuals): the forward's kernels.  The residuals are the
-    tensors the backward needs beside x and the parameters: r, g ([B, L]), the chunks' sums of
-    r ([B, NC]) and entering states ([B, NC, D]), all FP32."""
+    tensors the backward needs beside x and the parameters (_residual_shapes)."""
     x = aligned(x)
     batch, length, width = x.shape
     chunk = config.chunk
@@ -341,31 +349,30 @@ def forward(x, params, sequences, config: SamuConfig):
     w, bias, a_param, log_temp, skip = [fp32_contiguous(p) for p in params]
     seq, h0 = sequences.seq_index, sequences.initial_state
     flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial)
-    f32 = dict(device=x.device, dtype=torch.float32)
-    r = torch.empty(batch, length, **f32)
-    g = torch.empty(batch, length, **f32)
-    r_sum = torch.empty(batch, n_chunks, **f32)
-    end = torch.empty(batch, n_chunks, width, **f32)
+    # Apart, not cut from one buffer: a custom op's outputs may not alias (samu.ops.library).
+    residuals = [torch.empty(shape, device=x.device, dtype=torch.float32)
+                 for shape in _residual_shapes(batch, length, width, n_chunks)]
+    r, g, r_sum, rate, h_in = residuals
+    end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
     meta = tiles(config, width)
     launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param, log_temp,
-                     seq, h0, r, g, r_sum, end, length, width, n_chunks, meta["summary_units"],
-                     T=chunk, **meta["summary"], **flags)
-    h_in = chunk_carry(r_sum, end, reverse=False, a_param=a_param, log_temp=log_temp)
+                     seq, h0, r, g, r_sum, end, rate, length, width, n_chunks,
+                     meta["summary_units"], T=chunk, **meta["summary"], **flags)
+    chunk_carry(r_sum, end, reverse=False, rate=rate, out=h_in)
     y = torch.empty_like(x)
     final = sequences.final_state(width, x.device)
     grid = (batch * n_chunks, cdiv(width, meta["output"]["BD"]))
-    launching.launch(_samu_output_kernel, grid, x, y, r, g, h_in, a_param, log_temp, skip, seq,
+    launching.launch(_samu_output_kernel, grid, x, y, r, g, h_in, rate, skip, seq,
                      h0, final, length, width, n_chunks, meta["output_units"], T=chunk,
                      **meta["output"], **flags, HAS_FINAL=sequences.output_final_state)
-    return y, (final if sequences.output_final_state else None), (r, g, r_sum, h_in)
+    return y, (final if sequences.output_final_state else None), tuple(residuals)
 
 
 def residual_specs(config: SamuConfig, batch: int, length: int, width: int, dtype,
                    params=None):
     """(shape, dtype) of each of forward's residuals, for a compiled graph's fake tensors
     (params, which the RG-LRU family's residuals depend on through its heads, are not needed)."""
-    n_chunks = cdiv(length, config.chunk)
-    shapes = [(batch, length), (batch, length), (batch, n_chunks), (batch, n_chunks, width)]
+    shapes = _residual_shapes(batch, length, width, cdiv(length, config.chunk))
     return [(shape, torch.float32) for shape in shapes]
 
 
@@ -384,7 +391,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
     None): the backward's kernels.  dy and d_final may be None (no gradient reached them)."""
     x = aligned(x)
     w, bias, a_param, log_temp, skip = [fp32_contiguous(p) for p in params]
-    r, g, r_sum, h_in = residuals
+    r, g, r_sum, rate, h_in = residuals
     chunk = config.chunk
     dy = torch.zeros_like(x) if dy is None else aligned(dy)
     batch, length, width = x.shape
@@ -401,14 +408,14 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
                     dtype=torch.float32), _backward_shapes(items, width, tokens))
     end = end.view(batch, n_chunks, width)
     grid = (items, cdiv(width, meta["reverse_summary"]["BD"]))
-    launching.launch(_samu_reverse_summary_kernel, grid, dy, r, a_param, log_temp, seq, d_final,
+    launching.launch(_samu_reverse_summary_kernel, grid, dy, r, rate, seq, d_final,
                      end, length, width, n_chunks, meta["reverse_summary_units"], T=chunk,
                      **meta["reverse_summary"], PACKED=sequences.packed, HAS_DFINAL=has_dfinal)
-    carry = chunk_carry(r_sum, end, reverse=True, a_param=a_param, log_temp=log_temp)
+    carry = chunk_carry(r_sum, end, reverse=True, rate=rate)
     dx = torch.empty_like(x)
     dsp_part = end.view(items, width)  # end is spent: the carry has read it
     d_h0 = torch.empty_like(h0) if sequences.has_initial else h0
-    launching.launch(_samu_backward_kernel, (items,), x, dy, dx, w, r, g, h_in, carry, a_param,
+    launching.launch(_samu_backward_kernel, (items,), x, dy, dx, w, r, g, h_in, carry, rate,
                      log_temp, skip, seq, h0, d_final, d_h0, dz, part, dsp_part, length, width,
                      n_chunks, tokens, meta["backward_units"], T=chunk, **meta["backward"],
                      PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
