@@ -31,11 +31,15 @@ MIXER = "samu"
 
 
 @triton.jit
-def _tile(b, rows, cols, L, D, row_units, V: tl.constexpr):
-    """Offsets and mask of a [T, BD] tile of a [B, L, D] tensor, int64-safe."""
+def _tile(b, k, rows, cols, L, D, row_units, T: tl.constexpr, V: tl.constexpr):
+    """(base, offsets, mask) of a [T, BD] tile of chunk k of a [B, L, D] tensor: its elements
+    are at ptr + base + offsets.  base, the chunk's first element, is one 64-bit product per
+    program; the offsets within the chunk are 32-bit (T D < 2^31), so that no element pays for
+    64-bit address arithmetic.  Rows are row_offsets' multiples of row_units V (its layout)."""
     ok = (rows[:, None] < L) & (cols[None, :] < D)
-    offs = row_offsets(b, rows, L, row_units, V)[:, None] + cols[None, :]
-    return offs, ok
+    base = row_offsets(b, k * T, L, row_units, V)
+    offs = (rows - k * T)[:, None] * (row_units * V) + cols[None, :]
+    return base, offs, ok
 
 
 @triton.jit(do_not_specialize=["row_units"])
@@ -59,8 +63,8 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_
     z1 = tl.zeros([T, BD], dtype=tl.float32)
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
-        offs, ok = _tile(b, rows, cols, L, D, row_units, V)
-        x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        base, offs, ok = _tile(b, k, rows, cols, L, D, row_units, T, V)
+        x = tl.load(x_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
         w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
         z0 += x * w0[None, :]
@@ -78,8 +82,8 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_
     is_first = resets(starts, HAS_INITIAL)
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
-        offs, ok = _tile(b, rows, cols, L, D, row_units, V)
-        x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        base, offs, ok = _tile(b, k, rows, cols, L, D, row_units, T, V)
+        x = tl.load(x_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
         lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
         if pid == 0:
             tl.store(rate_ptr + cols, lam, mask=cols < D)
@@ -106,8 +110,8 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, rate_ptr, skip_ptr
     row_ok = rows < L
     seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
-    offs, ok = _tile(b, rows, cols, L, D, row_units, V)
-    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    base, offs, ok = _tile(b, k, rows, cols, L, D, row_units, T, V)
+    x = tl.load(x_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
     g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
     lam = tl.load(rate_ptr + cols, mask=cols < D, other=0.0)
@@ -121,7 +125,7 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, rate_ptr, skip_ptr
     if HAS_FINAL:
         store_at(final_ptr, h, seq, ends, cols, D)
     y = h + tl.load(skip_ptr) * x
-    tl.store(y_ptr + offs, to_element(y, y_ptr), mask=ok)
+    tl.store(y_ptr + base + offs, to_element(y, y_ptr), mask=ok)
 
 
 @triton.jit(do_not_specialize=["row_units"])
@@ -138,8 +142,8 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, rate_ptr, seq_ptr, dfinal_ptr,
     k = pid % NC
     rows = k * T + (T - 1 - tl.arange(0, T))
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
-    offs, ok = _tile(b, rows, cols, L, D, row_units, V)
-    dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    base, offs, ok = _tile(b, k, rows, cols, L, D, row_units, T, V)
+    dy = tl.load(dy_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + b * L + rows, mask=rows < L, other=0.0)
     lam = tl.load(rate_ptr + cols, mask=cols < D, other=0.0)
     a = exp_fast(-lam[None, :] * r[:, None])
@@ -157,9 +161,9 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_
     """Recompute one [T, BD] tile of the backward: x, dy, a, m, dh and (if NEED_H) dlog a, and
     then d h0 = a_s dh_s at each start (HAS_INITIAL).  rows run latest first: the adjoint is a
     forward scan; a_t h_{t-1} is unrolled from the earliest row."""
-    offs, ok = _tile(b, rows, cols, L, D, row_units, V)
-    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    base, offs, ok = _tile(b, k, rows, cols, L, D, row_units, T, V)
+    x = tl.load(x_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
     lam = tl.load(rate_ptr + cols, mask=cols < D, other=0.0)
     log_a = -lam[None, :] * r[:, None]
     a, m, dm_dlog_a = transition(log_a, resets(starts, HAS_INITIAL))
@@ -190,7 +194,7 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_
         dla = dh * a_h_prev + dh * gx * dm_dlog_a
         if HAS_INITIAL:  # pass 1 only
             store_at(dh0_ptr, a * dh, seq, starts, cols, D)
-    return offs, ok, x, dy, m, dh, dla, lam, log_a
+    return base, offs, ok, x, dy, m, dh, dla, lam, log_a
 
 
 @triton.jit(do_not_specialize=["row_units"])
@@ -223,7 +227,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     d_skip = tl.zeros([BD], dtype=tl.float32)
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
-        offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
+        base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
             x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
             b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, row_units, T, V, True,
             PACKED, HAS_INITIAL, HAS_DFINAL)
@@ -243,7 +247,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     tl.store(row + 3, tl.sum(dz1, axis=0))
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
-        offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
+        base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
             x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
             b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, row_units, T, V, False,
             PACKED, HAS_INITIAL, HAS_DFINAL)
@@ -251,7 +255,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
         dx = (dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :]
               + dz1[:, None] * w1[None, :])
-        tl.store(dx_ptr + offs, to_element(dx, dx_ptr), mask=ok)
+        tl.store(dx_ptr + base + offs, to_element(dx, dx_ptr), mask=ok)
 
 
 # A thread holds T x vector values of each tile: past 64 the summary kernel spills (SASS).
