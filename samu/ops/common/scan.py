@@ -54,6 +54,20 @@ def decayed_previous_state(a, u, h_in, T: tl.constexpr):
 
 
 @triton.jit
+def shifted_rows(values, first, T: tl.constexpr):
+    """Row i of the result is row i - 1 of values, row 0 is `first`: in a tile loaded latest
+    first, each token gets the value of the token after it (a_{t+1} from a_t) without computing
+    it again.  The rows sit in one thread, so each pick against a constant row index folds to a
+    register move."""
+    index = tl.arange(0, T)[:, None]
+    out = tl.full(values.shape, first, values.dtype)
+    for i in tl.static_range(1, T):
+        out = tl.where(index == i, tl.sum(tl.where(index == i - 1, values, 0.0), axis=0)[None, :],
+                       out)
+    return out
+
+
+@triton.jit
 def row_offsets(b, rows, L, row_units, V: tl.constexpr):
     """Element offset of each row of a [B, L, D] tensor, int64, written as rows * row_units * V
     with D = row_units * V.  row_units is passed unspecialised, so Triton knows only that rows

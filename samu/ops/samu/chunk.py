@@ -22,7 +22,8 @@ from ..common.launching import (aligned, cdiv, fp32_contiguous, refuse_double_ba
                                 row_stride_units, sm_count, tile_width, vector_width)
 from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
 from ..common.reduce import sum_partials, weight_partials
-from ..common.scan import affine_combine, decayed_previous_state, last_row, row_offsets
+from ..common.scan import (affine_combine, decayed_previous_state, last_row, row_offsets,
+                           shifted_rows)
 from ..common.sequences import (START_MARK, adjoint_inputs, entering_state, fold_starts, load_at,
                                 resets, row_sequences, sequence_args, store_at)
 
@@ -152,7 +153,7 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, rate_ptr, seq_ptr, dfinal_ptr,
 
 
 @triton.jit
-def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr,
+def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr,
                         dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, row_units,
                         T: tl.constexpr, V: tl.constexpr, NEED_H: tl.constexpr,
                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
@@ -169,12 +170,11 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_
     gx = g[:, None] * x
     state = (b * NC + k) * D + cols
     carry = tl.load(carry_ptr + state, mask=cols < D, other=0.0)
-    # dh_t = dy_t + a_{t+1} dh_{t+1}; the chunk's last token takes the carry (a dh) instead.
-    r_next = tl.load(r_ptr + b * L + rows + 1, mask=rows + 1 < L, other=0.0)
-    a_next = exp_fast(-lam[None, :] * r_next[:, None])
+    # dh_t = dy_t + a_{t+1} dh_{t+1}; the chunk's last token (row 0) takes the carry (a dh)
+    # instead.  a_{t+1} is the next row's a, moved within the thread.
+    a_next = shifted_rows(a, 1.0, T)
     if PACKED:  # nothing crosses a start backwards
         a_next = tl.where(ends[:, None], 0.0, a_next)
-    a_next = tl.where((rows == k * T + T - 1)[:, None], 1.0, a_next)
     dy_state = dy
     if HAS_DFINAL:
         dy_state += load_at(dfinal_ptr, seq, ends, cols, D)
@@ -227,7 +227,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
+            x_ptr, dy_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
             b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, row_units, T, V, True,
             PACKED, HAS_INITIAL, HAS_DFINAL)
         dr_part += dla * -lam[None, :]
@@ -247,7 +247,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-            x_ptr, dy_ptr, r_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
+            x_ptr, dy_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
             b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, row_units, T, V, False,
             PACKED, HAS_INITIAL, HAS_DFINAL)
         w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
