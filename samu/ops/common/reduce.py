@@ -17,19 +17,23 @@ def sum_partials_kernel(front_ptr, part_ptr, tail_ptr, out_ptr, a_param_ptr, S, 
     (d a_param = d softplus * sigmoid).  Column c of that [F + N + D] result goes to
     out[(c // RUN) OUT_RUN + c % RUN + COL0], and the tail's column j reads a_param[COL0 + j]:
     the identity for RUN = OUT_RUN = F + N + D, COL0 = 0; one channel group's runs of RUN
-    columns into a wider layout otherwise.  A block of front columns walks S rows only."""
+    columns into a wider layout otherwise."""
     first = tl.program_id(0) * BLOCK_N
     cols = first + tl.arange(0, BLOCK_N)
     in_front = cols < F
     in_part = (cols >= F) & (cols < F + N)
     in_tail = (cols >= F + N) & (cols < F + N + D)
-    n_rows = tl.where(first + BLOCK_N <= F, S, tl.maximum(S, P))
+    # Each source in its own loop, over its own rows, and only where the block has its columns.
+    front_rows = tl.where(first < F, S, 0)
+    part_rows = tl.where(first + BLOCK_N > F, P, 0)
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for p0 in range(0, n_rows, BLOCK_P):
+    for p0 in range(0, front_rows, BLOCK_P):
+        rows = p0 + tl.arange(0, BLOCK_P)[:, None]
+        acc += tl.load(front_ptr + rows.to(tl.int64) * F + cols[None, :],
+                       mask=(rows < S) & in_front[None, :], other=0.0)
+    for p0 in range(0, part_rows, BLOCK_P):
         rows = p0 + tl.arange(0, BLOCK_P)[:, None]
         wide = rows.to(tl.int64)
-        acc += tl.load(front_ptr + wide * F + cols[None, :], mask=(rows < S) & in_front[None, :],
-                       other=0.0)
         ok = rows < P
         acc += tl.load(part_ptr + wide * N + (cols[None, :] - F), mask=ok & in_part[None, :],
                        other=0.0)
