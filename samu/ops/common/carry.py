@@ -8,6 +8,8 @@ The backward runs the same phases in reverse time with the adjoint recurrence.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -99,35 +101,44 @@ SEGMENT_CHUNKS = 128
 TWO_LEVEL_FROM = 512
 
 
+@functools.lru_cache(maxsize=None)
+def _carry_plan(batch: int, n_chunks: int, width: int, two_level_from: int,
+                segment_chunks: int) -> tuple:
+    """(block_c, block_d, grid, segments or 0) of a carry over [batch, n_chunks, width]: worked
+    out once per shape (host time)."""
+    block_c = min(64, max(16, next_power_of_2(n_chunks)))
+    if n_chunks < two_level_from:
+        # One program per (batch, channel block) walks every chunk: keep >= ~256 programs busy.
+        block_d = max(16, min(128, next_power_of_2(max(1, batch * width // 256))))
+        block_d = min(block_d, max(16, next_power_of_2(width)))
+        return block_c, block_d, (batch, cdiv(width, block_d), 1), 0
+    n_seg = cdiv(n_chunks, segment_chunks)
+    block_d = min(32, max(16, next_power_of_2(width)))
+    return block_c, block_d, (batch, cdiv(width, block_d), n_seg), n_seg
+
+
 def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool,
                 rate: torch.Tensor | None = None, out: torch.Tensor | None = None
                 ) -> torch.Tensor:
     """Phase 2 over [B, NC, D] summaries, into out (contiguous, like end) when given.  With
     rate (SAMU's per-channel 8 exp(log_temp) softplus(a_param), [D]), decay is the chunks' sum
-    of r, [B, NC] (see chunk_carry_kernel).  From TWO_LEVEL_FROM chunks on, two levels: segment summaries, the
-    carry over segments, then each segment from its carry."""
+    of r, [B, NC] (see chunk_carry_kernel).  From TWO_LEVEL_FROM chunks on, two levels: segment
+    summaries, the carry over segments, then each segment from its carry."""
     batch, n_chunks, width = end.shape
     out = torch.empty_like(end) if out is None else out
     scalar_decay = rate is not None
     params = (rate,) if scalar_decay else (end,)
-    block_c = min(64, max(16, next_power_of_2(n_chunks)))
-    if n_chunks < TWO_LEVEL_FROM:
-        # One program per (batch, channel block) walks every chunk: keep >= ~256 programs busy.
-        block_d = max(16, min(128, next_power_of_2(max(1, batch * width // 256))))
-        block_d = min(block_d, max(16, next_power_of_2(width)))
-        launching.launch(chunk_carry_kernel, (batch, cdiv(width, block_d), 1), decay, end, out,
-                         *params, end, end, end, n_chunks, width, n_chunks, REVERSE=reverse,
-                         SCALAR_DECAY=scalar_decay, MODE=0, BLOCK_C=block_c, BLOCK_D=block_d,
-                         num_warps=4)
+    block_c, block_d, grid, n_seg = _carry_plan(batch, n_chunks, width, TWO_LEVEL_FROM,
+                                                SEGMENT_CHUNKS)
+    meta = dict(REVERSE=reverse, SCALAR_DECAY=scalar_decay, BLOCK_C=block_c, BLOCK_D=block_d,
+                num_warps=4)
+    if not n_seg:
+        launching.launch(chunk_carry_kernel, grid, decay, end, out, *params, end, end, end,
+                         n_chunks, width, n_chunks, MODE=0, **meta)
         return out
-    n_seg = cdiv(n_chunks, SEGMENT_CHUNKS)
-    block_d = min(32, max(16, next_power_of_2(width)))
-    grid = (batch, cdiv(width, block_d), n_seg)
     f32 = dict(device=end.device, dtype=torch.float32)
     seg_decay = torch.empty((batch, n_seg) if scalar_decay else (batch, n_seg, width), **f32)
     seg_end = torch.empty(batch, n_seg, width, **f32)
-    meta = dict(REVERSE=reverse, SCALAR_DECAY=scalar_decay, BLOCK_C=block_c, BLOCK_D=block_d,
-                num_warps=4)
     launching.launch(chunk_carry_kernel, grid, decay, end, out, *params, seg_decay, seg_end, end,
                      n_chunks, width, SEGMENT_CHUNKS, MODE=1, **meta)
     seg_in = chunk_carry(seg_decay, seg_end, reverse, rate)

@@ -1,6 +1,8 @@
 """The parameter gradients' last step: per-program partial rows summed in one launch."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -108,15 +110,22 @@ WEIGHT_TOKENS = 32
 WEIGHT_CHANNELS = 128
 
 
+@functools.lru_cache(maxsize=None)
+def _weight_split(tokens: int, width: int, programs: int) -> tuple[int, int, int]:
+    """(column blocks, splits, tokens per split) of weight_partials: about `programs` programs,
+    each split a whole number of token tiles."""
+    col_blocks = cdiv(width, WEIGHT_CHANNELS)
+    splits = max(1, min(cdiv(tokens, WEIGHT_TOKENS), cdiv(programs, col_blocks)))
+    per_split = cdiv(cdiv(tokens, splits), WEIGHT_TOKENS) * WEIGHT_TOKENS
+    return col_blocks, cdiv(tokens, per_split), per_split
+
+
 def weight_partials(x: torch.Tensor, dz: torch.Tensor, programs: int) -> torch.Tensor:
     """[splits, 2 D] split-K rows of dz^T x (x [..., D] contiguous, dz [2, tokens] FP32), about
     `programs` programs in all: rows for sum_partials' front."""
     width = x.shape[-1]
-    tokens = x.numel() // width
-    col_blocks = cdiv(width, WEIGHT_CHANNELS)
-    splits = max(1, min(cdiv(tokens, WEIGHT_TOKENS), cdiv(programs, col_blocks)))
-    per_split = cdiv(cdiv(tokens, splits), WEIGHT_TOKENS) * WEIGHT_TOKENS
-    splits = cdiv(tokens, per_split)
+    tokens = dz.shape[1]
+    col_blocks, splits, per_split = _weight_split(tokens, width, programs)
     out = torch.empty(splits, 2 * width, device=x.device, dtype=torch.float32)
     launching.launch(weight_partials_kernel, (col_blocks, splits), x, dz, out, tokens, width,
                      per_split, BT=WEIGHT_TOKENS, BC=WEIGHT_CHANNELS, num_warps=4)
