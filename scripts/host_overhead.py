@@ -44,7 +44,7 @@ s = torch.zeros((), device="cuda")
 meta = samu_chunk.SamuConfig(T).output.tile(D, T)
 grid = (B * nc, triton.cdiv(D, meta["BD"]))
 # seq_ptr, h0_ptr and final_ptr are not read with the state keywords off; any tensor will do.
-args = (x, y, r, g, h_in, p, s, s, s, s, s, L, D, nc, D // meta["V"])
+args = (x, y, r, g, h_in, p, s, s, s, s, L, D, nc, D // meta["V"])
 flags = dict(PACKED=False, HAS_INITIAL=False, HAS_FINAL=False)
 kernel = samu_chunk._samu_output_kernel
 compiled = kernel[grid](*args, T=T, **meta, **flags)

@@ -88,6 +88,8 @@ def configurations():
                             BLOCK_D=32), dict(num_warps=4))
     yield ("sum_partials", reduce.sum_partials_kernel, dict(BLOCK_P=128, BLOCK_N=32),
            dict(num_warps=4))
+    yield ("weight_partials", reduce.weight_partials_kernel,
+           dict(BT=reduce.WEIGHT_TOKENS, BC=reduce.WEIGHT_CHANNELS), dict(num_warps=4))
 
 
 def ptx_digest(path: str) -> None:

@@ -51,7 +51,7 @@ def chunk_carry_kernel(decay_ptr, end_ptr, out_ptr, rate_ptr,
     prod = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
     r_total = tl.zeros([BLOCK_C], dtype=tl.float32)
     if SCALAR_DECAY:
-        rate = tl.load(rate_ptr + cols, mask=col_ok, other=0.0)
+        rate = tl.load(rate_ptr + cols, mask=col_ok, other=1.0)  # no 0 * inf past the width
     if MODE != 1:
         if REVERSE:
             tl.store(out_ptr + base + (hi - 1) * D + cols, carry, mask=col_ok)

@@ -1,4 +1,5 @@
-"""The parameter gradients' last step: per-program partial rows summed in one launch."""
+"""The parameter gradients' last steps: split-K rows of a rank-2 controller's weight gradient
+(dz^T x, SAMU), and every kernel's per-program partial rows summed in one launch."""
 from __future__ import annotations
 
 import functools
@@ -16,10 +17,10 @@ def sum_partials_kernel(front_ptr, part_ptr, tail_ptr, out_ptr, a_param_ptr, S, 
                         RUN, OUT_RUN, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     """Column sums of three row sets side by side: front [S, F], part [P, N], then tail [P, D],
     the tail being d softplus(a_param), so its sums are multiplied by sigmoid(a_param)
-    (d a_param = d softplus * sigmoid).  Column c of that [F + N + D] result goes to
-    out[(c // RUN) OUT_RUN + c % RUN + COL0], and the tail's column j reads a_param[COL0 + j]:
-    the identity for RUN = OUT_RUN = F + N + D, COL0 = 0; one channel group's runs of RUN
-    columns into a wider layout otherwise."""
+    (d a_param = d softplus * sigmoid).  The front's sums go to out[0:F]; column c of the
+    [N + D] rest goes to out[F + (c // RUN) OUT_RUN + c % RUN + COL0], and the tail's column j
+    reads a_param[COL0 + j]: the identity for RUN = OUT_RUN = N + D, COL0 = 0; one channel
+    group's runs of RUN columns into a wider layout otherwise (no front then)."""
     first = tl.program_id(0) * BLOCK_N
     cols = first + tl.arange(0, BLOCK_N)
     in_front = cols < F
@@ -44,8 +45,9 @@ def sum_partials_kernel(front_ptr, part_ptr, tail_ptr, out_ptr, a_param_ptr, S, 
     total = tl.sum(acc, axis=0)
     a = tl.load(a_param_ptr + COL0 + cols - F - N, mask=in_tail, other=0.0)
     total = tl.where(in_tail, total * tl.sigmoid(a), total)
-    out_cols = cols - F
-    tl.store(out_ptr + (out_cols // RUN) * OUT_RUN + out_cols % RUN + COL0 + F, total,
+    rest = tl.maximum(cols - F, 0)  # columns of part and tail, counted from the front's end
+    dest = tl.where(in_front, cols, F + (rest // RUN) * OUT_RUN + rest % RUN + COL0)
+    tl.store(out_ptr + dest, total,
              mask=in_front | in_part | in_tail)
 
 
@@ -94,10 +96,11 @@ def weight_partials_kernel(x_ptr, dz_ptr, out_ptr, TOKENS, D, PER_SPLIT,
     for t0 in range(lo, hi, BT):
         t = t0 + tl.arange(0, BT)
         t_ok = t < hi
-        x = tl.load(x_ptr + t.to(tl.int64)[:, None] * D + cols[None, :],
+        wide = t.to(tl.int64)
+        x = tl.load(x_ptr + wide[:, None] * D + cols[None, :],
                     mask=t_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
-        dz0 = tl.load(dz_ptr + t, mask=t_ok, other=0.0)
-        dz1 = tl.load(dz_ptr + TOKENS + t, mask=t_ok, other=0.0)
+        dz0 = tl.load(dz_ptr + wide, mask=t_ok, other=0.0)
+        dz1 = tl.load(dz_ptr + TOKENS + wide, mask=t_ok, other=0.0)
         acc0 += dz0[:, None] * x
         acc1 += dz1[:, None] * x
     row = out_ptr + tl.program_id(1).to(tl.int64) * 2 * D

@@ -57,8 +57,8 @@ def decayed_previous_state(a, u, h_in, T: tl.constexpr):
 def shifted_rows(values, first, T: tl.constexpr):
     """Row i of the result is row i - 1 of values, row 0 is `first`: in a tile loaded latest
     first, each token gets the value of the token after it (a_{t+1} from a_t) without computing
-    it again.  The rows sit in one thread, so each pick against a constant row index folds to a
-    register move."""
+    it again.  Where the rows sit in one thread, each pick against a constant row index folds to
+    a register move (check the SASS: other loads in a kernel can change its layout)."""
     index = tl.arange(0, T)[:, None]
     out = tl.full(values.shape, first, values.dtype)
     for i in tl.static_range(1, T):

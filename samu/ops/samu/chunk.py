@@ -1,11 +1,13 @@
 """SAMU's Triton kernels, forward and backward (SPEC sections 2 and 8).
 
 Bytes per element of [B, L, D] (BF16 x, y, dy, dx; the FP32 per-chunk states are ~D*12/T bytes
-per token):
-  forward   summary+controller reads x (2), output reads x and writes y (4)          -> 6
-  backward  reverse summary reads dy (2), main reads x, dy (4) and writes dx (2)     -> 8
+per token, r, g and dz 16 bytes per token):
+  forward   summary+controller reads x (2), output reads x and writes y (4)            -> 6
+  backward  reverse summary reads dy (2), main reads x, dy (4), dy again and writes
+            dx (4), d ctrl_weight = dz^T x (reduce.weight_partials) reads x (2)         -> 12
 The two full-width kernels (summary+controller, backward main) pass over a chunk's tile twice;
-the second pass re-reads it from L2.  FLOPs are ~40 per element: far under the memory time.
+the second pass re-reads it from L2.  FLOPs are ~40 per element: far under the memory time;
+the kernels are bound by instruction issue (docs/PERFORMANCE.md counts them).
 """
 from __future__ import annotations
 
@@ -154,7 +156,8 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, rate_ptr, seq_ptr, dfinal_ptr,
 
 @triton.jit
 def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr,
-                        dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, row_units,
+                        dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC,
+                        row_units,
                         T: tl.constexpr, V: tl.constexpr, NEED_H: tl.constexpr,
                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
                         HAS_DFINAL: tl.constexpr):
@@ -171,8 +174,13 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, df
     state = (b * NC + k) * D + cols
     carry = tl.load(carry_ptr + state, mask=cols < D, other=0.0)
     # dh_t = dy_t + a_{t+1} dh_{t+1}; the chunk's last token (row 0) takes the carry (a dh)
-    # instead.  a_{t+1} is the next row's a, moved within the thread.
-    a_next = shifted_rows(a, 1.0, T)
+    # instead.  a_{t+1} is the next row's a, moved within the thread; with a state keyword's
+    # loads the row picks no longer fold to register moves (SASS), and a_{t+1} is recomputed.
+    if HAS_INITIAL or HAS_DFINAL:
+        a_next = exp_fast(-lam[None, :] * r_next[:, None])
+        a_next = tl.where((rows == k * T + T - 1)[:, None], 1.0, a_next)
+    else:
+        a_next = shifted_rows(a, 1.0, T)
     if PACKED:  # nothing crosses a start backwards
         a_next = tl.where(ends[:, None], 0.0, a_next)
     dy_state = dy
@@ -216,6 +224,9 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     row_ok = rows < L
     seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
     r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
+    r_next = r  # read only with a state keyword (_samu_chunk_adjoint)
+    if HAS_INITIAL or HAS_DFINAL:
+        r_next = tl.load(r_ptr + b * L + rows + 1, mask=rows + 1 < L, other=0.0)
     g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
     skip = tl.load(skip_ptr)
@@ -228,7 +239,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         cols = d0 + tl.arange(0, BD)
         base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
             x_ptr, dy_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
-            b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, row_units, T, V, True,
+            b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC, row_units, T, V, True,
             PACKED, HAS_INITIAL, HAS_DFINAL)
         dr_part += dla * -lam[None, :]
         dg_part += dh * m * x
@@ -248,7 +259,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         cols = d0 + tl.arange(0, BD)
         base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
             x_ptr, dy_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
-            b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, row_units, T, V, False,
+            b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC, row_units, T, V, False,
             PACKED, HAS_INITIAL, HAS_DFINAL)
         w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
