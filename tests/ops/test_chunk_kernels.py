@@ -195,6 +195,25 @@ def test_host_helpers_match_triton():
     assert rows_of(spent, 5, 12).data_ptr() != spent.data_ptr()
 
 
+def test_carve_cuts_aligned_disjoint_pieces():
+    """launching.carve: contiguous pieces of the asked shapes, one after another from the
+    buffer's start (a view at an offset too), each 16-byte aligned, none overlapping."""
+    from samu.ops.common.launching import carve, carved_size
+    shapes = [(3, 5, 7), (2, 9), (4,), (1,)]
+    backing = torch.zeros(carved_size(shapes) + 8)
+    flat = backing[4:]  # 16 bytes in: the start is aligned, the storage offset is not 0
+    pieces = carve(flat, shapes)
+    assert [tuple(p.shape) for p in pieces] == shapes
+    assert all(p.is_contiguous() for p in pieces)
+    offsets = [p.data_ptr() - flat.data_ptr() for p in pieces]
+    assert offsets[0] == 0 and all(o % 16 == 0 for o in offsets)
+    for i, p in enumerate(pieces):
+        p.fill_(i + 1)
+    assert int((flat != 0).sum()) == sum(p.numel() for p in pieces)  # disjoint, inside flat
+    assert backing[:4].eq(0).all()
+    assert carve(flat, [list(s) for s in shapes])[1].data_ptr() == pieces[1].data_ptr()
+
+
 # Slow decay (a near 1: softplus(a_param) of 1e-13 at -30) and fast decay (a near 0); training
 # drives a_param to both ends, initialisation stays in between.
 EXTREME_A_PARAM = [-30.0, -17.0, -12.0, -8.0, 10.0, 30.0]

@@ -128,20 +128,40 @@ def _padded(numel: int, element_size: int) -> int:
     return -(-numel // per_line) * per_line
 
 
+@functools.lru_cache(maxsize=1024)
+def _layout(shapes: tuple, element_size: int) -> tuple:
+    """((shape, strides, offset) of each piece, total elements) of ``carve``: worked out once per
+    list of shapes (host time)."""
+    pieces, start = [], 0
+    for shape in shapes:
+        strides, step = [], 1
+        for size in reversed(shape):
+            strides.append(step)
+            step *= size
+        pieces.append((shape, tuple(reversed(strides)), start))
+        start += _padded(math.prod(shape), element_size)
+    return tuple(pieces), start
+
+
+def _layout_of(shapes, element_size: int) -> tuple:
+    try:  # shapes given as tuples: the list itself is the key
+        return _layout(tuple(shapes), element_size)
+    except TypeError:  # a shape given as a list
+        return _layout(tuple(tuple(shape) for shape in shapes), element_size)
+
+
 def carved_size(shapes, element_size: int = 4) -> int:
     """Elements of a flat buffer that ``carve`` cuts into tensors of these shapes."""
-    return sum(_padded(math.prod(shape), element_size) for shape in shapes)
+    return _layout_of(shapes, element_size)[1]
 
 
 def carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
     """Contiguous tensors of these shapes cut one after another from a flat buffer, each at a
-    16-byte aligned address (as launch's pointers must be) when the buffer's start is."""
-    out, start = [], 0
-    for shape in shapes:
-        n = math.prod(shape)
-        out.append(flat[start:start + n].view(shape))
-        start += _padded(n, flat.element_size())
-    return out
+    16-byte aligned address (as launch's pointers must be) when the buffer's start is: one
+    as_strided per piece (a slice and a view would be two ops of host time each)."""
+    pieces, _ = _layout_of(shapes, flat.element_size())
+    base = flat.storage_offset()
+    return [flat.as_strided(shape, strides, base + offset) for shape, strides, offset in pieces]
 
 
 @functools.lru_cache(maxsize=None)
