@@ -22,7 +22,8 @@ import torch
 from samu.experiment import legality, protocol
 from samu.ops.samu import chunk as samu_chunk
 
-SAMU_OPTIONS = [(1, 1), (2, 1), (4, 1), (2, 2), (1, 4), (2, 4)]  # (warps, channels per thread)
+# (warps, channels per thread)
+SAMU_OPTIONS = [(1, 1), (2, 1), (4, 1), (2, 2), (1, 4), (2, 4), (2, 8)]
 
 
 def kernel_ms(mixer, backend, inputs, reps=3):
