@@ -212,6 +212,9 @@ def test_carve_cuts_aligned_disjoint_pieces():
     assert int((flat != 0).sum()) == sum(p.numel() for p in pieces)  # disjoint, inside flat
     assert backing[:4].eq(0).all()
     assert carve(flat, [list(s) for s in shapes])[1].data_ptr() == pieces[1].data_ptr()
+    assert carve(flat, (tuple(s) for s in shapes))[2].data_ptr() == pieces[2].data_ptr()
+    with pytest.raises(ValueError, match="carve"):
+        carve(flat[:-8], shapes)
 
 
 # Slow decay (a near 1: softplus(a_param) of 1e-13 at -30) and fast decay (a near 0); training

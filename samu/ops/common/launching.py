@@ -144,10 +144,15 @@ def _layout(shapes: tuple, element_size: int) -> tuple:
 
 
 def _layout_of(shapes, element_size: int) -> tuple:
+    shapes = tuple(shapes)
     try:  # shapes given as tuples: the list itself is the key
-        return _layout(tuple(shapes), element_size)
-    except TypeError:  # a shape given as a list
-        return _layout(tuple(tuple(shape) for shape in shapes), element_size)
+        return _layout(shapes, element_size)
+    except TypeError:  # a shape given as a list, or symbolic sizes (torch.compile's fakes)
+        shapes = tuple(tuple(shape) for shape in shapes)
+        try:
+            return _layout(shapes, element_size)
+        except TypeError:  # SymInts do not hash: worked out without the cache
+            return _layout.__wrapped__(shapes, element_size)
 
 
 def carved_size(shapes, element_size: int = 4) -> int:
@@ -156,10 +161,12 @@ def carved_size(shapes, element_size: int = 4) -> int:
 
 
 def carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
-    """Contiguous tensors of these shapes cut one after another from a flat buffer, each at a
-    16-byte aligned address (as launch's pointers must be) when the buffer's start is: one
-    as_strided per piece (a slice and a view would be two ops of host time each)."""
-    pieces, _ = _layout_of(shapes, flat.element_size())
+    """Contiguous tensors of these shapes cut one after another from a flat (1-D, contiguous)
+    buffer, each at a 16-byte aligned address (as launch's pointers must be) when the buffer's
+    start is: one as_strided per piece (a slice and a view would be two ops of host time each)."""
+    pieces, total = _layout_of(shapes, flat.element_size())
+    if total > flat.numel():
+        raise ValueError(f"carve: the pieces need {total} elements, the buffer has {flat.numel()}")
     base = flat.storage_offset()
     return [flat.as_strided(shape, strides, base + offset) for shape, strides, offset in pieces]
 

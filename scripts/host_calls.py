@@ -1,0 +1,99 @@
+"""Count the host work of a Triton backend's forward+backward on any machine, GPU or not: every
+kernel launch is replaced by nothing, the tensors live on the CPU, and cProfile counts the
+Python calls, the calls into torch (built-in methods) and the launches of one call; the wall time
+of the same stubbed call is printed beside them.  The counts are exact and repeat from run to
+run; the wall time is this machine's, noisy, and not the GPU host's.
+
+    python scripts/host_calls.py                      # both mixers at (1, 64, 256)
+    python scripts/host_calls.py --width 2048 --length 128
+
+Run it with another tree's samu first on PYTHONPATH to compare two trees."""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+
+import samu
+from samu import dispatch
+from samu.experiment import protocol
+from samu.ops.common import launching
+
+BACKENDS = {"samu": "fused_controller_hierarchical_chunk8",
+            "rglru": "gemm_fused_hierarchical_chunk8"}
+
+
+class StubbedLaunches:
+    """launching.launch replaced by a counter, and the Triton backends allowed on CPU tensors
+    (nothing runs on them: every launch is stubbed)."""
+
+    def __init__(self):
+        self.launches = 0
+
+    def __call__(self, kernel, grid, *args, **meta):
+        self.launches += 1
+
+    def __enter__(self):
+        self._saved = launching.launch, dispatch._check_triton_input
+        launching.launch = self
+        dispatch._check_triton_input = lambda *args: None
+        return self
+
+    def __exit__(self, *exc):
+        launching.launch, dispatch._check_triton_input = self._saved
+
+
+def count(mixer: str, shape: tuple[int, int, int], calls: int = 100) -> dict:
+    module = protocol.build_module(mixer, shape[2], BACKENDS[mixer], "cpu")
+    x = torch.randn(*shape, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+
+    def step():
+        x.grad = None
+        module.zero_grad(set_to_none=True)
+        module(x).backward(dy)
+
+    with StubbedLaunches() as stub:
+        for _ in range(20):
+            step()
+        stub.launches = 0
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(calls):
+            step()
+        profiler.disable()
+        launches = stub.launches / calls
+        stats = pstats.Stats(profiler).stats
+        builtin = sum(entry[1] for key, entry in stats.items() if key[0] == "~")
+        total = sum(entry[1] for entry in stats.values())
+        best = []
+        for _ in range(7):
+            start = time.perf_counter()
+            for _ in range(calls):
+                step()
+            best.append((time.perf_counter() - start) / calls * 1e6)
+    return {"python_calls": (total - builtin) / calls, "builtin_calls": builtin / calls,
+            "launches": launches, "best_us": min(best)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--length", type=int, default=64)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    shape = (1, args.length, args.width)
+    print(f"samu from {samu.__file__}; shape {shape}; launches stubbed, CPU tensors")
+    for mixer in BACKENDS:
+        c = count(mixer, shape)
+        print(f"{mixer} ({BACKENDS[mixer]}): {c['python_calls']:.0f} Python calls, "
+              f"{c['builtin_calls']:.0f} built-in calls, {c['launches']:.0f} launches per "
+              f"forward+backward; best {c['best_us']:.1f} us of this machine's wall time",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
