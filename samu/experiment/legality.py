@@ -103,7 +103,7 @@ def check_legality(mixer: str, backend: str, shape=None, device=None, seed: int 
                    want: dict | None = None, eager_errors: dict | None = None,
                    inputs: tuple | None = None, state: dict | None = None) -> dict:
     """Errors of y and every gradient against the oracle, the eager reference's beside them.
-    The inputs are make_inputs(mixer, shape, device, seed), or ``inputs`` = (x, params, dy);
+    backend: a registered name or a Triton configuration (samu.backends.from_config).  The inputs are make_inputs(mixer, shape, device, seed), or ``inputs`` = (x, params, dy);
     ``state`` (make_state) adds the state keywords, the final state and its gradients."""
     x, params, dy = inputs if inputs is not None else make_inputs(mixer, shape, device, seed)
     if want is None:
@@ -111,8 +111,9 @@ def check_legality(mixer: str, backend: str, shape=None, device=None, seed: int 
     if eager_errors is None:
         eager_errors = relative_errors(outputs(mixer, "reference_chunked", x, params, dy, state),
                                        want)
-    chosen = backends.REGISTRY[mixer][backend]
-    entry = {"backend": backend, "eager_errors": eager_errors,
+    chosen = (backends.REGISTRY[mixer][backend] if isinstance(backend, str)
+              else backends.from_config(mixer, backend))  # a configuration passed in
+    entry = {"backend": chosen.name, "eager_errors": eager_errors,
              "materialized_state_sized_transition": chosen.materialized_state_sized_transition}
     try:
         errs = relative_errors(outputs(mixer, backend, x, params, dy, state), want)

@@ -1,5 +1,6 @@
 """Every Triton backend against the float64 oracle with SPEC section 4's legality rule.
 On a CPU these run under Triton's interpreter at tiny sizes (conftest sets TRITON_INTERPRET)."""
+import dataclasses
 import sys
 
 import pytest
@@ -33,9 +34,23 @@ def _chunk(mixer, name):
 CASES = [(m, n, (1, _chunk(m, n) + 5, 48)) for m in ("samu", "rglru") for n in _triton(m)]
 CASES += [("samu", backends.DEFAULTS["samu"], s) for s in [(2, 37, 48), (1, 1, 16), (3, 100, 80)]]
 CASES += [("rglru", backends.DEFAULTS["rglru"], s) for s in [(2, 37, 48), (1, 1, 16), (1, 70, 96)]]
+# SAMU walks its carries inside the kernels up to walked_carry_chunks chunks: every SAMU backend
+# also with chunk_carry's launches, and the default past the walk's limit.
+CASES += [("samu", dataclasses.replace(backends.REGISTRY["samu"][n].config,
+                                       walked_carry_chunks=0), (2, 3 * _chunk("samu", n) + 5, 48))
+          for n in _triton("samu")]
+CASES += [("samu", backends.DEFAULTS["samu"],
+           (1, (backends.REGISTRY["samu"][backends.DEFAULTS["samu"]].config.walked_carry_chunks
+                + 2) * _chunk("samu", backends.DEFAULTS["samu"]) + 3, 32))]
 
 
-@pytest.mark.parametrize("mixer, backend, shape", CASES)
+def _config_id(value):
+    if dataclasses.is_dataclass(value):
+        return f"{value.name}-walked_carry_chunks{value.walked_carry_chunks}"
+    return None
+
+
+@pytest.mark.parametrize("mixer, backend, shape", CASES, ids=_config_id)
 def test_backend_is_legal(mixer, backend, shape):
     entry = legality.check_legality(mixer, backend, shape, DEVICE, seed=sum(shape))
     assert entry["legal"], entry["reason"]
@@ -81,6 +96,10 @@ def test_cached_launches_pass_every_argument(mixer, monkeypatch):
     x, params, dy = legality.make_inputs(mixer, (1, 20, 32), DEVICE, seed=2)
     legality.outputs(mixer, backends.DEFAULTS[mixer], x, params, dy)
     config = backends.REGISTRY[mixer][backends.DEFAULTS[mixer]].config
+    if mixer == "samu":  # three chunks: the carries are walked; then with chunk_carry
+        assert "chunk_carry_kernel" not in seen
+        legality.outputs(mixer, dataclasses.replace(config, walked_carry_chunks=0), x, params,
+                         dy)
     kernels = sys.modules[type(config).__module__].KERNELS
     shared = {"chunk_carry_kernel", "sum_partials_kernel"}
     if mixer == "samu":  # d ctrl_weight = dz^T x, split over tokens

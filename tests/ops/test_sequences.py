@@ -1,6 +1,8 @@
 """State in and out, packed sequences and single-step decode (SPEC section 3), for every backend,
 against the float64 oracle under SPEC section 4's legality rule.  On a CPU the Triton backends
 run under Triton's interpreter (conftest) at tiny sizes."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -45,6 +47,13 @@ for mixer in MIXERS:
         if name == backends.DEFAULTS[mixer] or torch.cuda.is_available():
             STATE_CASES.append((mixer, name, (2, 2 * chunk + 3, 48), None, True))
             STATE_CASES.append((mixer, name, packed, _packing_for(chunk), False))
+    if mixer == "samu":  # the default with chunk_carry's launches, not the walked carries
+        name = backends.DEFAULTS[mixer]
+        config = dataclasses.replace(backends.REGISTRY[mixer][name].config, walked_carry_chunks=0)
+        chunk = _chunk(mixer, name)
+        STATE_CASES.append((mixer, config, (1, _packing_for(chunk)[-1], 48), _packing_for(chunk),
+                            True))
+        STATE_CASES.append((mixer, config, (2, 2 * chunk + 3, 48), None, True))
     for name in ("reference_chunked",):
         STATE_CASES.append((mixer, name, (2, 21, 32), None, True))
         STATE_CASES.append((mixer, name, (1, PACKED[-1], 32), PACKED, True))
@@ -52,6 +61,8 @@ for mixer in MIXERS:
 
 def _id(case):
     mixer, name, shape, packing, initial = case
+    if not isinstance(name, str):
+        name = f"{name.name}-walked_carry_chunks{name.walked_carry_chunks}"
     return (f"{mixer}-{name}-{'x'.join(map(str, shape))}-"
             f"{'packed' if packing else 'rows'}-{'h0' if initial else 'reset'}")
 
@@ -61,10 +72,11 @@ def test_state_and_packing_are_legal(case):
     """y, the final state and every gradient (x, parameters, the initial state) within the
     legality bound, at odd lengths, with and without an initial state, packed or not."""
     mixer, name, shape, packing, initial = case
-    seed = sum(shape) + len(name)
+    triton = not isinstance(name, str) or backends.REGISTRY[mixer][name].kind == "triton"
+    seed = sum(shape) + (len(name) if isinstance(name, str) else 7)
     state = legality.make_state(shape, DEVICE, seed, cu_seqlens=packing, initial=initial)
     entry = legality.check_legality(mixer, name, shape, DEVICE, seed=seed, state=state)
-    if backends.REGISTRY[mixer][name].kind == "triton":
+    if triton:
         assert entry["legal"], entry["reason"]
     else:  # the references store a and log a, so only their errors can be legal
         failing = {n: e for n, e in entry["errors"].items() if not e <= entry["bounds"][n]}

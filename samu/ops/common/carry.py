@@ -93,6 +93,25 @@ def chunk_carry_kernel(decay_ptr, end_ptr, out_ptr, rate_ptr,
         else:
             tl.store(seg_decay_ptr + summary, prod, mask=col_ok)
 
+@triton.jit
+def walked_carry(r_sum_ptr, end_ptr, rate, b, k, NC, cols, D, REVERSE: tl.constexpr):
+    """Phase 2 for one chunk, in the program that needs it: the state entering chunk k (or, with
+    REVERSE, the adjoint carry entering it from its right), walked over the chunk summaries of
+    SCALAR_DECAY's form (sums of r [B, NC], ends [B, NC, D]) from the first chunk (the last).
+    O(NC) per program: for a few chunks, where it saves chunk_carry's launch."""
+    col_ok = cols < D
+    state = tl.zeros_like(rate)
+    n = NC - 1 - k if REVERSE else k
+    for i in range(0, n):
+        j = NC - 1 - i if REVERSE else i
+        r_sum = tl.load(r_sum_ptr + b * NC + j)
+        start = r_sum == START_MARK  # a packed start: decay 0
+        decay = tl.where(start, 0.0, exp_fast(-rate * tl.where(start, 0.0, r_sum)))
+        state = decay * state + tl.load(end_ptr + (b * NC + j) * D + cols, mask=col_ok,
+                                        other=0.0)
+    return state
+
+
 # Chunks per segment of the two-level carry, and the chunk count from which it is used: one
 # program per channel block walking 4096 chunks took 0.13 ms a call on the H200 (chunk 8,
 # L = 32768).

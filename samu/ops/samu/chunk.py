@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.carry import chunk_carry
+from ..common.carry import chunk_carry, walked_carry
 from ..common import launching
 from ..common.launching import (aligned, cdiv, fp32_contiguous, refuse_double_backward,
                                 row_stride_units, sm_count, tile_width, vector_width)
@@ -99,12 +99,15 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_
 
 
 @triton.jit(do_not_specialize=["row_units"])
-def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, rate_ptr, skip_ptr,
-                        seq_ptr, h0_ptr, final_ptr, L, D, NC, row_units,
+def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, r_sum_ptr, end_ptr, rate_ptr,
+                        skip_ptr, seq_ptr, h0_ptr, final_ptr, L, D, NC, row_units,
                         T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
-                        PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr):
+                        PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr,
+                        WALKED_CARRY: tl.constexpr):
     """Per (chunk, channel block): y = h + skip x with h rebuilt from the chunk's entering state;
-    h at each sequence's last token into final (HAS_FINAL)."""
+    h at each sequence's last token into final (HAS_FINAL).  The entering state is chunk_carry's
+    (h_in), or with WALKED_CARRY walked here over the chunk summaries (r_sum, end) and written to
+    h_in for the backward."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
@@ -122,7 +125,11 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, rate_ptr, skip_ptr
     if PACKED or HAS_INITIAL:
         a, u = fold_starts(a, u, starts, entering_state(h0_ptr, seq, starts, cols, D, HAS_INITIAL))
     p, h = tl.associative_scan((a, u), 0, affine_combine)
-    h_in = tl.load(h_in_ptr + (b * NC + k) * D + cols, mask=cols < D, other=0.0)
+    if WALKED_CARRY:
+        h_in = walked_carry(r_sum_ptr, end_ptr, lam, b, k, NC, cols, D, False)
+        tl.store(h_in_ptr + (b * NC + k) * D + cols, h_in, mask=cols < D)
+    else:
+        h_in = tl.load(h_in_ptr + (b * NC + k) * D + cols, mask=cols < D, other=0.0)
     h = h + p * h_in[None, :]
     if HAS_FINAL:
         store_at(final_ptr, h, seq, ends, cols, D)
@@ -155,15 +162,16 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, rate_ptr, seq_ptr, dfinal_ptr,
 
 
 @triton.jit
-def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr,
-                        dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC,
-                        row_units,
+def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr,
+                        dfinal_ptr, dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L,
+                        D, NC, row_units,
                         T: tl.constexpr, V: tl.constexpr, NEED_H: tl.constexpr,
                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
-                        HAS_DFINAL: tl.constexpr):
+                        HAS_DFINAL: tl.constexpr, WALKED_CARRY: tl.constexpr):
     """Recompute one [T, BD] tile of the backward: x, dy, a, m, dh and (if NEED_H) dlog a, and
     then d h0 = a_s dh_s at each start (HAS_INITIAL).  rows run latest first: the adjoint is a
-    forward scan; a_t h_{t-1} is unrolled from the earliest row."""
+    forward scan; a_t h_{t-1} is unrolled from the earliest row.  The carry is chunk_carry's, or
+    with WALKED_CARRY walked here over the reverse summaries (carry_ptr) and sums of r."""
     base, offs, ok = _tile(b, k, rows, cols, L, D, row_units, T, V)
     x = tl.load(x_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
@@ -172,7 +180,10 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, df
     a, m, dm_dlog_a = transition(log_a, resets(starts, HAS_INITIAL))
     gx = g[:, None] * x
     state = (b * NC + k) * D + cols
-    carry = tl.load(carry_ptr + state, mask=cols < D, other=0.0)
+    if WALKED_CARRY:
+        carry = walked_carry(r_sum_ptr, carry_ptr, lam, b, k, NC, cols, D, True)
+    else:
+        carry = tl.load(carry_ptr + state, mask=cols < D, other=0.0)
     # dh_t = dy_t + a_{t+1} dh_{t+1}; the chunk's last token (row 0) takes the carry (a dh)
     # instead.  a_{t+1} is the next row's a, moved within the thread; with a state keyword's
     # loads the row picks no longer fold to register moves (SASS), and a_{t+1} is recomputed.
@@ -206,16 +217,17 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, df
 
 @triton.jit(do_not_specialize=["row_units"])
 def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, carry_ptr,
-                          rate_ptr, log_temp_ptr, skip_ptr, seq_ptr, h0_ptr, dfinal_ptr,
+                          r_sum_ptr, rate_ptr, log_temp_ptr, skip_ptr, seq_ptr, h0_ptr, dfinal_ptr,
                           dh0_ptr, dz_ptr, part_ptr, dsp_part_ptr, L, D, NC, TOKENS, row_units,
                           T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                           PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
-                          HAS_DFINAL: tl.constexpr):
+                          HAS_DFINAL: tl.constexpr, WALKED_CARRY: tl.constexpr):
     """Per chunk, full width.  Pass 1 reduces dr, dg per token (and per-channel and scalar
     partials) and writes dz = (dz_r, dz_g) per token into dz [2, TOKENS]; pass 2 writes
     dx = dh m g + skip dy + W^T dz.  The chunk's parameter gradients go to its rows (summed by
     reduce.sum_partials): in part [d log_temp, d skip, d ctrl_bias (2)], in dsp_part
-    d softplus; d ctrl_weight = dz^T x is reduce.weight_partials' (no 2 D-wide row per chunk)."""
+    d softplus; d ctrl_weight = dz^T x is reduce.weight_partials' (no 2 D-wide row per chunk).
+    With WALKED_CARRY, carry_ptr holds the reverse summaries (see _samu_chunk_adjoint)."""
     pid = tl.program_id(0)
     row = part_ptr + pid.to(tl.int64) * 4
     b = (pid // NC).to(tl.int64)
@@ -238,9 +250,9 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-            x_ptr, dy_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
-            b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC, row_units, T, V, True,
-            PACKED, HAS_INITIAL, HAS_DFINAL)
+            x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr, dfinal_ptr,
+            dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC, row_units, T,
+            V, True, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY)
         dr_part += dla * -lam[None, :]
         dg_part += dh * m * x
         tl.store(dsp_part_ptr + pid.to(tl.int64) * D + cols,
@@ -258,9 +270,9 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-            x_ptr, dy_ptr, h_in_ptr, carry_ptr, rate_ptr, h0_ptr, dfinal_ptr, dh0_ptr,
-            b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC, row_units, T, V, False,
-            PACKED, HAS_INITIAL, HAS_DFINAL)
+            x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr, dfinal_ptr,
+            dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC, row_units, T,
+            V, False, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY)
         w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
         dx = (dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :]
@@ -290,12 +302,19 @@ class Launch:
 @dataclass(frozen=True)
 class SamuConfig:
     """One SAMU backend: tokens per chunk and each kernel's launch.  The name is generated from
-    the chunk; launches are tuning (sweeps pass other ones in), not part of the name."""
+    the chunk; launches are tuning (sweeps pass other ones in), not part of the name.
+    Up to walked_carry_chunks chunks per row, the output and backward kernels walk the chunk
+    summaries for their carries themselves (carry.walked_carry) instead of launching
+    chunk_carry: two launches fewer per forward+backward where the host sets the time."""
     chunk: int
     summary: Launch = Launch(2, 4)
     output: Launch = Launch(2, 2)
     reverse_summary: Launch = Launch(2, 4)
     backward: Launch = Launch(4, 1)
+    walked_carry_chunks: int = 16
+
+    def walks_carry(self, n_chunks: int) -> bool:
+        return n_chunks <= self.walked_carry_chunks
 
     @property
     def name(self) -> str:
@@ -334,6 +353,8 @@ def launch_plan(config: SamuConfig, width: int, features: bool = False):
         meta = dict(tiles(config, width)[role])
         options = dict(num_warps=meta.pop("num_warps"))
         flags = {name: features for name in FEATURES[role]}
+        if role in ("output", "backward"):  # the carry as chunk_carry gives it (long rows)
+            flags["WALKED_CARRY"] = False
         plan.append((kernel, dict(T=config.chunk, **meta, **flags), options))
     return plan
 
@@ -371,13 +392,16 @@ def forward(x, params, sequences, config: SamuConfig):
     launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param, log_temp,
                      seq, h0, r, g, r_sum, end, rate, length, width, n_chunks,
                      meta["summary_units"], T=chunk, **meta["summary"], **flags)
-    chunk_carry(r_sum, end, reverse=False, rate=rate, out=h_in)
+    walked = config.walks_carry(n_chunks)
+    if not walked:
+        chunk_carry(r_sum, end, reverse=False, rate=rate, out=h_in)
     y = torch.empty_like(x)
     final = sequences.final_state(width, x.device)
     grid = (batch * n_chunks, cdiv(width, meta["output"]["BD"]))
-    launching.launch(_samu_output_kernel, grid, x, y, r, g, h_in, rate, skip, seq,
+    launching.launch(_samu_output_kernel, grid, x, y, r, g, h_in, r_sum, end, rate, skip, seq,
                      h0, final, length, width, n_chunks, meta["output_units"], T=chunk,
-                     **meta["output"], **flags, HAS_FINAL=sequences.output_final_state)
+                     **meta["output"], **flags, HAS_FINAL=sequences.output_final_state,
+                     WALKED_CARRY=walked)
     return y, (final if sequences.output_final_state else None), tuple(residuals)
 
 
@@ -418,15 +442,19 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
     launching.launch(_samu_reverse_summary_kernel, grid, dy, r, rate, seq, d_final,
                      end, length, width, n_chunks, meta["reverse_summary_units"], T=chunk,
                      **meta["reverse_summary"], PACKED=sequences.packed, HAS_DFINAL=has_dfinal)
-    carry = chunk_carry(r_sum, end, reverse=True, rate=rate)
+    walked = config.walks_carry(n_chunks)
+    if walked:  # the backward kernel walks the reverse summaries: its rows go elsewhere
+        carry, dsp_part = end, torch.empty(items, width, **f32)
+    else:
+        carry = chunk_carry(r_sum, end, reverse=True, rate=rate)
+        dsp_part = end.view(items, width)  # end is spent: the carry has read it
     dx = torch.empty_like(x)
-    dsp_part = end.view(items, width)  # end is spent: the carry has read it
     d_h0 = torch.empty_like(h0) if sequences.has_initial else h0
-    launching.launch(_samu_backward_kernel, (items,), x, dy, dx, w, r, g, h_in, carry, rate,
-                     log_temp, skip, seq, h0, d_final, d_h0, dz, part, dsp_part, length, width,
-                     n_chunks, tokens, meta["backward_units"], T=chunk, **meta["backward"],
+    launching.launch(_samu_backward_kernel, (items,), x, dy, dx, w, r, g, h_in, carry, r_sum,
+                     rate, log_temp, skip, seq, h0, d_final, d_h0, dz, part, dsp_part, length,
+                     width, n_chunks, tokens, meta["backward_units"], T=chunk, **meta["backward"],
                      PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
-                     HAS_DFINAL=has_dfinal)
+                     HAS_DFINAL=has_dfinal, WALKED_CARRY=walked)
     weight_rows = weight_partials(x, dz, WEIGHT_PROGRAMS_PER_SM * sm_count(x.device))
     grads = sum_partials(part, dsp_part, a_param, front=weight_rows)
     d_weight, d_log_temp, d_skip, d_bias, d_a_param = grads.split_with_sizes(
