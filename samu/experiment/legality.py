@@ -103,7 +103,8 @@ def check_legality(mixer: str, backend: str, shape=None, device=None, seed: int 
                    want: dict | None = None, eager_errors: dict | None = None,
                    inputs: tuple | None = None, state: dict | None = None) -> dict:
     """Errors of y and every gradient against the oracle, the eager reference's beside them.
-    backend: a registered name or a Triton configuration (samu.backends.from_config).  The inputs are make_inputs(mixer, shape, device, seed), or ``inputs`` = (x, params, dy);
+    backend: a registered name or a Triton configuration (samu.backends.from_config).  The
+    inputs are make_inputs(mixer, shape, device, seed), or ``inputs`` = (x, params, dy);
     ``state`` (make_state) adds the state keywords, the final state and its gradients."""
     x, params, dy = inputs if inputs is not None else make_inputs(mixer, shape, device, seed)
     if want is None:

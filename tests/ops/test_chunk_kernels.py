@@ -214,6 +214,15 @@ def test_host_helpers_match_triton():
     assert rows_of(spent, 5, 12).data_ptr() != spent.data_ptr()
 
 
+def test_carries_are_walked_only_for_short_small_calls():
+    """The walked carry costs instructions per earlier chunk: only up to walked_carry_chunks
+    chunks per row and walked_carry_elements elements, where the host sets the time."""
+    config = samu_chunk.SamuConfig(8, walked_carry_chunks=16, walked_carry_elements=1 << 20)
+    assert config.walks_carry(16, 1 << 20)
+    assert not config.walks_carry(17, 1 << 10)
+    assert not config.walks_carry(2, (1 << 20) + 1)
+
+
 def test_carve_cuts_aligned_disjoint_pieces():
     """launching.carve: contiguous pieces of the asked shapes, one after another from the
     buffer's start (a view at an offset too), each 16-byte aligned, none overlapping."""

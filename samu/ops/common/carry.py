@@ -93,6 +93,7 @@ def chunk_carry_kernel(decay_ptr, end_ptr, out_ptr, rate_ptr,
         else:
             tl.store(seg_decay_ptr + summary, prod, mask=col_ok)
 
+
 @triton.jit
 def walked_carry(r_sum_ptr, end_ptr, rate, b, k, NC, cols, D, REVERSE: tl.constexpr):
     """Phase 2 for one chunk, in the program that needs it: the state entering chunk k (or, with

@@ -303,18 +303,21 @@ class Launch:
 class SamuConfig:
     """One SAMU backend: tokens per chunk and each kernel's launch.  The name is generated from
     the chunk; launches are tuning (sweeps pass other ones in), not part of the name.
-    Up to walked_carry_chunks chunks per row, the output and backward kernels walk the chunk
-    summaries for their carries themselves (carry.walked_carry) instead of launching
-    chunk_carry: two launches fewer per forward+backward where the host sets the time."""
+    Up to walked_carry_chunks chunks per row, and while B L D is at most walked_carry_elements
+    (where the host, not the GPU, sets the time), the output and backward kernels walk the
+    chunk summaries for their carries themselves (carry.walked_carry) instead of launching
+    chunk_carry: two launches fewer per forward+backward, for instructions that grow with the
+    row's chunk count."""
     chunk: int
     summary: Launch = Launch(2, 4)
     output: Launch = Launch(2, 2)
     reverse_summary: Launch = Launch(2, 4)
     backward: Launch = Launch(4, 1)
     walked_carry_chunks: int = 16
+    walked_carry_elements: int = 1 << 20
 
-    def walks_carry(self, n_chunks: int) -> bool:
-        return n_chunks <= self.walked_carry_chunks
+    def walks_carry(self, n_chunks: int, elements: int) -> bool:
+        return n_chunks <= self.walked_carry_chunks and elements <= self.walked_carry_elements
 
     @property
     def name(self) -> str:
@@ -392,7 +395,7 @@ def forward(x, params, sequences, config: SamuConfig):
     launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param, log_temp,
                      seq, h0, r, g, r_sum, end, rate, length, width, n_chunks,
                      meta["summary_units"], T=chunk, **meta["summary"], **flags)
-    walked = config.walks_carry(n_chunks)
+    walked = config.walks_carry(n_chunks, x.numel())
     if not walked:
         chunk_carry(r_sum, end, reverse=False, rate=rate, out=h_in)
     y = torch.empty_like(x)
@@ -442,7 +445,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
     launching.launch(_samu_reverse_summary_kernel, grid, dy, r, rate, seq, d_final,
                      end, length, width, n_chunks, meta["reverse_summary_units"], T=chunk,
                      **meta["reverse_summary"], PACKED=sequences.packed, HAS_DFINAL=has_dfinal)
-    walked = config.walks_carry(n_chunks)
+    walked = config.walks_carry(n_chunks, x.numel())
     if walked:  # the backward kernel walks the reverse summaries: its rows go elsewhere
         carry, dsp_part = end, torch.empty(items, width, **f32)
     else:
