@@ -144,15 +144,11 @@ def _layout(shapes: tuple, element_size: int) -> tuple:
 
 
 def _layout_of(shapes, element_size: int) -> tuple:
-    shapes = tuple(shapes)
-    try:  # shapes given as tuples: the list itself is the key
+    shapes = tuple(map(tuple, shapes))
+    try:
         return _layout(shapes, element_size)
-    except TypeError:  # a shape given as a list, or symbolic sizes (torch.compile's fakes)
-        shapes = tuple(tuple(shape) for shape in shapes)
-        try:
-            return _layout(shapes, element_size)
-        except TypeError:  # SymInts do not hash: worked out without the cache
-            return _layout.__wrapped__(shapes, element_size)
+    except TypeError:  # symbolic sizes (torch.compile's fakes) do not hash: not cached
+        return _layout.__wrapped__(shapes, element_size)
 
 
 def carved_size(shapes, element_size: int = 4) -> int:
