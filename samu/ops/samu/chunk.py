@@ -297,8 +297,9 @@ class Launch:
         return dict(BD=tile_width(self.warps, vector), V=vector, num_warps=self.warps)
 
 
-# Per-kernel GPU times on the H200 at (1, 32768, 2048), chunk 16 (docs/PERFORMANCE.md): 4 channels
-# per thread (8-byte loads) suit the summaries, 2 the output; the backward is best at (4, 1).
+# Per-kernel GPU times on the H200 at (1, 32768, 2048) (docs/PERFORMANCE.md): 4 channels per
+# thread (8-byte loads) suit the summaries, 2 the output; the backward is best at (4, 1) for chunk
+# 16 and (2, 2) for chunk 8 (BACKWARD below).
 @dataclass(frozen=True)
 class SamuConfig:
     """One SAMU backend: tokens per chunk and each kernel's launch.  The name is generated from
@@ -503,5 +504,8 @@ def run_with(config: SamuConfig):
     return run
 
 
+# The backward kernel's launch where it differs from SamuConfig's default.
+BACKWARD = {8: dict(backward=Launch(2, 2))}
+
 # Each thread holds a chunk of every scan tile: beyond 32 tokens the backward kernel spills.
-CONFIGS = tuple(SamuConfig(chunk) for chunk in (8, 16, 32))
+CONFIGS = tuple(SamuConfig(chunk, **BACKWARD.get(chunk, {})) for chunk in (8, 16, 32))
