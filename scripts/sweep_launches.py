@@ -4,6 +4,9 @@ oracle.
 
     python scripts/sweep_launches.py 1x32768x2048 1x8192x2560
     python scripts/sweep_launches.py 1x32768x2048 --backends=chunk8,chunk16 --roles=output
+    python scripts/sweep_launches.py 1x32768x2048 --roles=backward --registers=96,128
+
+--registers adds each setting with those register caps (Triton's maxnreg) beside it uncapped.
 
 One kernel role at a time (warps, channels per thread) with the others at their defaults, for
 every backend.  Each setting is a frozen
@@ -13,6 +16,7 @@ defaults in samu/ops/<mixer>/chunk.py by hand, with the figures in docs/PERFORMA
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 import sys
 import time
@@ -64,6 +68,7 @@ def _option(name):
 
 def main():
     backends_wanted, roles_wanted = _option("backends"), _option("roles")
+    caps = [None] + [int(c) for c in _option("registers") or []]
     shapes = [a for a in sys.argv[1:] if not a.startswith("--")]
     for arg in shapes or ["1x32768x2048"]:
         shape = tuple(map(int, arg.split("x")))
@@ -81,11 +86,11 @@ def main():
                 for role in config.launches():
                     if roles_wanted and role not in roles_wanted:
                         continue
-                    for warps, vector in SAMU_OPTIONS:
-                        tried = dataclasses.replace(config, **{role: module.Launch(warps,
-                                                                                   vector)})
-                        results.append(((name, role, warps, vector),
-                                        *_try(mixer, tried, shape, inputs, want, eager)))
+                    for (warps, vector), cap in itertools.product(SAMU_OPTIONS, caps):
+                        launch = module.Launch(warps, vector, registers=cap)
+                        tried = dataclasses.replace(config, **{role: launch})
+                        key = (name, role, warps, vector) + ((cap,) if cap else ())
+                        results.append((key, *_try(mixer, tried, shape, inputs, want, eager)))
             for key, median, legal, err in results:
                 print(f"{shape} {mixer} {key}: {median:.4f} ms (x{median / floor:.1f} floor) "
                       f"legal={legal} max_err={err:.2e}", flush=True)

@@ -223,6 +223,39 @@ def test_carries_are_walked_only_for_short_small_calls():
     assert not config.walks_carry(2, (1 << 20) + 1)
 
 
+def test_samu_register_cap_reaches_the_launch_and_is_left_off_with_a_state_keyword(monkeypatch):
+    """A capped SAMU launch compiles with maxnreg on the default path and without it where a
+    state keyword is on (its loads would spill under a cap tuned without them); the result
+    stays legal against the float64 oracle."""
+    config = dataclasses.replace(samu_chunk.CONFIGS[0],
+                                 backward=samu_chunk.Launch(2, 2, registers=128))
+    caps = []
+    real = launching.launch
+
+    def spy(kernel, grid, *args, **meta):
+        if kernel is samu_chunk._samu_backward_kernel:
+            caps.append(meta.get("maxnreg"))
+        return real(kernel, grid, *args, **meta)
+
+    monkeypatch.setattr(launching, "launch", spy)
+    x, params, dy = legality.make_inputs("samu", (1, 21, 32), DEVICE)
+    got = legality.outputs("samu", config, x, params, dy)
+    want = legality.oracle("samu", x, params, dy)
+    assert max(legality.relative_errors(got, want).values()) < 0.02
+    run = samu_chunk.run_with(config)
+    xg = x.clone().float().requires_grad_()
+    y, _ = run(xg, *[p.float() for p in params.values()],
+               initial_state=torch.zeros(1, 32, device=DEVICE))
+    y.backward(dy.float())
+    assert caps == [128, None]
+    plan = {k.fn.__name__: options for k, _, options in samu_chunk.launch_plan(config, 32)}
+    assert plan["_samu_backward_kernel"] == dict(num_warps=2, maxnreg=128)
+    assert "maxnreg" not in plan["_samu_summary_kernel"]
+    plan = {k.fn.__name__: options
+            for k, _, options in samu_chunk.launch_plan(config, 32, features=True)}
+    assert "maxnreg" not in plan["_samu_backward_kernel"]
+
+
 def test_carve_cuts_aligned_disjoint_pieces():
     """launching.carve: contiguous pieces of the asked shapes, one after another from the
     buffer's start (a view at an offset too), each 16-byte aligned, none overlapping."""

@@ -54,6 +54,8 @@ for mixer in MIXERS:
         STATE_CASES.append((mixer, config, (1, _packing_for(chunk)[-1], 48), _packing_for(chunk),
                             True))
         STATE_CASES.append((mixer, config, (2, 2 * chunk + 3, 48), None, True))
+        STATE_CASES.append((mixer, config, (1, _packing_for(chunk)[-1], 48), _packing_for(chunk),
+                            False))
     for name in ("reference_chunked",):
         STATE_CASES.append((mixer, name, (2, 21, 32), None, True))
         STATE_CASES.append((mixer, name, (1, PACKED[-1], 32), PACKED, True))

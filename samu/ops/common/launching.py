@@ -197,6 +197,19 @@ def tile_width(warps: int, vector: int) -> int:
     return 32 * warps * vector
 
 
+def register_cap(registers: int | None) -> dict:
+    """A launch's cap on registers per thread as Triton's compile option (maxnreg), or none."""
+    return {} if registers is None else dict(maxnreg=registers)
+
+
+def with_state_keywords(meta: dict, any_keyword: bool) -> dict:
+    """A kernel's launch meta as it runs: without its register cap when a state keyword is on,
+    whose extra loads would spill under it (the cap is tuned for the default path)."""
+    if not any_keyword or "maxnreg" not in meta:
+        return meta
+    return {k: v for k, v in meta.items() if k != "maxnreg"}
+
+
 def row_stride_units(width: int, meta: dict) -> int:
     """The row_units argument of row_offsets: the width in units of the tile's vector V."""
     return width // meta["V"]

@@ -53,7 +53,8 @@ import triton.language as tl
 from ..common import launching
 from ..common.carry import chunk_carry
 from ..common.launching import (aligned, carve, carved_size, cdiv, fp32_contiguous,
-                                refuse_double_backward, sm_count, tile_width)
+                                refuse_double_backward, register_cap, sm_count, tile_width,
+                                with_state_keywords)
 from ..common.math import (FAST_MATH, _ptx_approx, exp_fast, one_minus_a_squared, sigmoid_fast,
                            softplus, to_element, transition)
 from ..common.reduce import named_columns, sum_partials
@@ -362,8 +363,8 @@ class Launch:
         vector = self.vector if bw % self.vector == 0 else 1
         while vector > 1 and chunk * vector > VALUES_PER_THREAD:
             vector //= 2
-        cap = {} if self.registers is None else dict(maxnreg=self.registers)
-        return dict(BN=tile_width(self.warps, vector), V=vector, num_warps=self.warps, **cap)
+        return dict(BN=tile_width(self.warps, vector), V=vector, num_warps=self.warps,
+                    **register_cap(self.registers))
 
 
 @dataclass(frozen=True)
@@ -425,14 +426,6 @@ FEATURES = {"summary": ("PACKED", "HAS_INITIAL"),
             "output": ("PACKED", "HAS_INITIAL", "HAS_FINAL"),
             "reverse_summary": ("PACKED", "HAS_DFINAL"),
             "backward": ("PACKED", "HAS_INITIAL", "HAS_DFINAL")}
-
-
-def with_state_keywords(meta: dict, any_keyword: bool) -> dict:
-    """A kernel's launch meta as it runs: without its register cap when a state keyword is on,
-    whose extra loads would spill under it (the cap is tuned for the default path)."""
-    if not any_keyword or "maxnreg" not in meta:
-        return meta
-    return {k: v for k, v in meta.items() if k != "maxnreg"}
 
 
 def launch_plan(config: GemmConfig, width: int, heads: int = 16, features: bool = False):

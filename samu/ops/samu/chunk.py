@@ -21,7 +21,8 @@ import triton.language as tl
 from ..common.carry import chunk_carry, walked_carry
 from ..common import launching
 from ..common.launching import (aligned, cdiv, fp32_contiguous, refuse_double_backward,
-                                row_stride_units, sm_count, tile_width, vector_width)
+                                register_cap, row_stride_units, sm_count, tile_width,
+                                vector_width, with_state_keywords)
 from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
 from ..common.reduce import sum_partials, weight_partials
 from ..common.scan import (affine_combine, decayed_previous_state, last_row, row_offsets,
@@ -291,10 +292,12 @@ class Launch:
     chunks take fewer channels per thread (VALUES_PER_THREAD)."""
     warps: int
     vector: int
+    registers: int | None = None  # a cap on registers per thread (Triton's maxnreg), or none
 
     def tile(self, width: int, chunk: int):
         vector = vector_width(width, min(self.vector, max(1, VALUES_PER_THREAD // chunk)))
-        return dict(BD=tile_width(self.warps, vector), V=vector, num_warps=self.warps)
+        return dict(BD=tile_width(self.warps, vector), V=vector, num_warps=self.warps,
+                    **register_cap(self.registers))
 
 
 # Per-kernel GPU times on the H200 at (1, 32768, 2048) (docs/PERFORMANCE.md): 4 channels per
@@ -354,13 +357,21 @@ def launch_plan(config: SamuConfig, width: int, features: bool = False):
     without the state keywords, or (features=True) with all of them."""
     plan = []
     for role, kernel in KERNELS.items():
-        meta = dict(tiles(config, width)[role])
-        options = dict(num_warps=meta.pop("num_warps"))
+        meta = dict(with_state_keywords(tiles(config, width)[role], features))
+        options = {name: meta.pop(name) for name in ("num_warps", "maxnreg") if name in meta}
         flags = {name: features for name in FEATURES[role]}
         if role in ("output", "backward"):  # the carry as chunk_carry gives it (long rows)
             flags["WALKED_CARRY"] = False
         plan.append((kernel, dict(T=config.chunk, **meta, **flags), options))
     return plan
+
+
+@functools.lru_cache(maxsize=None)
+def _launch_meta(config: SamuConfig, width: int, any_keyword: bool) -> dict:
+    """tiles() as the kernels of one call take them: every register cap off where any state
+    keyword is on (launching.with_state_keywords)."""
+    return {role: with_state_keywords(meta, any_keyword) if isinstance(meta, dict) else meta
+            for role, meta in tiles(config, width).items()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -392,7 +403,8 @@ def forward(x, params, sequences, config: SamuConfig):
                  for shape in _residual_shapes(batch, length, width, n_chunks)]
     r, g, r_sum, rate, h_in = residuals
     end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
-    meta = tiles(config, width)
+    meta = _launch_meta(config, width, sequences.packed or sequences.has_initial
+                        or sequences.output_final_state)
     launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param, log_temp,
                      seq, h0, r, g, r_sum, end, rate, length, width, n_chunks,
                      meta["summary_units"], T=chunk, **meta["summary"], **flags)
@@ -431,9 +443,9 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
     dy = torch.zeros_like(x) if dy is None else aligned(dy)
     batch, length, width = x.shape
     n_chunks = cdiv(length, chunk)
-    meta = tiles(config, width)
     seq, h0 = sequences.seq_index, sequences.initial_state
     has_dfinal = d_final is not None
+    meta = _launch_meta(config, width, sequences.packed or sequences.has_initial or has_dfinal)
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
     items = batch * n_chunks
     tokens = batch * length
