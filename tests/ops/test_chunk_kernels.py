@@ -224,17 +224,19 @@ def test_carries_are_walked_only_for_short_small_calls():
 
 
 def test_samu_register_cap_reaches_the_launch_and_is_left_off_with_a_state_keyword(monkeypatch):
-    """A capped SAMU launch compiles with maxnreg on the default path and without it where a
-    state keyword is on (its loads would spill under a cap tuned without them); the result
-    stays legal against the float64 oracle."""
-    config = dataclasses.replace(samu_chunk.CONFIGS[0],
-                                 backward=samu_chunk.Launch(2, 2, registers=128))
+    """A capped SAMU launch compiles with maxnreg on the default path, and without it where one
+    of that kernel's own state keywords is on (its loads would spill under a cap tuned without
+    them); the result stays legal against the float64 oracle."""
+    capped = samu_chunk.Launch(2, 2, registers=128)
+    config = dataclasses.replace(samu_chunk.CONFIGS[0], output=capped, backward=capped)
+    watched = {samu_chunk._samu_output_kernel: "output",
+               samu_chunk._samu_backward_kernel: "backward"}
     caps = []
     real = launching.launch
 
     def spy(kernel, grid, *args, **meta):
-        if kernel is samu_chunk._samu_backward_kernel:
-            caps.append(meta.get("maxnreg"))
+        if kernel in watched:
+            caps.append((watched[kernel], meta.get("maxnreg")))
         return real(kernel, grid, *args, **meta)
 
     monkeypatch.setattr(launching, "launch", spy)
@@ -242,12 +244,19 @@ def test_samu_register_cap_reaches_the_launch_and_is_left_off_with_a_state_keywo
     got = legality.outputs("samu", config, x, params, dy)
     want = legality.oracle("samu", x, params, dy)
     assert max(legality.relative_errors(got, want).values()) < 0.02
+    assert caps == [("output", 128), ("backward", 128)]
     run = samu_chunk.run_with(config)
-    xg = x.clone().float().requires_grad_()
-    y, _ = run(xg, *[p.float() for p in params.values()],
-               initial_state=torch.zeros(1, 32, device=DEVICE))
-    y.backward(dy.float())
-    assert caps == [128, None]
+    ps = [p.float() for p in params.values()]
+    for keywords, expected in ((dict(initial_state=torch.zeros(1, 32, device=DEVICE)),
+                                [("output", None), ("backward", None)]),
+                               # the final state unused: only the output kernel's HAS_FINAL
+                               (dict(output_final_state=True),
+                                [("output", None), ("backward", 128)])):
+        caps.clear()
+        xg = x.clone().float().requires_grad_()
+        y, _ = run(xg, *ps, **keywords)
+        y.backward(dy.float())
+        assert caps == expected, keywords
     plan = {k.fn.__name__: options for k, _, options in samu_chunk.launch_plan(config, 32)}
     assert plan["_samu_backward_kernel"] == dict(num_warps=2, maxnreg=128)
     assert "maxnreg" not in plan["_samu_summary_kernel"]

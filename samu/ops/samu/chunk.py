@@ -367,11 +367,18 @@ def launch_plan(config: SamuConfig, width: int, features: bool = False):
 
 
 @functools.lru_cache(maxsize=None)
-def _launch_meta(config: SamuConfig, width: int, any_keyword: bool) -> dict:
-    """tiles() as the kernels of one call take them: every register cap off where any state
-    keyword is on (launching.with_state_keywords)."""
-    return {role: with_state_keywords(meta, any_keyword) if isinstance(meta, dict) else meta
-            for role, meta in tiles(config, width).items()}
+def _launch_meta(config: SamuConfig, width: int, keywords: tuple[str, ...]) -> dict:
+    """tiles() as one call's kernels take them: a kernel's register cap is off where one of
+    its own state keywords (FEATURES) is among the call's (launching.with_state_keywords)."""
+    out = dict(tiles(config, width))
+    for role, names in FEATURES.items():
+        out[role] = with_state_keywords(out[role], any(n in keywords for n in names))
+    return out
+
+
+def _keywords(**flags) -> tuple[str, ...]:
+    """The names of the state keywords that are on, for _launch_meta."""
+    return tuple(name for name, on in flags.items() if on)
 
 
 @functools.lru_cache(maxsize=None)
@@ -403,8 +410,8 @@ def forward(x, params, sequences, config: SamuConfig):
                  for shape in _residual_shapes(batch, length, width, n_chunks)]
     r, g, r_sum, rate, h_in = residuals
     end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
-    meta = _launch_meta(config, width, sequences.packed or sequences.has_initial
-                        or sequences.output_final_state)
+    meta = _launch_meta(config, width, _keywords(**flags,
+                                                 HAS_FINAL=sequences.output_final_state))
     launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param, log_temp,
                      seq, h0, r, g, r_sum, end, rate, length, width, n_chunks,
                      meta["summary_units"], T=chunk, **meta["summary"], **flags)
@@ -445,7 +452,9 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
     n_chunks = cdiv(length, chunk)
     seq, h0 = sequences.seq_index, sequences.initial_state
     has_dfinal = d_final is not None
-    meta = _launch_meta(config, width, sequences.packed or sequences.has_initial or has_dfinal)
+    meta = _launch_meta(config, width, _keywords(PACKED=sequences.packed,
+                                                 HAS_INITIAL=sequences.has_initial,
+                                                 HAS_DFINAL=has_dfinal))
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
     items = batch * n_chunks
     tokens = batch * length
