@@ -1,7 +1,8 @@
 """SAMU's Triton kernels, forward and backward (SPEC sections 2 and 8).
 
-Bytes per element of [B, L, D] (BF16 x, y, dy, dx; the FP32 per-chunk states are ~D*12/T bytes
-per token, r, g and dz 16 bytes per token):
+Bytes per element of [B, L, D] (BF16 x, y, dy, dx; r, g and dz add 16 bytes per token, and the
+FP32 per-chunk state rows [B, L/T, D] 4/T bytes per element each time one is written or read:
+14 times per forward+backward with the two-level carry, 12 with one level):
   forward   summary+controller reads x (2), output reads x and writes y (4)            -> 6
   backward  reverse summary reads dy (2), main reads x, dy (4), dy again and writes
             dx (4), d ctrl_weight = dz^T x (reduce.weight_partials) reads x (2)         -> 12
