@@ -44,9 +44,21 @@ CASES += [("samu", backends.DEFAULTS["samu"],
                 + 2) * _chunk("samu", backends.DEFAULTS["samu"]) + 3, 32))]
 
 
+# Both defaults with long-row carries cut into two-chunk segments: in two levels, and by the
+# look-back (SAMU's carries as chunk_carry gives them, not walked).
+LONG_ROW_PLANS = (carry.CarryPlan(two_level_from=4, segment_chunks=2),
+                  carry.CarryPlan(two_level_from=4, segment_chunks=2, lookback=True))
+for _mixer in ("samu", "rglru"):
+    _config = backends.REGISTRY[_mixer][backends.DEFAULTS[_mixer]].config
+    _walk = dict(walked_carry_chunks=0) if _mixer == "samu" else {}
+    CASES += [(_mixer, dataclasses.replace(_config, carry=plan, **_walk),
+               (2, 9 * _config.chunk + 3, 48)) for plan in LONG_ROW_PLANS]
+
+
 def _config_id(value):
     if dataclasses.is_dataclass(value):
-        return f"{value.name}-walked_carry_chunks{value.walked_carry_chunks}"
+        walk = getattr(value, "walked_carry_chunks", None)
+        return f"{value.name}-walked_carry_chunks{walk}-{value.carry}"
     return None
 
 
@@ -166,25 +178,41 @@ def test_row_offsets_stay_exact_past_two_to_the_31():
     assert out.tolist() == want
 
 
+# Short segments so that a 37-chunk row takes several: one level, two, and the look-back (with
+# inclusive states, and with only summaries, where every walk runs back to the first segment).
+CARRY_PLANS = {"one_level": carry.CarryPlan(),
+               "two_level": carry.CarryPlan(two_level_from=8, segment_chunks=4),
+               "lookback": carry.CarryPlan(two_level_from=8, segment_chunks=4, lookback=True),
+               "lookback_summaries": carry.CarryPlan(two_level_from=8, segment_chunks=4,
+                                                     lookback=True, publish_inclusive=False)}
+
+
+@pytest.mark.parametrize("plan", CARRY_PLANS)
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("scalar_decay", [False, True])
-def test_two_level_carry_matches_a_sequential_carry(reverse, scalar_decay, monkeypatch):
-    """chunk_carry in one level and in two (segments of 4 chunks, from 8 chunks on) against a
-    Python loop over the chunk summaries, in both directions, with per-channel decays (RG-LRU)
-    and with decays rebuilt from sums of r and a per-channel rate (SAMU)."""
+@pytest.mark.parametrize("starts", [False, True])
+def test_carry_plans_match_a_sequential_carry(plan, reverse, scalar_decay, starts):
+    """chunk_carry by each plan against a Python loop over the chunk summaries, in both
+    directions, with per-channel decays (RG-LRU) and with decays rebuilt from sums of r and a
+    per-channel rate (SAMU); with starts, some chunks (one the first of a segment, one inside
+    one) hold a packed start (decay 0, or START_MARK for sums of r)."""
     gen = torch.Generator().manual_seed(3)
     batch, n_chunks, width = 2, 37, 24
     end = torch.randn(batch, n_chunks, width, generator=gen).to(DEVICE)
+    cut = [12, 22] if starts else []
     if scalar_decay:
         r_sum = (torch.rand(batch, n_chunks, generator=gen) * 4).to(DEVICE)
         a_param = torch.randn(width, generator=gen).to(DEVICE)
         log_temp = torch.tensor(-0.3, device=DEVICE)
         rate = 8 * torch.exp(log_temp) * torch.nn.functional.softplus(a_param)
         decay = torch.exp(-rate * r_sum[..., None])
+        decay[:, cut] = 0.0
+        r_sum[:, cut] = float("inf")
         args = (r_sum, end)
         extra = dict(rate=rate.contiguous())
     else:
         decay = torch.rand(batch, n_chunks, width, generator=gen).to(DEVICE)
+        decay[:, cut] = 0.0
         args = (decay, end)
         extra = {}
     want = torch.zeros_like(end)
@@ -193,12 +221,8 @@ def test_two_level_carry_matches_a_sequential_carry(reverse, scalar_decay, monke
     for k in order:
         want[:, k] = state
         state = decay[:, k] * state + end[:, k]
-    one_level = carry.chunk_carry(*args, reverse=reverse, **extra)
-    monkeypatch.setattr(carry, "SEGMENT_CHUNKS", 4)
-    monkeypatch.setattr(carry, "TWO_LEVEL_FROM", 8)
-    two_level = carry.chunk_carry(*args, reverse=reverse, **extra)
-    for got in (one_level, two_level):
-        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
+    got = carry.chunk_carry(*args, reverse=reverse, plan=CARRY_PLANS[plan], **extra)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
 
 
 def test_host_helpers_match_triton():

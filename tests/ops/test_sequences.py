@@ -12,6 +12,7 @@ from samu.experiment import legality
 from samu.functional import FUNCTIONS
 from samu.modules import MODULES
 from samu.ops import sequences
+from samu.ops.common import carry
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MIXERS = ("samu", "rglru")
@@ -56,6 +57,14 @@ for mixer in MIXERS:
         STATE_CASES.append((mixer, config, (2, 2 * chunk + 3, 48), None, True))
         STATE_CASES.append((mixer, config, (1, _packing_for(chunk)[-1], 48), _packing_for(chunk),
                             False))
+    # Each chunk a segment of the look-back carry, so that starts fall in segments' summaries.
+    name = backends.DEFAULTS[mixer]
+    config = backends.REGISTRY[mixer][name].config
+    walk = dict(walked_carry_chunks=0) if mixer == "samu" else {}
+    config = dataclasses.replace(config, **walk, carry=carry.CarryPlan(
+        two_level_from=2, segment_chunks=1, lookback=True))
+    STATE_CASES.append((mixer, config, (1, _packing_for(config.chunk)[-1], 48),
+                        _packing_for(config.chunk), True))
     for name in ("reference_chunked",):
         STATE_CASES.append((mixer, name, (2, 21, 32), None, True))
         STATE_CASES.append((mixer, name, (1, PACKED[-1], 32), PACKED, True))
@@ -64,7 +73,8 @@ for mixer in MIXERS:
 def _id(case):
     mixer, name, shape, packing, initial = case
     if not isinstance(name, str):
-        name = f"{name.name}-walked_carry_chunks{name.walked_carry_chunks}"
+        name = (f"{name.name}-walked_carry_chunks{getattr(name, 'walked_carry_chunks', None)}"
+                f"-{name.carry}")
     return (f"{mixer}-{name}-{'x'.join(map(str, shape))}-"
             f"{'packed' if packing else 'rows'}-{'h0' if initial else 'reset'}")
 

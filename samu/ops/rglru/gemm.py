@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from ..common import launching
-from ..common.carry import chunk_carry
+from ..common.carry import DEFAULT_PLAN, CarryPlan, chunk_carry
 from ..common.launching import (aligned, carve, carved_size, cdiv, fp32_contiguous,
                                 refuse_double_backward, register_cap, sm_count, tile_width,
                                 with_state_keywords)
@@ -388,6 +388,7 @@ class GemmConfig:
     backward_programs_per_sm: int = 32
     workspace_units: float = 0.5
     gradient_over_gates: bool = True
+    carry: CarryPlan = DEFAULT_PLAN
 
     @property
     def name(self) -> str:
@@ -546,7 +547,7 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None):
         _gate_products(x_heads, w_cat, heads, gates)
         launching.launch(_summary_kernel, summary_grid, x, gates, bx, ba, a_param, seq, h0,
                          decay, end, col0, length, tokens, n_chunks, **summary_meta, **flags)
-        chunk_carry(decay, end, reverse=False, out=h_in[g])
+        chunk_carry(decay, end, reverse=False, out=h_in[g], plan=config.carry)
         launching.launch(_output_kernel, output_grid, x, gates, y, bx, ba, a_param, h_in[g], seq,
                          h0, final, col0, length, tokens, n_chunks, **output_meta, **flags,
                          HAS_FINAL=sequences.output_final_state)
@@ -640,7 +641,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
                          d_final, decay, end, col0, length, tokens, n_chunks,
                          **reverse_meta, PACKED=sequences.packed,
                          HAS_DFINAL=has_dfinal)
-        chunk_carry(decay, end, reverse=True, out=carry)
+        chunk_carry(decay, end, reverse=True, out=carry, plan=config.carry)
         launching.launch(_backward_kernel, (n_parts, col_blocks), x, dy, gates, d_gates, dx, bx, ba,
                          a_param, h_in[g], carry, seq, h0, d_final, d_h0, part, dsp_part, col0,
                          length, tokens, n_chunks, per_span, spans, **backward_meta, **flags)

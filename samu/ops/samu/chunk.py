@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.carry import chunk_carry, walked_carry
+from ..common.carry import DEFAULT_PLAN, CarryPlan, chunk_carry, walked_carry
 from ..common import launching
 from ..common.launching import (aligned, cdiv, fp32_contiguous, refuse_double_backward,
                                 register_cap, row_stride_units, sm_count, tile_width,
@@ -320,6 +320,7 @@ class SamuConfig:
     backward: Launch = Launch(4, 1)
     walked_carry_chunks: int = 16
     walked_carry_elements: int = 1 << 20
+    carry: CarryPlan = DEFAULT_PLAN
 
     def walks_carry(self, n_chunks: int, elements: int) -> bool:
         return n_chunks <= self.walked_carry_chunks and elements <= self.walked_carry_elements
@@ -418,7 +419,7 @@ def forward(x, params, sequences, config: SamuConfig):
                      meta["summary_units"], T=chunk, **meta["summary"], **flags)
     walked = config.walks_carry(n_chunks, x.numel())
     if not walked:
-        chunk_carry(r_sum, end, reverse=False, rate=rate, out=h_in)
+        chunk_carry(r_sum, end, reverse=False, rate=rate, out=h_in, plan=config.carry)
     y = torch.empty_like(x)
     final = sequences.final_state(width, x.device)
     grid = (batch * n_chunks, cdiv(width, meta["output"]["BD"]))
@@ -472,7 +473,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
     if walked:  # the backward kernel walks the reverse summaries: its rows go elsewhere
         carry, dsp_part = end, torch.empty(items, width, **f32)
     else:
-        carry = chunk_carry(r_sum, end, reverse=True, rate=rate)
+        carry = chunk_carry(r_sum, end, reverse=True, rate=rate, plan=config.carry)
         dsp_part = end.view(items, width)  # end is spent: the carry has read it
     dx = torch.empty_like(x)
     d_h0 = torch.empty_like(h0) if sequences.has_initial else h0
