@@ -44,7 +44,7 @@ def signature(fn, constexprs):
     for name in names:
         if name in constexprs:
             sig[name] = "constexpr"
-        elif name == "seq_ptr":
+        elif name in ("seq_ptr", "status_ptr"):
             sig[name] = "*i32"
         elif name.endswith("_ptr"):
             sig[name] = "*bf16" if name in BF16_ARGS else "*fp32"
@@ -86,6 +86,9 @@ def configurations():
                 yield ("carry", carry.chunk_carry_kernel,
                        dict(REVERSE=reverse, SCALAR_DECAY=scalar, MODE=mode, BLOCK_C=64,
                             BLOCK_D=32), dict(num_warps=4))
+            yield ("carry", carry.lookback_carry_kernel,
+                   dict(REVERSE=reverse, SCALAR_DECAY=scalar, PUBLISH_INCLUSIVE=True, BLOCK_C=64,
+                        BLOCK_D=32), dict(num_warps=4))
     yield ("sum_partials", reduce.sum_partials_kernel, dict(BLOCK_P=128, BLOCK_N=32),
            dict(num_warps=4))
     yield ("weight_partials", reduce.weight_partials_kernel,

@@ -55,10 +55,18 @@ for _mixer in ("samu", "rglru"):
                (2, 9 * _config.chunk + 3, 48)) for plan in LONG_ROW_PLANS]
 
 
+# The backward's pass 2 from the partial dx that pass 1 wrote, for every SAMU backend, also
+# across several chunks with chunk_carry's launches.
+CASES += [("samu", dataclasses.replace(backends.REGISTRY["samu"][n].config, partial_dx=True, **walk),
+           (2, 3 * _chunk("samu", n) + 5, 48))
+          for n in _triton("samu") for walk in ({}, dict(walked_carry_chunks=0))]
+
+
 def _config_id(value):
     if dataclasses.is_dataclass(value):
         walk = getattr(value, "walked_carry_chunks", None)
-        return f"{value.name}-walked_carry_chunks{walk}-{value.carry}"
+        partial = "-partial_dx" if getattr(value, "partial_dx", False) else ""
+        return f"{value.name}-walked_carry_chunks{walk}-{value.carry}{partial}"
     return None
 
 

@@ -65,6 +65,11 @@ for mixer in MIXERS:
         two_level_from=2, segment_chunks=1, lookback=True))
     STATE_CASES.append((mixer, config, (1, _packing_for(config.chunk)[-1], 48),
                         _packing_for(config.chunk), True))
+    if mixer == "samu":  # the backward's pass 2 from the partial dx of pass 1
+        config = dataclasses.replace(backends.REGISTRY[mixer][name].config, partial_dx=True)
+        STATE_CASES.append((mixer, config, (1, _packing_for(config.chunk)[-1], 48),
+                            _packing_for(config.chunk), True))
+        STATE_CASES.append((mixer, config, (2, 2 * config.chunk + 3, 48), None, True))
     for name in ("reference_chunked",):
         STATE_CASES.append((mixer, name, (2, 21, 32), None, True))
         STATE_CASES.append((mixer, name, (1, PACKED[-1], 32), PACKED, True))
@@ -74,7 +79,7 @@ def _id(case):
     mixer, name, shape, packing, initial = case
     if not isinstance(name, str):
         name = (f"{name.name}-walked_carry_chunks{getattr(name, 'walked_carry_chunks', None)}"
-                f"-{name.carry}")
+                f"-{name.carry}{'-partial_dx' if getattr(name, 'partial_dx', False) else ''}")
     return (f"{mixer}-{name}-{'x'.join(map(str, shape))}-"
             f"{'packed' if packing else 'rows'}-{'h0' if initial else 'reset'}")
 

@@ -223,10 +223,13 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
                           dh0_ptr, dz_ptr, part_ptr, dsp_part_ptr, L, D, NC, TOKENS, row_units,
                           T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                           PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
-                          HAS_DFINAL: tl.constexpr, WALKED_CARRY: tl.constexpr):
+                          HAS_DFINAL: tl.constexpr, WALKED_CARRY: tl.constexpr,
+                          PARTIAL_DX: tl.constexpr):
     """Per chunk, full width.  Pass 1 reduces dr, dg per token (and per-channel and scalar
     partials) and writes dz = (dz_r, dz_g) per token into dz [2, TOKENS]; pass 2 writes
-    dx = dh m g + skip dy + W^T dz.  The chunk's parameter gradients go to its rows (summed by
+    dx = dh m g + skip dy + W^T dz.  With PARTIAL_DX, pass 1 also writes dh m g + skip dy into
+    dx (in dx's dtype) and pass 2 only adds W^T dz to it, read back from L2, instead of
+    forming the adjoint again.  The chunk's parameter gradients go to its rows (summed by
     reduce.sum_partials): in part [d log_temp, d skip, d ctrl_bias (2)], in dsp_part
     d softplus; d ctrl_weight = dz^T x is reduce.weight_partials' (no 2 D-wide row per chunk).
     With WALKED_CARRY, carry_ptr holds the reverse summaries (see _samu_chunk_adjoint)."""
@@ -257,6 +260,9 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
             V, True, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY)
         dr_part += dla * -lam[None, :]
         dg_part += dh * m * x
+        if PARTIAL_DX:
+            tl.store(dx_ptr + base + offs, to_element(dh * m * g[:, None] + skip * dy, dx_ptr),
+                     mask=ok)
         tl.store(dsp_part_ptr + pid.to(tl.int64) * D + cols,
                  tl.sum(dla * (-c * r[:, None]), axis=0), mask=cols < D)
         d_log_temp += tl.sum(dla * log_a, axis=0)
@@ -271,14 +277,18 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     tl.store(row + 3, tl.sum(dz1, axis=0))
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
-        base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
-            x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr, dfinal_ptr,
-            dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC, row_units, T,
-            V, False, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY)
         w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
-        dx = (dh * m * g[:, None] + skip * dy + dz0[:, None] * w0[None, :]
-              + dz1[:, None] * w1[None, :])
+        if PARTIAL_DX:  # each thread reads back the elements it wrote in pass 1
+            base, offs, ok = _tile(b, k, rows, cols, L, D, row_units, T, V)
+            dx = tl.load(dx_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
+        else:
+            base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
+                x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr, dfinal_ptr,
+                dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC,
+                row_units, T, V, False, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY)
+            dx = dh * m * g[:, None] + skip * dy
+        dx += dz0[:, None] * w0[None, :] + dz1[:, None] * w1[None, :]
         tl.store(dx_ptr + base + offs, to_element(dx, dx_ptr), mask=ok)
 
 
@@ -321,6 +331,7 @@ class SamuConfig:
     walked_carry_chunks: int = 16
     walked_carry_elements: int = 1 << 20
     carry: CarryPlan = DEFAULT_PLAN
+    partial_dx: bool = False
 
     def walks_carry(self, n_chunks: int, elements: int) -> bool:
         return n_chunks <= self.walked_carry_chunks and elements <= self.walked_carry_elements
@@ -364,6 +375,8 @@ def launch_plan(config: SamuConfig, width: int, features: bool = False):
         flags = {name: features for name in FEATURES[role]}
         if role in ("output", "backward"):  # the carry as chunk_carry gives it (long rows)
             flags["WALKED_CARRY"] = False
+        if role == "backward":
+            flags["PARTIAL_DX"] = config.partial_dx
         plan.append((kernel, dict(T=config.chunk, **meta, **flags), options))
     return plan
 
@@ -481,7 +494,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
                      rate, log_temp, skip, seq, h0, d_final, d_h0, dz, part, dsp_part, length,
                      width, n_chunks, tokens, meta["backward_units"], T=chunk, **meta["backward"],
                      PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
-                     HAS_DFINAL=has_dfinal, WALKED_CARRY=walked)
+                     HAS_DFINAL=has_dfinal, WALKED_CARRY=walked, PARTIAL_DX=config.partial_dx)
     weight_rows = weight_partials(x, dz, WEIGHT_PROGRAMS_PER_SM * sm_count(x.device))
     grads = sum_partials(part, dsp_part, a_param, front=weight_rows)
     d_weight, d_log_temp, d_skip, d_bias, d_a_param = grads.split_with_sizes(
