@@ -311,9 +311,8 @@ class Launch:
                     **register_cap(self.registers))
 
 
-# Per-kernel GPU times on the H200 at (1, 32768, 2048) (docs/PERFORMANCE.md): 4 channels per
-# thread (8-byte loads) suit the summaries, 2 the output; the backward is best at (4, 1) for chunk
-# 16 and (2, 2) for chunk 8 (BACKWARD below).
+# Launches chosen from per-kernel GPU times on the H200 (docs/PERFORMANCE.md): 4 channels per
+# thread (8-byte loads) suit the summaries, 2 the output; where a chunk differs, LAUNCHES below.
 @dataclass(frozen=True)
 class SamuConfig:
     """One SAMU backend: tokens per chunk and each kernel's launch.  The name is generated from
@@ -540,8 +539,8 @@ def run_with(config: SamuConfig):
     return run
 
 
-# The backward kernel's launch where it differs from SamuConfig's default.
-BACKWARD = {8: dict(backward=Launch(2, 2))}
+# Each chunk's launches where they differ from SamuConfig's defaults.
+LAUNCHES = {8: dict(backward=Launch(2, 2, registers=128)), 16: dict(summary=Launch(4, 2))}
 
 # Each thread holds a chunk of every scan tile: beyond 32 tokens the backward kernel spills.
-CONFIGS = tuple(SamuConfig(chunk, **BACKWARD.get(chunk, {})) for chunk in (8, 16, 32))
+CONFIGS = tuple(SamuConfig(chunk, **LAUNCHES.get(chunk, {})) for chunk in (8, 16, 32))
