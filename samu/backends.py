@@ -23,8 +23,10 @@ VOCABULARY = {
                   "chunk-summary kernel, which also writes the per-token scalars r, g",
     "hierarchical": "three phases: per-chunk summaries (decay, local end state), a scan over "
                     "chunk summaries (the carry: one program per channel block, or from 512 "
-                    "chunks on two levels, segments of 128 chunks then the segments), and the "
-                    "chunk outputs recomputed from the carry; backward mirrors it in reverse",
+                    "chunks on two levels, segments of 128 chunks then the segments; a "
+                    "configuration's CarryPlan can take a one-launch decoupled look-back "
+                    "instead), and the chunk outputs recomputed from the carry; backward "
+                    "mirrors it in reverse",
     "chunk": "chunkN: N tokens per chunk, scanned in registers by tl.associative_scan",
     "block": "blockN: a program owns N channels of one head (64 when the name has no blockN)",
     "gemm": "RG-LRU's block-diagonal gate products run as cuBLAS strided batched GEMMs on head "

@@ -1,0 +1,83 @@
+"""The carry across chunks by each plan on a GPU (samu.ops.common.carry.CarryPlan): agreement of
+the look-back with the two-level carry over repeated calls (normwise, FP32), then GPU time per
+call, replayed from a CUDA graph, by plan and segment length.
+
+    python scripts/bench_carry.py                      # (1, 4096, 2048) and four more shapes
+    python scripts/bench_carry.py 1x4096x2048 --calls=200
+
+Shapes are (batch, chunks, width): chunk 8 at L = 32768 is 4096 chunks.  Both decay forms run:
+SAMU's sums of r with a per-channel rate, and RG-LRU's per-channel decays; one chunk in three
+holds a packed start."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from samu.ops.common import carry
+
+SHAPES = ["1x4096x2048", "1x2048x2048", "1x4096x1024", "2x1024x3072", "1x1024x4096"]
+SEGMENTS = (16, 32, 64, 128, 256)
+
+
+def summaries(batch, n_chunks, width, scalar, device="cuda"):
+    """(positional args, keywords) of chunk_carry over random summaries with slow decays."""
+    end = torch.randn(batch, n_chunks, width, device=device)
+    if scalar:
+        r_sum = torch.rand(batch, n_chunks, device=device) * 0.02
+        r_sum[:, n_chunks // 3] = float("inf")  # a packed start
+        return (r_sum, end), dict(rate=torch.rand(width, device=device) * 2 + 0.01)
+    decay = torch.rand(batch, n_chunks, width, device=device) * 0.02 + 0.98
+    decay[:, n_chunks // 3] = 0.0
+    return (decay, end), {}
+
+
+def replay_ms(fn, calls_per_graph=10, graphs=5):
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls_per_graph):
+            fn()
+    graph.replay()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(graphs):
+        start.record()
+        graph.replay()
+        stop.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(stop) / calls_per_graph)
+    return best
+
+
+def main():
+    if not torch.cuda.is_available():
+        sys.exit("bench_carry.py times GPU kernels: it needs CUDA")
+    calls = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--calls=")), 100)
+    shapes = [a for a in sys.argv[1:] if not a.startswith("--")] or SHAPES
+    two_level = carry.CarryPlan()
+    for text in shapes:
+        batch, n_chunks, width = map(int, text.split("x"))
+        for scalar in (True, False):
+            args, extra = summaries(batch, n_chunks, width, scalar)
+            line = f"({batch}, {n_chunks}, {width}) {'sums of r' if scalar else 'decays'}:"
+            for reverse in (False, True):
+                want = carry.chunk_carry(*args, reverse=reverse, plan=two_level, **extra)
+                plan = carry.CarryPlan(lookback=True)
+                worst = max(((carry.chunk_carry(*args, reverse=reverse, plan=plan, **extra)
+                              - want).norm() / want.norm()).item() for _ in range(calls))
+                line += f" look-back {'reverse' if reverse else 'forward'} worst {worst:.1e};"
+            print(line, flush=True)
+            times = [f"two-level {replay_ms(lambda: carry.chunk_carry(*args, reverse=False, plan=two_level, **extra)):.4f}"]
+            for seg in SEGMENTS:
+                if n_chunks // seg >= 2:
+                    plan = carry.CarryPlan(segment_chunks=seg, lookback=True)
+                    ms = replay_ms(lambda: carry.chunk_carry(*args, reverse=False, plan=plan,
+                                                             **extra))
+                    times.append(f"look-back/{seg} {ms:.4f}")
+            print("    ms per call: " + "  ".join(times), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""A backend's configuration against variants of it on a GPU: forward+backward GPU time replayed
+from a CUDA graph, and with --legality each variant's errors against the float64 oracle.
+
+    python scripts/compare_configs.py samu 1x32768x2048 4x2048x2048 --set partial_dx=True
+    python scripts/compare_configs.py samu 1x32768x2048 --backends=chunk8 \\
+        --set "backward=Launch(2, 2, 128)" --set "carry=CarryPlan(lookback=True)"
+    python scripts/compare_configs.py rglru 1x32768x2048 --set "carry=CarryPlan(lookback=True)"
+
+Each --set is one variant: field=value of the backend's frozen configuration, the value a
+Python expression over Launch (the mixer's) and CarryPlan.  Variants are passed in as the
+backend (samu.backends.from_config): nothing registered changes."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import torch
+
+from samu import backends
+from samu.experiment import legality, protocol
+from samu.ops.common.carry import CarryPlan
+from samu.ops.rglru import gemm
+from samu.ops.samu import chunk
+
+LAUNCH = {"samu": chunk.Launch, "rglru": gemm.Launch}
+
+
+def variants(mixer, settings):
+    """(label, {field: value}) of each --set."""
+    names = {"Launch": LAUNCH[mixer], "CarryPlan": CarryPlan}
+    out = []
+    for text in settings:
+        field, value = text.split("=", 1)
+        out.append((text, {field.strip(): eval(value, names)}))
+    return out
+
+
+def main():
+    if not torch.cuda.is_available():
+        sys.exit("compare_configs.py times GPU kernels: it needs CUDA")
+    args = sys.argv[1:]
+    mixer = args[0]
+    settings = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    wanted = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("--backends=")),
+                  None)
+    check = "--legality" in args
+    shapes = [a for a in args[1:] if "x" in a and not a.startswith("--") and a not in settings]
+    names = [n for n in backends.available(mixer) if backends.REGISTRY[mixer][n].kind == "triton"
+             and (not wanted or any(n.endswith(w) for w in wanted))]
+    for text in shapes:
+        shape = tuple(map(int, text.split("x")))
+        x, params, dy = legality.make_inputs(mixer, shape, "cuda")
+        for name in names:
+            registered = backends.REGISTRY[mixer][name].config
+            row = []
+            for label, change in [("registered", {})] + variants(mixer, settings):
+                config = dataclasses.replace(registered, **change)
+                module = protocol.build_module(mixer, shape[2], config, "cuda")
+                xg = x.detach().requires_grad_()
+                ms = min(protocol.graph_replay_ms(module, xg, dy) for _ in range(3))
+                row.append(f"{label}: {ms:.4f} ms")
+                if check and change:
+                    entry = legality.check_legality(mixer, config, shape, "cuda", seed=1)
+                    row[-1] += f" (legal {entry['legal']}, dx error {entry['errors']['x']:.2e})"
+                del module, xg
+            print(f"{shape} {name}: " + "; ".join(row), flush=True)
+        del x, dy
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
