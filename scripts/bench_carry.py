@@ -6,8 +6,9 @@ call, replayed from a CUDA graph, by plan and segment length.
     python scripts/bench_carry.py 1x4096x2048 --calls=200
 
 Shapes are (batch, chunks, width): chunk 8 at L = 32768 is 4096 chunks.  Both decay forms run:
-SAMU's sums of r with a per-channel rate, and RG-LRU's per-channel decays; one chunk in three
-holds a packed start."""
+SAMU's sums of r with a per-channel rate, and RG-LRU's per-channel decays; the chunk a third of
+the way along each row holds a packed start.  The look-back plans cut every row into segments
+(two_level_from=2), whatever its length."""
 from __future__ import annotations
 
 import sys
@@ -64,7 +65,7 @@ def main():
             line = f"({batch}, {n_chunks}, {width}) {'sums of r' if scalar else 'decays'}:"
             for reverse in (False, True):
                 want = carry.chunk_carry(*args, reverse=reverse, plan=two_level, **extra)
-                plan = carry.CarryPlan(lookback=True)
+                plan = carry.CarryPlan(two_level_from=2, lookback=True)
                 worst = max(((carry.chunk_carry(*args, reverse=reverse, plan=plan, **extra)
                               - want).norm() / want.norm()).item() for _ in range(calls))
                 line += f" look-back {'reverse' if reverse else 'forward'} worst {worst:.1e};"
@@ -72,7 +73,7 @@ def main():
             times = [f"two-level {replay_ms(lambda: carry.chunk_carry(*args, reverse=False, plan=two_level, **extra)):.4f}"]
             for seg in SEGMENTS:
                 if n_chunks // seg >= 2:
-                    plan = carry.CarryPlan(segment_chunks=seg, lookback=True)
+                    plan = carry.CarryPlan(two_level_from=2, segment_chunks=seg, lookback=True)
                     ms = replay_ms(lambda: carry.chunk_carry(*args, reverse=False, plan=plan,
                                                              **extra))
                     times.append(f"look-back/{seg} {ms:.4f}")

@@ -1,14 +1,15 @@
 """A backend's configuration against variants of it on a GPU: forward+backward GPU time replayed
 from a CUDA graph, and with --legality each variant's errors against the float64 oracle.
 
-    python scripts/compare_configs.py samu 1x32768x2048 4x2048x2048 --set partial_dx=True
+    python scripts/compare_configs.py samu 1x32768x2048 4x2048x2048 --set partial_dx=True --legality
     python scripts/compare_configs.py samu 1x32768x2048 --backends=chunk8 \\
         --set "backward=Launch(2, 2, 128)" --set "carry=CarryPlan(lookback=True)"
     python scripts/compare_configs.py rglru 1x32768x2048 --set "carry=CarryPlan(lookback=True)"
 
 Each --set is one variant: field=value of the backend's frozen configuration, the value a
-Python expression over Launch (the mixer's) and CarryPlan.  Variants are passed in as the
-backend (samu.backends.from_config): nothing registered changes."""
+Python expression over Launch (the mixer's) and CarryPlan.  --legality adds every
+configuration's legality and dx error against the float64 oracle (computed once per shape).
+Variants are passed in as the backend (samu.backends.from_config): nothing registered changes."""
 from __future__ import annotations
 
 import dataclasses
@@ -39,6 +40,8 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("compare_configs.py times GPU kernels: it needs CUDA")
     args = sys.argv[1:]
+    if not args or args[-1] == "--set":
+        sys.exit(__doc__)
     mixer = args[0]
     settings = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
     wanted = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("--backends=")),
@@ -49,7 +52,12 @@ def main():
              and (not wanted or any(n.endswith(w) for w in wanted))]
     for text in shapes:
         shape = tuple(map(int, text.split("x")))
-        x, params, dy = legality.make_inputs(mixer, shape, "cuda")
+        inputs = legality.make_inputs(mixer, shape, "cuda", seed=1)
+        x, params, dy = inputs
+        if check:  # the oracle and the eager reference's errors once per shape
+            want = legality.oracle(mixer, *inputs)
+            eager = legality.relative_errors(
+                legality.outputs(mixer, "reference_chunked", *inputs), want)
         for name in names:
             registered = backends.REGISTRY[mixer][name].config
             row = []
@@ -59,12 +67,15 @@ def main():
                 xg = x.detach().requires_grad_()
                 ms = min(protocol.graph_replay_ms(module, xg, dy) for _ in range(3))
                 row.append(f"{label}: {ms:.4f} ms")
-                if check and change:
-                    entry = legality.check_legality(mixer, config, shape, "cuda", seed=1)
-                    row[-1] += f" (legal {entry['legal']}, dx error {entry['errors']['x']:.2e})"
+                if check:
+                    entry = legality.check_legality(mixer, config, want=want,
+                                                    eager_errors=eager, inputs=inputs)
+                    dx = entry["errors"].get("x")
+                    row[-1] += (f" (legal {entry['legal']}, dx error {dx:.2e})" if dx is not None
+                                else f" (legal False: {entry['reason']})")
                 del module, xg
             print(f"{shape} {name}: " + "; ".join(row), flush=True)
-        del x, dy
+        del x, dy, inputs
         torch.cuda.empty_cache()
 
 

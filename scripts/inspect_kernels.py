@@ -73,7 +73,7 @@ def ptx_without_debug_lines(ptx: str) -> str:
 
 def configurations():
     """(label, kernel, constexprs, compile options) of every kernel configuration the backends
-    launch."""
+    launch by default, and the look-back carry of CarryPlan(lookback=True)."""
     from samu.ops.common import carry, reduce
     for width in (2048, 2560):
         for module in (samu_chunk, rglru_gemm):
@@ -87,7 +87,7 @@ def configurations():
                        dict(REVERSE=reverse, SCALAR_DECAY=scalar, MODE=mode, BLOCK_C=64,
                             BLOCK_D=32), dict(num_warps=4))
             yield ("carry", carry.lookback_carry_kernel,
-                   dict(REVERSE=reverse, SCALAR_DECAY=scalar, PUBLISH_INCLUSIVE=True, BLOCK_C=64,
+                   dict(REVERSE=reverse, SCALAR_DECAY=scalar, PUBLISH_EVERY=1, BLOCK_C=64,
                         BLOCK_D=32), dict(num_warps=4))
     yield ("sum_partials", reduce.sum_partials_kernel, dict(BLOCK_P=128, BLOCK_N=32),
            dict(num_warps=4))

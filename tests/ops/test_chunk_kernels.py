@@ -66,7 +66,8 @@ def _config_id(value):
     if dataclasses.is_dataclass(value):
         walk = getattr(value, "walked_carry_chunks", None)
         partial = "-partial_dx" if getattr(value, "partial_dx", False) else ""
-        return f"{value.name}-walked_carry_chunks{walk}-{value.carry}{partial}"
+        plan = "" if value.carry == carry.DEFAULT_PLAN else f"-{value.carry.label}"
+        return f"{value.name}-walked_carry_chunks{walk}{plan}{partial}"
     return None
 
 
@@ -186,13 +187,15 @@ def test_row_offsets_stay_exact_past_two_to_the_31():
     assert out.tolist() == want
 
 
-# Short segments so that a 37-chunk row takes several: one level, two, and the look-back (with
-# inclusive states, and with only summaries, where every walk runs back to the first segment).
+# Short segments so that a 37-chunk row takes several: one level, two, and the look-back with
+# every tile's inclusive state published, every third one's (walks cross summaries, then stop at
+# an inclusive state), and none (every walk runs back to the first segment).
+_SHORT = dict(two_level_from=8, segment_chunks=4)
 CARRY_PLANS = {"one_level": carry.CarryPlan(),
-               "two_level": carry.CarryPlan(two_level_from=8, segment_chunks=4),
-               "lookback": carry.CarryPlan(two_level_from=8, segment_chunks=4, lookback=True),
-               "lookback_summaries": carry.CarryPlan(two_level_from=8, segment_chunks=4,
-                                                     lookback=True, publish_inclusive=False)}
+               "two_level": carry.CarryPlan(**_SHORT),
+               "lookback": carry.CarryPlan(**_SHORT, lookback=True),
+               "lookback_every3": carry.CarryPlan(**_SHORT, lookback=True, publish_every=3),
+               "lookback_summaries": carry.CarryPlan(**_SHORT, lookback=True, publish_every=0)}
 
 
 @pytest.mark.parametrize("plan", CARRY_PLANS)

@@ -78,8 +78,9 @@ for mixer in MIXERS:
 def _id(case):
     mixer, name, shape, packing, initial = case
     if not isinstance(name, str):
+        plan = "" if name.carry == carry.DEFAULT_PLAN else f"-{name.carry.label}"
         name = (f"{name.name}-walked_carry_chunks{getattr(name, 'walked_carry_chunks', None)}"
-                f"-{name.carry}{'-partial_dx' if getattr(name, 'partial_dx', False) else ''}")
+                f"{plan}{'-partial_dx' if getattr(name, 'partial_dx', False) else ''}")
     return (f"{mixer}-{name}-{'x'.join(map(str, shape))}-"
             f"{'packed' if packing else 'rows'}-{'h0' if initial else 'reset'}")
 

@@ -139,7 +139,7 @@ def _publish(status_ptr, tile, value):
 def lookback_carry_kernel(decay_ptr, end_ptr, out_ptr, rate_ptr, sum_decay_ptr, sum_end_ptr,
                           inclusive_ptr, status_ptr, NC, D, SEG, N_SEG, N_CB,
                           REVERSE: tl.constexpr, SCALAR_DECAY: tl.constexpr,
-                          PUBLISH_INCLUSIVE: tl.constexpr, BLOCK_C: tl.constexpr,
+                          PUBLISH_EVERY: tl.constexpr, BLOCK_C: tl.constexpr,
                           BLOCK_D: tl.constexpr):
     """Phase 2 in one launch: one program per (batch, channel block, segment of SEG chunks),
     tensors as chunk_carry_kernel's.  A program sums its segment from zero and publishes the
@@ -150,9 +150,12 @@ def lookback_carry_kernel(decay_ptr, end_ptr, out_ptr, rate_ptr, sum_decay_ptr, 
     (batch, channel block): a program waits only on tiles that are already running, so it
     cannot wait on one that never starts.  status: [N_TILES + 1] int32, zero at launch.
     sum_decay ([N_TILES], sums of r, or [N_TILES, BLOCK_D]), sum_end and inclusive
-    ([N_TILES, BLOCK_D]) are scratch.  PUBLISH_INCLUSIVE=False leaves every walk to run back
-    to the first segment (tests take that path, which the interpreter's in-order programs
-    otherwise never reach)."""
+    ([N_TILES, BLOCK_D]) are scratch.  How far a walk goes depends on timing, so the sums'
+    rounding, and the last bits of the result, can differ from call to call.
+    PUBLISH_EVERY: 1, every tile publishes its inclusive state; k > 1, only every k-th tile in
+    scan order; 0, none, so that every walk runs back to the first segment.  Tests take the
+    last two, whose walks cross summaries before an inclusive state: the interpreter runs the
+    programs in order, so with 1 every walk stops at the tile before it."""
     n_tiles = tl.num_programs(0)
     tile = tl.atomic_add(status_ptr + n_tiles, 1)
     step = tile % N_SEG  # position in scan order
@@ -203,7 +206,10 @@ def lookback_carry_kernel(decay_ptr, end_ptr, out_ptr, rate_ptr, sum_decay_ptr, 
             else:
                 between *= tl.load(sum_decay_ptr + other, cache_modifier=".cg")
                 back -= 1
-    if PUBLISH_INCLUSIVE:
+    publish = PUBLISH_EVERY == 1
+    if PUBLISH_EVERY > 1:
+        publish = step % PUBLISH_EVERY == 0
+    if publish:
         if SCALAR_DECAY:
             own_prod = tl.where(own_r == START_MARK, 0.0, exp_fast(-rate * own_r))
         tl.store(inclusive_ptr + row, own_prod * entering + own_end)
@@ -235,11 +241,19 @@ def walked_carry(r_sum_ptr, end_ptr, rate, b, k, NC, cols, D, REVERSE: tl.conste
 class CarryPlan:
     """How phase 2 runs over a row of chunks.  Below two_level_from chunks, one program per
     (batch, channel block) walks the whole row; from there on, segments of segment_chunks
-    chunks, in two levels (three launches) or, with lookback, in one launch."""
+    chunks, in two levels (three launches) or, with lookback, in one launch and a fill of its
+    status flags.  The look-back's result can differ from call to call in its last bits
+    (lookback_carry_kernel)."""
     two_level_from: int = 512
     segment_chunks: int = 128
     lookback: bool = False
-    publish_inclusive: bool = True  # False: tests of the look-back's walk over summaries
+    publish_every: int = 1  # lookback_carry_kernel's PUBLISH_EVERY (tests change it)
+
+    @property
+    def label(self) -> str:
+        """A short tag for test ids and logs."""
+        kind = f"lookback_every{self.publish_every}" if self.lookback else "levels"
+        return f"{kind}_from{self.two_level_from}_seg{self.segment_chunks}"
 
 
 # One program per channel block walking 4096 chunks took 0.13 ms a call on the H200 (chunk 8,
@@ -289,7 +303,7 @@ def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool,
         sum_decay = torch.empty(n_tiles if scalar_decay else (n_tiles, block_d), **f32)
         launching.launch(lookback_carry_kernel, (n_tiles,), decay, end, out, *params, sum_decay,
                          sums, inclusive, status, n_chunks, width, plan.segment_chunks, n_seg,
-                         n_cb, PUBLISH_INCLUSIVE=plan.publish_inclusive, **meta)
+                         n_cb, PUBLISH_EVERY=plan.publish_every, **meta)
         return out
     seg_decay = torch.empty((batch, n_seg) if scalar_decay else (batch, n_seg, width), **f32)
     seg_end = torch.empty(batch, n_seg, width, **f32)

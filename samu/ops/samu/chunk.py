@@ -228,8 +228,8 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     """Per chunk, full width.  Pass 1 reduces dr, dg per token (and per-channel and scalar
     partials) and writes dz = (dz_r, dz_g) per token into dz [2, TOKENS]; pass 2 writes
     dx = dh m g + skip dy + W^T dz.  With PARTIAL_DX, pass 1 also writes dh m g + skip dy into
-    dx (in dx's dtype) and pass 2 only adds W^T dz to it, read back from L2, instead of
-    forming the adjoint again.  The chunk's parameter gradients go to its rows (summed by
+    dx (in dx's dtype: dx is then rounded twice) and pass 2 only adds W^T dz to what it reads
+    back, instead of forming the adjoint again.  The chunk's parameter gradients go to its rows (summed by
     reduce.sum_partials): in part [d log_temp, d skip, d ctrl_bias (2)], in dsp_part
     d softplus; d ctrl_weight = dz^T x is reduce.weight_partials' (no 2 D-wide row per chunk).
     With WALKED_CARRY, carry_ptr holds the reverse summaries (see _samu_chunk_adjoint)."""
