@@ -2,14 +2,21 @@
 
 A backend name is a sequence of words from ``VOCABULARY``; ``explain(name)`` spells it out and
 ``describe()`` prints every backend of both mixers (``explanations()`` returns them).  Which backend ``auto`` picks is
-``samu.dispatch``'s business.
+``samu.dispatch``'s business.  ``REGISTRY`` fills itself on its first read; where the Triton
+backends could not be loaded (no triton, or no numpy for Triton's interpreter),
+``triton_unavailable()`` says why, and so does every error that asks for one.
 """
 from __future__ import annotations
 
 import re
+import threading
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
+
+from . import _runtime
 
 
 VOCABULARY = {
@@ -70,12 +77,53 @@ class Backend:
     def description(self) -> str:
         return explain(self.name)
 
-REGISTRY: dict[str, dict[str, Backend]] = {"rglru": {}, "samu": {}}
+
+class _Registry(Mapping):
+    """{mixer: {name: Backend}}, filled on its first read: registering imports the kernels,
+    which ``import samu`` does not, so that samu imports without triton and quickly."""
+
+    def __init__(self, mixers):
+        self._mixers = {mixer: {} for mixer in mixers}
+
+    def __getitem__(self, mixer):
+        if not _registered:
+            _ensure_registered()
+        return self._mixers[mixer]
+
+    def __iter__(self):
+        _ensure_registered()
+        return iter(self._mixers)
+
+    def __len__(self):
+        _ensure_registered()
+        return len(self._mixers)
+
+    def __contains__(self, mixer):
+        _ensure_registered()
+        return mixer in self._mixers
+
+    def __repr__(self):
+        _ensure_registered()
+        return f"REGISTRY({ {m: list(named) for m, named in self._mixers.items()} })"
+
+
+REGISTRY: Mapping[str, dict[str, Backend]] = _Registry(("rglru", "samu"))
 
 
 def register(backend: Backend) -> Backend:
-    REGISTRY[backend.mixer][backend.name] = backend
+    REGISTRY._mixers[backend.mixer][backend.name] = backend  # no read: registering fills it
     return backend
+
+
+def triton_unavailable() -> str | None:
+    """Why the Triton backends could not be loaded (None: they are registered)."""
+    _ensure_registered()
+    return _triton_unavailable
+
+
+def _unavailable_line() -> str:
+    return (f"the Triton backends could not be loaded: {_triton_unavailable}; the reference "
+            "backends still work")
 
 
 def explain(name: str) -> str:
@@ -101,13 +149,16 @@ def available(mixer: str) -> list[str]:
 def explanations() -> dict[str, dict[str, str]]:
     """{mixer: {backend: explanation}} for every registered backend."""
     _ensure_registered()
+    if _triton_unavailable is not None:
+        warnings.warn(f"samu: {_unavailable_line()}", RuntimeWarning, stacklevel=2)
     return {m: {n: b.description for n, b in bs.items()} for m, bs in REGISTRY.items()}
 
 
 def describe(file=None) -> None:
     """Print every backend of both mixers, and what each word of its name means."""
     _ensure_registered()
-    lines = []
+    lines = [] if _triton_unavailable is None else [
+        f"Triton backends unavailable: {_triton_unavailable}; only the reference backends run"]
     for mixer, named in REGISTRY.items():
         lines.append(f"{mixer}: {len(named)} backends (backend='auto' picks one; "
                      "samu.dispatch says how)")
@@ -130,40 +181,85 @@ def describe(file=None) -> None:
 
 def check_name(mixer: str, name) -> None:
     """A backend is "auto", a registered name, or a Triton configuration (see from_config)."""
-    if name == "auto":
-        return
     if not isinstance(name, str):
-        from_config(mixer, name)
+        _check_configuration(mixer, name)
+        return
+    if name == "auto":
         return
     _ensure_registered()
     if name in RETIRED.get(mixer, ()):
         raise ValueError(f"{mixer}: backend {name!r} no longer exists: {RETIRED[mixer][name]}; "
                          f"choose 'auto' or one of {available(mixer)}")
-    if name not in REGISTRY.get(mixer, ()):
-        raise ValueError(f"{mixer}: unknown backend {name!r}; choose 'auto' or one of "
-                         f"{available(mixer)}")
+    if name in REGISTRY.get(mixer, ()):
+        return
+    if _triton_unavailable is not None and _names_a_triton_backend(name):
+        raise RuntimeError(f"{mixer}: backend {name!r} is a Triton backend, and "
+                           f"{_unavailable_line()}: {available(mixer)}")
+    unloaded = "" if _triton_unavailable is None else f" ({_unavailable_line()})"
+    raise ValueError(f"{mixer}: unknown backend {name!r}; choose 'auto' or one of "
+                     f"{available(mixer)}{unloaded}")
 
-@lru_cache(maxsize=None)
+
+def _names_a_triton_backend(name: str) -> bool:
+    """Whether a name that is not registered reads as a Triton backend's (its words are all in
+    VOCABULARY): when the Triton backends could not be loaded, that is why it is missing."""
+    try:
+        explain(name)
+    except ValueError:
+        return False
+    return not name.startswith("reference")
+
+
+def _short_repr(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _check_configuration(mixer: str, config) -> None:
+    """TypeError naming ``backend`` and what it accepts, unless ``config`` is a Triton
+    configuration of the mixer (checked before any cache sees it: a dict or list is
+    unhashable)."""
+    if mixer not in _CONFIGURATION_MODULES:
+        raise ValueError(f"unknown mixer {mixer!r}; choose 'rglru' or 'samu'")
+    _ensure_registered()
+    classes = tuple(m.CONFIGS[0].__class__ for m in _CONFIGURATION_MODULES[mixer])
+    if classes and isinstance(config, classes):
+        return
+    accepted = f"'auto' or a name from samu.backends.available({mixer!r})"
+    if classes:
+        accepted = (f"'auto', a name from samu.backends.available({mixer!r}) or a "
+                    f"{' or '.join(c.__name__ for c in classes)} configuration object "
+                    f"(samu.backends.REGISTRY[{mixer!r}][name].config, changed with "
+                    "dataclasses.replace)")
+    unloaded = ("" if _triton_unavailable is None
+                else f"; configuration objects need the Triton backends, and "
+                     f"{_unavailable_line()}")
+    raise TypeError(f"{mixer}: backend must be {accepted}, got {type(config).__name__} "
+                    f"{_short_repr(config)}{unloaded}")
+
+
 def from_config(mixer: str, config) -> Backend:
     """The backend of a Triton configuration passed in instead of a name (a sweep's, say:
     ``dataclasses.replace(backends.REGISTRY["samu"][name].config, output=Launch(4, 2))``).  It
     is not registered; its name is the configuration's."""
-    _ensure_registered()
-    from .ops.rglru import gemm as rglru_gemm
-    from .ops.samu import chunk as samu_chunk
-    modules = {"rglru": (rglru_gemm,), "samu": (samu_chunk,)}.get(mixer)
-    if modules is None:
-        raise ValueError(f"unknown mixer {mixer!r}; choose 'rglru' or 'samu'")
-    module = next((m for m in modules if isinstance(config, m.CONFIGS[0].__class__)), None)
-    if module is None:
-        expected = " or ".join(m.CONFIGS[0].__class__.__name__ for m in modules)
-        raise TypeError(f"{mixer}: backend must be 'auto', a name from "
-                        f"samu.backends.available({mixer!r}) or a {expected}, got "
-                        f"{config!r}")
+    _check_configuration(mixer, config)
+    return _backend_of_configuration(mixer, config)
+
+
+@lru_cache(maxsize=None)
+def _backend_of_configuration(mixer: str, config) -> Backend:
+    module = next(m for m in _CONFIGURATION_MODULES[mixer]
+                  if isinstance(config, m.CONFIGS[0].__class__))
     return Backend(config.name, mixer, "triton", module.run_with(config), config=config)
 
 
 _registered = False
+_registering = False  # while the lock's holder fills the registry (its imports may ask again)
+_registration_lock = threading.RLock()
+# Why the Triton backends could not be loaded, once registration tried (None: they loaded).
+_triton_unavailable: str | None = None
+# mixer -> the modules whose configuration class a backend passed in may be (filled with them).
+_CONFIGURATION_MODULES: dict[str, tuple] = {"rglru": (), "samu": ()}
 
 
 def _reference_run(reference, scan: str):
@@ -174,11 +270,35 @@ def _reference_run(reference, scan: str):
     return run
 
 
+def _reason_triton_failed(exc: ImportError) -> str:
+    """What a user can do about an ImportError of the Triton backends."""
+    missing = (getattr(exc, "name", None) or "").split(".")[0]
+    if missing == "triton":
+        return (f"triton is not installed ({exc}); it is published for Linux on x86_64 and "
+                "aarch64: pip install triton")
+    if missing == "numpy" and _runtime.INTERPRETING:
+        return (f"Triton's interpreter (TRITON_INTERPRET=1) needs numpy: pip install numpy, or "
+                f"pip install 'samu[interpret]' ({exc})")
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _ensure_registered() -> None:
-    global _registered
+    global _registered, _registering, _triton_unavailable
     if _registered:
         return
-    _registered = True
+    with _registration_lock:
+        if _registered or _registering:
+            return
+        _registering = True
+        try:
+            _triton_unavailable = _register_all()
+            _registered = True
+        finally:
+            _registering = False
+
+
+def _register_all() -> str | None:
+    """Register every backend; the reason the Triton backends could not be, or None."""
     from .ops.recurrence import SCANS
     from .ops.rglru.naive import rglru_reference
     from .ops.samu.naive import samu_reference
@@ -189,9 +309,11 @@ def _ensure_registered() -> None:
     try:
         from .ops.rglru import gemm as rglru_gemm
         from .ops.samu import chunk as samu_chunk
-    except ImportError:  # no triton: the reference backends still work
-        return
+    except ImportError as exc:  # the reference backends still work; say why the rest do not
+        return _reason_triton_failed(exc)
     for module in (samu_chunk, rglru_gemm):
+        _CONFIGURATION_MODULES[module.MIXER] = (module,)
         for config in module.CONFIGS:
             register(Backend(config.name, module.MIXER, "triton", module.run_with(config),
                              config=config))
+    return None

@@ -28,7 +28,9 @@ def locked(path):
     """Hold an exclusive lock for a read-modify-write of ``path``.  The lock is a separate file
     because the data file itself is replaced by rename on every write; it is never deleted, since
     removing it would let a late process lock a file no one else sees."""
-    lock = lock_path(path)
+    # Beside the link's target when the file is a symlink: writers write through to the target
+    # (schema.atomic_write), so every path to one file shares one lock.
+    lock = lock_path(os.path.realpath(path))
     lock.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -39,15 +41,48 @@ def locked(path):
 
 
 def read(path) -> dict:
-    """The parsed file, or CalibrationFileError saying why it is not JSON."""
+    """The parsed file, or CalibrationFileError saying why it cannot be used: not JSON, nested
+    too deeply, a key twice in one object, or not a readable file (a directory, a symlink loop).
+    A missing file raises FileNotFoundError: to a caller that is no file, not a broken one."""
     try:
-        with open(path) as f:
-            return json.load(f)
+        with open(path, encoding="utf-8") as f:
+            return json.load(f, object_pairs_hook=_refuse_repeated_keys)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise unreadable(path, exc) from None
     except json.JSONDecodeError as exc:
         raise CalibrationFileError(f"{path}: not valid JSON (truncated or hand-edited?): "
                                    f"{exc}") from None
     except UnicodeDecodeError as exc:
         raise CalibrationFileError(f"{path}: not UTF-8 text: {exc}") from None
+    except RecursionError:
+        raise CalibrationFileError(f"{path}: nested too deeply to be a calibration file "
+                                   "(it is {gpu, environment, shapes: {shape: {mixer: "
+                                   "entry}}})") from None
+    except _RepeatedKey as exc:
+        raise CalibrationFileError(f"{path}: the key {exc.args[0]!r} appears twice in one "
+                                   "object; JSON readers keep only the last") from None
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _refuse_repeated_keys(pairs):
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
+
+
+def unreadable(path, exc: OSError) -> CalibrationFileError:
+    """The error for something at a calibration file's path that cannot be read (a directory,
+    a symlink loop)."""
+    return CalibrationFileError(f"{path}: cannot be read as a calibration file: "
+                                f"{exc.strerror or exc} ({type(exc).__name__})")
 
 
 def parse_shape_key(key, path) -> tuple[int, int, int]:
@@ -74,8 +109,13 @@ def choices(doc, path, registry: dict, retired: dict | None = None) -> dict:
                                    "{BATCHxLENGTHxWIDTH: {mixer: entry}}, got "
                                    f"{type(shapes).__name__}")
     out = {}
+    spelled = {}  # shape -> its key: 1x16x16 and 1X16X16 are one shape
     for key, mixers in shapes.items():
         shape = parse_shape_key(key, path)
+        if shape in spelled:
+            raise CalibrationFileError(f"{path}: shape keys {spelled[shape]!r} and {key!r} name "
+                                       f"one shape, {Shape(*shape).key}: keep one")
+        spelled[shape] = key
         if not isinstance(mixers, dict):
             raise CalibrationFileError(f"{path}: shape {key}: must be an object of "
                                        f"{{mixer: entry}}, got {type(mixers).__name__}")
@@ -120,6 +160,9 @@ def _checked_choice(entry, registry: dict, where: str, mixer: str, retired=()):
         legal[item["backend"]] = item.get("legal") is True
 
     chosen = entry["chosen"]
+    if chosen is not None and not isinstance(chosen, str):
+        raise CalibrationFileError(f"{where}: 'chosen' must be a backend name or null, got "
+                                   f"{type(chosen).__name__} {chosen!r}")
     if chosen in retired:
         chosen = next((n for n in ranking if n not in retired and legal.get(n)), None)
     if chosen is None:

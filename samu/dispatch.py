@@ -5,7 +5,9 @@
   (documented, not silent: the module's ``last_backend`` and ``return_backend=True`` say what
   ran);
 * without CUDA: the chunked reference, or the default Triton backend when ``TRITON_INTERPRET=1``
-  was set before samu was imported (Triton's interpreter runs the kernels on CPU tensors).
+  was set before samu was imported (Triton's interpreter runs the kernels on CPU tensors);
+* where ``auto`` would run a Triton backend and the Triton backends could not be loaded
+  (``backends.triton_unavailable()``), an error saying why.
 
 The calibration file is ``<directory>/<gpu-slug>.json`` (``gpu_slug``: ``NVIDIA H200`` ->
 ``nvidia-h200``), the directory being the first of these that applies:
@@ -32,13 +34,14 @@ import re
 import time
 from functools import lru_cache
 from pathlib import Path
+from stat import S_ISDIR, S_ISREG
 from typing import NamedTuple
 
 import torch
 
 from . import _runtime, backends, calibration_file, paths
 from .backends import DEFAULTS, REGISTRY, Backend, _ensure_registered, check_name
-from .calibration_file import CalibrationFileError  # noqa: F401  (re-exported)
+from .calibration_file import CalibrationFileError  # (re-exported)
 
 
 def interpreting() -> bool:
@@ -190,7 +193,12 @@ def _recheck(slug: str, now: float, cached) -> tuple[float, tuple, dict]:
         stat = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         stamp, choices = (path, None), {}
+    except OSError as exc:  # a symlink loop, say: something is there, and it cannot be read
+        raise calibration_file.unreadable(path, exc) from None
     else:
+        if not S_ISREG(stat.st_mode):  # a directory, say (and a FIFO would block the read)
+            what = "a directory" if S_ISDIR(stat.st_mode) else "not a regular file"
+            raise CalibrationFileError(f"{path}: cannot be read as a calibration file: {what}")
         stamp = (path, stat.st_mtime_ns, stat.st_size, stat.st_ino)
         # A file that fails its checks raises here and is not cached: it is read again next time.
         choices = cached[2] if cached is not None and cached[1] == stamp else _load_choices(path)
@@ -200,9 +208,9 @@ def _recheck(slug: str, now: float, cached) -> tuple[float, tuple, dict]:
 
 def resolve(mixer: str, x: torch.Tensor, backend: str = "auto") -> Backend:
     _ensure_registered()
-    check_name(mixer, backend)
+    check_name(mixer, backend)  # a wrong type, an unknown name or an unloadable one raises here
     if backend != "auto":
-        chosen = (REGISTRY[mixer][backend] if backend.__class__ is str
+        chosen = (REGISTRY[mixer][backend] if isinstance(backend, str)
                   else backends.from_config(mixer, backend))
         if chosen.kind == "triton":
             _check_triton_input(mixer, x, chosen.name)
@@ -210,12 +218,23 @@ def resolve(mixer: str, x: torch.Tensor, backend: str = "auto") -> Backend:
     if x.dtype == torch.float64:
         return REGISTRY[mixer]["reference_chunked"]
     if x.is_cuda:
+        if backends._triton_unavailable is not None:  # before the file: it names Triton backends
+            raise _auto_needs_triton(mixer, f"a Triton backend on CUDA (the calibrated choice, "
+                                            f"else {DEFAULTS[mixer]})")
         name = calibrated_choice(mixer, tuple(x.shape), gpu_slug()) or DEFAULTS[mixer]
         return REGISTRY[mixer][name]
     _runtime.check_interpret_unchanged()  # off the CUDA path: costs CUDA calls nothing
     if interpreting():
+        if backends._triton_unavailable is not None:
+            raise _auto_needs_triton(mixer, f"{DEFAULTS[mixer]} under Triton's interpreter "
+                                            "(TRITON_INTERPRET=1)")
         return REGISTRY[mixer][DEFAULTS[mixer]]
     return REGISTRY[mixer]["reference_chunked"]
+
+
+def _auto_needs_triton(mixer: str, runs: str) -> RuntimeError:
+    return RuntimeError(f"{mixer}: backend='auto' runs {runs}, and "
+                        f"{backends._unavailable_line()}: pass backend='reference_chunked'")
 
 
 def _check_triton_input(mixer: str, x: torch.Tensor, name: str) -> None:

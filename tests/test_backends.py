@@ -7,8 +7,10 @@ import sys
 import pytest
 import torch
 
+import samu
 from samu import _runtime, backends, dispatch, paths
 from samu.experiment import schema
+from samu.functional import FUNCTIONS
 
 
 def test_every_backend_is_explained():
@@ -172,6 +174,11 @@ BROKEN = {
                                  ["mixer samu", "backends[3].backend 'fused_warp'"]),
     "no backends list": (lambda doc: _samu_entry(doc).pop("backends"),
                          ["mixer samu", "lacks 'backends'"]),
+    "a list chosen": (_set("chosen", ["fused_controller_hierarchical_chunk8"]),
+                      ["shape 1x8x16", "mixer samu",
+                       "'chosen' must be a backend name or null, got list"]),
+    "two spellings of one shape": (_add_shape("1X8X16"),
+                                   ["shape keys '1x8x16' and '1X8X16' name one shape"]),
 }
 
 
@@ -208,6 +215,43 @@ def test_truncated_calibration_file_is_refused_then_reread_once_fixed(tmp_path, 
         "fused_controller_hierarchical_chunk8"
 
 
+def _nested_too_deeply(path):
+    depth = 100_000  # far past the interpreter's recursion limit
+    path.write_text('{"gpu": "G", "environment": {}, "shapes": {}, "notes": '
+                    + "[" * depth + "]" * depth + "}")
+
+
+def _a_key_twice(path):
+    entry = json.dumps(_calibration_doc()["shapes"]["1x8x16"])
+    path.write_text('{"gpu": "G", "environment": {}, "shapes": {"1x8x16": ' + entry
+                    + ', "1x8x16": ' + entry + '}}')
+
+
+# (what is at the file's path, what the message must say besides the file)
+UNREADABLE = {
+    "nested too deeply": (_nested_too_deeply, "nested too deeply"),
+    "a key twice": (_a_key_twice, "the key '1x8x16' appears twice in one object"),
+    "a directory": (lambda path: path.mkdir(), "cannot be read as a calibration file: a "
+                                               "directory"),
+    "a symlink loop": (lambda path: path.symlink_to(path.name), "cannot be read as a "
+                                                                 "calibration file"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNREADABLE))
+def test_an_unreadable_calibration_file_is_refused_naming_the_file(tmp_path, monkeypatch, case):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    path = paths.calibration_file("test-gpu")
+    path.parent.mkdir(parents=True)
+    make, wanted = UNREADABLE[case]
+    make(path)
+    dispatch.forget_calibration()
+    for _ in range(2):  # not cached: every look-up says so until the file is fixed
+        with pytest.raises(dispatch.CalibrationFileError) as info:
+            dispatch.calibrated_choice("samu", (1, 8, 16), "test-gpu")
+        assert str(path) in str(info.value) and wanted in str(info.value)
+
+
 def test_committed_calibration_files_pass_the_checks():
     files = sorted((paths.REPO_ROOT / "data" / "calibration").glob("*.json"))
     assert files
@@ -230,3 +274,50 @@ def test_describe_prints_every_backend_and_word(capsys):
             assert name in out
             for word in name.split("_"):
                 assert f"  {word.rstrip('0123456789')}" in out
+
+
+REGISTRY_AFTER_IMPORT = """
+import samu
+config = samu.backends.REGISTRY["samu"][samu.backends.DEFAULTS["samu"]].config
+assert config is not None and config.name == samu.backends.DEFAULTS["samu"], config
+registry = samu.backends.REGISTRY
+assert "rglru" in registry and len(registry) == 2 and sorted(registry) == ["rglru", "samu"]
+assert samu.backends.DEFAULTS["rglru"] in registry.get("rglru")
+assert sorted(registry.keys()) == ["rglru", "samu"] and len(list(registry.values())) == 2
+assert all(named for _, named in registry.items())
+print("ok")
+"""
+
+
+def test_the_registry_is_filled_on_its_first_read_after_import():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", REGISTRY_AFTER_IMPORT], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=paths.REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok"]
+
+
+# Neither a name nor a configuration: the error names `backend` and what it takes, whatever
+# the value's type (a dict or a list is unhashable, and once reached a cache with it).
+WRONG_BACKENDS = [{"chunk": 16}, [], ["fused_controller_hierarchical_chunk16"], 16, None,
+                  torch.zeros(2)]
+
+
+def _refusal(mixer: str) -> str:
+    config_class = "SamuConfig" if mixer == "samu" else "GemmConfig"
+    return (rf"{mixer}: backend must be 'auto', a name from "
+            rf"samu.backends.available\('{mixer}'\) or a {config_class} configuration object")
+
+
+@pytest.mark.parametrize("value", WRONG_BACKENDS, ids=lambda v: type(v).__name__)
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_a_backend_of_the_wrong_type_is_refused_naming_backend(mixer, value):
+    module_class = samu.SAMU if mixer == "samu" else samu.RGLRU
+    with pytest.raises(TypeError, match=_refusal(mixer)):
+        module_class(16, backend=value)
+    module = module_class(16)
+    x = torch.randn(1, 4, 16)
+    with pytest.raises(TypeError, match=_refusal(mixer)):
+        FUNCTIONS[mixer](x, *module._parameters_in_order(), backend=value)
+    with pytest.raises(TypeError, match=_refusal(mixer)):
+        dispatch.resolve(mixer, x, value)

@@ -251,9 +251,84 @@ import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == "triton" or name.startswith("triton."):
-            raise ImportError(f"{name} is blocked")
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, Block())
 """
+
+# numpy as if not installed: torch's probes of it find a spec, importing it fails (Triton's
+# interpreter imports it when the first kernel is decorated).
+BLOCK_NUMPY = """
+import importlib.abc, importlib.machinery, sys
+class Block(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" or name.startswith("numpy."):
+            return importlib.machinery.ModuleSpec(name, self)
+    def create_module(self, spec):
+        raise ModuleNotFoundError(f"No module named {spec.name!r}", name=spec.name)
+    def exec_module(self, module):
+        pass
+sys.meta_path.insert(0, Block())
+"""
+
+# Every way of asking for a Triton backend says why there is none; the references still run.
+ASK_FOR_TRITON = """
+import io, warnings, torch, samu
+from samu import backends, dispatch
+def error(call):
+    try:
+        call()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+x = torch.randn(1, 4, 16)
+name = backends.DEFAULTS["samu"]
+print("BY NAME", error(lambda: samu.SAMU(16, backend=name)))
+print("AUTO", error(lambda: dispatch.resolve("samu", x, "auto")))
+print("AUTO MODULE", error(lambda: samu.SAMU(16)(x)))
+out = io.StringIO()
+backends.describe(file=out)
+print("DESCRIBE", out.getvalue().splitlines()[0])
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    backends.explanations()
+print("EXPLANATIONS", "; ".join(str(w.message) for w in caught))
+print("REASON", backends.triton_unavailable())
+m = samu.SAMU(16, backend="reference_chunked")
+m(x)
+print("REFERENCE", m.last_backend)
+"""
+
+
+def _run_without(blocker: str, interpret: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    done = subprocess.run([sys.executable, "-c", blocker + ASK_FOR_TRITON], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=paths.REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    said = {}
+    for line in done.stdout.splitlines():
+        for label in ("BY NAME", "AUTO MODULE", "AUTO", "DESCRIBE", "EXPLANATIONS", "REASON",
+                      "REFERENCE"):
+            if line.startswith(label + " "):
+                said[label] = line[len(label) + 1:]
+                break
+    return said
+
+
+@pytest.mark.parametrize("missing", ["numpy", "triton"])
+def test_without_what_the_triton_backends_need_every_request_for_one_says_why(missing):
+    said = _run_without(BLOCK_NUMPY if missing == "numpy" else BLOCK_TRITON, interpret=True)
+    why = ("Triton's interpreter (TRITON_INTERPRET=1) needs numpy: pip install numpy"
+           if missing == "numpy" else "triton is not installed")
+    assert why in said["REASON"]
+    for label in ("BY NAME", "AUTO", "AUTO MODULE"):
+        assert said[label].startswith("RuntimeError: samu: "), (label, said[label])
+        assert f"the Triton backends could not be loaded: {why}" in said[label], said[label]
+    assert CHUNK16 in said["BY NAME"] and "'reference_chunked'" in said["AUTO"]
+    assert said["DESCRIBE"].startswith(f"Triton backends unavailable: {why}")
+    assert f"the Triton backends could not be loaded: {why}" in said["EXPLANATIONS"]
+    assert said["REFERENCE"] == "reference_chunked"
 
 IMPORT_SAMU = """
 import sys, torch

@@ -26,7 +26,8 @@ def calibrate_shape(shape, device, mixers=("rglru", "samu"), candidates: dict | 
         for name in names:
             if progress:
                 progress(f"{mixer}/{name}")
-            if backends.REGISTRY[mixer][name].kind == "reference" and device != "cpu":
+            # By the tensors' device: torch.device("cpu") != "cpu", and "cuda:1" is a GPU too.
+            if backends.REGISTRY[mixer][name].kind == "reference" and x.device.type != "cpu":
                 entries.append({"backend": name, "legal": False,
                                 "reason": "materialises a state-sized transition",
                                 "materialized_state_sized_transition": True})
@@ -53,14 +54,16 @@ def merge_calibration(slug: str, shape, result: dict, environment: dict,
 
     The read-modify-write holds the file's lock, so concurrent calibrations of other shapes
     lose nothing; the merged document is checked as ``auto`` will check it before it is
-    written, so a bad result leaves the file as it was."""
+    written, so a bad result leaves the file as it was.  A symlinked file is written through
+    to its target, and the link stays."""
     path = Path(path) if path is not None else paths.calibration_file(slug)
     with calibration_file.locked(path):
-        if path.exists():
-            doc = calibration_file.read(path)
-            dispatch.check_calibration(doc, path)  # refuse to build on a broken file
-        else:
+        try:
+            doc = calibration_file.read(path)  # a directory or symlink loop there is refused
+        except FileNotFoundError:  # no file yet, or a symlink to one not written yet
             doc = {"gpu": environment.get("gpu"), "shapes": {}}
+        else:
+            dispatch.check_calibration(doc, path)  # refuse to build on a broken file
         doc["environment"] = environment
         doc["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         doc["shapes"][Shape.of(shape).key] = result

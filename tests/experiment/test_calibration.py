@@ -60,17 +60,40 @@ def test_failing_backend_is_illegal_not_fatal(monkeypatch):
     assert not entry["legal"] and "no kernel for this GPU" in entry["reason"]
 
 
+def _triton_device() -> str:
+    """Where this machine runs the Triton backends: its GPU, else the CPU under Triton's
+    interpreter (on a GPU machine the kernels are built for the GPU, and refuse CPU tensors)."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if not dispatch.interpreting():
+        pytest.skip("no GPU, and TRITON_INTERPRET=1 was not set before samu was imported")
+    return "cpu"
+
+
 def test_calibrate_and_merge(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "DATA", tmp_path)
     name = backends.DEFAULTS["samu"]
-    result = calibration.calibrate_shape((1, 8, 16), "cpu", mixers=("samu",),
+    result = calibration.calibrate_shape((1, 8, 16), _triton_device(), mixers=("samu",),
                                          candidates={"samu": ["reference_chunked", name]}, reps=1)
-    assert result["samu"]["chosen"] == name
+    assert result["samu"]["chosen"] == name, result["samu"]["backends"]
     assert result["samu"]["ranking"] == [name]
     calibration.merge_calibration("test-gpu", (1, 8, 16), result, {"gpu": "Test GPU"})
     doc = schema.read_json(paths.calibration_file("test-gpu"))
     schema.validate(doc, "calibration")
+    # auto reads the file just written, whatever SAMU_CALIBRATION_DIR or an install would name
+    monkeypatch.setattr(dispatch, "_USER_DIR", paths.calibration_file("test-gpu").parent)
+    dispatch.forget_calibration()
     assert dispatch.calibrated_choice("samu", (1, 8, 16), "test-gpu") == name
+
+
+def test_a_reference_on_a_cpu_device_object_is_checked_not_skipped():
+    # Skipped (recorded illegal unchecked) only on a GPU: decided by the tensors' device, so
+    # torch.device("cpu") is a CPU as "cpu" is.
+    result = calibration.calibrate_shape((1, 6, 16), torch.device("cpu"), mixers=("samu",),
+                                         candidates={"samu": ["reference_chunked"]}, reps=1)
+    (entry,) = result["samu"]["backends"]
+    assert not entry["legal"] and "materialises" in entry["reason"]
+    assert max(entry["errors"].values()) < 1e-2  # it ran: measured against the oracle
 
 
 def _legal_result(name=None) -> dict:
@@ -137,6 +160,41 @@ def test_merge_refuses_unregistered_names_and_keeps_the_file(tmp_path, field):
     assert "'bogus_backend' is not a registered backend of samu" in message
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [".gpu.json.lock", "gpu.json"]
+
+
+def test_merge_through_a_symlink_writes_the_target_and_keeps_the_link(tmp_path):
+    shared = tmp_path / "shared" / "gpu.json"
+    calibration.merge_calibration("g", (1, 8, 16), _legal_result(), {"gpu": "G"}, path=shared)
+    link = tmp_path / "data" / "gpu.json"
+    link.parent.mkdir()
+    link.symlink_to(shared)
+    calibration.merge_calibration("g", (1, 9, 16), _legal_result(), {"gpu": "G"}, path=link)
+    assert link.is_symlink() and link.resolve() == shared.resolve()
+    assert sorted(schema.read_json(shared)["shapes"]) == ["1x8x16", "1x9x16"]
+    # the lock is the target's, shared with every writer of the target by any path
+    assert sorted(p.name for p in link.parent.iterdir()) == ["gpu.json"]
+    assert sorted(p.name for p in shared.parent.iterdir()) == [".gpu.json.lock", "gpu.json"]
+
+
+def test_merge_through_a_dangling_symlink_creates_the_target(tmp_path):
+    target = tmp_path / "shared" / "gpu.json"
+    link = tmp_path / "gpu.json"
+    link.symlink_to(target)
+    calibration.merge_calibration("g", (1, 8, 16), _legal_result(), {"gpu": "G"}, path=link)
+    assert link.is_symlink() and sorted(schema.read_json(target)["shapes"]) == ["1x8x16"]
+
+
+@pytest.mark.parametrize("thing", ["a directory", "a symlink loop"])
+def test_merge_refuses_what_is_not_a_file_at_the_path(tmp_path, thing):
+    path = tmp_path / "gpu.json"
+    if thing == "a directory":
+        path.mkdir()
+    else:
+        path.symlink_to(path.name)
+    with pytest.raises(dispatch.CalibrationFileError, match="cannot be read") as info:
+        calibration.merge_calibration("g", (1, 9, 16), _legal_result(), {"gpu": "G"}, path=path)
+    assert str(path) in str(info.value)
+    assert path.is_dir() if thing == "a directory" else path.is_symlink()
 
 
 def test_merge_refuses_to_build_on_a_broken_file(tmp_path):
