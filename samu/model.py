@@ -8,12 +8,21 @@ models of one configuration:
 - ``"samu"``: ``samu.SAMU(width)``;
 - ``"attention"``, the yardstick: causal self-attention through
   ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` with rotary position
-  embeddings, its head count chosen so that its parameters come closest to RG-LRU's mixer.
+  embeddings, its head count chosen so that its parameters come closest to RG-LRU's mixer
+  (``attention_heads="matched"``, the default), fixed, or ``width // attention_head_dim``
+  (``attention_heads="standard"``, the usual multi-head layout).
 
-The recurrent mixers run bare, as the library exposes them: no input or output projection, no
-convolution and no gating branch around them (Griffin's recurrent block has all three); the MLP
-mixes channels.  They need no position embedding, and the attention mixer carries its own (rotary),
-so the blocks are the same for every mixer.
+``recurrent_block`` says how a recurrent mixer sits in its block:
+
+- ``"bare"`` (the default): as the library exposes it, no projection, convolution or gate around
+  it; the MLP mixes channels;
+- ``"griffin"``: inside Griffin's recurrent block (``RecurrentBlock``, RecurrentGemma's):
+  ``linear_out(mixer(conv(linear_x(x))) * gelu(linear_y(x)))``, with a short causal depthwise
+  convolution (``conv_width`` taps) and the mixer at ``lru_width`` channels.  The block counts as
+  the mixer in ``parameter_counts()``, and the matched attention heads match it.
+
+The recurrent mixers need no position embedding, and the attention mixer carries its own
+(rotary), so the residual blocks are the same for every mixer.
 
 The mixers take x of [B, L, D].  On a CPU, ``backend="auto"`` runs the pure-PyTorch chunked
 reference (the Triton kernels under ``TRITON_INTERPRET=1``); on CUDA, run the model under
@@ -24,16 +33,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional import check_positive_int
-from .modules import RGLRU, SAMU, parameter_count
+from .functional import check_cu_seqlens, check_input, check_positive_int
+from .modules import NUM_HEADS, RGLRU, SAMU, parameter_count
+from .ops.sequences import sequence_index
 
 MIXERS = ("attention", "rglru", "samu")
 NORMS = ("rmsnorm", "layernorm")
+# How a recurrent mixer sits in its residual block: alone, or inside Griffin's recurrent block.
+RECURRENT_BLOCKS = ("bare", "griffin")
+# Attention head counts by name: parameters matched to RG-LRU's mixer, or width / head_dim.
+ATTENTION_HEADS = ("matched", "standard")
+CONV_WIDTH = 4
+# RecurrentGemma's Conv1D initialisation (its default w_init_variance_scale):
+# w ~ N(0, 0.01 / temporal width).
+CONV_INIT_VARIANCE = 0.01
 # RG-LRU's default block width: heads = width / 64 (the largest head count whose blocks are at
 # least 64 channels wide).
 RGLRU_BLOCK_WIDTH = 64
@@ -54,10 +73,22 @@ def attention_parameters(width: int, heads: int, head_dim: int) -> int:
     return 4 * width * heads * head_dim
 
 
-def matching_attention_heads(width: int, rglru_heads: int, head_dim: int) -> int:
-    """The head count (at least 1) whose attention parameters come closest to RG-LRU's
-    2 D^2 / H + 3 D at this width."""
-    target = parameter_count("rglru", width, rglru_heads)
+def griffin_parameters(mixer: str, width: int, lru_width: int | None = None,
+                       conv_width: int = CONV_WIDTH, rglru_heads: int = NUM_HEADS) -> int:
+    """Griffin's recurrent block around ``mixer``: linear_x and linear_y (D -> W, with biases),
+    the depthwise convolution (conv_width taps and a bias per channel), the mixer at width W and
+    linear_out (W -> D, with a bias); W = lru_width (None: D)."""
+    lru = lru_width or width
+    return (2 * (width * lru + lru) + conv_width * lru + lru
+            + parameter_count(mixer, lru, rglru_heads) + lru * width + width)
+
+
+def matching_attention_heads(width: int, rglru_heads: int, head_dim: int,
+                             target: int | None = None) -> int:
+    """The head count (at least 1) whose attention parameters come closest to ``target``; by
+    default RG-LRU's bare mixer, 2 D^2 / H + 3 D at this width."""
+    if target is None:
+        target = parameter_count("rglru", width, rglru_heads)
     per_head = attention_parameters(width, 1, head_dim)
     return max(1, round(target / per_head))
 
@@ -74,12 +105,20 @@ class ModelConfig:
         mlp_expansion: the MLP's hidden width is ``mlp_expansion * width`` (GELU).
         norm: ``"rmsnorm"`` or ``"layernorm"``.
         tie_embeddings: the head reuses the embedding matrix.
-        rglru_heads: RG-LRU's head count (None: ``default_rglru_heads(width)``).
-        attention_heads: None: ``matching_attention_heads`` (parameters closest to RG-LRU's).
+        rglru_heads: RG-LRU's head count (None: ``default_rglru_heads`` of the mixer's width).
+        attention_heads: an int; ``None`` or ``"matched"``: ``matching_attention_heads``
+            (parameters closest to RG-LRU's mixer, as the recurrent block counts it);
+            ``"standard"``: ``width // attention_head_dim`` heads (the width must divide).
         attention_head_dim: channels per attention head (even, for the rotary embedding).
         backend: the recurrent mixer's backend (``"auto"``, a name from
             ``samu.backends.available(mixer)`` or a Triton configuration); the attention mixer
             has one implementation and ignores it.
+        recurrent_block: how a recurrent mixer sits in its block: ``"bare"`` (the mixer alone,
+            at the width) or ``"griffin"`` (``RecurrentBlock``: projections, convolution and
+            gate around the mixer).  The attention mixer ignores it, but its matched head count
+            follows it.
+        lru_width: the Griffin block's inner width W (None: the width); only with ``"griffin"``.
+        conv_width: the Griffin block's convolution taps.
     """
     vocab_size: int
     mixer: str
@@ -89,49 +128,93 @@ class ModelConfig:
     norm: str = "rmsnorm"
     tie_embeddings: bool = True
     rglru_heads: int | None = None
-    attention_heads: int | None = None
+    attention_heads: int | str | None = None
     attention_head_dim: int = 32
     backend: object = "auto"
+    recurrent_block: str = "bare"
+    lru_width: int | None = None
+    conv_width: int = CONV_WIDTH
 
     def __post_init__(self):
         if self.mixer not in MIXERS:
             raise ValueError(f"model: unknown mixer {self.mixer!r}; choose one of {list(MIXERS)}")
         if self.norm not in NORMS:
             raise ValueError(f"model: unknown norm {self.norm!r}; choose one of {list(NORMS)}")
-        for name in ("vocab_size", "width", "layers", "mlp_expansion", "attention_head_dim"):
+        if self.recurrent_block not in RECURRENT_BLOCKS:
+            raise ValueError(f"model: unknown recurrent_block {self.recurrent_block!r}; choose "
+                             f"one of {list(RECURRENT_BLOCKS)}")
+        for name in ("vocab_size", "width", "layers", "mlp_expansion", "attention_head_dim",
+                     "conv_width"):
             check_positive_int("model", name, getattr(self, name))
+        if self.lru_width is not None:
+            check_positive_int("model", "lru_width", self.lru_width)
+            if self.recurrent_block != "griffin":
+                raise ValueError("model: lru_width needs recurrent_block='griffin' (a bare "
+                                 "mixer runs at the width)")
         if self.rglru_heads is not None:
+            name, size = (("lru_width", self.recurrent_width) if self.lru_width
+                          else ("width", self.width))
             check_positive_int("model", "rglru_heads", self.rglru_heads,
-                               f" dividing width {self.width}")
-            if self.width % self.rglru_heads:
-                raise ValueError(f"model: width {self.width} is not divisible by rglru_heads "
+                               f" dividing {name} {size}")
+            if size % self.rglru_heads:
+                raise ValueError(f"model: {name} {size} is not divisible by rglru_heads "
                                  f"{self.rglru_heads}")
-        if self.attention_heads is not None:
+        if isinstance(self.attention_heads, str):
+            if self.attention_heads not in ATTENTION_HEADS:
+                raise ValueError(f"model: unknown attention_heads {self.attention_heads!r}; "
+                                 f"choose an int or one of {list(ATTENTION_HEADS)}")
+        elif self.attention_heads is not None:
             check_positive_int("model", "attention_heads", self.attention_heads)
         if self.attention_head_dim % 2:
             raise ValueError("model: attention_head_dim must be even (rotary embedding), got "
+                             f"{self.attention_head_dim}")
+        if self.attention_heads == "standard" and self.width % self.attention_head_dim:
+            raise ValueError(f"model: attention_heads='standard' needs a width divisible by "
+                             f"attention_head_dim, got width {self.width} and attention_head_dim "
                              f"{self.attention_head_dim}")
         if not isinstance(self.tie_embeddings, bool):
             raise TypeError("model: tie_embeddings must be a bool, got "
                             f"{type(self.tie_embeddings).__name__}")
 
     @property
+    def recurrent_width(self) -> int:
+        """The recurrent mixer's width: the lru width inside a Griffin block, else D."""
+        if self.recurrent_block == "griffin":
+            return self.lru_width or self.width
+        return self.width
+
+    @property
     def resolved_rglru_heads(self) -> int:
-        return self.rglru_heads or default_rglru_heads(self.width)
+        return self.rglru_heads or default_rglru_heads(self.recurrent_width)
+
+    def recurrent_mixer_parameters(self, mixer: str) -> int:
+        """One layer's mixer parameters for ``"rglru"`` or ``"samu"`` as this configuration
+        builds it (the whole Griffin block with ``recurrent_block="griffin"``)."""
+        if self.recurrent_block == "griffin":
+            return griffin_parameters(mixer, self.width, self.recurrent_width, self.conv_width,
+                                      self.resolved_rglru_heads)
+        return parameter_count(mixer, self.width, self.resolved_rglru_heads)
 
     @property
     def resolved_attention_heads(self) -> int:
-        return self.attention_heads or matching_attention_heads(
-            self.width, self.resolved_rglru_heads, self.attention_head_dim)
+        if self.attention_heads == "standard":
+            return self.width // self.attention_head_dim
+        if isinstance(self.attention_heads, int):
+            return self.attention_heads
+        return matching_attention_heads(self.width, self.resolved_rglru_heads,
+                                        self.attention_head_dim,
+                                        target=self.recurrent_mixer_parameters("rglru"))
 
     def describe(self) -> dict:
         """The configuration as plain values (a backend configuration as its repr), with the
-        resolved head counts."""
+        resolved head counts (and the Griffin block's lru width)."""
         out = asdict(self)
         if not isinstance(self.backend, str):
             out["backend"] = repr(self.backend)
         out["rglru_heads"] = self.resolved_rglru_heads
         out["attention_heads"] = self.resolved_attention_heads
+        if self.recurrent_block == "griffin":
+            out["lru_width"] = self.recurrent_width
         return out
 
 
@@ -217,7 +300,238 @@ def init_linear(weight: torch.Tensor, generator=None, scale: float = 1.0) -> Non
         weight.uniform_(-bound, bound, generator=generator)
 
 
+def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_state=None,
+                  cu_seqlens=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, final state) of a depthwise causal convolution, as RecurrentGemma's Conv1D:
+    y_t = b + sum_s w[K - 1 - s] * x_{t - s}, s = 0 .. K - 1, for x [B, L, W], w [K, W], b [W].
+
+    A tap that would reach before its sequence's first token (each row's, or each start in
+    ``cu_seqlens``) reads the initial state [N, K - 1, W] (the K - 1 inputs before the start,
+    oldest first), or zero without one.  The final state holds each sequence's last K - 1
+    inputs, its initial state's where the sequence is shorter.  Computed in at least FP32,
+    returned in x's dtype."""
+    batch, length, width = x.shape
+    keep = w.shape[0] - 1
+    positions = torch.arange(length, device=x.device)
+    if cu_seqlens is None:
+        count, pos = batch, positions
+    else:
+        offsets = cu_seqlens.long()
+        count = offsets.numel() - 1
+        seq = sequence_index(cu_seqlens, length).long()
+        pos = positions - offsets[seq]  # each token's place in its own sequence
+    state = (x.new_zeros(count, keep, width) if initial_state is None
+             else initial_state.to(x.dtype))
+    # Where a tap reaches before a start, it reads row `before` of `rows` instead.
+    if cu_seqlens is None:
+        rows, first = state, 0
+    else:
+        rows, first = state.reshape(1, count * keep, width), seq * keep
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    y = b.to(dtype) + x.to(dtype) * w[keep].to(dtype)
+    for s in range(1, keep + 1):
+        tap = F.pad(x, (0, 0, s, 0))[:, :length]  # x_{t - s} within the row
+        inside = pos >= s
+        before = torch.where(inside, 0, first + keep - s + pos)
+        tap = torch.where(inside[:, None], tap, rows[:, before])
+        y = y + tap.to(dtype) * w[keep - s].to(dtype)
+    if cu_seqlens is None:
+        final = torch.cat((state, x), dim=1)[:, -keep:] if keep else state
+    else:
+        starts, lengths = offsets[:-1], offsets[1:] - offsets[:-1]
+        p = lengths[:, None] - keep + torch.arange(keep, device=x.device)  # [N, K - 1]
+        inside = p >= 0
+        from_x = x[0][torch.where(inside, starts[:, None] + p, 0)]
+        from_state = state[torch.arange(count, device=x.device)[:, None],
+                           torch.where(inside, 0, keep + p)]
+        final = torch.where(inside[..., None], from_x, from_state)
+    return y.to(x.dtype), final
+
+
+class Conv1D(nn.Module):
+    """Depthwise causal convolution over time, ``temporal_width`` taps with a bias per channel
+    (RecurrentGemma's Conv1D: parameters ``w`` [temporal_width, width], ``b`` [width];
+    ``w[-1]`` multiplies the current token)."""
+
+    def __init__(self, width: int, temporal_width: int = CONV_WIDTH,
+                 w_init_variance_scale: float = CONV_INIT_VARIANCE):
+        super().__init__()
+        check_positive_int("conv", "width", width)
+        check_positive_int("conv", "temporal_width", temporal_width)
+        self.width, self.temporal_width = width, temporal_width
+        self.w_init_variance_scale = w_init_variance_scale
+        self.w = nn.Parameter(torch.empty(temporal_width, width))
+        self.b = nn.Parameter(torch.empty(width))
+        self.reset_parameters()
+
+    def reset_parameters(self, generator=None) -> None:
+        std = math.sqrt(self.w_init_variance_scale / self.temporal_width)
+        with torch.no_grad():
+            self.w.normal_(0.0, std, generator=generator)
+            self.b.zero_()
+
+    def forward(self, x, initial_state=None, cu_seqlens=None):
+        """(y, final state): ``causal_conv1d`` with this module's parameters."""
+        return causal_conv1d(x, self.w, self.b, initial_state, cu_seqlens)
+
+    def step(self, x_t, state=None):
+        """(y_t, state) for one token x_t [B, W] from the last temporal_width - 1 inputs
+        [B, temporal_width - 1, W] (None: zeros, a sequence's first token)."""
+        if state is None:
+            state = x_t.new_zeros(x_t.shape[0], self.temporal_width - 1, self.width)
+        window = torch.cat((state.to(x_t.dtype), x_t[:, None]), dim=1)  # oldest first
+        dtype = torch.promote_types(x_t.dtype, torch.float32)
+        y = (window.to(dtype) * self.w.to(dtype)).sum(1) + self.b.to(dtype)
+        return y.to(x_t.dtype), window[:, 1:]
+
+    def extra_repr(self) -> str:
+        return f"width={self.width}, temporal_width={self.temporal_width}"
+
+
+class RecurrentBlockState(NamedTuple):
+    """What a RecurrentBlock carries from one call to the next, per sequence: the convolution's
+    last conv_width - 1 inputs [N, conv_width - 1, lru_width] (x's dtype, oldest first) and the
+    mixer's FP32 state [N, lru_width]."""
+    conv: torch.Tensor
+    mixer: torch.Tensor
+
+
+class RecurrentBlock(nn.Module):
+    """Griffin's recurrent block (RecurrentGemma's ``RecurrentBlock``) around RG-LRU or SAMU:
+
+        y = gelu(linear_y(x));  u = mixer(conv_1d(linear_x(x)));  out = linear_out(u * y)
+
+    with linear_x, linear_y: D -> W and linear_out: W -> D (all with biases), a depthwise causal
+    convolution of ``conv_width`` taps over W channels and the mixer at width W = lru_width.
+
+    Args:
+        mixer: ``"rglru"`` or ``"samu"``.
+        width: D, the input and output channels.
+        lru_width: W (None: D).
+        conv_width: the convolution's taps.
+        num_heads: RG-LRU's head count (dividing W); SAMU has none.
+        backend: the mixer's backend (``samu.RGLRU`` and ``samu.SAMU``).
+        final_w_init_variance_scale: linear_out's weights have variance scale / W
+            (RecurrentGemma's Griffin passes 2 / layers).
+
+    ``forward(x, cu_seqlens=None, initial_state=None, output_final_state=False)`` takes x
+    [B, L, D] and, like the mixers, packed sequences (batch 1; every start resets both the
+    convolution and the mixer, or takes its row of the initial state), a ``RecurrentBlockState``
+    to continue from, and returns the final one with output_final_state.  ``step(x_t, state)``
+    is one decode step.  ``last_backend`` is the mixer's.
+    """
+
+    def __init__(self, mixer: str, width: int, lru_width: int | None = None,
+                 conv_width: int = CONV_WIDTH, num_heads: int = NUM_HEADS, backend="auto",
+                 final_w_init_variance_scale: float = 1.0):
+        super().__init__()
+        if mixer not in ("rglru", "samu"):
+            raise ValueError(f"griffin: unknown mixer {mixer!r}; choose 'rglru' or 'samu'")
+        check_positive_int("griffin", "width", width)
+        if lru_width is not None:
+            check_positive_int("griffin", "lru_width", lru_width)
+        self.kind, self.width = mixer, width
+        self.lru_width = lru_width or width
+        self.final_w_init_variance_scale = final_w_init_variance_scale
+        self.linear_y = nn.Linear(width, self.lru_width)
+        self.linear_x = nn.Linear(width, self.lru_width)
+        self.conv_1d = Conv1D(self.lru_width, conv_width)
+        self.mixer = (RGLRU(self.lru_width, num_heads=num_heads, backend=backend)
+                      if mixer == "rglru" else SAMU(self.lru_width, backend=backend))
+        self.linear_out = nn.Linear(self.lru_width, width)
+        self.reset_parameters()
+
+    @property
+    def conv_width(self) -> int:
+        return self.conv_1d.temporal_width
+
+    @property
+    def last_backend(self) -> str | None:
+        return self.mixer.last_backend
+
+    def reset_parameters(self, generator=None) -> None:
+        """RecurrentGemma's: linear_x and linear_y normal with variance 1 / D, linear_out with
+        variance final_w_init_variance_scale / W, biases zero; the convolution's weights normal
+        with variance 0.01 / conv_width; the mixer its own (SPEC section 2)."""
+        with torch.no_grad():
+            for linear, variance in ((self.linear_x, 1.0 / self.width),
+                                     (self.linear_y, 1.0 / self.width),
+                                     (self.linear_out,
+                                      self.final_w_init_variance_scale / self.lru_width)):
+                linear.weight.normal_(0.0, math.sqrt(variance), generator=generator)
+                linear.bias.zero_()
+        self.conv_1d.reset_parameters(generator)
+        self.mixer.reset_parameters(generator=generator)
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Parameters by part: projections (x, y and out), conv, mixer and total."""
+        def count(*modules):
+            return sum(p.numel() for m in modules for p in m.parameters())
+        counts = {"projections": count(self.linear_x, self.linear_y, self.linear_out),
+                  "conv": count(self.conv_1d), "mixer": count(self.mixer)}
+        counts["total"] = sum(counts.values())
+        return counts
+
+    def _check_state(self, state, count: int, device) -> None:
+        if not isinstance(state, tuple) or len(state) != 2:
+            raise TypeError("griffin: a state must be a RecurrentBlockState (conv, mixer), got "
+                            f"{type(state).__name__}")
+        conv = state[0]
+        want = (count, self.conv_width - 1, self.lru_width)
+        if not isinstance(conv, torch.Tensor) or tuple(conv.shape) != want:
+            got = tuple(conv.shape) if isinstance(conv, torch.Tensor) else type(conv).__name__
+            raise ValueError(f"griffin: the conv state must have shape {list(want)}, got {got}")
+        if conv.device != device:
+            raise ValueError(f"griffin: the conv state is on {conv.device} but x is on {device}")
+
+    def forward(self, x, cu_seqlens=None, initial_state=None, output_final_state: bool = False):
+        """out [B, L, D], or (out, RecurrentBlockState) with output_final_state."""
+        check_input(x, self.width, "griffin")
+        if not isinstance(output_final_state, bool):
+            raise TypeError("griffin: output_final_state must be True or False, got "
+                            f"{output_final_state!r}")
+        # The convolution indexes by cu_seqlens, so they are checked before it runs.
+        count = x.shape[0] if cu_seqlens is None else check_cu_seqlens("griffin", x, cu_seqlens)
+        if initial_state is not None:
+            self._check_state(initial_state, count, x.device)
+        conv_state, mixer_state = initial_state if initial_state is not None else (None, None)
+        y = gelu(self.linear_y(x))
+        u, conv_final = self.conv_1d(self.linear_x(x), conv_state, cu_seqlens)
+        out = self.mixer(u, initial_state=mixer_state, output_final_state=output_final_state,
+                         cu_seqlens=cu_seqlens)
+        u, mixer_final = out if output_final_state else (out, None)
+        out = self.linear_out(u * y)
+        return (out, RecurrentBlockState(conv_final, mixer_final)) if output_final_state else out
+
+    def step(self, x_t, state=None):
+        """(out_t, state): one token x_t [B, D] from a RecurrentBlockState (None: a sequence's
+        first token).  A loop of steps equals one forward, and so do a prefill and steps."""
+        if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[1] != self.width:
+            shape = tuple(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
+            raise ValueError(f"griffin: step takes x_t of shape [batch, {self.width}], got "
+                             f"{shape}")
+        if state is not None:
+            self._check_state(state, x_t.shape[0], x_t.device)
+        conv_state, mixer_state = state if state is not None else (None, None)
+        y = gelu(self.linear_y(x_t))
+        u, conv_state = self.conv_1d.step(self.linear_x(x_t), conv_state)
+        u, mixer_state = self.mixer.step(u, mixer_state)
+        return self.linear_out(u * y), RecurrentBlockState(conv_state, mixer_state)
+
+    def extra_repr(self) -> str:
+        return f"mixer={self.kind!r}, width={self.width}, lru_width={self.lru_width}"
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation, as RecurrentGemma (and JAX's default)."""
+    return F.gelu(x, approximate="tanh")
+
+
 def make_mixer(config: ModelConfig) -> nn.Module:
+    if config.mixer != "attention" and config.recurrent_block == "griffin":
+        return RecurrentBlock(config.mixer, config.width, config.recurrent_width,
+                              config.conv_width, config.resolved_rglru_heads, config.backend,
+                              final_w_init_variance_scale=2.0 / config.layers)
     if config.mixer == "rglru":
         return RGLRU(config.width, num_heads=config.resolved_rglru_heads, backend=config.backend)
     if config.mixer == "samu":
@@ -279,7 +593,8 @@ class SequenceModel(nn.Module):
     def reset_parameters(self, seed: int = 0) -> None:
         """Embedding (and an untied head) normal with std 0.02; MLPs as torch.nn.Linear, the
         second scaled by 1 / sqrt(2 layers) (GPT-2's residual scaling); norms to one (and zero);
-        each mixer by its own ``reset_parameters`` (SPEC section 2 for RG-LRU and SAMU)."""
+        each mixer by its own ``reset_parameters`` (SPEC section 2 for RG-LRU and SAMU; a Griffin
+        block as RecurrentGemma, ``RecurrentBlock.reset_parameters``)."""
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"model: seed must be a non-negative integer, got {seed!r}")
 
@@ -318,7 +633,9 @@ class SequenceModel(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def parameter_counts(self) -> dict[str, int]:
-        """Parameters by part: embedding, mixer, mlp, norm, head (0 when tied) and total."""
+        """Parameters by part: embedding, mixer, mlp, norm, head (0 when tied) and total.  With
+        ``recurrent_block="griffin"`` the mixer part is the whole recurrent block (its
+        projections, convolution and mixer: ``griffin_parameters``)."""
         def count(modules):
             return sum(p.numel() for m in modules for p in m.parameters())
         blocks = list(self.blocks)

@@ -194,3 +194,326 @@ def test_causal(mixer):
         earlier = tokens.clone()
         earlier[:, t] = (earlier[:, t] + 1) % 37
         assert not torch.allclose(m(earlier)[:, t], base[:, t], atol=1e-4), (mixer, t)
+
+
+# Griffin's recurrent block (RecurrentBlock): tiny sizes, the chunked reference in float64.
+
+D, L = 16, 12
+
+
+def griffin(mixer="rglru", dtype=torch.float64, backend=REF, seed=0, width=D, **kw):
+    """A block whose convolution taps and biases are larger than at initialisation (where the
+    biases are zero and the taps small), so that a lost or leaked tap shows."""
+    if mixer == "rglru":
+        kw.setdefault("num_heads", 2)
+    block = M.RecurrentBlock(mixer, width, backend=backend, **kw)
+    gen = torch.Generator().manual_seed(seed)
+    block.reset_parameters(generator=gen)
+    with torch.no_grad():
+        for p in (block.conv_1d.w, block.conv_1d.b, block.linear_x.bias, block.linear_y.bias,
+                  block.linear_out.bias):
+            p.normal_(0.0, 0.5, generator=gen)
+    return block.to(dtype)
+
+
+def inputs(*shape, dtype=torch.float64, seed=1):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def block_state(count, block, dtype=torch.float64, seed=2):
+    conv = inputs(count, block.conv_width - 1, block.lru_width, dtype=dtype, seed=seed)
+    mixer = inputs(count, block.lru_width, dtype=dtype, seed=seed + 1) * 0.5
+    return M.RecurrentBlockState(conv, mixer)
+
+
+def close(a, b, tol=1e-10):
+    return torch.allclose(a, b, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_griffin_block_is_causal(mixer):
+    block = griffin(mixer)
+    x = inputs(2, L, D)
+    base = block(x)
+    assert base.shape == (2, L, D) and base.dtype == torch.float64
+    for t in (0, 1, 5, L - 1):
+        changed = x.clone()
+        changed[:, t] += 1.0
+        out = block(changed)
+        assert torch.equal(out[:, :t], base[:, :t]), t
+        assert not close(out[:, t], base[:, t], 1e-6), t
+        if t + 4 < L:  # the convolution and the mixer both carry it on
+            assert not close(out[:, t + 4], base[:, t + 4], 1e-6), t
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("with_state", [False, True], ids=["reset", "initial_state"])
+def test_griffin_packed_sequences_equal_one_by_one(mixer, with_state):
+    """Lengths 5, 2 (shorter than the convolution's 3 remembered inputs), 1 and 4: every start
+    resets the convolution and the mixer, or takes its row of the initial state."""
+    block = griffin(mixer)
+    lengths = [5, 2, 1, 4]
+    cu = torch.tensor([0, 5, 7, 8, 12], dtype=torch.int32)
+    x = inputs(1, L, D)
+    state = block_state(len(lengths), block) if with_state else None
+    packed, final = block(x, cu_seqlens=cu, initial_state=state, output_final_state=True)
+    assert final.conv.shape == (4, 3, D) and final.mixer.shape == (4, D)
+    for n in range(len(lengths)):
+        one = x[:, cu[n]:cu[n + 1]]
+        row = None if state is None else M.RecurrentBlockState(state.conv[n:n + 1],
+                                                               state.mixer[n:n + 1])
+        alone, alone_final = block(one, initial_state=row, output_final_state=True)
+        assert close(packed[:, cu[n]:cu[n + 1]], alone), n
+        assert close(final.conv[n:n + 1], alone_final.conv), n
+        assert close(final.mixer[n:n + 1], alone_final.mixer), n
+    # int64 offsets give the same, and without state in or out the output alone
+    assert close(block(x, cu_seqlens=cu.long(), initial_state=state), packed)
+
+
+def test_griffin_convolution_does_not_leak_across_starts():
+    """The mixer alone resets at the starts; the convolution must too (a sharper check of the
+    mask than the block's: its taps reach exactly conv_width - 1 tokens back)."""
+    w = inputs(4, D, seed=3)
+    b = inputs(D, seed=4)
+    x = inputs(1, L, D)
+    cu = torch.tensor([0, 5, 7, 12])
+    y, final = M.causal_conv1d(x, w, b, cu_seqlens=cu)
+    for n in range(3):
+        alone, alone_final = M.causal_conv1d(x[:, cu[n]:cu[n + 1]], w, b)
+        assert close(y[:, cu[n]:cu[n + 1]], alone), n
+        assert close(final[n:n + 1], alone_final), n
+    # by hand: token 5 starts sequence 1 and sees only itself, token 8 sees 7 and 8
+    assert close(y[0, 5], b + w[3] * x[0, 5])
+    assert close(y[0, 8], b + w[3] * x[0, 8] + w[2] * x[0, 7])
+    assert close(final[1], torch.cat((torch.zeros(1, D, dtype=x.dtype), x[0, 5:7])))
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("split", [1, 2, 7])
+def test_griffin_prefill_in_two_parts_equals_one_call(mixer, split):
+    """Split 1 and 2 leave fewer inputs than the convolution remembers: its state is padded."""
+    block = griffin(mixer)
+    x = inputs(2, L, D)
+    whole, whole_final = block(x, output_final_state=True)
+    first, state = block(x[:, :split], output_final_state=True)
+    second, final = block(x[:, split:], initial_state=state, output_final_state=True)
+    assert close(torch.cat((first, second), dim=1), whole)
+    assert close(final.conv, whole_final.conv) and close(final.mixer, whole_final.mixer)
+    assert close(whole_final.conv, block.linear_x(x[:, -3:]))  # the conv's last inputs
+    assert state.mixer.shape == (2, D)
+    # a part shorter than the convolution's memory, entered with a state, keeps its older inputs
+    middle, state = block(x[:, split:split + 1], initial_state=state, output_final_state=True)
+    rest = block(x[:, split + 1:], initial_state=state)
+    assert close(torch.cat((first, middle, rest), dim=1), whole)
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("conv_width", [1, 2, 4])
+def test_griffin_step_loop_equals_one_forward(mixer, conv_width):
+    block = griffin(mixer, conv_width=conv_width)
+    x = inputs(2, L, D)
+    whole, whole_final = block(x, output_final_state=True)
+    state, outs = None, []
+    for t in range(L):
+        y_t, state = block.step(x[:, t], state)
+        outs.append(y_t)
+    assert close(torch.stack(outs, dim=1), whole)
+    assert close(state.conv, whole_final.conv) and close(state.mixer, whole_final.mixer)
+    # a prefill's state, then steps
+    prefix, state = block(x[:, :4], output_final_state=True)
+    for t in range(4, L):
+        y_t, state = block.step(x[:, t], state)
+        assert close(y_t, whole[:, t]), t
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
+def test_griffin_gradcheck(mixer, packed):
+    """Input, both initial states and every parameter of a width-8 block, in float64."""
+    block = griffin(mixer, width=8)
+    names = [n for n, _ in block.named_parameters()]
+    params = tuple(p.detach().clone().requires_grad_() for p in block.parameters())
+    batch, length = (1, 7) if packed else (2, 5)
+    cu = torch.tensor([0, 2, 7]) if packed else None
+    count = 2
+    x = inputs(batch, length, 8).requires_grad_()
+    conv0, mixer0 = (t.requires_grad_() for t in block_state(count, block))
+
+    def f(x, conv0, mixer0, *params):
+        out, final = torch.func.functional_call(
+            block, dict(zip(names, params)), (x,),
+            dict(cu_seqlens=cu, initial_state=M.RecurrentBlockState(conv0, mixer0),
+                 output_final_state=True))
+        return out, final.conv, final.mixer
+
+    assert torch.autograd.gradcheck(f, (x, conv0, mixer0, *params), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_griffin_model_trains(mixer):
+    """Adam on a repeating pattern with period 5: the loss falls by more than half."""
+    m = M.build(config(mixer, vocab_size=11, recurrent_block="griffin"), seed=0)
+    assert m.last_backends == [None, None]  # nothing ran yet
+    pattern = torch.tensor([3, 1, 4, 1, 5])
+    tokens = pattern.repeat(4, 5)[:, :24].roll(1, dims=1)  # [4, 24], rows alike
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(25):
+        loss = torch.nn.functional.cross_entropy(m(tokens[:, :-1]).flatten(0, 1),
+                                                 tokens[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert m.last_backends == [REF, REF]
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_griffin_triton_default_equals_reference(mixer):
+    """backend "auto" on a CPU under TRITON_INTERPRET=1 (tests/conftest.py) runs the default
+    Triton backend; float32 against the chunked reference: forward, state, packing, steps."""
+    from samu import backends
+    ref = griffin(mixer, dtype=torch.float32)
+    tri = griffin(mixer, dtype=torch.float32, backend="auto")
+    tri.load_state_dict(ref.state_dict())
+    x = inputs(2, L, D, dtype=torch.float32)
+    want, want_final = ref(x, output_final_state=True)
+    got, got_final = tri(x, output_final_state=True)
+    assert backends.REGISTRY[mixer][tri.last_backend].kind == "triton", tri.last_backend
+    tol = dict(atol=2e-5, rtol=2e-5)
+    assert torch.allclose(got, want, **tol)
+    assert torch.allclose(got_final.mixer, want_final.mixer, **tol)
+    cu = torch.tensor([0, 5, 7, 12], dtype=torch.int32)
+    state = block_state(3, ref, dtype=torch.float32)
+    packed = x[:1]
+    assert torch.allclose(tri(packed, cu_seqlens=cu, initial_state=state),
+                          ref(packed, cu_seqlens=cu, initial_state=state), **tol)
+    state, outs = None, []
+    for t in range(6):
+        y_t, state = tri.step(x[:, t], state)
+        outs.append(y_t)
+    assert torch.allclose(torch.stack(outs, dim=1), want[:, :6], **tol)
+
+
+def test_griffin_parameters_follow_the_formula():
+    cfg = config("rglru", width=64, rglru_heads=4, recurrent_block="griffin", lru_width=96)
+    m = M.build(cfg)
+    counts = m.parameter_counts()
+    lru = 96
+    per_layer = (2 * (64 * lru + lru)  # linear_x, linear_y
+                 + 4 * lru + lru  # conv taps and bias
+                 + parameter_count("rglru", lru, 4)
+                 + lru * 64 + 64)  # linear_out
+    assert M.griffin_parameters("rglru", 64, 96, 4, 4) == per_layer
+    assert counts["mixer"] == 2 * per_layer == cfg.layers * cfg.recurrent_mixer_parameters("rglru")
+    assert m.blocks[0].mixer.parameter_counts()["total"] == per_layer
+    assert counts["total"] == m.num_parameters
+    bare = M.build(config("rglru", width=64, rglru_heads=4)).parameter_counts()
+    for part in ("embedding", "mlp", "norm", "head"):
+        assert counts[part] == bare[part], part
+    samu_block = M.build(config("samu", width=64, recurrent_block="griffin")).parameter_counts()
+    assert samu_block["mixer"] == 2 * M.griffin_parameters("samu", 64, conv_width=4)
+
+
+def test_griffin_configuration():
+    assert M.ModelConfig(vocab_size=8, mixer="rglru").recurrent_block == "bare"  # the default
+    cfg = M.ModelConfig(vocab_size=8, mixer="rglru", width=64, recurrent_block="griffin",
+                        lru_width=128, conv_width=3)
+    assert cfg.resolved_rglru_heads == 2  # of the lru width, 128
+    described = cfg.describe()
+    assert described["recurrent_block"] == "griffin" and described["lru_width"] == 128
+    assert described["conv_width"] == 3 and described["rglru_heads"] == 2
+    block = M.build(cfg).blocks[1].mixer
+    assert isinstance(block, M.RecurrentBlock) and block.lru_width == 128
+    assert block.conv_width == 3 and block.mixer.num_heads == 2
+    assert isinstance(M.build(config("samu")).blocks[0].mixer, M.SAMU)  # bare
+    # attention ignores the block but its matched heads follow it: the Griffin block of RG-LRU
+    # at width 256 (4 heads) has about 3.5 D^2 parameters, 7 heads of 32 channels
+    matched = M.ModelConfig(vocab_size=8, mixer="attention", recurrent_block="griffin")
+    target = matched.recurrent_mixer_parameters("rglru")
+    assert target == M.griffin_parameters("rglru", 256, 256, 4, 4) == 232192
+    assert matched.resolved_attention_heads == round(target / (4 * 256 * 32)) == 7
+    assert M.ModelConfig(vocab_size=8, mixer="attention").resolved_attention_heads == 1
+
+
+def test_standard_attention_heads():
+    cfg = M.ModelConfig(vocab_size=8, mixer="attention", attention_heads="standard",
+                        attention_head_dim=64)
+    assert cfg.resolved_attention_heads == 4 and cfg.describe()["attention_heads"] == 4
+    m = M.build(cfg)
+    assert m.blocks[0].mixer.heads == 4
+    assert m.parameter_counts()["mixer"] == 2 * 4 * 256 * 256
+    assert M.ModelConfig(vocab_size=8, mixer="attention",
+                         attention_heads="matched").resolved_attention_heads == 1
+
+
+def test_griffin_initial_scales():
+    m = M.build(M.ModelConfig(vocab_size=64, mixer="samu", width=256, layers=4,
+                              recurrent_block="griffin"), seed=0)
+    block = m.blocks[0].mixer
+    assert abs(block.linear_x.weight.std().item() - 256 ** -0.5) < 0.002
+    assert abs(block.linear_y.weight.std().item() - 256 ** -0.5) < 0.002
+    assert abs(block.linear_out.weight.std().item() - (0.5 / 256) ** 0.5) < 0.002  # 2 / layers
+    assert abs(block.conv_1d.w.std().item() - (0.01 / 4) ** 0.5) < 0.004
+    for bias in (block.linear_x.bias, block.linear_y.bias, block.linear_out.bias,
+                 block.conv_1d.b):
+        assert torch.equal(bias, torch.zeros_like(bias))
+    again = M.build(m.config, seed=0).blocks[0].mixer
+    assert torch.equal(again.conv_1d.w, block.conv_1d.w)
+    assert not torch.equal(m.blocks[1].mixer.conv_1d.w, block.conv_1d.w)
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_griffin_model_causal_and_every_parameter_learns(mixer):
+    m = M.build(config(mixer, vocab_size=11, recurrent_block="griffin"), seed=1)
+    tokens = torch.arange(40).remainder(11).view(2, 20)
+    base = m(tokens)
+    later = tokens.clone()
+    later[:, 10:] = (later[:, 10:] + 3) % 11
+    out = m(later)
+    assert torch.allclose(out[:, :10], base[:, :10], atol=1e-6, rtol=0)
+    assert not torch.allclose(out[:, 10:], base[:, 10:], atol=1e-4)
+    torch.nn.functional.cross_entropy(base.flatten(0, 1), tokens.roll(-1).flatten()).backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("kw, error, words", [
+    (dict(recurrent_block="mamba"), ValueError, "unknown recurrent_block 'mamba'"),
+    (dict(lru_width=64), ValueError, "lru_width needs recurrent_block='griffin'"),
+    (dict(recurrent_block="griffin", lru_width=0), ValueError, "lru_width"),
+    (dict(recurrent_block="griffin", conv_width=0), ValueError, "conv_width"),
+    (dict(recurrent_block="griffin", lru_width=48, rglru_heads=32), ValueError,
+     "lru_width 48 is not divisible by rglru_heads"),
+    (dict(mixer="attention", attention_heads="wide"), ValueError, "unknown attention_heads"),
+    (dict(mixer="attention", attention_heads="standard", attention_head_dim=12), ValueError,
+     "divisible by attention_head_dim"),
+])
+def test_bad_griffin_configuration_is_refused(kw, error, words):
+    kw = {"vocab_size": 10, "mixer": "rglru", "width": 32, **kw}
+    with pytest.raises(error, match=words):
+        M.ModelConfig(**kw)
+
+
+def test_griffin_bad_input_is_refused():
+    block = griffin("samu")
+    x = inputs(2, L, D)
+    with pytest.raises(ValueError, match="unknown mixer"):
+        M.RecurrentBlock("attention", D)
+    with pytest.raises(ValueError, match="width 8 but the mixer's width is 16"):
+        block(inputs(2, L, 8))
+    with pytest.raises(ValueError, match="batch 1"):
+        block(x, cu_seqlens=torch.tensor([0, 5, 12]))
+    with pytest.raises(ValueError, match="end at the length"):
+        block(x[:1], cu_seqlens=torch.tensor([0, 5, 11]))
+    with pytest.raises(ValueError, match=r"conv state must have shape \[2, 3, 16\]"):
+        block(x, initial_state=M.RecurrentBlockState(torch.zeros(2, 4, D), torch.zeros(2, D)))
+    with pytest.raises(TypeError, match="RecurrentBlockState"):
+        block(x, initial_state=torch.zeros(2, D))
+    with pytest.raises(ValueError, match="initial_state must have shape"):
+        block(x, initial_state=M.RecurrentBlockState(torch.zeros(2, 3, D), torch.zeros(3, D)))
+    with pytest.raises(ValueError, match="step takes x_t"):
+        block.step(x)
+    with pytest.raises(TypeError, match="output_final_state"):
+        block(x, output_final_state=1)
