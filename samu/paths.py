@@ -67,6 +67,13 @@ def calibration_dir_from_env() -> Path | None:
     return _ABSOLUTE[raw]
 
 
+def relative(path) -> str:
+    """``path`` relative to the repository root when it lies inside it (what results, notebooks
+    and messages show: the checkout's own folder differs between machines), else as given."""
+    path = Path(path)
+    return path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else str(path)
+
+
 def correctness_dir(slug: str) -> Path:
     return DATA / "correctness" / slug
 
@@ -81,3 +88,13 @@ def results_file(slug: str) -> Path:
 
 def figures_dir() -> Path:
     return DATA / "figures"
+
+
+def runs_dir(slug: str) -> Path:
+    """Where the executed notebooks of a GPU's runs go (per-shape ones in a folder per shape)."""
+    return DATA / "runs" / slug
+
+
+def training_file(slug: str) -> Path:
+    """The training study's result document of a GPU (notebook 05, `make train`)."""
+    return DATA / "training" / f"{slug}.json"

@@ -6,8 +6,14 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
+# tqdm.auto without ipywidgets warns (TqdmWarning) naming its own file, a machine's path; the
+# notebooks use the text bar, so the warning says nothing about them.
+QUIET_TQDM = '''import warnings
+from tqdm import TqdmWarning
+warnings.filterwarnings("ignore", category=TqdmWarning)  # tqdm.auto's "IProgress not found": the text bar is used'''
 SETUP = '''import os
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default (FP fusion on); Triton 3.9 warns while unset
+''' + QUIET_TQDM + '''
 import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton's interpreter runs the kernels on a CPU
@@ -16,7 +22,7 @@ from samu import backends, dispatch, paths
 from samu.shapes import Shape
 from samu.experiment import calibration, features, legality, protocol, report, schema
 device = "cuda" if torch.cuda.is_available() else "cpu"
-slug = dispatch.gpu_slug()
+slug = protocol.device_slug(device)  # results are labelled by the device they were measured on
 shape = (batch, length, width)
 print(f"device {device} ({slug}); shape {shape}")'''
 
@@ -241,7 +247,7 @@ save("01_correctness", [
     params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nseed = 0"),
     code(SETUP),
     code('''import pandas as pd
-doc = {"shape": list(shape), "environment": protocol.environment(), "mixers": {}}
+doc = {"shape": list(shape), "environment": protocol.environment(device), "mixers": {}}
 tables = []
 for mixer in ("rglru", "samu"):
     x, params, dy = legality.make_inputs(mixer, shape, device, seed)
@@ -255,7 +261,7 @@ for mixer in ("rglru", "samu"):
                                   for e in entries]))
 path = schema.write_json_atomic(paths.correctness_dir(slug) / f"{Shape.of(shape).key}.json", doc,
                                 kind="correctness")
-print("wrote", path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path)
+print("wrote", paths.relative(path))
 for t in tables:
     display(t.set_index(["mixer", "backend"]).style.format(precision=2, na_rep="", formatter={
         c: "{:.1e}" for c in t.columns if c not in ("mixer", "backend", "legal")}))'''),
@@ -288,7 +294,7 @@ def progress(label):
 result = calibration.calibrate_shape(shape, device, candidates=names, reps=reps, seed=seed,
                                      progress=progress)
 bar.close()
-cal = calibration.merge_calibration(slug, shape, result, protocol.environment())
+cal = calibration.merge_calibration(slug, shape, result, protocol.environment(device))
 for mixer, r in result.items():
     print(f"{mixer}: chosen {r['chosen']}; ranking {r['ranking']}")
     assert r["chosen"] is not None, f"no legal {mixer} backend at {shape}"'''),
@@ -335,7 +341,7 @@ if device != "cuda":
     for r in rows:
         r["achieved_bandwidth_bytes_per_s"] = float("nan")
 path = protocol.write_shape_result(slug, shape, rows, cal)
-print("wrote", path)'''),
+print("wrote", paths.relative(path))'''),
     code('''import pandas as pd
 pd.DataFrame([{"mixer": r["architecture"], "backend": r["backend"],
                "forward_ms": r["forward"]["median_ms"], "backward_ms": r["backward"]["median_ms"],
@@ -411,7 +417,7 @@ comparison'''),
        "compute ceilings."),
     code('''if write:
     for path in report.draw_figures(df, published_df, slug):
-        print("wrote", path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path)
+        print("wrote", paths.relative(path))
         display(Image(filename=str(path)))
 else:
     for name, fig in report.figures(df, published_df).items():
@@ -462,17 +468,19 @@ time_budget_s = None  # seconds of measured training for the whole study; None: 
 backend = "auto"  # the recurrent mixers' backend: one value, or a dict by mixer
 write = True  # write data/training/<gpu>.json and the figures
 progress_log = None  # a file that receives one line per finished run (make train prints them)
+device = None  # "cuda", "cuda:1" or "cpu"; None: CUDA when there is one, else the CPU
 cpu_threads = 1  # torch's intra-op threads on a CPU: these models are tiny, more threads only contend'''),
     code('''import os
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default (FP fusion on); Triton 3.9 warns while unset
+''' + QUIET_TQDM + '''
 import torch
 from IPython.display import Image, Markdown, display
-from samu import dispatch, model, paths
-from samu.experiment import report, training
-device = "cuda" if torch.cuda.is_available() else "cpu"
+from samu import model, paths
+from samu.experiment import protocol, report, training
+device = str(device or protocol.default_device())
 if device == "cpu" and cpu_threads:
     torch.set_num_threads(cpu_threads)
-slug = dispatch.gpu_slug()
+slug = protocol.device_slug(device)  # the results are labelled by the device trained on
 study = training.study_from_parameters(
     mixers, seeds, width, layers, mlp_expansion, tasks, steps, batch_size, lr, warmup_steps,
     eval_batches, timing_warmup_steps=timing_warmup_steps, log_every=log_every,
@@ -516,7 +524,7 @@ if "mqar" in study.tasks:
     code('''doc = training.result_document(study, [r for name in study.tasks for r in records[name]], device)
 if write:
     path = training.write_result(doc, slug)
-    print("wrote", path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path)
+    print("wrote", paths.relative(path))
 else:
     training.validate(doc)
     print("validated; not written (write = False)")'''),
@@ -524,7 +532,7 @@ else:
        "training speed (each task at its longest length)."),
     code('''if write:
     for path in training.draw_figures(doc, slug):
-        print("wrote", path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path)
+        print("wrote", paths.relative(path))
         display(Image(filename=str(path)))
 else:
     for fig in training.figures(doc).values():

@@ -2,13 +2,17 @@
 
 Executed notebooks go to data/runs/<gpu>/<shape>/, apart from the sources.  A notebook that fails
 stops the run with a non-zero exit; its executed copy is kept as *.failed.ipynb for reading, and
-the result files it would have written are untouched (they are written atomically).
+the result files it would have written are untouched (they are written atomically).  What is
+stored names no folder of the machine that ran it (portable_notebook): paths are relative to the
+repository root, a run's temporary files are left out.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import sysconfig
 from pathlib import Path
 
 from ..shapes import Shape
@@ -71,14 +75,125 @@ def kernel_manager_class():
     return IPCKernelManager
 
 
-def run_notebook(name: str, out_dir: Path, parameters: dict) -> Path:
+# An installed package's folder as a warning or a traceback names it
+# ("/opt/venv/lib/python3.12/site-packages/"): the stored copy names the file by its module's path
+# ("tqdm/auto.py") instead.
+_SITE_PACKAGES = re.compile(r"(?:/[^\s\"'/:\x1b]+)*/(?:site|dist)-packages/")
+
+
+def machine_prefixes() -> list[str]:
+    """This machine's folders that outputs may name, longest first, each ending in "/": the
+    repository root (results are named relative to it) and the standard library."""
+    from .. import paths
+
+    folders = {str(paths.REPO_ROOT), sysconfig.get_paths()["stdlib"]}
+    return sorted((f.rstrip("/") + "/" for f in folders), key=len, reverse=True)
+
+
+def _portable_text(text: str, prefixes: list[str]) -> str:
+    for prefix in prefixes:
+        text = text.replace(prefix, "")
+    return _SITE_PACKAGES.sub("", text)
+
+
+def _portable_value(value, prefixes: list[str]):
+    if isinstance(value, str):
+        return _portable_text(value, prefixes)
+    if isinstance(value, list):
+        return [_portable_value(v, prefixes) for v in value]
+    return value
+
+
+def portable_notebook(nb, stored_path, unstored=()):
+    """An executed notebook as it is stored (changed in place, and returned): papermill's
+    input_path and output_path relative to the repository root (the output path is where the
+    notebook is stored, not papermill's temporary), the parameters named in ``unstored`` (a
+    run's temporary files, say) left out of the metadata and the injected-parameters cell, and
+    the repository root, the standard library's folder and site-packages folders dropped from
+    every text output, so that no output names this machine's folders."""
+    from papermill.engines import papermill_engines
+    from papermill.translators import translate_parameters
+    from .. import paths
+
+    meta = nb.metadata.get("papermill")
+    if meta is not None:
+        if meta.get("input_path"):
+            meta["input_path"] = paths.relative(meta["input_path"])
+        meta["output_path"] = paths.relative(stored_path)
+        parameters = meta.get("parameters") or {}
+        dropped = {k: parameters.pop(k) for k in unstored if k in parameters}
+        injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+        kernel, language = (papermill_engines.nb_kernel_name(None, nb),
+                            papermill_engines.nb_language(None, nb))
+        for name, value in dropped.items():
+            # The assignment papermill wrote for this parameter, without its comment line.
+            assignment = translate_parameters(kernel, language, {name: value},
+                                              "Parameters").split("\n", 1)[1]
+            for cell in injected:
+                cell.source = cell.source.replace(assignment, "")
+    prefixes = machine_prefixes()
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            for key in ("text", "evalue", "traceback"):
+                if key in output:
+                    output[key] = _portable_value(output[key], prefixes)
+            for mime, data in output.get("data", {}).items():
+                if mime.startswith("text/"):
+                    output["data"][mime] = _portable_value(data, prefixes)
+    return nb
+
+
+def store_portable(executed: Path, stored: Path, unstored=()) -> Path:
+    """Rewrite the executed notebook ``executed`` as portable_notebook stores it, at ``stored``
+    (atomically: written beside it, then renamed), and remove ``executed``."""
+    import nbformat
+
+    nb = portable_notebook(nbformat.read(executed, as_version=4), stored, unstored)
+
+    def write(tmp: Path) -> None:  # as papermill writes notebooks: nbformat.writes' text
+        tmp.write_text(nbformat.writes(nb), encoding="utf-8")
+
+    from . import schema
+    schema.atomic_write(stored, write)
+    if executed != stored:
+        executed.unlink()
+    return stored
+
+
+def notebook_parameters(name: str) -> dict:
+    """The defaults of notebooks/<name>.ipynb: the values its "parameters" cell assigns (literals
+    only), which papermill's parameters override."""
+    import ast
+
+    import nbformat
+    from .. import paths
+
+    nb = nbformat.read(paths.REPO_ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    return {node.targets[0].id: ast.literal_eval(node.value)
+            for node in ast.parse(cell.source).body
+            if isinstance(node, ast.Assign) and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)}
+
+
+def executed_paths(name: str, out_dir: Path) -> dict:
+    """Where run_notebook puts notebook ``name`` in ``out_dir``: "stored" (the executed notebook),
+    "running" (papermill's copy while it runs) and "failed" (kept when a cell fails)."""
+    out_dir = Path(out_dir)
+    return {"stored": out_dir / f"{name}.ipynb", "running": out_dir / f".{name}.running.ipynb",
+            "failed": out_dir / f"{name}.failed.ipynb"}
+
+
+def run_notebook(name: str, out_dir: Path, parameters: dict, unstored=()) -> Path:
+    """Execute notebooks/<name>.ipynb with papermill into ``out_dir``; the stored copy is
+    portable (portable_notebook), without the parameters named in ``unstored``."""
     import papermill
     from .. import paths
 
     src = paths.REPO_ROOT / "notebooks" / f"{name}.ipynb"
     out_dir.mkdir(parents=True, exist_ok=True)
-    final = out_dir / f"{name}.ipynb"
-    partial = out_dir / f".{name}.running.ipynb"
+    where = executed_paths(name, out_dir)
+    final, partial = where["stored"], where["running"]
     engine_options = {}
     manager = kernel_manager_class()
     if manager is not None:
@@ -89,10 +204,13 @@ def run_notebook(name: str, out_dir: Path, parameters: dict) -> Path:
                                    **engine_options)
     except Exception:
         if partial.exists():
-            partial.replace(out_dir / f"{name}.failed.ipynb")
+            failed = where["failed"]
+            try:
+                store_portable(partial, failed, unstored)
+            except Exception:  # the notebook's own error is the one to report
+                partial.replace(failed)
         raise
-    partial.replace(final)
-    return final
+    return store_portable(partial, final, unstored)
 
 
 def print_summary(slug: str) -> None:
@@ -154,11 +272,11 @@ def main(argv=None) -> int:
         for k, shape, nb in steps:
             label = shape.key
             bar.set_postfix_str(f"{nb} {label}")
-            run_notebook(nb, paths.DATA / "runs" / slug / label,
+            run_notebook(nb, paths.runs_dir(slug) / label,
                          dict(batch=shape[0], length=shape[1], width=shape[2], shape_index=k))
             bar.update()
         bar.set_postfix_str("04_report")
-        run_notebook("04_report", paths.DATA / "runs" / slug, dict(gpu_slug=slug, write=True))
+        run_notebook("04_report", paths.runs_dir(slug), dict(gpu_slug=slug, write=True))
         bar.update()
     except Exception as exc:
         bar.close()
@@ -166,8 +284,10 @@ def main(argv=None) -> int:
         return 1
     bar.close()
     print_summary(slug)
-    print(f"\nwrote {paths.results_file(slug)}, {paths.results_dir(slug)}/, "
-          f"{paths.calibration_file(slug)}, {paths.figures_dir()}/{slug}_*.png")
+    print(f"\nwrote {paths.relative(paths.results_file(slug))}, "
+          f"{paths.relative(paths.results_dir(slug))}/, "
+          f"{paths.relative(paths.calibration_file(slug))}, "
+          f"{paths.relative(paths.figures_dir())}/{slug}_*.png")
     return 0
 
 

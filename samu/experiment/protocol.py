@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import torch
 
 from ..shapes import Shape
-from .. import backends, paths
+from .. import backends, dispatch, paths
 from ..modules import MODULES, dynamic_control_values_per_token, parameter_count
 from . import peers as peers_
 from . import schema
@@ -286,6 +286,7 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
             "architecture": mixer,
             "backend": module.last_backend,
             "controller": "fp32_fused_coords" if mixer == "samu" else None,
+            "device": str(device),  # what labels the result: its GPU, floor and memory
         }
         for phase in ("forward", "backward", "forward_backward"):
             row[phase] = summarize([s for rd in rounds_ for s in rd[f"{phase}_ms"]])
@@ -353,13 +354,30 @@ def _git_commit() -> str | None:
         return None
 
 
-def environment() -> dict:
-    """The published file's three keys plus what a reader needs to reproduce the numbers."""
+def default_device() -> torch.device:
+    """The device a run times when none is named: CUDA when this machine has it, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def device_slug(device) -> str:
+    """The slug that names the results of a device: its GPU's (dispatch.gpu_slug of its name),
+    "cpu" for the CPU."""
+    device = torch.device(device)
+    return dispatch.gpu_slug(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu"
+
+
+def environment(device=None) -> dict:
+    """The published file's three keys plus what a reader needs to reproduce the numbers.  The
+    gpu (and the driver) are those of ``device``, the device that was timed (default:
+    default_device()): a CPU run on a machine that has a GPU is labelled "cpu", not that GPU."""
     import triton
+    device = torch.device(device) if device is not None else default_device()
+    cuda = device.type == "cuda"
     env = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "gpu": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "device": str(device),
         "triton": triton.__version__,
         "python": platform.python_version(),
         "driver": None,
@@ -367,7 +385,7 @@ def environment() -> dict:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "triton_interpret": os.environ.get("TRITON_INTERPRET", "0") == "1",
     }
-    if torch.cuda.is_available():
+    if cuda:
         try:
             env["driver"] = subprocess.run(
                 ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -377,9 +395,20 @@ def environment() -> dict:
     return env
 
 
+def timed_device(rows: list[dict]):
+    """The device that rows were timed on (time_shape records it in each row); None for rows
+    that do not name one."""
+    devices = {row["device"] for row in rows if row.get("device")}
+    if len(devices) > 1:
+        raise ValueError(f"rows timed on several devices: {sorted(devices)}")
+    return devices.pop() if devices else None
+
+
 def result_document(rows: list[dict]) -> dict:
+    """The schema-valid document of one shape's rows, its environment that of the device the rows
+    were timed on."""
     return {"schema_version": schema.SCHEMA_VERSION, "protocol": dict(PROTOCOL),
-            "environment": environment(), "rows": rows}
+            "environment": environment(timed_device(rows)), "rows": rows}
 
 
 def write_shape_result(slug: str, shape, rows: list[dict], calibration_doc: dict | None = None):

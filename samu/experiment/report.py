@@ -68,12 +68,6 @@ def shape_of(row: dict) -> Shape:
     return Shape.of(row["shape"])
 
 
-def _relative(path: Path) -> str:
-    path = Path(path)
-    inside = path.is_relative_to(paths.REPO_ROOT)
-    return str(path.relative_to(paths.REPO_ROOT)) if inside else str(path)
-
-
 # --- which results -------------------------------------------------------------------------------
 
 def has_shape_results(slug: str) -> bool:
@@ -90,7 +84,7 @@ def default_slug() -> str:
 def describe_choice(slug: str) -> str:
     """One line naming the results shown, and why when they are not this machine's."""
     here = dispatch.gpu_slug()
-    folder = _relative(paths.results_dir(slug))
+    folder = paths.relative(paths.results_dir(slug))
     if slug == here:
         text = f"Showing this machine's results ({slug}) from {folder}/"
     else:
@@ -99,18 +93,17 @@ def describe_choice(slug: str) -> str:
             text = f"Showing the committed {slug} results from {folder}/"
         if not has_shape_results(here):
             text += (f"; this machine ({here}) has no per-shape results in "
-                     f"{_relative(paths.results_dir(here))}/")
+                     f"{paths.relative(paths.results_dir(here))}/")
     if slug == CPU_SLUG:
         text += f". {CPU_NOTE}."
     return text
 
 
 def load_shape_files(slug: str) -> list[dict]:
+    """Every per-shape result file of one GPU, validated; schema.ResultFileError names a file
+    that is not JSON or not a valid result document."""
     folder = paths.results_dir(slug)
-    docs = [schema.read_json(p) for p in sorted(folder.glob("*.json"))]
-    for doc in docs:
-        schema.validate(doc)
-    return docs
+    return [schema.read_valid_json(p, "result") for p in sorted(folder.glob("*.json"))]
 
 
 def combine(slug: str, write: bool = True) -> dict:
@@ -146,8 +139,11 @@ def published_h800_document() -> dict:
 # --- tables --------------------------------------------------------------------------------------
 
 def is_cpu(environment: dict, source: str | None = None) -> bool:
-    """Results of a CPU run: slug "cpu", or an environment whose gpu is "cpu"."""
-    return source == CPU_SLUG or str(environment.get("gpu", "")).strip().lower() == "cpu"
+    """Results of a CPU run: slug "cpu", an environment whose gpu is "cpu", or one whose timed
+    device (recorded since results name it) is no CUDA device."""
+    device = str(environment.get("device") or "cuda").strip().lower()
+    return (source == CPU_SLUG or str(environment.get("gpu", "")).strip().lower() == "cpu"
+            or not device.startswith("cuda"))
 
 
 def machine_label(environment: dict, source: str | None = None) -> str:

@@ -219,8 +219,10 @@ def atomic_write(path, write: Callable[[Path], object]) -> Path:
     """``write(tmp)`` writes the whole file to ``tmp``, a temporary ``.<name>.<random>.tmp``
     beside ``path``, which is then renamed into place: a reader never sees a half-written file,
     and an exception leaves the old file untouched and no temporary behind (a killed process
-    can still leave one; .gitignore ignores them)."""
-    path = Path(path)
+    can still leave one; .gitignore ignores them).  Where ``path`` is a symlink, the write goes
+    through to its final target, so that the link and whatever else shares the target stay."""
+    given = Path(path)
+    path = Path(os.path.realpath(given))  # renaming onto the link would replace the link
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
@@ -236,7 +238,7 @@ def atomic_write(path, write: Callable[[Path], object]) -> Path:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    return path
+    return given
 
 
 def write_json_atomic(path, doc: dict, kind: str | None = "result") -> Path:
@@ -256,3 +258,31 @@ def write_json_atomic(path, doc: dict, kind: str | None = "result") -> Path:
 def read_json(path) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+class ResultFileError(ValueError):
+    """A result file that cannot be read as JSON or does not match its schema; the message names
+    the file and what is wrong with it."""
+
+    def __init__(self, path, problem: str):
+        self.path = Path(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+def read_valid_json(path, kind: str = "result") -> dict:
+    """The document in ``path``, validated against the ``kind`` schema; ResultFileError names the
+    file when it is not JSON (truncated, say) or not a valid document."""
+    try:
+        doc = read_json(path)
+    except json.JSONDecodeError as exc:
+        raise ResultFileError(path, f"not valid JSON ({exc.msg} at line {exc.lineno}, column "
+                                    f"{exc.colno})") from exc
+    except UnicodeDecodeError as exc:
+        raise ResultFileError(path, f"not valid JSON (not UTF-8 text: {exc.reason})") from exc
+    try:
+        validate(doc, kind)
+    except jsonschema.ValidationError as exc:
+        raise ResultFileError(path, f"not a valid {kind} document: {exc.message} (at "
+                                    f"{exc.json_path})") from exc
+    return doc

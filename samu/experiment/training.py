@@ -15,14 +15,17 @@ Three tasks, all generated on the fly from fixed seeds (nothing is downloaded):
 ``samu.experiment.schema.SCHEMAS["training"]``), ``write_result`` writes it to
 ``data/training/<gpu-slug>.json`` and ``draw_figures`` the figures to
 ``data/figures/<gpu-slug>_training_*.png``.  Notebook 05 runs the study; ``make train``
-(``python -m samu.experiment.training``) runs notebook 05 with ``GPU_PARAMETERS``.
+(``python -m samu.experiment.training``) runs notebook 05 with ``GPU_PARAMETERS`` on a CUDA device,
+after ``check_parameters`` has checked every parameter against its range (``PARAMETER_RANGES``).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import hashlib
+import inspect
 import math
+import numbers
 import os
 import platform
 import statistics
@@ -67,9 +70,132 @@ def _distinct(rows: int, population: int, count: int, generator,
     return (log_weights.to(u.device) + gumbel).topk(count, dim=1).indices
 
 
-def _check_int(task: str, name: str, value, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{task}: {name} must be an integer >= {minimum}, got {value!r}")
+# --- parameter checks ----------------------------------------------------------------------------
+
+class ParameterError(ValueError):
+    """A parameter of the training study of the wrong type or outside its range; the message
+    names the parameter, its value and what it may be."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """What a numeric parameter may be: an integer or a finite real (a bool is neither), at least
+    (or above, ``low_open``) ``low`` and at most (or below, ``high_open``) ``high``, or None
+    where ``optional``."""
+    integer: bool = False
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    optional: bool = False
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a finite number"
+        if self.low is not None and self.high is not None:
+            text = (f"{kind} in {'(' if self.low_open else '['}{self.low}, {self.high}"
+                    f"{')' if self.high_open else ']'}")
+        elif self.low is not None:
+            text = f"{kind} {'>' if self.low_open else '>='} {self.low}"
+        elif self.high is not None:
+            text = f"{kind} {'<' if self.high_open else '<='} {self.high}"
+        else:
+            text = kind
+        return text + (", or None" if self.optional else "")
+
+    def admits(self, value) -> bool:
+        if value is None:
+            return self.optional
+        if isinstance(value, bool) or not isinstance(
+                value, numbers.Integral if self.integer else numbers.Real):
+            return False
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def check(self, name: str, value):
+        """``value``, or ParameterError naming ``name``, the value and this range."""
+        if not self.admits(value):
+            raise ParameterError(f"{name} must be {self.describe()}, got {value!r}")
+        return value
+
+
+COUNT = Range(integer=True, low=1)  # sizes, lengths, step counts
+OFFSET = Range(integer=True, low=0)  # warm-up steps, seeds
+SECONDS = Range(low=0, low_open=True, optional=True)  # a time budget; None: none
+# The options of each task (the classes below check them too).
+TASK_OPTION_RANGES = {"num_pairs": COUNT, "vocab_size": COUNT, "num_tokens": COUNT,
+                      "data_vocab": COUNT, "noise_vocab": COUNT,
+                      "power_a": Range(low=0, high=1, low_open=True, optional=True)}
+# The numeric parameters of notebook 05, so of `make train`, and what each may be.  "seeds" is
+# a list of them, "tasks" maps a task to its "lengths" (a list of COUNT) and options
+# (TASK_OPTION_RANGES); "steps" and "batch_size" are one value or a dict by task.
+PARAMETER_RANGES = {
+    "seeds": OFFSET,
+    "width": COUNT,
+    "layers": COUNT,
+    "mlp_expansion": COUNT,
+    "lengths": COUNT,
+    "steps": COUNT,
+    "batch_size": COUNT,
+    "lr": Range(low=0, low_open=True),
+    "warmup_steps": OFFSET,
+    "eval_batches": COUNT,
+    "timing_warmup_steps": OFFSET,
+    "log_every": COUNT,
+    "time_budget_s": SECONDS,
+    "cpu_threads": Range(integer=True, low=0, optional=True),  # 0 or None: torch's default
+}
+PER_TASK = ("steps", "batch_size")
+
+
+def _check_int(owner: str, name: str, value, minimum: int = 1) -> None:
+    Range(integer=True, low=minimum).check(f"{owner}: {name}", value)
+
+
+def _check_list(name: str, value, item: Range) -> None:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+        raise ParameterError(f"{name} must be a non-empty list, each {item.describe()}, got "
+                             f"{value!r}")
+    for i, v in enumerate(value):
+        item.check(f"{name}[{i}]", v)
+    if len(set(value)) != len(value):
+        raise ParameterError(f"{name} must not repeat a value, got {value!r}")
+
+
+def check_parameter_ranges(parameters: dict) -> None:
+    """Check every numeric parameter present in ``parameters`` (notebook 05's names) against
+    PARAMETER_RANGES, the task options against TASK_OPTION_RANGES; ParameterError names the
+    first that is out of range (as ``tasks['mqar']['lengths'][0]``, say)."""
+    tasks = parameters.get("tasks")
+    if "tasks" in parameters:
+        if not isinstance(tasks, dict) or not tasks:
+            raise ParameterError(f"tasks must be a non-empty dict of task -> {{'lengths': [...], "
+                                 f"options}}, got {tasks!r}")
+        for task, spec in tasks.items():
+            name = f"tasks[{task!r}]"
+            if not isinstance(spec, dict) or "lengths" not in spec:
+                raise ParameterError(f"{name} must be a dict with 'lengths', got {spec!r}")
+            _check_list(f"{name}['lengths']", spec["lengths"], PARAMETER_RANGES["lengths"])
+            for option, value in spec.items():
+                if option in TASK_OPTION_RANGES:
+                    TASK_OPTION_RANGES[option].check(f"{name}[{option!r}]", value)
+    if "seeds" in parameters:
+        _check_list("seeds", parameters["seeds"], PARAMETER_RANGES["seeds"])
+    for key, allowed in PARAMETER_RANGES.items():
+        if key not in parameters or key in ("seeds", "lengths"):
+            continue
+        value = parameters[key]
+        if key in PER_TASK and isinstance(value, dict):
+            missing = set(tasks or ()) - set(value)
+            if missing:
+                raise ParameterError(f"{key} has no value for the tasks {sorted(missing)}, got "
+                                     f"{value!r}")
+            for task, v in value.items():
+                allowed.check(f"{key}[{task!r}]", v)
+        else:
+            allowed.check(key, value)
 
 
 # --- tasks ---------------------------------------------------------------------------------------
@@ -97,13 +223,14 @@ class MQAR:
             _check_int("mqar", key, getattr(self, key))
         half = self.vocab_size // 2
         if half - 1 < self.num_pairs or self.vocab_size - half < self.num_pairs:
-            raise ValueError(f"mqar: vocab_size {self.vocab_size} holds fewer than num_pairs "
-                             f"{self.num_pairs} distinct keys (1 .. vocab/2 - 1) or values")
+            raise ParameterError(f"mqar: vocab_size {self.vocab_size} holds fewer than "
+                                 f"num_pairs {self.num_pairs} distinct keys (1 .. vocab/2 - 1) "
+                                 "or values")
         if (self.seq_len - 2 * self.num_pairs) // 2 < self.num_pairs:
-            raise ValueError(f"mqar: seq_len {self.seq_len} is too short for {self.num_pairs} "
-                             f"pairs and their queries (at least {4 * self.num_pairs})")
-        if self.power_a is not None and not 0 < self.power_a <= 1:
-            raise ValueError(f"mqar: power_a must be in (0, 1] or None, got {self.power_a!r}")
+            raise ParameterError(f"mqar: seq_len {self.seq_len} is too short for "
+                                 f"{self.num_pairs} pairs and their queries (at least "
+                                 f"{4 * self.num_pairs})")
+        TASK_OPTION_RANGES["power_a"].check("mqar: power_a", self.power_a)
 
     @property
     def chance(self) -> float:
@@ -160,8 +287,9 @@ class SelectiveCopy:
         for key in ("seq_len", "num_tokens", "data_vocab", "noise_vocab"):
             _check_int("copy", key, getattr(self, key))
         if self.body < self.num_tokens:
-            raise ValueError(f"copy: seq_len {self.seq_len} is too short for {self.num_tokens} "
-                             f"data tokens (at least {2 * self.num_tokens + 1})")
+            raise ParameterError(f"copy: seq_len {self.seq_len} is too short for "
+                                 f"{self.num_tokens} data tokens (at least "
+                                 f"{2 * self.num_tokens + 1})")
 
     @property
     def body(self) -> int:
@@ -201,6 +329,7 @@ class SelectiveCopy:
 # every machine that has them, whatever else the folder holds.
 VALIDATION_MODULUS = 10
 SKIPPED_FOLDERS = frozenset({"site-packages", "dist-packages", "__pycache__"})
+STDLIB_ROOT_LABEL = "stdlib"  # the corpus root recorded for this Python's standard library
 
 
 def stdlib_root() -> Path:
@@ -234,7 +363,10 @@ def _corpus(root: str):
         parts[split].append((Path(root) / rel).read_bytes())
         names[split].append(rel)
     data = {}
-    info = {"root": root, "python": platform.python_version(), "files": len(files),
+    # The standard library is named, not its folder, which differs between machines (the Python
+    # version beside it says which one).
+    shown = STDLIB_ROOT_LABEL if Path(root) == stdlib_root() else root
+    info = {"root": shown, "python": platform.python_version(), "files": len(files),
             "validation_modulus": VALIDATION_MODULUS}
     for split, chunks in parts.items():
         blob = b"".join(chunks)
@@ -249,7 +381,8 @@ def _corpus(root: str):
 def corpus(root=None):
     """``(data, names, info)``: data maps "train" and "validation" to uint8 tensors (each split's
     files concatenated in sorted order), names to the files of each split, info describes the
-    corpus (Python version, file and byte counts, SHA-256 of each split).  Read once per process."""
+    corpus (its root, STDLIB_ROOT_LABEL for the standard library; Python version, file and byte
+    counts, SHA-256 of each split).  Read once per process."""
     return _corpus(str(Path(root) if root is not None else stdlib_root()))
 
 
@@ -305,7 +438,7 @@ def make_task(name: str, seq_len: int, **options):
     ``make_task("lm", 512)``."""
     classes = {"mqar": MQAR, "copy": SelectiveCopy, "lm": CharLM}
     if name not in classes:
-        raise ValueError(f"unknown task {name!r}; choose one of {list(classes)}")
+        raise ParameterError(f"unknown task {name!r}; choose one of {list(classes)}")
     return classes[name](seq_len, **options)
 
 
@@ -336,19 +469,30 @@ class TrainConfig:
     timing_warmup_steps: int = 5
     max_seconds: float | None = None
 
+    # What each numeric field may be.  max_seconds may be 0 (stop after the first timed step);
+    # a study's time budget, which it is a share of, may not.
+    RANGES = {"steps": COUNT, "batch_size": COUNT, "lr": PARAMETER_RANGES["lr"],
+              "warmup_steps": OFFSET, "min_lr_ratio": Range(low=0, high=1),
+              "weight_decay": Range(low=0), "grad_clip": Range(low=0, low_open=True),
+              "eval_batches": COUNT, "log_every": COUNT, "timing_warmup_steps": OFFSET,
+              "max_seconds": Range(low=0, optional=True)}
+    BETA = Range(low=0, high=1, high_open=True)
+
     def __post_init__(self):
-        for key in ("steps", "batch_size", "eval_batches", "log_every"):
-            _check_int("train", key, getattr(self, key))
-        _check_int("train", "warmup_steps", self.warmup_steps, 0)
-        _check_int("train", "timing_warmup_steps", self.timing_warmup_steps, 0)
+        for key, allowed in self.RANGES.items():
+            allowed.check(f"train: {key}", getattr(self, key))
+        if (isinstance(self.betas, (str, bytes)) or not isinstance(self.betas, (list, tuple))
+                or len(self.betas) != 2):
+            raise ParameterError(f"train: betas must be two numbers in [0, 1), got "
+                                 f"{self.betas!r}")
+        for i, beta in enumerate(self.betas):
+            self.BETA.check(f"train: betas[{i}]", beta)
         if self.timing_warmup_steps >= self.steps:
-            raise ValueError(f"train: timing_warmup_steps {self.timing_warmup_steps} leaves none "
-                             f"of {self.steps} steps to time")
+            raise ParameterError(f"train: timing_warmup_steps {self.timing_warmup_steps} leaves "
+                                 f"none of {self.steps} steps to time (it must be below steps)")
         if self.schedule not in ("cosine", "constant"):
-            raise ValueError(f"train: schedule must be 'cosine' or 'constant', got "
-                             f"{self.schedule!r}")
-        if not self.lr > 0:
-            raise ValueError(f"train: lr must be positive, got {self.lr}")
+            raise ParameterError(f"train: schedule must be 'cosine' or 'constant', got "
+                                 f"{self.schedule!r}")
 
     def lr_factor(self, step: int) -> float:
         """The learning rate of step ``step`` (0-based) over ``lr``."""
@@ -505,16 +649,18 @@ class Study:
     def __post_init__(self):
         unknown = set(self.mixers) - set(model_.MIXERS)
         if unknown:
-            raise ValueError(f"study: unknown mixers {sorted(unknown)}; choose from "
-                             f"{list(model_.MIXERS)}")
+            raise ParameterError(f"study: unknown mixers {sorted(unknown)}; choose from "
+                                 f"{list(model_.MIXERS)}")
         unknown = set(self.tasks) - set(TASKS)
         if unknown:
-            raise ValueError(f"study: unknown tasks {sorted(unknown)}; choose from {list(TASKS)}")
+            raise ParameterError(f"study: unknown tasks {sorted(unknown)}; choose from "
+                                 f"{list(TASKS)}")
         missing = set(self.tasks) - set(self.train)
         if missing:
-            raise ValueError(f"study: no training configuration for {sorted(missing)}")
-        if not self.seeds:
-            raise ValueError("study: no seeds")
+            raise ParameterError(f"study: no training configuration for {sorted(missing)}")
+        _check_list("study: seeds", self.seeds, PARAMETER_RANGES["seeds"])
+        for key in ("width", "layers", "mlp_expansion", "time_budget_s"):
+            PARAMETER_RANGES[key].check(f"study: {key}", getattr(self, key))
         for name in self.tasks:
             for task in self.task_list(name):  # bad task options fail here, before any run
                 model_.ModelConfig(vocab_size=task.vocab_size, mixer=self.mixers[0],
@@ -565,9 +711,18 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
                           lr, warmup_steps, eval_batches, timing_warmup_steps=5, log_every=10,
                           time_budget_s=None, backend="auto", norm="rmsnorm") -> Study:
     """The study of notebook 05's parameters: ``tasks`` maps a task to its lengths and options,
-    ``steps`` and ``batch_size`` map a task to its own (or are one number for all)."""
+    ``steps`` and ``batch_size`` map a task to its own (or are one number for all).  Every
+    numeric parameter is checked first (check_parameter_ranges): ParameterError names the one
+    out of range before anything runs."""
+    check_parameter_ranges(dict(
+        seeds=seeds, width=width, layers=layers, mlp_expansion=mlp_expansion, tasks=tasks,
+        steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
+        eval_batches=eval_batches, timing_warmup_steps=timing_warmup_steps, log_every=log_every,
+        time_budget_s=time_budget_s))
+
     def per_task(value, name):
         return value[name] if isinstance(value, dict) else value
+    # Checked above, so int() and float() only turn numpy's numbers into Python's.
     train = {name: TrainConfig(steps=int(per_task(steps, name)),
                                batch_size=int(per_task(batch_size, name)), lr=float(lr),
                                warmup_steps=int(warmup_steps), eval_batches=int(eval_batches),
@@ -578,6 +733,22 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
                  tasks={k: dict(v) for k, v in tasks.items()}, train=train, width=int(width),
                  layers=int(layers), mlp_expansion=int(mlp_expansion), norm=norm,
                  backend=backend, time_budget_s=time_budget_s)
+
+
+def check_parameters(parameters: dict, known=None) -> Study:
+    """Check a complete set of notebook 05's parameters (its defaults updated with what
+    `make train` passes) before anything runs: names outside ``known`` (when given) are refused,
+    every numeric parameter is checked against PARAMETER_RANGES, and the study is built, which
+    checks what depends on several (a task's length against its pairs, say).  Returns the
+    study; raises ParameterError naming the parameter, its value and its allowed range."""
+    if known is not None:
+        unknown = sorted(set(parameters) - set(known))
+        if unknown:
+            raise ParameterError(f"unknown parameters {unknown}; notebook 05 takes "
+                                 f"{sorted(known)}")
+    check_parameter_ranges(parameters)
+    names = inspect.signature(study_from_parameters).parameters
+    return study_from_parameters(**{k: v for k, v in parameters.items() if k in names})
 
 
 def models_for(study: Study, name: str) -> dict:
@@ -658,11 +829,10 @@ def run_task(study: Study, name: str, device, progress_log=None, bar=True) -> li
 # --- the result document -------------------------------------------------------------------------
 
 def environment(device) -> dict:
-    """The timing protocol's environment (versions, GPU, driver, commit, date) with the device
-    and dtype the study trained in."""
+    """The timing protocol's environment (versions, GPU, driver, commit, date) of the device the
+    study trained on, with its dtype: a CPU run on a GPU machine names no GPU."""
     from . import protocol
-    env = protocol.environment()
-    env["device"] = str(torch.device(device))
+    env = protocol.environment(device)
     env["dtype"] = dtype_name(device)
     return env
 
@@ -677,8 +847,9 @@ def result_document(study: Study, records: list[dict], device) -> dict:
 
 
 def result_path(slug: str) -> Path:
+    """data/training/<slug>.json (samu.paths.training_file)."""
     from .. import paths
-    return paths.DATA / "training" / f"{slug}.json"
+    return paths.training_file(slug)
 
 
 def validate(doc: dict) -> None:
@@ -865,14 +1036,19 @@ def figures(doc: dict) -> dict:
     return out
 
 
-def draw_figures(doc: dict, slug: str) -> list[Path]:
-    """The figures written atomically (``report.save_figure``) into
-    data/figures/<slug>_training_<name>.png."""
+FIGURE_NAMES = ("loss", "accuracy", "quality_speed")  # figures' keys, those a study draws
+
+
+def figure_path(slug: str, name: str) -> Path:
+    """data/figures/<slug>_training_<name>.png."""
     from .. import paths
+    return paths.figures_dir() / f"{slug}_training_{name}.png"
+
+
+def draw_figures(doc: dict, slug: str) -> list[Path]:
+    """The figures written atomically (``report.save_figure``) to their figure_path."""
     from . import report
-    folder = paths.figures_dir()
-    return [report.save_figure(fig, folder / f"{slug}_training_{name}.png")
-            for name, fig in figures(doc).items()]
+    return [report.save_figure(fig, figure_path(slug, name)) for name, fig in figures(doc).items()]
 
 
 # --- the conclusion ------------------------------------------------------------------------------
@@ -1006,44 +1182,88 @@ GPU_PARAMETERS = dict(
 )
 
 
-def main(argv=None) -> int:
+NOTEBOOK = "05_training"
+# A run's own temporary files: passed to the notebook, left out of its stored copy.
+UNSTORED_PARAMETERS = ("progress_log",)
+
+
+def _time_budget_argument(text: str) -> float:
+    """--time-budget's value: seconds, a finite number > 0."""
+    allowed = Range(low=0, low_open=True)
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not allowed.admits(value):
+        raise argparse.ArgumentTypeError(f"must be {allowed.describe()} (seconds), got {text!r}")
+    return value
+
+
+def _device_argument(text: str) -> torch.device:
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:<index>, got {text!r}")
+    return device
+
+
+def main(argv=None, gpu_parameters: dict = GPU_PARAMETERS) -> int:
+    """`make train`: notebook 05 on ``--device`` (default: CUDA when there is one, else the CPU)
+    with ``gpu_parameters`` on a CUDA device and the notebook's own defaults on the CPU; every
+    parameter is checked (check_parameters) before anything runs or is written."""
     parser = argparse.ArgumentParser(
         description="Run notebooks/05_training.ipynb with papermill: the GPU configuration "
-                    "(GPU_PARAMETERS) on CUDA, the notebook's own small defaults otherwise. "
-                    "The executed notebook goes to data/runs/<gpu-slug>/05_training.ipynb.")
+                    "(GPU_PARAMETERS) on a CUDA device, the notebook's own small defaults on "
+                    "the CPU. The executed notebook goes to data/runs/<slug>/05_training.ipynb, "
+                    "the slug that of the device trained on.")
+    parser.add_argument("--device", type=_device_argument, default=None,
+                        help="cpu, cuda or cuda:<index> (default: cuda when this machine has "
+                             "it, else cpu); the results are labelled by this device")
     parser.add_argument("--defaults", action="store_true",
                         help="use the notebook's own (CPU-sized) defaults even on a GPU")
-    parser.add_argument("--time-budget", type=float, default=None,
-                        help="seconds of measured training for the whole study (GPU default: "
-                             f"{GPU_PARAMETERS['time_budget_s']})")
+    parser.add_argument("--time-budget", type=_time_budget_argument, default=None,
+                        help="seconds of measured training for the whole study, a finite number "
+                             f"> 0 (GPU default: {GPU_PARAMETERS['time_budget_s']})")
     args = parser.parse_args(argv)
+    from .. import paths
+    from . import pipeline, protocol
+
+    device = args.device or protocol.default_device()
+    on_gpu = device.type == "cuda"
+    if on_gpu and not torch.cuda.is_available():
+        parser.error(f"--device {device}: this machine has no CUDA device")
+    if on_gpu and device.index is not None and device.index >= torch.cuda.device_count():
+        parser.error(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA "
+                     "devices")
+    parameters = dict(gpu_parameters) if on_gpu and not args.defaults else {}
+    if args.time_budget is not None:
+        parameters["time_budget_s"] = args.time_budget
+    parameters["device"] = str(device)
+    defaults = pipeline.notebook_parameters(NOTEBOOK)
+    check_parameters({**defaults, **parameters}, known=defaults)  # before anything is written
+
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     import threading
     import tempfile
 
-    from .. import dispatch, paths
-    from . import pipeline
-
-    cuda = torch.cuda.is_available()
-    parameters = dict(GPU_PARAMETERS) if cuda and not args.defaults else {}
-    if not cuda:
-        print("No CUDA device: running the notebook's small CPU defaults; they exercise the "
-              "study and are no GPU result.", flush=True)
-    if args.time_budget is not None:
-        parameters["time_budget_s"] = args.time_budget
+    if not on_gpu:
+        print("Training on the CPU: the notebook's small defaults; they exercise the study and "
+              "are no GPU result.", flush=True)
     pipeline.export_data_dir()
-    slug = dispatch.gpu_slug()
-    out_dir = paths.DATA / "runs" / slug
+    slug = protocol.device_slug(device)
+    out_dir = paths.runs_dir(slug)
+    stored = paths.relative(pipeline.executed_paths(NOTEBOOK, out_dir)["stored"])
     fd, log = tempfile.mkstemp(prefix="samu-training-", suffix=".log")
     os.close(fd)
     parameters["progress_log"] = log
-    print(f"05_training on {slug}: executed notebook -> {out_dir / '05_training.ipynb'}",
-          flush=True)
+    print(f"{NOTEBOOK} on {device} ({slug}): executed notebook -> {stored}", flush=True)
     failure = []
 
     def work():
         try:
-            pipeline.run_notebook("05_training", out_dir, parameters)
+            pipeline.run_notebook(NOTEBOOK, out_dir, parameters, unstored=UNSTORED_PARAMETERS)
         except BaseException as exc:  # reported by the main thread
             failure.append(exc)
 
@@ -1067,16 +1287,16 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - started
     if failure:
         print(f"\ntrain FAILED after {wall:.0f} s: {type(failure[0]).__name__}: {failure[0]}\n"
-              f"the executed notebook is kept as {out_dir / '05_training.failed.ipynb'}",
+              f"the executed notebook is kept as "
+              f"{paths.relative(pipeline.executed_paths(NOTEBOOK, out_dir)['failed'])}",
               file=sys.stderr)
         return 1
     import pandas as pd
-    doc = schema.read_json(result_path(slug))
-    schema.validate(doc, "training")
+    doc = schema.read_valid_json(result_path(slug), "training")
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print("\n" + summary(doc).round(4).to_string(index=False))
-    print(f"\n{len(doc['runs'])} runs in {wall:.0f} s; wrote {result_path(slug)}, "
-          f"{paths.figures_dir()}/{slug}_training_*.png, {out_dir / '05_training.ipynb'}")
+    print(f"\n{len(doc['runs'])} runs in {wall:.0f} s; wrote {paths.relative(result_path(slug))}, "
+          f"{paths.relative(paths.figures_dir())}/{slug}_training_*.png, {stored}")
     return 0
 
 

@@ -120,7 +120,19 @@ def test_report_notebook_runs_in_write_mode_only_from_the_pipeline(tmp_path, mon
     assert os.environ["TRITON_DEFAULT_FP_FUSION"] == "1"
 
 
-def test_cpu_summary_has_no_floor_bandwidth_or_memory(tmp_path, monkeypatch, capsys):
+@pytest.fixture(params=["this machine", "a GPU machine"])
+def machine(request, monkeypatch):
+    """Run here, and on a simulated H200 machine (CUDA available, the device an H200) while the
+    tests time CPU tensors: results must be labelled by the device timed, not the machine."""
+    if request.param == "a GPU machine":
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    return request.param
+
+
+def test_cpu_summary_has_no_floor_bandwidth_or_memory(tmp_path, monkeypatch, capsys, machine):
     from samu.experiment import protocol, report
 
     monkeypatch.setattr(paths, "DATA", tmp_path)
@@ -162,3 +174,100 @@ def test_papermill_kernels_use_ipc_not_tcp(capfd):
     assert "without encryption" not in capfd.readouterr().err
     assert not list(Path(km.ip).parent.glob(Path(km.ip).name + "-*"))  # sockets removed
     assert manager_class().ip != km.ip  # each kernel its own sockets
+
+
+def executed_notebook(input_path, output_path, parameters):
+    """A notebook as papermill leaves it: absolute paths in its metadata, an injected-parameters
+    cell, outputs that name the checkout, the standard library and site-packages."""
+    import sysconfig
+
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from papermill.translators import translate_parameters
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    injected = new_code_cell(translate_parameters("python3", "python", parameters, "Parameters"))
+    injected.metadata["tags"] = ["injected-parameters"]
+    printed = new_code_cell("print(path)", outputs=[
+        new_output("stream", name="stdout",
+                   text=f"wrote {paths.REPO_ROOT}/data/results/cpu/1x16x16.json\n"),
+        new_output("stream", name="stderr",
+                   text="/opt/venv/lib/python3.12/site-packages/tqdm/auto.py:21: TqdmWarning: "
+                        "IProgress not found\n"),
+        new_output("execute_result", data={"text/plain": f"'{stdlib}/json/__init__.py'"},
+                   execution_count=1),
+        new_output("error", ename="OSError", evalue=f"{paths.REPO_ROOT}/data/x is missing",
+                   traceback=[f"File \x1b[0;32m{stdlib}/os.py:1\x1b[0m",
+                              "File /usr/lib/python3/dist-packages/numpy/core.py:5"])])
+    nb = new_notebook(cells=[new_code_cell("x = 1"), injected, printed])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.metadata["papermill"] = {"input_path": str(input_path), "output_path": str(output_path),
+                                "parameters": parameters}
+    return nbformat.writes(nb)
+
+
+def test_stored_notebooks_name_no_folder_of_this_machine(tmp_path):
+    import nbformat
+
+    stored = paths.REPO_ROOT / "data" / "runs" / "cpu" / "05_training.ipynb"
+    parameters = {"width": 32, "progress_log": str(tmp_path / "samu-training-x.log")}
+    nb = nbformat.reads(executed_notebook(paths.REPO_ROOT / "notebooks" / "05_training.ipynb",
+                                          stored.with_name(".05_training.running.ipynb"),
+                                          parameters), as_version=4)
+    pipeline.portable_notebook(nb, stored, unstored=("progress_log",))
+    meta = nb.metadata["papermill"]
+    assert meta["input_path"] == "notebooks/05_training.ipynb"
+    assert meta["output_path"] == "data/runs/cpu/05_training.ipynb"
+    assert meta["parameters"] == {"width": 32}
+    assert nb.cells[1].source == "# Parameters\nwidth = 32\n"
+    outputs = nb.cells[2].outputs
+    assert outputs[0].text == "wrote data/results/cpu/1x16x16.json\n"
+    assert outputs[1].text.startswith("tqdm/auto.py:21: TqdmWarning")
+    assert outputs[2].data["text/plain"] == "'json/__init__.py'"
+    assert outputs[3].evalue == "data/x is missing"
+    assert outputs[3].traceback == ["File \x1b[0;32mos.py:1\x1b[0m", "File numpy/core.py:5"]
+    assert nb.cells[0].source == "x = 1"  # sources are left alone
+
+
+def test_run_notebook_stores_a_portable_copy(tmp_path, monkeypatch):
+    """run_notebook's stored copy (and a failed run's) goes through portable_notebook."""
+    import json
+
+    import papermill
+
+    log = str(tmp_path / "samu-training-x.log")
+
+    def fake_execute(input_path, output_path, parameters, **kwargs):
+        text = executed_notebook(input_path, output_path, parameters)
+        Path(output_path).write_text(text, encoding="utf-8")
+        if parameters.get("fail"):
+            raise RuntimeError("a cell failed")
+
+    monkeypatch.setattr(papermill, "execute_notebook", fake_execute)
+    out_dir = tmp_path / "runs" / "cpu"
+    stored = pipeline.run_notebook("05_training", out_dir, {"width": 32, "progress_log": log},
+                                   unstored=("progress_log",))
+    assert stored == out_dir / "05_training.ipynb"
+    assert sorted(p.name for p in out_dir.iterdir()) == ["05_training.ipynb"]
+    text = stored.read_text()
+    assert str(paths.REPO_ROOT) not in text and log not in text and "site-packages" not in text
+    meta = json.loads(text)["metadata"]["papermill"]
+    assert meta["input_path"] == "notebooks/05_training.ipynb"
+    assert meta["output_path"] == str(stored)  # outside the checkout: as given
+    with pytest.raises(RuntimeError, match="a cell failed"):
+        pipeline.run_notebook("05_training", out_dir, {"fail": True, "progress_log": log},
+                              unstored=("progress_log",))
+    failed = (out_dir / "05_training.failed.ipynb").read_text()
+    assert log not in failed and "site-packages" not in failed
+    assert sorted(p.name for p in out_dir.iterdir()) == ["05_training.failed.ipynb",
+                                                         "05_training.ipynb"]
+
+
+def test_notebook_parameters_are_the_parameters_cell():
+    defaults = pipeline.notebook_parameters("05_training")
+    assert defaults["width"] == 32 and defaults["progress_log"] is None
+    assert defaults["tasks"]["lm"] == {"lengths": [64]}
+    assert pipeline.notebook_parameters("03_timing") == {
+        "batch": 1, "length": 16, "width": 16, "shape_index": 0, "seed": 0}

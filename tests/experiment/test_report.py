@@ -22,8 +22,29 @@ def cpu_results(slug="test-gpu", shapes=((1, 8, 16), (2, 5, 16))):
 def as_gpu(doc, gpu="NVIDIA H200"):
     doc = copy.deepcopy(doc)
     for env in [doc["environment"], *doc.get("shape_environments", {}).values()]:
-        env["gpu"] = gpu
+        env.update(gpu=gpu, device="cuda")
     return doc
+
+
+@pytest.fixture
+def gpu_machine(monkeypatch):
+    """This machine as an H200 machine would look to the code (CUDA available, the device an
+    H200), while the tests still time CPU tensors: results must be labelled by the device timed."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+
+
+MACHINES = ["this machine", "a GPU machine"]
+
+
+@pytest.fixture(params=MACHINES)
+def machine(request):
+    """Each test that takes it runs here and on a simulated GPU machine (gpu_machine)."""
+    if request.param == "a GPU machine":
+        request.getfixturevalue("gpu_machine")
+    return request.param
 
 
 def test_published_frame_and_speedups():
@@ -59,7 +80,7 @@ def test_committed_h200_rows_take_the_h200_floor():
         [10 * s.elements / (t * 1e-3) / 1e12 for s, t in zip(df["shape_tuple"], fb)])
 
 
-def test_cpu_rows_have_no_floor_bandwidth_or_memory(tmp_path, monkeypatch):
+def test_cpu_rows_have_no_floor_bandwidth_or_memory(tmp_path, monkeypatch, machine):
     monkeypatch.setattr(paths, "DATA", tmp_path)
     cpu_results()  # written with the H200's bandwidth: the report must not use it
     df = report.frame(report.combine("test-gpu", write=False))
@@ -77,7 +98,7 @@ def test_cpu_rows_have_no_floor_bandwidth_or_memory(tmp_path, monkeypatch):
     assert report.frame(gpu_doc)["floor_ms"].notna().all()
 
 
-def test_nan_floor_figures_in_a_file_read_back_as_nan(tmp_path, monkeypatch):
+def test_nan_floor_figures_in_a_file_read_back_as_nan(tmp_path, monkeypatch, machine):
     """Notebook 03 on a CPU writes its floor figures as NaN, which the file holds as "nan"."""
     monkeypatch.setattr(paths, "DATA", tmp_path)
     rows = protocol.time_shape((1, 8, 16), 0, {"rglru": "reference_chunked",
@@ -141,7 +162,7 @@ def test_default_slug(tmp_path, monkeypatch):
     assert report.CPU_NOTE in report.describe_choice("cpu")
 
 
-def test_cpu_figures_are_labelled_cpu(tmp_path, monkeypatch):
+def test_cpu_figures_are_labelled_cpu(tmp_path, monkeypatch, machine):
     monkeypatch.setattr(paths, "DATA", tmp_path)
     cpu_results()
     figs = report.figures(report.frame(report.combine("test-gpu", write=False)), published_frame())
@@ -244,3 +265,60 @@ def test_floor_multiples_figure_shows_median_gpu_time_and_public_pipeline(tmp_pa
     assert "floor_multiples" in report.figures(df, report.frame(doc, report.PUBLISHED_SOURCE))
     cpu = report.frame(dict(h200, environment=dict(doc["environment"], gpu="cpu")), "cpu")
     assert report.floor_multiples(cpu).empty
+
+
+def test_results_are_labelled_by_the_device_timed(tmp_path, monkeypatch, gpu_machine):
+    """On a machine with an H200, rows timed on CPU tensors are a CPU result: gpu "cpu" in the
+    file, no H200 floor, bandwidth or memory in the report."""
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    cpu_results()
+    doc = report.combine("test-gpu", write=False)
+    assert doc["environment"]["gpu"] == "cpu" and doc["environment"]["device"] == "cpu"
+    assert {row["device"] for row in doc["rows"]} == {"cpu"}
+    assert all(env["gpu"] == "cpu" for env in doc["shape_environments"].values())
+    df = report.frame(doc)
+    assert df["cpu"].all() and (df["machine"] == report.CPU_LABEL).all()
+    assert df["floor_ms"].isna().all() and df["peak_allocated_delta_units"].isna().all()
+    assert "H200" not in report.run_label(df)
+
+
+def test_the_environment_is_that_of_the_device_timed(gpu_machine):
+    assert protocol.environment("cpu")["gpu"] == "cpu"
+    assert protocol.environment("cpu")["driver"] is None
+    cuda = protocol.environment("cuda")
+    assert cuda["gpu"] == "NVIDIA H200" and cuda["device"] == "cuda"
+    assert protocol.device_slug("cpu") == "cpu" and protocol.device_slug("cuda") == "nvidia-h200"
+
+
+def test_a_truncated_result_file_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    cpu_results()
+    broken = paths.results_dir("test-gpu") / "2x5x16.json"
+    broken.write_text(broken.read_text()[:200])
+    with pytest.raises(schema.ResultFileError) as caught:
+        report.combine("test-gpu", write=False)
+    assert isinstance(caught.value, ValueError) and caught.value.path == broken
+    message = str(caught.value)
+    assert str(broken) in message and "not valid JSON" in message and "line" in message
+
+
+@pytest.mark.parametrize("breakage, words", [
+    (lambda d: d.pop("rows"), "'rows' is a required property"),
+    (lambda d: d["rows"][0]["forward"].update(median_ms="fast"), "$.rows[0].forward.median_ms"),
+    (lambda d: d.update(schema_version=2), "$.schema_version"),
+], ids=["no rows", "a median that is no number", "another schema version"])
+def test_a_result_file_that_fails_the_schema_is_named(tmp_path, monkeypatch, breakage, words):
+    import json
+
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    cpu_results()
+    broken = paths.results_dir("test-gpu") / "1x8x16.json"
+    doc = json.loads(broken.read_text())
+    breakage(doc)
+    broken.write_text(json.dumps(doc))
+    with pytest.raises(schema.ResultFileError) as caught:
+        report.combine("test-gpu")
+    message = str(caught.value)
+    assert str(broken) in message and "not a valid result document" in message
+    assert words in message, message
+    assert not paths.results_file("test-gpu").exists()  # nothing combined, nothing written

@@ -1,8 +1,10 @@
 """The training study: task generators, the standard-library corpus, the training loop, the result
 document and its schema, the figures, the conclusion and `make train`'s entry point."""
 import copy
+import dataclasses
 import json
 import math
+import re
 
 import jsonschema
 import pytest
@@ -133,6 +135,7 @@ def test_corpus_split_by_file_is_deterministic_and_disjoint(tiny_stdlib):
 def test_stdlib_corpus_is_split_about_one_in_ten():
     data, split, info = T.corpus()
     assert info["files"] > 100 and info["python"]
+    assert info["root"] == T.STDLIB_ROOT_LABEL  # named, not this machine's folder
     assert not set(split["train"]) & set(split["validation"])
     assert 0.03 < info["validation_files"] / info["files"] < 0.2
     assert info["validation_bytes"] > 100_000
@@ -313,6 +316,7 @@ def test_figures_are_written_atomically(doc, tmp_path, monkeypatch):
     written = T.draw_figures(doc, "cpu")
     assert [p.name for p in written] == [
         "cpu_training_loss.png", "cpu_training_accuracy.png", "cpu_training_quality_speed.png"]
+    assert written == [T.figure_path("cpu", name) for name in T.FIGURE_NAMES]
     assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == sorted(
         p.name for p in written)
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
@@ -370,39 +374,278 @@ def test_conclusion_of_a_real_document_names_its_runs(doc):
 
 # --- make train ----------------------------------------------------------------------------------
 
-def test_main_runs_the_notebook_and_prints_its_progress(doc, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(paths, "DATA", tmp_path)
-    monkeypatch.setenv("SAMU_DATA_DIR", str(tmp_path))
-    calls = []
+@pytest.fixture
+def gpu_machine(monkeypatch):
+    """This machine as an H200 machine looks to the code (CUDA available, the device an H200);
+    nothing here runs on it: the notebook runs are faked."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
 
-    def fake_run_notebook(name, out_dir, parameters):
-        calls.append((name, out_dir, dict(parameters)))
+
+def faked_notebook(doc, slug, calls):
+    """A stand-in for pipeline.run_notebook: records its call, logs a run, writes ``doc``."""
+    def run_notebook(name, out_dir, parameters, unstored=()):
+        calls.append((name, out_dir, dict(parameters), tuple(unstored)))
         with open(parameters["progress_log"], "a") as f:
             f.write("mqar L=16 samu seed 0: accuracy 0.5\n")
-        T.write_result(doc, "cpu")
+        T.write_result(doc, slug)
         return out_dir / f"{name}.ipynb"
-
-    monkeypatch.setattr(pipeline, "run_notebook", fake_run_notebook)
-    assert T.main(["--time-budget", "12"]) == 0
-    (name, out_dir, parameters), = calls
-    assert name == "05_training" and out_dir == tmp_path / "runs" / "cpu"
-    assert parameters["time_budget_s"] == 12.0
-    if not torch.cuda.is_available():  # the notebook's own defaults on a CPU
-        assert "width" not in parameters
-    out = capsys.readouterr().out
-    assert "mqar L=16 samu seed 0: accuracy 0.5" in out and f"{len(doc['runs'])} runs" in out
+    return run_notebook
 
 
-def test_main_reports_a_failed_notebook(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "DATA", tmp_path)
     monkeypatch.setenv("SAMU_DATA_DIR", str(tmp_path))
+    return tmp_path
 
-    def failing(name, out_dir, parameters):
+
+def test_main_runs_the_notebook_and_prints_its_progress(doc, data_dir, monkeypatch, capsys):
+    """The device is named, so this runs the same on a CPU and on a GPU machine: the notebook's
+    own defaults, results labelled cpu."""
+    calls = []
+    monkeypatch.setattr(pipeline, "run_notebook", faked_notebook(doc, "cpu", calls))
+    assert T.main(["--device", "cpu", "--time-budget", "12"]) == 0
+    (name, out_dir, parameters, unstored), = calls
+    assert name == "05_training" and out_dir == data_dir / "runs" / "cpu"
+    assert parameters["time_budget_s"] == 12.0 and parameters["device"] == "cpu"
+    assert "width" not in parameters  # the notebook's own defaults
+    assert unstored == ("progress_log",)  # a temporary file: not in the stored notebook
+    out = capsys.readouterr().out
+    assert "mqar L=16 samu seed 0: accuracy 0.5" in out and f"{len(doc['runs'])} runs" in out
+    assert "wrote " in out and str(paths.REPO_ROOT) not in out.replace(str(data_dir), "")
+
+
+def test_main_on_a_gpu_machine_labels_a_cpu_run_cpu(doc, data_dir, monkeypatch, gpu_machine):
+    calls = []
+    monkeypatch.setattr(pipeline, "run_notebook", faked_notebook(doc, "cpu", calls))
+    assert T.main(["--device", "cpu"]) == 0
+    (_, out_dir, parameters, _), = calls
+    assert out_dir == data_dir / "runs" / "cpu" and "width" not in parameters
+
+
+def test_main_on_a_gpu_runs_the_gpu_parameters(doc, data_dir, monkeypatch, gpu_machine):
+    calls = []
+    monkeypatch.setattr(pipeline, "run_notebook", faked_notebook(doc, "nvidia-h200", calls))
+    assert T.main(["--time-budget", "60"]) == 0
+    (_, out_dir, parameters, _), = calls
+    assert out_dir == data_dir / "runs" / "nvidia-h200"
+    parameters.pop("progress_log")
+    assert parameters == {**T.GPU_PARAMETERS, "time_budget_s": 60.0, "device": "cuda"}
+
+
+def test_main_reports_a_failed_notebook(data_dir, monkeypatch, capsys):
+    def failing(name, out_dir, parameters, unstored=()):
         raise RuntimeError("cell 5 failed")
 
     monkeypatch.setattr(pipeline, "run_notebook", failing)
-    assert T.main([]) == 1
-    assert "train FAILED" in capsys.readouterr().err
+    assert T.main(["--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "train FAILED" in err
+    assert str(data_dir / "runs" / "cpu" / "05_training.failed.ipynb") in err
+
+
+def test_main_refuses_a_device_this_machine_lacks(data_dir, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit):
+        T.main(["--device", "cuda"])
+    assert "no CUDA device" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        T.main(["--device", "tpu"])
+    assert "cpu, cuda or cuda:<index>, got 'tpu'" in capsys.readouterr().err
+
+
+# --- the parameters of make train ----------------------------------------------------------------
+
+NOTEBOOK_DEFAULTS = pipeline.notebook_parameters(T.NOTEBOOK)
+GPU_SET = {**NOTEBOOK_DEFAULTS, **T.GPU_PARAMETERS}  # what `make train` runs on a GPU
+
+
+def numeric_leaves(value, name=""):
+    """(name, value) of every number in a parameter value, named as the checks name them:
+    ``tasks['mqar']['lengths'][0]``."""
+    if isinstance(value, dict):
+        for key, v in value.items():
+            yield from numeric_leaves(v, f"{name}[{key!r}]" if name else key)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from numeric_leaves(v, f"{name}[{i}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield name, value
+
+
+def with_leaf(parameters: dict, name: str, value) -> dict:
+    """A deep copy of ``parameters`` with the number called ``name`` replaced by ``value``."""
+    import ast
+
+    out = copy.deepcopy(parameters)
+    keys = [re.match(r"\w+", name).group()] + [
+        ast.literal_eval(k) for k in re.findall(r"\[([^\]]+)\]", name)]
+    node = out
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    return out
+
+
+# Every number of the notebook's defaults and of the GPU set, each with the set it belongs to.
+LEAVES = ([("defaults", n) for n, _ in numeric_leaves(NOTEBOOK_DEFAULTS)]
+          + [("gpu", n) for n, _ in numeric_leaves(GPU_SET)])
+SETS = {"defaults": NOTEBOOK_DEFAULTS, "gpu": GPU_SET}
+
+
+def test_every_numeric_parameter_has_a_range():
+    tops = {name.split("[")[0] for _, name in LEAVES}
+    assert tops <= set(T.PARAMETER_RANGES) | {"tasks"}, tops - set(T.PARAMETER_RANGES)
+    options = {name.split("]")[1].strip("[']") for _, name in LEAVES
+               if name.startswith("tasks[") and "['lengths']" not in name}
+    assert options <= set(T.TASK_OPTION_RANGES), options
+    assert len(LEAVES) > 30  # the walk found the nested ones too
+
+
+def test_the_parameters_of_make_train_are_in_range():
+    for parameters in SETS.values():
+        study = T.check_parameters(parameters, known=NOTEBOOK_DEFAULTS)
+        assert study.tasks == parameters["tasks"]
+
+
+@pytest.mark.parametrize("bad", [math.nan, -1, "1"], ids=["nan", "negative", "a string"])
+@pytest.mark.parametrize("source, name", LEAVES, ids=[f"{s} {n}" for s, n in LEAVES])
+def test_each_numeric_parameter_is_checked(source, name, bad):
+    with pytest.raises(T.ParameterError) as caught:
+        T.check_parameters(with_leaf(SETS[source], name, bad))
+    message = str(caught.value)
+    assert message.startswith(f"{name} must be "), message
+    assert message.endswith(f"got {bad!r}"), message
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("time_budget_s", math.nan, "a finite number > 0, or None"),
+    ("time_budget_s", math.inf, "a finite number > 0, or None"),
+    ("time_budget_s", -5, "got -5"),
+    ("time_budget_s", 0, "got 0"),
+    ("time_budget_s", "330", "got '330'"),
+    ("lr", math.inf, "a finite number > 0"),
+    ("lr", 0.0, "a finite number > 0"),
+    ("lr", None, "got None"),
+    ("width", 0, "an integer >= 1"),
+    ("width", "32", "got '32'"),
+    ("width", 32.0, "got 32.0"),
+    ("layers", True, "got True"),
+    ("steps", 0, "an integer >= 1"),
+    ("steps", 2.5, "got 2.5"),
+    ("steps", {"mqar": 10}, "no value for the tasks ['copy', 'lm']"),
+    ("steps['copy']", -3, "got -3"),
+    ("batch_size", 0, "an integer >= 1"),
+    ("eval_batches", 0, "an integer >= 1"),
+    ("log_every", 0, "an integer >= 1"),
+    ("warmup_steps", -1, "an integer >= 0"),
+    ("timing_warmup_steps", math.nan, "an integer >= 0"),
+    ("cpu_threads", -1, "an integer >= 0, or None"),
+    ("seeds", [], "a non-empty list"),
+    ("seeds", "0,1", "a non-empty list"),
+    ("seeds", [0, 0], "must not repeat"),
+    ("seeds[0]", -1, "an integer >= 0"),
+    ("seeds[1]", 1.5, "got 1.5"),
+    ("tasks['mqar']['lengths']", [], "a non-empty list"),
+    ("tasks['lm']['lengths'][0]", 0, "an integer >= 1"),
+    ("tasks['mqar']['power_a']", 0.0, "in (0, 1], or None"),
+    ("tasks['mqar']['power_a']", math.nan, "got nan"),
+    ("tasks['mqar']['num_pairs']", 0, "an integer >= 1"),
+])
+def test_out_of_range_parameters_name_themselves(name, value, words):
+    parameters = copy.deepcopy(GPU_SET)
+    if name == "tasks['mqar']['power_a']":
+        parameters["tasks"]["mqar"]["power_a"] = 0.01
+    with pytest.raises(T.ParameterError) as caught:
+        T.check_parameters(with_leaf(parameters, name, value))
+    message = str(caught.value)
+    assert message.startswith(name.split("[")[0]) and name in message, message
+    assert words in message, message
+
+
+@pytest.mark.parametrize("name, value", [("seeds[0]", 0), ("warmup_steps", 0),
+                                         ("timing_warmup_steps", 0), ("cpu_threads", 0),
+                                         ("cpu_threads", None), ("time_budget_s", None),
+                                         ("lr", 1), ("time_budget_s", 0.5)])
+def test_zero_none_and_integers_where_they_are_allowed(name, value):
+    T.check_parameters(with_leaf(GPU_SET, name, value))
+
+
+def test_what_depends_on_several_parameters_is_checked_too():
+    with pytest.raises(T.ParameterError, match="leaves none of 5 steps"):
+        T.check_parameters({**NOTEBOOK_DEFAULTS, "steps": 5, "timing_warmup_steps": 5})
+    with pytest.raises(T.ParameterError, match="too short"):
+        T.check_parameters(with_leaf(NOTEBOOK_DEFAULTS, "tasks['mqar']['lengths'][0]", 8))
+    with pytest.raises(T.ParameterError, match=r"unknown parameters \['widht'\]"):
+        T.check_parameters({**NOTEBOOK_DEFAULTS, "widht": 32}, known=NOTEBOOK_DEFAULTS)
+
+
+TRAIN_FIELDS = [f.name for f in dataclasses.fields(T.TrainConfig) if f.name != "schedule"]
+
+
+@pytest.mark.parametrize("field", TRAIN_FIELDS)
+def test_each_training_configuration_field_is_checked(field):
+    bad = (math.nan, 0.95) if field == "betas" else math.nan
+    with pytest.raises(T.ParameterError, match=rf"train: {field}(\[0\])? must be .*got nan"):
+        T.TrainConfig(**{field: bad})
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("lr", math.inf, "lr must be a finite number > 0, got inf"),
+    ("grad_clip", 0.0, "grad_clip must be a finite number > 0, got 0.0"),
+    ("min_lr_ratio", 1.5, "min_lr_ratio must be a finite number in [0, 1], got 1.5"),
+    ("weight_decay", -0.1, "weight_decay must be a finite number >= 0, got -0.1"),
+    ("betas", (0.9, 1.0), "betas[1] must be a finite number in [0, 1), got 1.0"),
+    ("betas", 0.9, "betas must be two numbers in [0, 1), got 0.9"),
+    ("max_seconds", -1.0, "max_seconds must be a finite number >= 0, or None, got -1.0"),
+    ("steps", "100", "steps must be an integer >= 1, got '100'"),
+])
+def test_training_configuration_ranges(field, value, words):
+    with pytest.raises(T.ParameterError) as caught:
+        T.TrainConfig(**{field: value})
+    assert str(caught.value) == f"train: {words}"
+
+
+STUDY_FIELDS = ["seeds", "width", "layers", "mlp_expansion", "time_budget_s"]
+
+
+@pytest.mark.parametrize("field", STUDY_FIELDS)
+def test_each_numeric_study_field_is_checked(field):
+    bad = (0, math.nan) if field == "seeds" else math.nan
+    with pytest.raises(T.ParameterError, match=rf"study: {field}(\[1\])? must be .*got nan"):
+        T.Study(**{field: bad})
+
+
+def test_a_negative_time_budget_is_refused_not_a_stop_after_one_step(tiny_stdlib):
+    root, _ = tiny_stdlib
+    for budget in (-5, 0, math.nan, math.inf):
+        with pytest.raises(T.ParameterError, match="time_budget_s must be a finite number > 0"):
+            lm_study(root, time_budget_s=budget)
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "-inf", "-5", "0", "ten", ""])
+def test_time_budget_flag_is_checked_before_anything_runs(budget, data_dir, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(pipeline, "run_notebook", lambda *a, **k: calls.append(a))
+    with pytest.raises(SystemExit) as caught:
+        T.main(["--device", "cpu", f"--time-budget={budget}"])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert (f"argument --time-budget: must be a finite number > 0 (seconds), got {budget!r}"
+            in err), err
+    assert not calls and not list(data_dir.iterdir())
+
+
+def test_main_checks_the_gpu_parameters_before_anything_runs(data_dir, monkeypatch,
+                                                             gpu_machine):
+    calls = []
+    monkeypatch.setattr(pipeline, "run_notebook", lambda *a, **k: calls.append(a))
+    for name, value in (("lr", math.nan), ("steps['mqar']", 0), ("seeds[2]", -1)):
+        with pytest.raises(T.ParameterError, match=re.escape(f"{name} must be")):
+            T.main([], gpu_parameters=with_leaf(T.GPU_PARAMETERS, name, value))
+    assert not calls and not list(data_dir.iterdir())
 
 
 def test_gpu_parameters_make_a_valid_study():
