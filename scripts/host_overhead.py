@@ -43,9 +43,10 @@ p = torch.zeros(D, device="cuda")
 s = torch.zeros((), device="cuda")
 meta = samu_chunk.SamuConfig(T).output.tile(D, T)
 grid = (B * nc, triton.cdiv(D, meta["BD"]))
-# seq_ptr, h0_ptr and final_ptr are not read with the state keywords off; any tensor will do.
-args = (x, y, r, g, h_in, p, s, s, s, s, L, D, nc, D // meta["V"])
-flags = dict(PACKED=False, HAS_INITIAL=False, HAS_FINAL=False)
+# r_sum, end (WALKED_CARRY), seq, h0 and final (the state keywords) are not read with those
+# flags off; any tensor will do.
+args = (x, y, r, g, h_in, s, s, p, s, s, s, s, L, D, nc, B, D // meta["V"])
+flags = dict(PACKED=False, HAS_INITIAL=False, HAS_FINAL=False, WALKED_CARRY=False)
 kernel = samu_chunk._samu_output_kernel
 compiled = kernel[grid](*args, T=T, **meta, **flags)
 full = [*args, T, meta["BD"], meta["V"], *flags.values()]

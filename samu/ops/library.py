@@ -9,6 +9,10 @@ time to them; samu.functional routes a call here only while torch.compile traces
 
 A backend reaches the ops by its registered name: the configuration (chunk, launches) is then a
 constant of the compiled graph.
+
+``samu::check_cu_seqlens`` reads packed offsets' values when a compiled graph runs, which a
+traced graph cannot do itself, and refuses bad ones with eager's words; every backend's compiled
+call, the references' too, takes its offsets through it.
 """
 from __future__ import annotations
 
@@ -113,6 +117,28 @@ def _backward(ctx, grads):
 
 
 scan_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("samu::check_cu_seqlens", mutates_args=())
+def check_cu_seqlens(cu_seqlens: torch.Tensor, length: int, mixer: str) -> torch.Tensor:
+    """A copy of cu_seqlens once its values are checked as an eager call checks them (one host
+    sync), or unchecked during a CUDA-graph capture, which forbids the sync.  The copy is what
+    the scan reads: a result that the graph uses keeps the check from being dropped as dead
+    code (a custom op's output may not alias its input)."""
+    from .. import functional
+    if not functional._capturing(cu_seqlens):
+        functional.check_cu_seqlens_values(mixer, cu_seqlens, length)
+    return cu_seqlens.clone()
+
+
+@check_cu_seqlens.register_fake
+def _check_cu_seqlens_fake(cu_seqlens, length, mixer):
+    return torch.empty_like(cu_seqlens)
+
+
+def checked_cu_seqlens(mixer: str, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """cu_seqlens for a traced call, its values checked when the graph runs."""
+    return torch.ops.samu.check_cu_seqlens(cu_seqlens, x.shape[1], mixer)
 
 
 def run(mixer: str, backend: str, x, params, initial_state=None, cu_seqlens=None,

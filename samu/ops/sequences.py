@@ -27,9 +27,12 @@ class Sequences(NamedTuple):
 
 
 def sequence_index(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
-    """[L] int32: the sequence of each token of a packed row, without a host sync."""
+    """[L] int32: the sequence of each token of a packed row, without a host sync.  It counts
+    the inner offsets (cu_seqlens[1:-1]) at or before each token, which for valid offsets is
+    its sequence and for any offsets is in [0, N): bad ones cannot index past the states."""
     positions = torch.arange(length, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
-    return torch.searchsorted(cu_seqlens[1:].contiguous(), positions, right=True).to(torch.int32)
+    inner = cu_seqlens[1:-1].contiguous()
+    return torch.searchsorted(inner, positions, right=True).to(torch.int32)
 
 
 def layout(batch: int, length: int, device, cu_seqlens: torch.Tensor | None = None) -> Sequences:

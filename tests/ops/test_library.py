@@ -148,3 +148,67 @@ def test_compiled_refuses_a_configuration_object():
             torch.compile(module, fullgraph=True, backend="eager")(torch.randn(1, 5, 32))
     finally:
         torch._dynamo.reset()
+
+
+# Wrong at L = 20, with the words eager uses: ends short of the length, decreases, holds an
+# empty sequence.
+BAD_CU_SEQLENS = [([0, 5, 15], "must start at 0 and end at the length 20"),
+                  ([0, 12, 8, 20], "must increase"),
+                  ([0, 5, 5, 20], "must increase")]
+
+
+def test_check_cu_seqlens_op():
+    """samu::check_cu_seqlens's schema and fake are consistent, and it refuses as eager does."""
+    cu = torch.tensor([0, 5, 20], device=DEVICE)
+    torch.library.opcheck(torch.ops.samu.check_cu_seqlens.default, (cu, 20, "samu"))
+    assert torch.equal(torch.ops.samu.check_cu_seqlens(cu, 20, "samu"), cu)
+    with pytest.raises(ValueError, match="samu: cu_seqlens must increase"):
+        torch.ops.samu.check_cu_seqlens(torch.tensor([0, 5, 5, 20], device=DEVICE), 20, "samu")
+
+
+@pytest.mark.parametrize("mixer, name", [(m, backends.DEFAULTS[m]) for m in ("samu", "rglru")]
+                         + [(m, "reference_chunked") for m in ("samu", "rglru")])
+def test_compiled_call_refuses_bad_cu_seqlens(mixer, name):
+    """Under torch.compile the offsets' values are checked when the graph runs, with eager's
+    error, on the Triton path (whose kernels would otherwise write past the final state) and on
+    the references' (whose final state would have the wrong number of rows)."""
+    module = _module(mixer, name, width=16)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    x = torch.randn(1, 20, 16, device=DEVICE)
+    try:
+        for offsets, words in BAD_CU_SEQLENS:
+            cu = torch.tensor(offsets, device=DEVICE)
+            with pytest.raises(ValueError, match=f"{mixer}: cu_seqlens {words}"):
+                compiled(x, cu_seqlens=cu, output_final_state=True)
+    finally:
+        torch._dynamo.reset()
+
+
+# torch's own inductor code calls its deprecated torch.jit.script_method
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_inductor_keeps_the_cu_seqlens_check():
+    """The default compiler (inductor) keeps the check: the scan reads its output."""
+    module = _module("samu", backends.DEFAULTS["samu"], width=16)
+    compiled = torch.compile(module, fullgraph=True)
+    try:
+        with pytest.raises(ValueError, match="samu: cu_seqlens must start at 0 and end"):
+            compiled(torch.randn(1, 20, 16, device=DEVICE),
+                     cu_seqlens=torch.tensor([0, 5, 15], device=DEVICE))
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("mixer, name", FAMILIES)
+def test_compiled_initial_state_changed_in_place_before_backward_is_refused(mixer, name):
+    """The custom op's autograd saves the initial state: changed in place after the compiled
+    forward, it makes autograd refuse the backward instead of giving wrong gradients."""
+    module = _module(mixer, name, width=16)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    h0 = torch.randn(2, 16, device=DEVICE)
+    try:
+        y = compiled(torch.randn(2, 20, 16, device=DEVICE), initial_state=h0)
+        h0.mul_(100)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.square().sum().backward()
+    finally:
+        torch._dynamo.reset()

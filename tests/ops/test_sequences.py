@@ -2,6 +2,7 @@
 against the float64 oracle under SPEC section 4's legality rule.  On a CPU the Triton backends
 run under Triton's interpreter (conftest) at tiny sizes."""
 import dataclasses
+import sys
 
 import pytest
 import torch
@@ -257,3 +258,146 @@ def test_step_refuses_a_sequence(mixer):
     module = MODULES[mixer](16)
     with pytest.raises(ValueError, match=r"step takes x_t of shape \[batch, width\]"):
         module.step(torch.zeros(1, 3, 16))
+
+
+def _module(mixer, name, width=16):
+    torch.manual_seed(0)
+    kw = dict(num_heads=2) if mixer == "rglru" else {}
+    return MODULES[mixer](width, backend=name, **kw).to(DEVICE)
+
+
+def _reference_module(module):
+    """The float64 oracle with the module's parameters."""
+    kw = dict(num_heads=module.num_heads) if module.mixer == "rglru" else {}
+    oracle = MODULES[module.mixer](module.width, backend="reference_chunked", **kw).to(DEVICE)
+    oracle.load_state_dict(module.state_dict())
+    return oracle.double()
+
+
+# Each family's Function, and the gemm family's recomputing one (its saved tensors differ).
+IN_PLACE_BACKENDS = [(m, backends.DEFAULTS[m]) for m in MIXERS] + [
+    ("rglru", "gemm_recompute_fused_hierarchical_chunk8")]
+
+
+@pytest.mark.parametrize("mixer, name", IN_PLACE_BACKENDS)
+@pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
+def test_initial_state_changed_in_place_before_backward_is_refused(mixer, name, packed):
+    """The Triton backends save the initial state for the backward: changed in place after the
+    forward, it makes autograd refuse the backward instead of giving wrong gradients."""
+    module = _module(mixer, name)
+    cu = torch.tensor([0, 7, 20], device=DEVICE) if packed else None
+    x = torch.randn(1 if packed else 2, 20, 16, device=DEVICE)
+    h0 = torch.randn(2, 16, device=DEVICE)  # FP32 and contiguous: the kernels take it as it is
+    y, final = module(x, initial_state=h0, cu_seqlens=cu, output_final_state=True)
+    h0.mul_(100)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (y.square().sum() + final.sum()).backward()
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_initial_state_copied_for_the_kernels_keeps_the_gradients_right(mixer):
+    """An initial state the kernels copy (float64 here) may change in place after the forward:
+    the gradients are those of the values the forward saw (the float64 oracle's)."""
+    module = _module(mixer, backends.DEFAULTS[mixer])
+    x = torch.randn(2, 20, 16, device=DEVICE)
+    h = torch.randn(2, 16, device=DEVICE, dtype=torch.float64)
+    h0 = h.clone()
+    module(x, initial_state=h0).square().sum().backward()
+    h0.mul_(100)
+    oracle = _reference_module(module)
+    oracle(x.double(), initial_state=h).square().sum().backward()
+    for (name, p), want in zip(module.named_parameters(), oracle.parameters()):
+        assert _close(p.grad, want.grad, 1e-4), name
+
+
+# Wrong at L = 20: ends short of the length, decreases, holds an empty sequence.
+UNCHECKED_OFFSETS = [[0, 5, 15], [0, 12, 8, 20], [0, 5, 5, 20], [4, 30]]
+
+
+@pytest.mark.parametrize("offsets", UNCHECKED_OFFSETS)
+def test_sequence_index_stays_within_the_sequences(offsets):
+    """Offsets that were never checked (a CUDA-graph capture) still give every token a
+    sequence in [0, N): no kernel indexes a state row that does not exist."""
+    cu = torch.tensor(offsets, device=DEVICE)
+    index = sequences.sequence_index(cu, 20)
+    assert index.min().item() >= 0 and index.max().item() < len(offsets) - 1
+    assert index.tolist() == sorted(index.tolist())
+    valid = torch.tensor([0, 3, 4, 11, 20], device=DEVICE)
+    assert sequences.sequence_index(valid, 20).tolist() == (
+        [0] * 3 + [1] + [2] * 7 + [3] * 9)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_backend_run_with_unchecked_bad_cu_seqlens_stays_in_bounds(mixer):
+    """A backend's run skips samu.functional's checks: given wrong offsets, its forward and
+    backward return with finite outputs and states of N rows, touching nothing outside them."""
+    name = backends.DEFAULTS[mixer]
+    module = _module(mixer, name)
+    run = backends.REGISTRY[mixer][name].run
+    for offsets in UNCHECKED_OFFSETS[:3]:
+        count = len(offsets) - 1
+        x = torch.randn(1, 20, 16, device=DEVICE, requires_grad=True)
+        h0 = torch.randn(count, 16, device=DEVICE, requires_grad=True)
+        y, final = run(x, *module._parameters_in_order(), initial_state=h0,
+                       cu_seqlens=torch.tensor(offsets, device=DEVICE), output_final_state=True)
+        assert final.shape == (count, 16) and torch.isfinite(y).all(), offsets
+        (y.square().sum() + final.sum()).backward()
+        assert torch.isfinite(x.grad).all() and h0.grad.shape == (count, 16), offsets
+
+
+GUARD_ROWS = 4
+
+
+def _guarded(rows, width, fill=float("nan")):
+    """(a [rows, width] FP32 view, the buffer around it): GUARD_ROWS rows of `fill` on each
+    side, which a kernel that writes outside the view changes and one that reads there takes
+    in (NaN)."""
+    buffer = torch.full((rows + 2 * GUARD_ROWS, width), fill, device=DEVICE)
+    return buffer[GUARD_ROWS:GUARD_ROWS + rows], buffer
+
+
+def _guards_untouched(buffer):
+    return bool(buffer[:GUARD_ROWS].isnan().all() and buffer[-GUARD_ROWS:].isnan().all())
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_kernels_touch_no_state_row_outside_the_buffers(mixer):
+    """Sequence indices outside [0, N) reach the kernels directly (bypassing sequence_index):
+    every initial-state and final-state-gradient load there reads nothing (the NaN guard rows
+    around the buffers do not reach y or the gradients) and every final-state and d h0 store
+    writes nothing (the guard rows stay NaN)."""
+    from samu.ops.common.sequences import SequenceArgs
+    name = backends.DEFAULTS[mixer]
+    config = backends.REGISTRY[mixer][name].config
+    family = sys.modules[type(config).__module__]
+    module = _module(mixer, name)
+    count, width, length = 2, 16, 20
+    # Tokens of sequences -1, 0, 1, 2 and 5 of N = 2: the bad ones within the guard rows.
+    index = torch.tensor([-1] * 3 + [0] * 5 + [1] * 4 + [2] * 4 + [5] * 4, dtype=torch.int32,
+                         device=DEVICE)
+    h0, h0_buffer = _guarded(count, width)
+    h0.copy_(torch.randn(count, width))
+    final, final_buffer = _guarded(count, width)
+    d_h0, d_h0_buffer = _guarded(count, width)
+    d_final, _ = _guarded(count, width)
+    d_final.copy_(torch.randn(count, width))
+
+    class GuardedSequences(SequenceArgs):
+        def final_state(self, width, device):
+            return final
+
+        def initial_state_gradient(self):
+            return d_h0
+
+    state = GuardedSequences(index, h0, count, True, True, True)
+    x = torch.randn(1, length, width, device=DEVICE)
+    params = [p.detach() for p in module._parameters_in_order()]
+    y, got_final, residuals = family.forward(x, params, state, config)
+    assert got_final is final
+    assert torch.isfinite(y).all() and torch.isfinite(final).all()
+    assert _guards_untouched(final_buffer)
+    grads = family.backward(x, params, residuals, torch.randn_like(x), d_final, state, config)
+    assert grads[-1] is d_h0
+    assert all(torch.isfinite(g).all() for g in grads[:-1])
+    assert torch.isfinite(d_h0).all() and _guards_untouched(d_h0_buffer)
+    assert _guards_untouched(h0_buffer)

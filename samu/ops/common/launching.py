@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import torch
 
@@ -26,7 +27,11 @@ class Launcher:
     through ``aligned``; buffers are fresh allocations or views at their start, or ``carve``d
     at 16-byte boundaries), which is the pointer specialisation Triton compiled for.  Keying the
     alignment cost ~0.6 us per tensor.  A first call that returns no compiled kernel (a tracer
-    such as dynamo ran it) caches nothing, so a later eager call compiles for real."""
+    such as dynamo ran it) caches nothing, so a later eager call compiles for real.
+
+    Under Triton's interpreter every launch holds one process-wide lock: the interpreter patches
+    triton.language's functions for the kernel it runs and restores them after, so two threads
+    launching at once break each other's kernels.  Compiled launches take no lock."""
 
     def __init__(self, interpreting: bool = INTERPRETING, device_index=None):
         self.interpreting = interpreting
@@ -35,7 +40,8 @@ class Launcher:
 
     def __call__(self, kernel, grid, *args, **meta):
         if self.interpreting:
-            kernel[grid](*args, **meta)
+            with INTERPRETER_LOCK:
+                kernel[grid](*args, **meta)
             return
         device = self.device_index()
         key = (kernel, device, arg_key(args),
@@ -56,6 +62,11 @@ class Launcher:
                 None, *args, *constexprs)
         else:
             compiled[grid](*args, *constexprs)
+
+
+# Held around every interpreted launch (Launcher); re-entrant, so that nothing deadlocks should a
+# launch ever run inside another.
+INTERPRETER_LOCK = threading.RLock()
 
 
 def _c_launcher(compiled):

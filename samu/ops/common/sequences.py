@@ -8,7 +8,8 @@ backward cuts the adjoint in the same place (a_{t+1} -> 0 where t + 1 starts), a
 state's gradient at each end, and writes d h0 = a_s dh_s at each start.
 
 Each feature is a constexpr (PACKED, HAS_INITIAL, HAS_FINAL), so a call without it compiles to the
-kernel it was before.
+kernel it was before.  Every state load and store is masked to sequences 0 <= n < N_SEQ: no
+offsets, however wrong, make a kernel touch memory outside the [N, D] state buffers.
 """
 from __future__ import annotations
 
@@ -48,17 +49,25 @@ def state_offsets(seq, cols, D):
 
 
 @triton.jit
-def load_at(ptr, seq, where, cols, D):
+def state_mask(seq, where, cols, D, N_SEQ):
+    """Where a tile row's state element is read or written: ``where`` holds, the column is in
+    the width and the sequence is a row of the [N_SEQ, D] buffer."""
+    rows_ok = where & (seq >= 0) & (seq < N_SEQ)
+    return rows_ok[:, None] & (cols < D)[None, :]
+
+
+@triton.jit
+def load_at(ptr, seq, where, cols, D, N_SEQ):
     """The [N, D] state row of each tile row's sequence where ``where`` holds (0 elsewhere)."""
-    return tl.load(ptr + state_offsets(seq, cols, D), mask=where[:, None] & (cols < D)[None, :],
+    return tl.load(ptr + state_offsets(seq, cols, D), mask=state_mask(seq, where, cols, D, N_SEQ),
                    other=0.0)
 
 
 @triton.jit
-def store_at(ptr, values, seq, where, cols, D):
+def store_at(ptr, values, seq, where, cols, D, N_SEQ):
     """values into the [N, D] state row of each tile row's sequence where ``where`` holds."""
     tl.store(ptr + state_offsets(seq, cols, D), values,
-             mask=where[:, None] & (cols < D)[None, :])
+             mask=state_mask(seq, where, cols, D, N_SEQ))
 
 
 @triton.jit
@@ -72,10 +81,10 @@ def resets(starts, HAS_INITIAL: tl.constexpr):
 
 
 @triton.jit
-def entering_state(h0_ptr, seq, starts, cols, D, HAS_INITIAL: tl.constexpr):
+def entering_state(h0_ptr, seq, starts, cols, D, N_SEQ, HAS_INITIAL: tl.constexpr):
     """The state entering each start: h0 of its sequence, or 0 where the state resets."""
     if HAS_INITIAL:
-        return load_at(h0_ptr, seq, starts, cols, D)
+        return load_at(h0_ptr, seq, starts, cols, D, N_SEQ)
     else:
         return 0.0
 
@@ -89,14 +98,14 @@ def fold_starts(a, u, starts, entering):
 
 
 @triton.jit
-def adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L, cols, D, PACKED: tl.constexpr,
-                   HAS_DFINAL: tl.constexpr):
+def adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L, cols, D, N_SEQ,
+                   PACKED: tl.constexpr, HAS_DFINAL: tl.constexpr):
     """A reverse scan's (a, dy) with sequences: the final state's gradient enters dy at each
     sequence's end (HAS_DFINAL), and nothing leaves through a start (a = 0 there, PACKED)."""
     if PACKED or HAS_DFINAL:
         seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
         if HAS_DFINAL:
-            dy += load_at(dfinal_ptr, seq, ends, cols, D)
+            dy += load_at(dfinal_ptr, seq, ends, cols, D, N_SEQ)
         if PACKED:
             a = tl.where(starts[:, None], 0.0, a)
     return a, dy
@@ -107,7 +116,7 @@ class SequenceArgs(NamedTuple):
     Where a feature is off, its tensor argument is a placeholder the kernel never reads."""
     seq_index: torch.Tensor  # [L] int32, packed only
     initial_state: torch.Tensor  # [N, D] FP32
-    count: int  # N, the number of sequences
+    count: int  # N, the number of sequences (the kernels' N_SEQ)
     packed: bool
     has_initial: bool
     output_final_state: bool
@@ -118,10 +127,35 @@ class SequenceArgs(NamedTuple):
             return self.initial_state
         return torch.empty(self.count, width, device=device, dtype=torch.float32)
 
+    def initial_state_gradient(self) -> torch.Tensor:
+        """[N, D] FP32 for the backward kernel to fill with d h0, or a placeholder."""
+        if not self.has_initial:
+            return self.initial_state
+        return torch.empty_like(self.initial_state)
+
+    def tensors_to_save(self) -> tuple:
+        """(seq_index, initial_state), None where off, for an autograd.Function's
+        save_for_backward: an in-place change of either before the backward then raises
+        autograd's error instead of giving wrong gradients."""
+        return (self.seq_index if self.packed else None,
+                self.initial_state if self.has_initial else None)
+
+    def without_tensors(self) -> "SequenceArgs":
+        """The flags and count alone, for an autograd.Function's ctx: its backward takes the
+        tensors from the saved ones (``with_saved``)."""
+        return self._replace(seq_index=None, initial_state=None)
+
+    def with_saved(self, seq_index, initial_state, placeholder: torch.Tensor) -> "SequenceArgs":
+        """The arguments again from ``tensors_to_save``'s saved tensors; placeholder (any
+        aligned tensor) stands for those that are off."""
+        return self._replace(seq_index=placeholder if seq_index is None else seq_index,
+                             initial_state=placeholder if initial_state is None else initial_state)
+
 
 def sequence_args(x: torch.Tensor, initial_state, cu_seqlens, output_final_state: bool
                   ) -> SequenceArgs:
-    """The kernels' arguments for checked state keywords (samu.functional checks them)."""
+    """The kernels' arguments for checked state keywords (samu.functional checks them); the
+    sequence index stays in [0, N) even for offsets that were not checked (sequence_index)."""
     batch, length, _ = x.shape
     packed = cu_seqlens is not None
     placeholder = aligned(x)  # a pointer the kernels never read, aligned as compiled for

@@ -140,7 +140,7 @@ def _transition_rsqrt(log_a, is_first):
 
 @triton.jit
 def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, col0, L, N,
-                  D: tl.constexpr, DG: tl.constexpr, T: tl.constexpr, BN: tl.constexpr,
+                  N_SEQ, D: tl.constexpr, DG: tl.constexpr, T: tl.constexpr, BN: tl.constexpr,
                   V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
                   HAS_INITIAL: tl.constexpr):
     """Chunk k's local scan from h_in = 0, sequence starts folded into its inputs: returns
@@ -163,18 +163,19 @@ def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b,
     x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
     u = m * gx * x
     if PACKED or HAS_INITIAL:
-        a, u = fold_starts(a, u, starts, entering_state(h0_ptr, seq, starts,
-                                                        _state_columns(cols, col_ok, D), D,
-                                                        HAS_INITIAL))
+        entering = entering_state(h0_ptr, seq, starts, _state_columns(cols, col_ok, D), D,
+                                  N_SEQ, HAS_INITIAL)
+        a, u = fold_starts(a, u, starts, entering)
     p, h = tl.associative_scan((a, u), 0, affine_combine)
     return p, h, first, ok, cols, local, col_ok, seq, ends
 
 
-@triton.jit
+# N_SEQ, the number of sequences, only masks state rows: one compiled kernel serves every count.
+@triton.jit(do_not_specialize=["N_SEQ"])
 def _summary_kernel(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, decay_ptr,
-                    end_ptr, col0, L, N, NC, D: tl.constexpr, DG: tl.constexpr, T: tl.constexpr,
-                    BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr,
-                    PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr):
+                    end_ptr, col0, L, N, NC, N_SEQ, D: tl.constexpr, DG: tl.constexpr,
+                    T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr,
+                    RUN: tl.constexpr, PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr):
     """Per (chunk, channel block of the group): the chunk's decay prod a and its end state from
     h_in = 0 (a chunk holding a sequence start has decay 0: its a is folded to 0 there), into
     the group's [B, NC, DG] summaries."""
@@ -182,17 +183,17 @@ def _summary_kernel(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, 
     b = (pid // NC).to(tl.int64)
     k = pid % NC
     p, h, _, _, _, local, col_ok, _, _ = _forward_tile(
-        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, col0, L, N, D, DG, T,
-        BN, V, BW, RUN, PACKED, HAS_INITIAL)
+        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, col0, L, N, N_SEQ, D,
+        DG, T, BN, V, BW, RUN, PACKED, HAS_INITIAL)
     state = (b * NC + k) * DG + local
     tr = tl.arange(0, T)
     tl.store(decay_ptr + state, last_row(p, tr, T), mask=col_ok)
     tl.store(end_ptr + state, last_row(h, tr, T), mask=col_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N_SEQ"])
 def _output_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr, seq_ptr, h0_ptr,
-                   final_ptr, col0, L, N, NC, D: tl.constexpr, DG: tl.constexpr,
+                   final_ptr, col0, L, N, NC, N_SEQ, D: tl.constexpr, DG: tl.constexpr,
                    T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr,
                    RUN: tl.constexpr, PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
                    HAS_FINAL: tl.constexpr):
@@ -202,19 +203,19 @@ def _output_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr, s
     b = (pid // NC).to(tl.int64)
     k = pid % NC
     p, h, first, ok, cols, local, col_ok, seq, ends = _forward_tile(
-        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, col0, L, N, D, DG, T,
-        BN, V, BW, RUN, PACKED, HAS_INITIAL)
+        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, col0, L, N, N_SEQ, D,
+        DG, T, BN, V, BW, RUN, PACKED, HAS_INITIAL)
     h_in = tl.load(h_in_ptr + (b * NC + k) * DG + local, mask=col_ok, other=0.0)
     y_at = _rows_at(y_ptr, first, tl.arange(0, T), cols, D)
     h = h + p * h_in[None, :]
     tl.store(y_at, to_element(h, y_ptr), mask=ok)
     if HAS_FINAL:
-        store_at(final_ptr, h, seq, ends, _state_columns(cols, col_ok, D), D)
+        store_at(final_ptr, h, seq, ends, _state_columns(cols, col_ok, D), D, N_SEQ)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N_SEQ"])
 def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, seq_ptr, dfinal_ptr, decay_ptr,
-                            end_ptr, col0, L, N, NC, D: tl.constexpr, DG: tl.constexpr,
+                            end_ptr, col0, L, N, NC, N_SEQ, D: tl.constexpr, DG: tl.constexpr,
                             T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
                             BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
                             HAS_DFINAL: tl.constexpr):
@@ -239,7 +240,7 @@ def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, seq_ptr, dfinal_
     a = exp_fast(tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0))
     dy = tl.load(dy_at, mask=ok, other=0.0).to(tl.float32)
     a, dy = adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L,
-                           _state_columns(cols, col_ok, D), D, PACKED, HAS_DFINAL)
+                           _state_columns(cols, col_ok, D), D, N_SEQ, PACKED, HAS_DFINAL)
     p, v = tl.associative_scan((a, a * dy), 0, affine_combine)
     state = (b * NC + k) * DG + local
     tl.store(decay_ptr + state, last_row(p, tl.arange(0, T), T), mask=col_ok)
@@ -261,10 +262,10 @@ def _adjoint_latest_first(a, dy, carry, T: tl.constexpr):
     return dh
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N_SEQ"])
 def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr,
                      carry_ptr, seq_ptr, h0_ptr, dfinal_ptr, dh0_ptr, part_ptr, dsp_part_ptr,
-                     col0, L, N, NC, SPAN, NSPAN, D: tl.constexpr, DG: tl.constexpr,
+                     col0, L, N, NC, N_SEQ, SPAN, NSPAN, D: tl.constexpr, DG: tl.constexpr,
                      T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr,
                      RUN: tl.constexpr, PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
                      HAS_DFINAL: tl.constexpr):
@@ -308,7 +309,7 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_par
         if PACKED or HAS_INITIAL:
             # From the folded inputs (a_s h_{s-1} is then 0 at a start), plus a_s h0 at each
             # start (0 where the state resets); the folded a_s = 0 also cuts the adjoint there.
-            entering = entering_state(h0_ptr, seq, starts, state_cols, D, HAS_INITIAL)
+            entering = entering_state(h0_ptr, seq, starts, state_cols, D, N_SEQ, HAS_INITIAL)
             a_cut, u_fold = fold_starts(a, u, starts, entering)
             a_h_prev = decayed_previous_state(a_cut, u_fold, h_in, T)
             if HAS_INITIAL:
@@ -322,11 +323,11 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_par
         dy = tl.load(_rows_at(dy_ptr, first, latest_first, cols, D), mask=ok,
                      other=0.0).to(tl.float32)
         if HAS_DFINAL:
-            dy += load_at(dfinal_ptr, seq, ends, state_cols, D)
+            dy += load_at(dfinal_ptr, seq, ends, state_cols, D, N_SEQ)
         carry = tl.load(carry_ptr + state, mask=col_ok, other=0.0)
         dh = _adjoint_latest_first(a_cut, dy, carry, T)
         if HAS_INITIAL:
-            store_at(dh0_ptr, a * dh, seq, starts, state_cols, D)
+            store_at(dh0_ptr, a * dh, seq, starts, state_cols, D, N_SEQ)
         dla = dh * dla_per_dh
         d_gate_x = dh * dgx_per_dh
         d_gate_a = dla * (-8.0 * sp[None, :]) * ga * (1.0 - ga)
@@ -546,10 +547,12 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None):
     for g, heads, col0 in groups:
         _gate_products(x_heads, w_cat, heads, gates)
         launching.launch(_summary_kernel, summary_grid, x, gates, bx, ba, a_param, seq, h0,
-                         decay, end, col0, length, tokens, n_chunks, **summary_meta, **flags)
+                         decay, end, col0, length, tokens, n_chunks, sequences.count,
+                         **summary_meta, **flags)
         chunk_carry(decay, end, reverse=False, out=h_in[g], plan=config.carry)
         launching.launch(_output_kernel, output_grid, x, gates, y, bx, ba, a_param, h_in[g], seq,
-                         h0, final, col0, length, tokens, n_chunks, **output_meta, **flags,
+                         h0, final, col0, length, tokens, n_chunks, sequences.count,
+                         **output_meta, **flags,
                          HAS_FINAL=sequences.output_final_state)
     residuals = (residual,) if config.recompute else (gates.view(-1), residual)
     return y, (final if sequences.output_final_state else None), residuals
@@ -630,7 +633,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
     carry = torch.empty(summary_shape, **f32)
     dx = torch.empty_like(x)
     dx_heads = _heads(dx, groups.heads)
-    d_h0 = torch.empty_like(h0) if sequences.has_initial else h0
+    d_h0 = sequences.initial_state_gradient()
     d_weight = torch.empty(groups.heads, groups.bw, 2 * groups.bw, **f32)
     grads = torch.empty(3 * width, **f32)
     reverse_grid = (batch * n_chunks, cdiv(groups.width, meta["reverse_summary"]["BN"]))
@@ -638,13 +641,14 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
         if saved_gates is None:
             _gate_products(x_heads, w_cat, heads, gates)
         launching.launch(_reverse_summary_kernel, reverse_grid, dy, gates, ba, a_param, seq,
-                         d_final, decay, end, col0, length, tokens, n_chunks,
+                         d_final, decay, end, col0, length, tokens, n_chunks, sequences.count,
                          **reverse_meta, PACKED=sequences.packed,
                          HAS_DFINAL=has_dfinal)
         chunk_carry(decay, end, reverse=True, out=carry, plan=config.carry)
         launching.launch(_backward_kernel, (n_parts, col_blocks), x, dy, gates, d_gates, dx, bx, ba,
                          a_param, h_in[g], carry, seq, h0, d_final, d_h0, part, dsp_part, col0,
-                         length, tokens, n_chunks, per_span, spans, **backward_meta, **flags)
+                         length, tokens, n_chunks, sequences.count, per_span, spans,
+                         **backward_meta, **flags)
         sum_partials(part, dsp_part, a_param, out=grads, group=(col0, width))
         dx_heads[heads].baddbmm_(d_gates, w_cat[heads].transpose(1, 2))  # dx += dG W_cat^T
         _weight_gradient(x_heads[heads], d_gates, d_weight[heads])
@@ -673,11 +677,13 @@ class GemmScanFunction(torch.autograd.Function):
         params = (gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param)
         w_cat = _gate_weights(gate_x_weight, gate_a_weight, x.dtype)
         y, final, residuals = forward(x, params, sequences, config, w_cat)
-        ctx.save_for_backward(x, *residuals, w_cat, *params)
+        # The initial state and sequence index are saved, not kept on ctx: autograd then
+        # refuses a backward after an in-place change to them instead of reading new values.
+        ctx.save_for_backward(x, *residuals, w_cat, *params, *sequences.tensors_to_save())
         ctx.residual_count = len(residuals)
         ctx.gates_spent = False
         ctx.config = config
-        ctx.sequences = sequences
+        ctx.sequences = sequences.without_tensors()
         ctx.set_materialize_grads(False)
         return y, final
 
@@ -692,8 +698,10 @@ class GemmScanFunction(torch.autograd.Function):
                 "a GemmConfig with gradient_over_gates=False")
         ctx.gates_spent = ctx.config.gradient_over_gates and not ctx.config.recompute
         x, *saved = ctx.saved_tensors
-        residuals, (w_cat, *params) = saved[:ctx.residual_count], saved[ctx.residual_count:]
-        grads = backward(x, params, residuals, dy, d_final, ctx.sequences, ctx.config, w_cat,
+        residuals, (w_cat, *params) = saved[:ctx.residual_count], saved[ctx.residual_count:-2]
+        seq_index, h0 = saved[-2:]
+        sequences = ctx.sequences.with_saved(seq_index, h0, placeholder=residuals[-1])
+        grads = backward(x, params, residuals, dy, d_final, sequences, ctx.config, w_cat,
                          overwrite_gates=True)
         return (*grads, None, None, None)
 

@@ -46,9 +46,10 @@ def _tile(b, k, rows, cols, L, D, row_units, T: tl.constexpr, V: tl.constexpr):
     return base, offs, ok
 
 
-@triton.jit(do_not_specialize=["row_units"])
+# N_SEQ, the number of sequences, only masks state rows: one compiled kernel serves every count.
+@triton.jit(do_not_specialize=["row_units", "N_SEQ"])
 def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_ptr, h0_ptr,
-                         r_ptr, g_ptr, r_sum_ptr, end_ptr, rate_ptr, L, D, NC, row_units,
+                         r_ptr, g_ptr, r_sum_ptr, end_ptr, rate_ptr, L, D, NC, N_SEQ, row_units,
                          T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                          PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr):
     """Per chunk, full width: the controller (r, g) and the chunk summary: its end state and
@@ -94,15 +95,16 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_
         a, m, _ = transition(-lam[None, :] * r[:, None], is_first)
         u = m * g[:, None] * x
         if PACKED or HAS_INITIAL:
-            a, u = fold_starts(a, u, starts, entering_state(h0_ptr, seq, starts, cols, D, HAS_INITIAL))
+            entering = entering_state(h0_ptr, seq, starts, cols, D, N_SEQ, HAS_INITIAL)
+            a, u = fold_starts(a, u, starts, entering)
         _, h = tl.associative_scan((a, u), 0, affine_combine)
         tl.store(end_ptr + (b * NC + k) * D + cols, last_row(h, tl.arange(0, T), T),
                  mask=cols < D)
 
 
-@triton.jit(do_not_specialize=["row_units"])
+@triton.jit(do_not_specialize=["row_units", "N_SEQ"])
 def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, r_sum_ptr, end_ptr, rate_ptr,
-                        skip_ptr, seq_ptr, h0_ptr, final_ptr, L, D, NC, row_units,
+                        skip_ptr, seq_ptr, h0_ptr, final_ptr, L, D, NC, N_SEQ, row_units,
                         T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr,
                         WALKED_CARRY: tl.constexpr):
@@ -125,7 +127,8 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, r_sum_ptr, end_ptr
     a, m, _ = transition(-lam[None, :] * r[:, None], resets(starts, HAS_INITIAL))
     u = m * g[:, None] * x
     if PACKED or HAS_INITIAL:
-        a, u = fold_starts(a, u, starts, entering_state(h0_ptr, seq, starts, cols, D, HAS_INITIAL))
+        entering = entering_state(h0_ptr, seq, starts, cols, D, N_SEQ, HAS_INITIAL)
+        a, u = fold_starts(a, u, starts, entering)
     p, h = tl.associative_scan((a, u), 0, affine_combine)
     if WALKED_CARRY:
         h_in = walked_carry(r_sum_ptr, end_ptr, lam, b, k, NC, cols, D, False)
@@ -134,14 +137,14 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, r_sum_ptr, end_ptr
         h_in = tl.load(h_in_ptr + (b * NC + k) * D + cols, mask=cols < D, other=0.0)
     h = h + p * h_in[None, :]
     if HAS_FINAL:
-        store_at(final_ptr, h, seq, ends, cols, D)
+        store_at(final_ptr, h, seq, ends, cols, D, N_SEQ)
     y = h + tl.load(skip_ptr) * x
     tl.store(y_ptr + base + offs, to_element(y, y_ptr), mask=ok)
 
 
-@triton.jit(do_not_specialize=["row_units"])
+@triton.jit(do_not_specialize=["row_units", "N_SEQ"])
 def _samu_reverse_summary_kernel(dy_ptr, r_ptr, rate_ptr, seq_ptr, dfinal_ptr,
-                                 end_ptr, L, D, NC, row_units,
+                                 end_ptr, L, D, NC, N_SEQ, row_units,
                                  T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                                  PACKED: tl.constexpr, HAS_DFINAL: tl.constexpr):
     """Per (chunk, channel block): the adjoint carry a_s dh_s leaving the chunk's first token,
@@ -158,7 +161,8 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, rate_ptr, seq_ptr, dfinal_ptr,
     r = tl.load(r_ptr + b * L + rows, mask=rows < L, other=0.0)
     lam = tl.load(rate_ptr + cols, mask=cols < D, other=0.0)
     a = exp_fast(-lam[None, :] * r[:, None])
-    a, dy = adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L, cols, D, PACKED, HAS_DFINAL)
+    a, dy = adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L, cols, D, N_SEQ, PACKED,
+                           HAS_DFINAL)
     _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
     tl.store(end_ptr + (b * NC + k) * D + cols, last_row(v, tl.arange(0, T), T), mask=cols < D)
 
@@ -166,7 +170,7 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, rate_ptr, seq_ptr, dfinal_ptr,
 @triton.jit
 def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr,
                         dfinal_ptr, dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L,
-                        D, NC, row_units,
+                        D, NC, N_SEQ, row_units,
                         T: tl.constexpr, V: tl.constexpr, NEED_H: tl.constexpr,
                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
                         HAS_DFINAL: tl.constexpr, WALKED_CARRY: tl.constexpr):
@@ -198,7 +202,7 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr,
         a_next = tl.where(ends[:, None], 0.0, a_next)
     dy_state = dy
     if HAS_DFINAL:
-        dy_state += load_at(dfinal_ptr, seq, ends, cols, D)
+        dy_state += load_at(dfinal_ptr, seq, ends, cols, D, N_SEQ)
     q, w = tl.associative_scan((a_next, dy_state), 0, affine_combine)
     dh = w + q * carry[None, :]
     dla = tl.zeros_like(dh)
@@ -206,21 +210,22 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr,
         h_in = tl.load(h_in_ptr + state, mask=cols < D, other=0.0)
         u = m * gx
         if PACKED or HAS_INITIAL:
-            entering = entering_state(h0_ptr, seq, starts, cols, D, HAS_INITIAL)
+            entering = entering_state(h0_ptr, seq, starts, cols, D, N_SEQ, HAS_INITIAL)
             a_fold, u_fold = fold_starts(a, u, starts, entering)
             a_h_prev = decayed_previous_state(a_fold, u_fold, h_in, T) + (u_fold - u)
         else:
             a_h_prev = decayed_previous_state(a, u, h_in, T)
         dla = dh * a_h_prev + dh * gx * dm_dlog_a
         if HAS_INITIAL:  # pass 1 only
-            store_at(dh0_ptr, a * dh, seq, starts, cols, D)
+            store_at(dh0_ptr, a * dh, seq, starts, cols, D, N_SEQ)
     return base, offs, ok, x, dy, m, dh, dla, lam, log_a
 
 
-@triton.jit(do_not_specialize=["row_units"])
+@triton.jit(do_not_specialize=["row_units", "N_SEQ"])
 def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, carry_ptr,
                           r_sum_ptr, rate_ptr, log_temp_ptr, skip_ptr, seq_ptr, h0_ptr, dfinal_ptr,
-                          dh0_ptr, dz_ptr, part_ptr, dsp_part_ptr, L, D, NC, TOKENS, row_units,
+                          dh0_ptr, dz_ptr, part_ptr, dsp_part_ptr, L, D, NC, N_SEQ, TOKENS,
+                          row_units,
                           T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                           PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
                           HAS_DFINAL: tl.constexpr, WALKED_CARRY: tl.constexpr,
@@ -256,8 +261,8 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         cols = d0 + tl.arange(0, BD)
         base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
             x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr, dfinal_ptr,
-            dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC, row_units, T,
-            V, True, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY)
+            dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC, N_SEQ,
+            row_units, T, V, True, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY)
         dr_part += dla * -lam[None, :]
         dg_part += dh * m * x
         if PARTIAL_DX:
@@ -285,7 +290,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         else:
             base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
                 x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr, dfinal_ptr,
-                dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC,
+                dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC, N_SEQ,
                 row_units, T, V, False, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY)
             dx = dh * m * g[:, None] + skip * dy
         dx += dz0[:, None] * w0[None, :] + dz1[:, None] * w1[None, :]
@@ -427,7 +432,7 @@ def forward(x, params, sequences, config: SamuConfig):
     meta = _launch_meta(config, width, _keywords(**flags,
                                                  HAS_FINAL=sequences.output_final_state))
     launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param, log_temp,
-                     seq, h0, r, g, r_sum, end, rate, length, width, n_chunks,
+                     seq, h0, r, g, r_sum, end, rate, length, width, n_chunks, sequences.count,
                      meta["summary_units"], T=chunk, **meta["summary"], **flags)
     walked = config.walks_carry(n_chunks, x.numel())
     if not walked:
@@ -436,7 +441,8 @@ def forward(x, params, sequences, config: SamuConfig):
     final = sequences.final_state(width, x.device)
     grid = (batch * n_chunks, cdiv(width, meta["output"]["BD"]))
     launching.launch(_samu_output_kernel, grid, x, y, r, g, h_in, r_sum, end, rate, skip, seq,
-                     h0, final, length, width, n_chunks, meta["output_units"], T=chunk,
+                     h0, final, length, width, n_chunks, sequences.count, meta["output_units"],
+                     T=chunk,
                      **meta["output"], **flags, HAS_FINAL=sequences.output_final_state,
                      WALKED_CARRY=walked)
     return y, (final if sequences.output_final_state else None), tuple(residuals)
@@ -479,7 +485,8 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
     dz = torch.empty(2, tokens, **f32)
     grid = (items, cdiv(width, meta["reverse_summary"]["BD"]))
     launching.launch(_samu_reverse_summary_kernel, grid, dy, r, rate, seq, d_final,
-                     end, length, width, n_chunks, meta["reverse_summary_units"], T=chunk,
+                     end, length, width, n_chunks, sequences.count,
+                     meta["reverse_summary_units"], T=chunk,
                      **meta["reverse_summary"], PACKED=sequences.packed, HAS_DFINAL=has_dfinal)
     walked = config.walks_carry(n_chunks, x.numel())
     if walked:  # the backward kernel walks the reverse summaries: its rows go elsewhere
@@ -488,10 +495,11 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
         carry = chunk_carry(r_sum, end, reverse=True, rate=rate, plan=config.carry)
         dsp_part = end.view(items, width)  # end is spent: the carry has read it
     dx = torch.empty_like(x)
-    d_h0 = torch.empty_like(h0) if sequences.has_initial else h0
+    d_h0 = sequences.initial_state_gradient()
     launching.launch(_samu_backward_kernel, (items,), x, dy, dx, w, r, g, h_in, carry, r_sum,
                      rate, log_temp, skip, seq, h0, d_final, d_h0, dz, part, dsp_part, length,
-                     width, n_chunks, tokens, meta["backward_units"], T=chunk, **meta["backward"],
+                     width, n_chunks, sequences.count, tokens, meta["backward_units"], T=chunk,
+                     **meta["backward"],
                      PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
                      HAS_DFINAL=has_dfinal, WALKED_CARRY=walked, PARTIAL_DX=config.partial_dx)
     weight_rows = weight_partials(x, dz, WEIGHT_PROGRAMS_PER_SM * sm_count(x.device))
@@ -512,9 +520,11 @@ class SamuFunction(torch.autograd.Function):
                 seq_index, config: SamuConfig, sequences):
         params = (ctrl_weight, ctrl_bias, a_param, log_temp, skip)
         y, final, residuals = forward(x, params, sequences, config)
-        ctx.save_for_backward(x, *params, *residuals)
+        # The initial state and sequence index are saved, not kept on ctx: autograd then
+        # refuses a backward after an in-place change to them instead of reading new values.
+        ctx.save_for_backward(x, *params, *residuals, *sequences.tensors_to_save())
         ctx.config = config
-        ctx.sequences = sequences
+        ctx.sequences = sequences.without_tensors()
         ctx.set_materialize_grads(False)
         return y, final
 
@@ -522,7 +532,9 @@ class SamuFunction(torch.autograd.Function):
     def backward(ctx, dy, d_final):
         refuse_double_backward("samu")
         x, *rest = ctx.saved_tensors
-        grads = backward(x, rest[:5], rest[5:], dy, d_final, ctx.sequences, ctx.config)
+        params, residuals, (seq_index, h0) = rest[:5], rest[5:-2], rest[-2:]
+        sequences = ctx.sequences.with_saved(seq_index, h0, placeholder=residuals[0])
+        grads = backward(x, params, residuals, dy, d_final, sequences, ctx.config)
         return (*grads, None, None, None)
 
 
