@@ -88,12 +88,33 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
 CU_SEQLENS_DTYPES = (torch.int32, torch.int64)
 
 
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether t's stream is capturing a CUDA graph, where a host sync is forbidden."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def _values_checkable(t: torch.Tensor) -> bool:
     """Reading cu_seqlens' values needs a host sync, which a CUDA-graph capture forbids and a
-    compiled graph cannot hold; there only its shape, dtype and device are checked."""
+    traced graph cannot hold: a compiled graph reads them when it runs instead
+    (samu::check_cu_seqlens, samu.ops.library); a capture checks only the shape, dtype and
+    device."""
     if torch.compiler.is_compiling():
         return False
-    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+    return not _capturing(t)
+
+
+def check_cu_seqlens_values(mixer: str, cu_seqlens: torch.Tensor, length: int) -> None:
+    """The offsets' values (one host sync): from 0 to the length, each sequence at least one
+    token long.  Eager calls and compiled graphs (samu::check_cu_seqlens) both check here."""
+    offsets = cu_seqlens.tolist()
+    if offsets[0] != 0 or offsets[-1] != length:
+        raise ValueError(f"{mixer}: cu_seqlens must start at 0 and end at the length "
+                         f"{length}, got {offsets[0]} ... {offsets[-1]}")
+    short = next((n for n in range(len(offsets) - 1) if offsets[n + 1] <= offsets[n]), None)
+    if short is not None:
+        raise ValueError(f"{mixer}: cu_seqlens must increase (every sequence at least one "
+                         f"token), but sequence {short} runs from {offsets[short]} to "
+                         f"{offsets[short + 1]}")
 
 
 def check_cu_seqlens(mixer: str, x: torch.Tensor, cu_seqlens) -> int:
@@ -114,16 +135,7 @@ def check_cu_seqlens(mixer: str, x: torch.Tensor, cu_seqlens) -> int:
         raise ValueError(f"{mixer}: packed sequences (cu_seqlens) need batch 1, got batch "
                          f"{x.shape[0]}")
     if _values_checkable(cu_seqlens):
-        offsets = cu_seqlens.tolist()
-        length = x.shape[1]
-        if offsets[0] != 0 or offsets[-1] != length:
-            raise ValueError(f"{mixer}: cu_seqlens must start at 0 and end at the length "
-                             f"{length}, got {offsets[0]} ... {offsets[-1]}")
-        short = next((n for n in range(len(offsets) - 1) if offsets[n + 1] <= offsets[n]), None)
-        if short is not None:
-            raise ValueError(f"{mixer}: cu_seqlens must increase (every sequence at least one "
-                             f"token), but sequence {short} runs from {offsets[short]} to "
-                             f"{offsets[short + 1]}")
+        check_cu_seqlens_values(mixer, cu_seqlens, x.shape[1])
     return cu_seqlens.numel() - 1
 
 
@@ -166,6 +178,11 @@ def _run(mixer: str, x, params: dict, backend: str, initial_state=None, cu_seqle
     if torch.compiler.is_compiling():
         return _run_compiled(mixer, x, params, backend, state)
     chosen = dispatch.resolve(mixer, x, backend)
+    if chosen.kind == "triton" and torch._C._are_functorch_transforms_active():
+        # The kernels read raw storage, which torch.func's wrapped tensors do not have.
+        raise RuntimeError(f"{mixer}: torch.func transforms (vmap/grad/jvp) are supported on the "
+                           f"reference backends only, and backend {chosen.name} is a Triton "
+                           "kernel: pass backend='reference_chunked'")
     if chosen.kind == "triton" or not torch.is_autocast_enabled(x.device.type):
         # The kernels set every dtype themselves; entering autocast costs ~15 us of host time.
         return (*chosen.run(x, *params.values(), **state), chosen.name)
@@ -198,13 +215,19 @@ def _run_compiled(mixer: str, x, params: dict, backend, state: dict):
     if not isinstance(backend, str):
         raise TypeError(f"{mixer}: under torch.compile, backend must be 'auto' or a registered "
                         f"name (samu.backends.available({mixer!r})), not a configuration")
-    width = int(params["a_param"].shape[0])
-    name = _compiled_choice(mixer, (1, COMPILED_SHAPE_TOKENS, width), x.dtype, x.is_cuda,
-                            backend)
+    if backend == "auto":
+        width = int(params["a_param"].shape[0])
+        name = _compiled_choice(mixer, (1, COMPILED_SHAPE_TOKENS, width), x.dtype, x.is_cuda,
+                                backend)
+    else:  # a named backend needs no shape: the width may be symbolic (dynamic=True)
+        backends.check_name(mixer, backend)
+        name = backend
     chosen = backends.REGISTRY[mixer][name]
+    from .ops import library
+    if state.get("cu_seqlens") is not None:  # its values, checked when the graph runs
+        state = dict(state, cu_seqlens=library.checked_cu_seqlens(mixer, x, state["cu_seqlens"]))
     if chosen.kind != "triton":
         return (*chosen.run(x, *params.values(), **state), name)
-    from .ops import library
     return (*library.run(mixer, name, x, params.values(), **state), name)
 
 

@@ -5,7 +5,9 @@ h_t = a_t * h_{t-1} + u_t with h_{-1} = 0, in two formulations that check each o
 * ``scan_sequential``: one step per token.  In float64 it is the oracle.
 * ``scan_chunked``: chunks of C tokens are scanned in parallel (a sequential loop over the
   C positions, vectorised over every chunk), then chunk carries are composed with the identity
-  h_t = local_t + (prod_{s <= t in chunk} a_s) * h_in.  About 2*sqrt(L) Python steps.
+  h_t = local_t + (prod_{s <= t in chunk} a_s) * h_in.  C is the power of two with
+  sqrt(L) <= C < 2 sqrt(L): 2C Python steps, and under torch.compile's symbolic lengths one
+  graph serves every length between two powers of four.
 
 Where a sequence starts (``starts``, [B, L] bool; samu.ops.sequences), the state entering the token
 is replaced by ``entering`` (h0, or 0 where the state resets).  The sequential scan does exactly
@@ -26,18 +28,30 @@ GATE_SCALE = 8.0  # the constant c in log a = -c * gate * softplus(a_param)
 SQRT_GRAD_FLOOR = 1e-6  # d sqrt(v)/dv = 1/sqrt(max(4v, 1e-6)): capped at 1000
 
 
-class BoundedSqrt(torch.autograd.Function):
-    """sqrt with recurrentgemma's bounded derivative."""
+def bounded_sqrt(v: torch.Tensor) -> torch.Tensor:
+    """sqrt(v), with recurrentgemma's bounded derivative 1/sqrt(max(4v, SQRT_GRAD_FLOOR)).
 
-    @staticmethod
-    def forward(ctx, v):
-        ctx.save_for_backward(v)
-        return torch.sqrt(v)
+    The value is sqrt(v) exactly: sqrt(v) plus a zero, f - f.detach(), whose derivative is the
+    bounded one (f is sqrt above the floor and a line below it).  Plain differentiable ops, not an
+    autograd.Function, so that double backward, torch.func (vmap, grad, jvp) and torch.compile
+    all take it as it is: Dynamo does not trace a Function with a custom jvp, and forward-mode AD
+    needs one."""
+    floor = SQRT_GRAD_FLOOR / 4.0
+    # clamp keeps sqrt's derivative finite where torch.where takes the line instead
+    f = torch.where(v >= floor, torch.sqrt(torch.clamp(v, min=floor)),
+                    v / math.sqrt(SQRT_GRAD_FLOOR))
+    return torch.sqrt(v).detach() + (f - f.detach())
 
-    @staticmethod
-    def backward(ctx, grad):
-        (v,) = ctx.saved_tensors
-        return grad / torch.sqrt(torch.clamp(4.0 * v, min=SQRT_GRAD_FLOOR))
+
+class BoundedSqrt:
+    """bounded_sqrt under the autograd.Function spelling ``BoundedSqrt.apply(v)``, which the
+    derivation notebook uses."""
+    apply = staticmethod(bounded_sqrt)
+
+
+def bounded_sqrt_denominator(v: torch.Tensor) -> torch.Tensor:
+    """1 / this is bounded_sqrt's derivative: sqrt(max(4v, SQRT_GRAD_FLOOR))."""
+    return torch.sqrt(torch.clamp(4.0 * v, min=SQRT_GRAD_FLOOR))
 
 
 def carry_dtype(x: torch.Tensor) -> torch.dtype:
@@ -56,7 +70,7 @@ def transition(log_a: torch.Tensor, reset: torch.Tensor | None = None):
     [B, L] bool; t = 0 by default)."""
     reset = first_token(log_a) if reset is None else reset
     a = torch.exp(log_a)
-    m = BoundedSqrt.apply(-torch.expm1(2.0 * log_a))
+    m = bounded_sqrt(-torch.expm1(2.0 * log_a))
     m = torch.where(reset[..., None], torch.ones_like(m), m)
     return a, m
 
@@ -85,22 +99,28 @@ def fold_starts(a, u, starts, entering):
 
 
 def default_chunk(length: int) -> int:
-    return max(1, math.isqrt(max(length - 1, 0)) + 1)
+    """The smallest power of two c with c * c >= length: about sqrt(length), found by integer
+    comparisons alone, so that it works on torch.compile's symbolic lengths too.  There it is a
+    constant of the graph, guarded by the length's range: one graph serves 4^k < L <= 4^(k+1)."""
+    chunk = 1
+    while chunk * chunk < length:
+        chunk *= 2
+    return chunk
 
 
 def scan_chunked(a: torch.Tensor, u: torch.Tensor, starts: torch.Tensor | None = None,
                  entering: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
-    """The same scan, chunk-parallel: local scans of every chunk at once, then the carries."""
+    """The same scan, chunk-parallel: local scans of every chunk at once, then the carries.
+    With the default chunk both Python loops run over it, never over a count that follows the
+    length, so that under torch.compile's symbolic lengths the graph holds for the chunk's range
+    of lengths."""
     a, u = fold_starts(a, u, starts, entering)
     batch, length, width = u.shape
     chunk = chunk or default_chunk(length)
     n_chunks = -(-length // chunk)
-    pad = n_chunks * chunk - length
-    if pad:  # a = 1, u = 0 after the end leaves the real tokens untouched
-        a = torch.cat([a, a.new_ones(batch, pad, width)], dim=1)
-        u = torch.cat([u, u.new_zeros(batch, pad, width)], dim=1)
-    a4 = a.reshape(batch, n_chunks, chunk, width)
-    u4 = u.reshape(batch, n_chunks, chunk, width)
+    padded = n_chunks * chunk
+    a4 = extended(a, padded, 1.0).reshape(batch, n_chunks, chunk, width)
+    u4 = extended(u, padded, 0.0).reshape(batch, n_chunks, chunk, width)
     h = torch.zeros_like(u4[:, :, 0])
     local = []
     for c in range(chunk):
@@ -108,14 +128,41 @@ def scan_chunked(a: torch.Tensor, u: torch.Tensor, starts: torch.Tensor | None =
         local.append(h)
     local = torch.stack(local, dim=2)
     decay = torch.cumprod(a4, dim=2)  # prod of a from the chunk's start to t
+    # The carry loop runs over `chunk` chunk summaries, not n_chunks, which follows a symbolic
+    # length; the default chunk is at least the number of chunks.
+    steps = chunk if n_chunks <= chunk else n_chunks
+    chunk_decay = extended(decay[:, :, -1], steps, 1.0)
+    chunk_end = extended(local[:, :, -1], steps, 0.0)
     carry = torch.zeros_like(u4[:, 0, 0])
     carries = []
-    for k in range(n_chunks):
+    for k in range(steps):
         carries.append(carry)
-        carry = decay[:, k, -1] * carry + local[:, k, -1]
-    carries = torch.stack(carries, dim=1)
+        carry = chunk_decay[:, k] * carry + chunk_end[:, k]
+    carries = leading(torch.stack(carries, dim=1), n_chunks)
     h = local + decay * carries[:, :, None]
-    return h.reshape(batch, n_chunks * chunk, width)[:, :length]
+    return leading(h.reshape(batch, padded, width), length)
+
+
+def extended(t: torch.Tensor, count, value: float) -> torch.Tensor:
+    """t filled up to count entries along dim 1 with value: a = 1, u = 0 after the end leave the
+    scan before them untouched."""
+    if torch.compiler.is_compiling():
+        # A gather, not a cat and slices: a view's strides, or a pad of size 0 or 1, would make
+        # the pad's size a guard of the graph, forward or backward.
+        positions = torch.arange(count, device=t.device)
+        taken = t.index_select(1, positions.clamp(max=t.shape[1] - 1))
+        return torch.where((positions < t.shape[1])[None, :, None], taken, value)
+    if count == t.shape[1]:
+        return t
+    return torch.cat([t, t.new_full((t.shape[0], count - t.shape[1], t.shape[2]), value)], dim=1)
+
+
+def leading(t: torch.Tensor, count) -> torch.Tensor:
+    """t[:, :count]: compiled, a gather, for the reason given in extended."""
+    if torch.compiler.is_compiling():
+        return t.index_select(1, torch.arange(count, device=t.device))
+    return t[:, :count]
+
 
 SCANS = {"sequential": scan_sequential, "chunked": scan_chunked}
 
@@ -142,7 +189,6 @@ def dlog_a(log_a, a, h, u, dh, gate_x, reset: torch.Tensor | None = None):
     """Gradient reaching log a through a_t h_{t-1} and through m_t (none where the state resets:
     t = 0 by default).  h - u is a_t h_{t-1}, with h_{t-1} the entering state at a start."""
     reset = first_token(log_a) if reset is None else reset
-    dm_dlog_a = -2.0 * a * a / torch.sqrt(torch.clamp(4.0 * -torch.expm1(2.0 * log_a),
-                                                      min=SQRT_GRAD_FLOOR))
+    dm_dlog_a = -2.0 * a * a / bounded_sqrt_denominator(-torch.expm1(2.0 * log_a))
     dm_dlog_a = torch.where(reset[..., None], torch.zeros_like(dm_dlog_a), dm_dlog_a)
     return dh * (h - u) + dh * gate_x * dm_dlog_a

@@ -66,10 +66,70 @@ def test_state_resets_at_first_token():
 
 def test_bounded_sqrt_derivative():
     v = torch.tensor([0.0, 1e-9, 0.25, 1.0], dtype=torch.float64, requires_grad=True)
-    recurrence.BoundedSqrt.apply(v).sum().backward()
+    recurrence.BoundedSqrt.apply(v).sum().backward()  # the derivation notebook's spelling
     want = 1.0 / torch.sqrt(torch.clamp(4 * v.detach(), min=1e-6))
     assert torch.allclose(v.grad, want)
     assert v.grad[0].item() == pytest.approx(1000.0)
+
+
+BOUNDED_SQRT_POINTS = [0.0, 1e-9, 2.4e-7, 2.5e-7, 2.6e-7, 1e-3, 0.25, 1.0]
+
+
+def test_bounded_sqrt_value_is_sqrt_exactly():
+    v = torch.tensor(BOUNDED_SQRT_POINTS, dtype=torch.float64)
+    assert torch.equal(recurrence.bounded_sqrt(v), torch.sqrt(v))
+    v32 = torch.rand(1000, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(recurrence.bounded_sqrt(v32), torch.sqrt(v32))
+
+
+def test_bounded_sqrt_under_torch_func():
+    """Forward mode (jvp), vmap of grad and double backward all see the bounded derivative
+    1/sqrt(max(4v, 1e-6)), and its own derivative."""
+    v = torch.tensor(BOUNDED_SQRT_POINTS, dtype=torch.float64)
+    want = 1.0 / torch.sqrt(torch.clamp(4 * v, min=1e-6))
+    _, tangent = torch.func.jvp(recurrence.bounded_sqrt, (v,), (torch.ones_like(v),))
+    torch.testing.assert_close(tangent, want, rtol=1e-15, atol=0)
+    per_element = torch.func.vmap(torch.func.grad(recurrence.bounded_sqrt))(v)
+    torch.testing.assert_close(per_element, want, rtol=1e-15, atol=0)
+    second = torch.func.vmap(torch.func.grad(torch.func.grad(recurrence.bounded_sqrt)))(v)
+    want_second = torch.where(4 * v >= 1e-6, -0.25 * torch.clamp(v, min=2.5e-7) ** -1.5,
+                              torch.zeros_like(v))
+    torch.testing.assert_close(second, want_second, rtol=1e-12, atol=0)
+
+
+def test_default_chunk_is_a_power_of_two_at_least_sqrt_length():
+    for length in range(1, 300):
+        chunk = recurrence.default_chunk(length)
+        assert chunk & (chunk - 1) == 0
+        assert chunk * chunk >= length and (chunk == 1 or (chunk // 2) ** 2 < length)
+
+
+def test_chunked_scan_compiles_for_symbolic_lengths():
+    """torch.compile with dynamic=True traces the chunked scan, starts folded in, with a
+    symbolic length: one graph per range 4^k < L <= 4^(k+1), each equal to the sequential
+    scan."""
+    from torch._dynamo.testing import CompileCounter
+
+    def scan(a, u, starts, entering):
+        return recurrence.scan_chunked(a, u, starts, entering)
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(scan, fullgraph=True, dynamic=True, backend=counter)
+    gen = torch.Generator().manual_seed(5)
+    try:
+        for length in (5, 7, 8, 13, 16, 17, 40, 64):
+            a = torch.rand(2, length, 3, generator=gen, dtype=torch.float64)
+            u = torch.randn(2, length, 3, generator=gen, dtype=torch.float64)
+            starts = torch.rand(2, length, generator=gen) < 0.2
+            starts[:, 0] = True
+            entering = torch.randn(2, length, 3, generator=gen, dtype=torch.float64)
+            want = recurrence.scan_sequential(a, u, starts, entering)
+            torch.testing.assert_close(compiled(a, u, starts, entering), want, rtol=1e-12,
+                                       atol=1e-13)
+    finally:
+        torch._dynamo.reset()
+    assert counter.frame_count == 2  # 5 to 16, then 17 to 64
 
 
 def test_no_gradient_through_first_transition():
