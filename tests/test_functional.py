@@ -20,6 +20,8 @@ from samu.modules import MODULES
 MIXERS = ("samu", "rglru")
 REFERENCES = ("reference_chunked", "reference_sequential")
 WIDTH = 16
+# Where the Triton kernels run: on CUDA, else under the interpreter (tests/conftest.py).
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture
@@ -93,12 +95,16 @@ def test_compiled_reference_with_dynamic_shapes(fresh_dynamo, mixer):
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(module, fullgraph=True, dynamic=True, backend=counter)
     gen = torch.Generator().manual_seed(2)
+    frames = []
     for length in (5, 8, 11, 16):
         state = dict(initial_state=torch.randn(2, WIDTH, generator=gen), output_final_state=True)
         x = torch.randn(2, length, WIDTH, generator=gen)
         for g, w in zip(compiled(x, **state), module(x, **state)):
             torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
-    assert counter.frame_count == 1
+        frames.append(counter.frame_count)
+    # The first call may count more than one frame (torch 2.11's aot_eager counts two), but no
+    # later length compiles again.
+    assert frames[0] >= 1 and frames == frames[:1] * len(frames), frames
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
@@ -222,8 +228,8 @@ def test_triton_backend_refuses_torch_func(monkeypatch, mixer, transform):
 
     monkeypatch.setitem(backends.REGISTRY[mixer], name,
                         dataclasses.replace(backends.REGISTRY[mixer][name], run=no_kernel))
-    module = _module(mixer, name)
-    x = torch.randn(1, 5, WIDTH)
+    module = _module(mixer, name).to(KERNEL_DEVICE)
+    x = torch.randn(1, 5, WIDTH, device=KERNEL_DEVICE)
     with pytest.raises(RuntimeError, match=r"torch\.func transforms \(vmap/grad/jvp\) are "
                                            r"supported on the reference backends only"):
         TRANSFORMS[transform](module, x)
