@@ -42,9 +42,11 @@ reproduce: $(SETUP)
 # The training study (notebook 05: recall, selective copying and a character LM for each mixer,
 # beside its training speed), with samu.experiment.training.GPU_PARAMETERS on CUDA and the
 # notebook's small defaults otherwise. Executed notebook: data/runs/<gpu>/05_training.ipynb;
-# results: data/training/<gpu>.json; figures: data/figures/<gpu>_training_*.png.
+# results: data/training/<gpu>.json; figures: data/figures/<gpu>_training_*.png. PART=k (1, 2 or
+# 3) runs the k-th third of the runs (data/training/<gpu>.part-k-of-3.json); the part that finds
+# all three files merges them into data/training/<gpu>.json.
 train: $(SETUP)
-	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.training
+	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.training $(if $(PART),--part $(PART)/3)
 
 # JupyterLab on the repository root (notebooks/ and data/runs/ side by side); it prints the URL it
 # serves. LAB_ARGS go to jupyter lab, e.g. make lab LAB_ARGS="--no-browser --port 8899". Jupyter

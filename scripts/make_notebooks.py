@@ -427,10 +427,13 @@ save("05_training", [
     md("# 05 — Training: what each mixer learns, beside its training speed\n\n"
        "The same small model (`samu.model.SequenceModel`: token embedding, pre-norm residual blocks of mixer and "
        "GELU MLP, final norm, tied head) is trained with each mixer on three tasks, from fixed seeds; only the mixer "
-       "differs. **RG-LRU** and **SAMU** are the library's modules, bare (no projections, convolution or gating "
-       "branch around them, as Griffin's recurrent block has); **attention** is the yardstick: causal "
-       "self-attention (`scaled_dot_product_attention`, rotary positions) with its head count chosen so that its "
-       "parameters come closest to RG-LRU's mixer. Every task is generated on the fly; nothing is downloaded.\n\n"
+       "differs. **RG-LRU** and **SAMU** are the library's modules inside Griffin's recurrent block (input and "
+       "gate projections, a short causal convolution, the mixer, a GeLU gate; `recurrent_block = \"bare\"` runs "
+       "the mixer alone); **attention** is the yardstick: causal self-attention (`scaled_dot_product_attention`, "
+       "rotary positions) with the usual heads of `attention_head_dim` channels. Every run has the same fixed "
+       "number of steps (warm-up, then cosine decay to the last step); every (task, length, mixer) is trained at "
+       "each learning rate of `lr` and scored at its best, flagged when the best is at the edge of the sweep. "
+       "Every task is generated on the fly; nothing is downloaded.\n\n"
        "- **Multi-query associative recall** (MQAR, as in Zoology): key-value pairs, then every key queried once "
        "later in the sequence (Zoology's power law: most queries soon after the pairs, a heavy tail to the end), "
        "among noise. It measures in-context recall, the ability that separates attention from fixed-size "
@@ -442,29 +445,41 @@ save("05_training", [
        "skipping noise needs gates that depend on the input (SAMU's two per-token scalars, RG-LRU's per-channel "
        "gates). Scored only at the markers.\n"
        "- **Character-level language model** on the Python standard library's own `*.py` files (present wherever "
-       "Python is; bytes as tokens, split by file into training and validation): natural data, scored in bits per "
+       "Python is; bytes as tokens, split by folder into training and validation): natural data, scored in bits per "
        "character on the held-out files.\n\n"
-       "Training speed is the training step's tokens per second after warm-up (synchronised on CUDA). The "
-       "parameters below are small enough for a CPU under nbval, where the recurrent mixers run the pure-PyTorch "
-       "reference and nothing is learned to speak of: such a run exercises the study and is no GPU result. "
+       "**Sanity first.** Attention solves recall and copying at this size when trained well, so the study "
+       "compares mixers only when attention reaches `sanity_bar` on both at their shortest length; otherwise the "
+       "conclusion says *yardstick failed its sanity bar: no comparison*. The GPU parameters' bar is 0.95. The "
+       "CPU defaults below must run in well under a minute under nbval, too few steps for attention to reach that "
+       "(on this CPU, one attention run at width 64 and L = 64 needs about 400 steps (17.5 s on one idle thread, up to 30 s with the cores shared) to reach accuracy 1.0 "
+       "on MQAR with 4 pairs: `tests/experiment/test_training.py` checks it), so their bar is 0.2, just above "
+       "chance (0.125): they exercise the study and are no GPU result.\n\n"
+       "Training speed: wall time per step and tokens per second after warm-up, and on CUDA the GPU time per step "
+       "(CUDA events around forward, backward and the optimizer step; evaluation excluded). "
        "`make train` runs this notebook on a GPU with `samu.experiment.training.GPU_PARAMETERS` (BF16 autocast, "
        "the Triton kernels) and writes `data/training/<gpu>.json` and `data/figures/<gpu>_training_*.png`."),
     params('''mixers = ["attention", "rglru", "samu"]
-seeds = [0, 1]
+seeds = [0]
 width = 32
 layers = 2
 mlp_expansion = 2
-tasks = {"mqar": {"lengths": [32, 64], "num_pairs": 4, "vocab_size": 32},
-         "copy": {"lengths": [32, 64], "num_tokens": 4, "data_vocab": 8, "noise_vocab": 8},
+tasks = {"mqar": {"lengths": [32], "num_pairs": 4, "vocab_size": 16},
+         "copy": {"lengths": [32], "num_tokens": 4, "data_vocab": 8, "noise_vocab": 8},
          "lm": {"lengths": [64]}}
-steps = 20  # or a dict by task
-batch_size = 8  # or a dict by task
-lr = 3e-3
-warmup_steps = 5
+steps = {"mqar": 100, "copy": 100, "lm": 10}  # or one number for every task
+batch_size = 32  # or a dict by task
+lr = [1e-3, 3e-3]  # one rate, or the sweep: every run at each, each mixer scored at its best
+warmup_steps = 10
 eval_batches = 2
 timing_warmup_steps = 2
-log_every = 5
-time_budget_s = None  # seconds of measured training for the whole study; None: no limit
+log_every = 10
+time_budget_s = None  # an optional safety cap on the whole study's measured training; None: none
+recurrent_block = "griffin"  # or "bare": the recurrent mixers without Griffin's block
+attention_heads = "standard"  # width // attention_head_dim heads; "matched" or a number
+attention_head_dim = 16
+sanity_bar = 0.2  # attention's accuracy needed on recall and copying before any comparison
+recall_curves = None  # Zoology's recall curves (a dict, see GPU_PARAMETERS); None: off (slow on a CPU)
+part = None  # "k/n": only the k-th of n parts of the runs (make train with PART set); the last merges them
 backend = "auto"  # the recurrent mixers' backend: one value, or a dict by mixer
 write = True  # write data/training/<gpu>.json and the figures
 progress_log = None  # a file that receives one line per finished run (make train prints them)
@@ -484,13 +499,15 @@ slug = protocol.device_slug(device)  # the results are labelled by the device tr
 study = training.study_from_parameters(
     mixers, seeds, width, layers, mlp_expansion, tasks, steps, batch_size, lr, warmup_steps,
     eval_batches, timing_warmup_steps=timing_warmup_steps, log_every=log_every,
-    time_budget_s=time_budget_s, backend=backend)
+    time_budget_s=time_budget_s, backend=backend, recurrent_block=recurrent_block,
+    attention_heads=attention_heads, attention_head_dim=attention_head_dim, sanity_bar=sanity_bar,
+    recall_curves=recall_curves, part=part)
 runs = {name: len(study.runs(name)) for name in study.tasks}
 print(f"device {device} ({slug}), {training.dtype_name(device)}; runs per task {runs}; "
       f"{study.total_steps():,} training steps in all")'''),
     md("## The models\n\nParameters by part for each task's vocabulary. The MLPs and the embedding are the same "
-       "for every mixer; the mixers differ: RG-LRU has 2 D²/H + 3 D per layer, SAMU 3 D + 4, attention "
-       "4 D × heads × head_dim."),
+       "for every mixer; the mixers differ (with Griffin's block the mixer part is the whole block: its "
+       "projections and convolution besides the mixer). Every run records its mixer and total parameters."),
     code('''for name in study.tasks:
     print(f"{training.TASK_NAMES[name]} (vocabulary {study.task_list(name)[0].vocab_size}):")
     print(model.parameter_report(training.models_for(study, name)), end="\\n\\n")'''),
@@ -510,19 +527,50 @@ if "mqar" in study.tasks:
     print("inputs ", x[0].tolist()); print("targets", y[0].tolist())
     records["copy"] = training.run_task(study, "copy", device, progress_log)
     display(training.summary(records["copy"]))'''),
+    md("## Sanity of the yardstick\n\nAttention's accuracy (at its best learning rate) on recall and copying "
+       "at their shortest length, against `sanity_bar`: below it, the conclusion compares nothing."),
+    code('''check = training.sanity(records.get("mqar", []) + records.get("copy", []), bar=sanity_bar)
+for task, c in check["checks"].items():
+    print(f"attention on {training.TASK_NAMES[task]} at L = {c['seq_len']}: accuracy {c['accuracy']:.3f} "
+          f"({'passes' if c['passed'] else 'below'} the bar {check['bar']})")
+print("yardstick passes its sanity bar" if check["passed"]
+      else "yardstick failed its sanity bar: no comparison")'''),
     md("## Character-level language model on the standard library\n\nThe corpus is this machine's Python: another "
        "Python version has other files, so bits per character compare across mixers, not across machines. The "
-       "result file records the corpus (Python version, files, bytes and SHA-256 of each split)."),
+       "split is by folder (a top-level package, or under `test/` the next level, goes wholly to one side), and "
+       "files that say they were generated (the code-page tables of `encodings/`, Unicode tables) and exact "
+       "duplicates are left out: a split by file put near-copies on both sides. The leak, the fraction of "
+       "held-out 32-byte windows found verbatim in training, is measured for the earlier by-file split and for "
+       "this one. The result file records the corpus (Python version, files, bytes and SHA-256 of each split, "
+       "files left out, the leak)."),
     code('''if "lm" in study.tasks:
     data, names, info = training.corpus()
     print({k: v for k, v in info.items() if not k.endswith("sha256")})
     records["lm"] = training.run_task(study, "lm", device, progress_log)
     display(training.summary(records["lm"]))'''),
+    md("## Recall curves\n\nZoology's curves: MQAR accuracy against the number of key-value pairs at one length, "
+       "and against the model's width at fixed pairs; every point at each learning rate, scored at its best (one "
+       "seed). Off on the CPU defaults (`recall_curves = None`): `GPU_PARAMETERS` turns them on."),
+    code('''curve_records = training.run_recall_curves(study, device, progress_log)
+if curve_records:
+    display(training.recall_curve_frame(curve_records))
+else:
+    print("recall curves off (recall_curves = None)")'''),
     md("## The result document\n\nOne record per (task, mixer, seed, sequence length): loss curve, held-out metric, "
        "tokens per second, parameters, and the environment. Validated against the `training` schema and written "
        "atomically."),
-    code('''doc = training.result_document(study, [r for name in study.tasks for r in records[name]], device)
-if write:
+    code('''doc = training.result_document(study, [r for name in study.tasks for r in records[name]], device,
+                              recall_curves=curve_records)
+merged = None
+if write and study.part:
+    print("wrote", paths.relative(training.write_part(doc, slug)))
+    merged = training.merge_parts(slug, study.part)
+    if merged is None:
+        print(f"part {study.part}: the other parts' files are not all written yet; not merged")
+    else:
+        doc = merged
+        print(f"all parts present: merged into {paths.relative(training.result_path(slug))}")
+elif write:
     path = training.write_result(doc, slug)
     print("wrote", paths.relative(path))
 else:
@@ -530,15 +578,17 @@ else:
     print("validated; not written (write = False)")'''),
     md("## Figures\n\nLoss curves (band: range over seeds), accuracy against sequence length, and quality against "
        "training speed (each task at its longest length)."),
-    code('''if write:
+    code('''if write and (merged is not None or not study.part):  # a lone part's figures are not stored
     for path in training.draw_figures(doc, slug):
         print("wrote", paths.relative(path))
         display(Image(filename=str(path)))
 else:
     for fig in training.figures(doc).values():
         display(Image(data=report.png_bytes(fig)))'''),
-    md("## Summary and conclusion\n\nComputed from the document above: the mean and range over seeds, whether the "
-       "ranges separate the mixers, the speeds, and what these runs do not show."),
+    md("## Summary and conclusion\n\nComputed from the document above, each mixer at its best learning rate "
+       "(`lr_at_edge`: the best is the lowest or highest rate swept): the mean and range over seeds, whether the "
+       "ranges separate the mixers, the speeds, and what these runs do not show. Every run, at every rate, is in "
+       "the document; `training.learning_rate_choice(doc)` lists the mean at each rate."),
     code('''training.summary(doc).round(4)'''),
     code('''display(Markdown(training.conclusion(doc)))'''),
 ])

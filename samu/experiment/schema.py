@@ -123,6 +123,12 @@ _training_run = {
         "stopped_by_time": {"type": "boolean"},
         "diverged": {"type": "boolean"},
         "backend": {"type": "array", "items": {"type": ["string", "null"]}},
+        # Optional: absent from documents of the earlier study (one rate, bare mixers).
+        "lr": _number,
+        "lr_sweep": {"type": "array", "items": _number},
+        "mixer_parameters": {"type": "integer", "minimum": 0},
+        "wall_ms_per_step": _real,
+        "gpu_ms_per_step": {"anyOf": [_real, {"type": "null"}]},  # null: not on CUDA
     },
 }
 TRAINING_SCHEMA = {
@@ -138,6 +144,16 @@ TRAINING_SCHEMA = {
                                      "date", "device", "dtype"]},
         "study": {"type": "object", "required": ["mixers", "seeds", "tasks", "train"]},
         "runs": {"type": "array", "minItems": 1, "items": _training_run},
+        # Optional: the parts a merged document was run in, each with its environment.
+        "parts": {"type": "array", "items": {"type": "object",
+                                             "required": ["part", "environment"]}},
+        # Optional: MQAR runs of the recall curves, each with its curve ("pairs", "width") and x.
+        "recall_curves": {"type": "array", "items": {
+            "allOf": [_training_run, {"type": "object", "required": ["curve", "x", "width"],
+                                      "properties": {"curve": {"enum": ["pairs", "width"]},
+                                                     "x": {"type": "integer", "minimum": 1},
+                                                     "width": {"type": "integer",
+                                                               "minimum": 1}}}]}},
     },
 }
 _maybe_number = {"type": ["number", "null"]}  # null: not measured on this device

@@ -1,0 +1,186 @@
+"""The study's conclusion in words, computed from a result document."""
+from __future__ import annotations
+
+from .study import best_frame, frame, learning_rate_choice, recall_curve_frame, sanity
+from .tasks import METRICS, MIXER_NAMES, TASK_NAMES
+
+# --- the conclusion ------------------------------------------------------------------------------
+
+def _unit(metric: str) -> str:
+    return "" if metric == "accuracy" else " bits/char"
+
+
+def conclusion(doc: dict) -> str:
+    """A Markdown summary computed from the document: what was measured, each mixer's metric at
+    each task's longest length with its spread over seeds, whether the spreads separate the
+    mixers, the speeds, and what the runs do not show."""
+    import pandas as pd
+    everything = frame(doc)
+    df = best_frame(doc)
+    env = doc["environment"]
+    study = doc["study"]
+    gpu = env.get("device", "").startswith("cuda")
+    seeds = sorted(set(df["seed"]))
+    params = everything.groupby("mixer")["parameters"].agg(["min", "max"])
+    steps = {t: c["steps"] for t, c in study["train"].items()}
+    rates = sorted({float(v) for v in everything["lr"].dropna()})
+    block = study.get("recurrent_block", "bare")
+    lines = [f"**Measured.** {len(everything)} runs on {env['gpu'] if gpu else 'a CPU'} "
+             f"({env['dtype']}): tasks {', '.join(TASK_NAMES[t] for t in study['tasks'])}; "
+             f"mixers {', '.join(MIXER_NAMES.get(m, m) for m in study['mixers'])} (recurrent "
+             f"mixers {'in Griffin' + chr(39) + 's recurrent block' if block == 'griffin' else 'bare'}); "
+             f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} each; width {study['width']}, {study['layers']} layers, "
+             f"{params['min'].min():,}-{params['max'].max():,} parameters; "
+             f"{', '.join(f'{t} {s} steps' for t, s in steps.items())}; learning rates "
+             f"{', '.join(f'{v:.3g}' for v in rates) or 'as recorded'}"
+             f"{' (each mixer scored at its best)' if len(rates) > 1 else ''}."]
+    check = sanity(doc)
+    if check["checks"]:
+        cells = [f"{TASK_NAMES[t]} L = {c['seq_len']}: {c['accuracy']:.3f}"
+                 for t, c in check["checks"].items()]
+        lines.append(f"**Sanity of the yardstick** (attention's mean accuracy at the shortest "
+                     f"length, bar {check['bar']:.2f}): {'; '.join(cells)}.")
+    if not check["passed"]:
+        lines.append("**yardstick failed its sanity bar: no comparison.** Attention, which "
+                     "solves these tasks at this size when trained well, did not reach the bar, "
+                     "so the training (steps, learning rates) is what these runs measure, not "
+                     "the mixers.")
+        lines.append(_caveats(gpu, block))
+        return "\n\n".join(lines)
+    choice = learning_rate_choice(doc)
+    edges = choice[choice["at_edge"]]
+    if len(edges):
+        lines.append("**Best learning rate at the edge of the sweep** (a better one may lie "
+                     "outside it): " + "; ".join(
+                         f"{TASK_NAMES[r.task]} L = {r.seq_len} {MIXER_NAMES.get(r.mixer, r.mixer)} "
+                         f"{r.lr:.3g}" for r in edges.itertuples()) + ".")
+    for task in dict.fromkeys(df["task"]):
+        part = df[df["task"] == task]
+        longest = part["seq_len"].max()
+        part = part[part["seq_len"] == longest]
+        metric = METRICS[task]
+        stats = part.groupby("mixer", sort=False)["value"].agg(["mean", "min", "max"])
+        better = stats["mean"].idxmax() if metric == "accuracy" else stats["mean"].idxmin()
+        others = stats.drop(index=better)
+        several = part.groupby("mixer")["seed"].nunique().min() > 1  # a spread to compare
+        if metric == "accuracy":
+            separated = bool(len(others)) and bool((stats.loc[better, "min"] > others["max"]).all())
+        else:
+            separated = bool(len(others)) and bool((stats.loc[better, "max"] < others["min"]).all())
+        separated = separated and several
+        cells = [f"{MIXER_NAMES.get(m, m)} {s['mean']:.3f} ({s['min']:.3f}-{s['max']:.3f})"
+                 f"{_unit(metric)}" for m, s in stats.iterrows()]
+        verdict = (f"{MIXER_NAMES.get(better, better)} is best, beyond the spread over seeds"
+                   if separated else
+                   f"{MIXER_NAMES.get(better, better)} has the best mean, but the ranges over "
+                   "seeds overlap: no ordering is claimed" if several else
+                   f"{MIXER_NAMES.get(better, better)} has the best value, from one seed: no "
+                   "ordering is claimed")
+        chance = part["chance"].iloc[0]
+        baseline = part["values_baseline"].iloc[0] if task == "mqar" else None
+        if baseline is not None and not pd.isna(baseline):
+            if stats["max"].max() < 1.5 * baseline:
+                verdict += (f"; no run got past guessing among the values present "
+                            f"(1 / pairs = {baseline:.3f}): none learned to bind keys to values "
+                            "in these steps")
+            else:
+                learned = [MIXER_NAMES.get(m, m) for m, st in stats.iterrows()
+                           if st["max"] >= 1.5 * baseline]
+                verdict += (f"; past guessing among the values present (1 / pairs = "
+                            f"{baseline:.3f}) in at least one seed: {', '.join(learned)}")
+        lines.append(f"**{TASK_NAMES[task][0].upper() + TASK_NAMES[task][1:]}, L = {longest}** "
+                     f"(mean, range over seeds; chance {chance:.3f}{_unit(metric)}): "
+                     f"{'; '.join(cells)}. {verdict[0].upper() + verdict[1:]}.")
+        all_lengths = df[df["task"] == task]
+        if metric == "accuracy" and all_lengths["seq_len"].nunique() > 1:
+            by_len = all_lengths.groupby(["mixer", "seq_len"])["value"].mean()
+            trend = [f"{MIXER_NAMES.get(m, m)} {by_len.loc[m].iloc[0]:.3f} at L = "
+                     f"{by_len.loc[m].index[0]} to {by_len.loc[m].iloc[-1]:.3f} at L = "
+                     f"{by_len.loc[m].index[-1]}" for m in stats.index]
+            lines.append(f"Mean accuracy from the shortest to the longest length: "
+                         f"{'; '.join(trend)}.")
+    lines.extend(_where_samu_loses(df, everything))
+    curves = recall_curve_frame(doc)
+    for curve, label in (("pairs", "key-value pairs"), ("width", "model width")):
+        part = curves[curves["curve"] == curve]
+        if not len(part):
+            continue
+        cells = []
+        for mixer, line in part.groupby("mixer", sort=False):
+            line = line.sort_values("x")
+            cells.append(f"{MIXER_NAMES.get(mixer, mixer)} "
+                         + ", ".join(f"{a:.2f}" for a in line["accuracy"]))
+        xs = ", ".join(str(v) for v in sorted(set(part["x"])))
+        lines.append(f"**Recall against {label}** ({xs}; MQAR accuracy, best rate per point, "
+                     f"one seed): {'; '.join(cells)}.")
+    speed = everything.groupby("mixer", sort=False)["tokens_per_s"].median()
+    if "attention" in speed.index and len(speed) > 1:
+        rel = ", ".join(f"{MIXER_NAMES.get(m, m)} {v / speed['attention']:.2f}×"
+                        for m, v in speed.items() if m != "attention")
+        speed_text = f" Relative to attention: {rel}."
+    else:
+        speed_text = ""
+    lines.append("**Training speed** (median tokens/s over all runs): "
+                 + ", ".join(f"{MIXER_NAMES.get(m, m)} {v:,.0f}" for m, v in speed.items())
+                 + f".{speed_text}")
+    gpu_ms = everything.groupby("mixer", sort=False)["gpu_ms_per_step"].median().dropna()
+    if len(gpu_ms):
+        lines.append("**GPU time per training step** (median, CUDA events; evaluation "
+                     "excluded): " + ", ".join(f"{MIXER_NAMES.get(m, m)} {v:.2f} ms"
+                                               for m, v in gpu_ms.items()) + ".")
+    elif not gpu:
+        lines.append("(On a CPU only wall time is measured: tokens/s above are wall-clock.)")
+    cut = everything[everything["stopped_by_time"]]
+    diverged = everything[everything["diverged"]]
+    if len(cut):
+        lines.append(f"**Stopped by the time budget:** {len(cut)} runs (fewest steps "
+                     f"{cut['steps_completed'].min()} of {cut['steps'].max()}); their scores are "
+                     "from shorter training (the time budget is a safety cap).")
+    if len(diverged):
+        lines.append(f"**Diverged:** {len(diverged)} runs (non-finite training loss).")
+    lines.append(_caveats(gpu, block))
+    return "\n\n".join(lines)
+
+
+def _caveats(gpu: bool, block: str = "griffin") -> str:
+    caveats = ("**What this does not show.** These are small models trained for a fixed number "
+               "of steps; each mixer is scored at the best learning rate of a short sweep. "
+               + ("The recurrent mixers run bare, without the projections, convolution and gate "
+                  "of Griffin's recurrent block. " if block != "griffin" else "")
+               + "Nothing here predicts quality or speed at scale. ")
+    if gpu:
+        caveats += ("At this size a training step is short, so tokens/s include the host's "
+                    "per-step cost (each step is synchronised); the GPU time per step is the "
+                    "better measure, and notebooks 03-04 time the kernels at large shapes.")
+    else:
+        caveats += ("On a CPU the recurrent mixers run the pure-PyTorch reference, so these "
+                    "speeds and scores only exercise the study; they are no GPU result.")
+    return caveats
+
+
+def _where_samu_loses(best, everything) -> list[str]:
+    """Beside the quality-against-time figure: where SAMU's mean (at its best rate) is worse
+    than another mixer's, at every length, and how its training time compares."""
+    if "samu" not in set(best["mixer"]) or best["mixer"].nunique() < 2:
+        return []
+    losses = []
+    for (task, length), part in best.groupby(["task", "seq_len"], sort=False):
+        means = part.groupby("mixer")["value"].mean()
+        if "samu" not in means.index:
+            continue
+        higher = METRICS[task] == "accuracy"
+        beaten = [m for m, v in means.drop("samu").items()
+                  if (v > means["samu"] if higher else v < means["samu"])]
+        if beaten:
+            losses.append(f"{TASK_NAMES[task]} L = {length} (behind "
+                          f"{', '.join(MIXER_NAMES.get(m, m) for m in beaten)}: "
+                          f"{means['samu']:.3f}{_unit(METRICS[task])} against "
+                          f"{', '.join(f'{means[m]:.3f}' for m in beaten)})")
+    text = ("**Where SAMU loses** (mean at each mixer's best rate): "
+            + ("; ".join(losses) if losses else "nowhere in these runs") + ".")
+    time_ = everything.groupby("mixer")["train_wall_s"].median().dropna()
+    if "samu" in time_.index and len(time_) > 1:
+        text += (" Median training wall time per run: "
+                 + ", ".join(f"{MIXER_NAMES.get(m, m)} {v:.1f} s" for m, v in time_.items())
+                 + " (the quality-against-time figure).")
+    return [text]

@@ -1,0 +1,221 @@
+"""The study's figures, drawn from a result document."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from .study import _runs, best_frame, learning_rate_choice, recall_curve_frame
+from .tasks import METRICS, MIXER_NAMES, TASK_NAMES
+
+# --- figures -------------------------------------------------------------------------------------
+
+def _seed_range(values):
+    return values.min(), values.max()
+
+
+def _title_note(doc: dict) -> str:
+    env = doc["environment"]
+    where = env["gpu"] if env.get("device", "").startswith("cuda") else "CPU"
+    note = f"{where}, {env['dtype']}"
+    if not env.get("device", "").startswith("cuda"):
+        note += "; a CPU run exercises the study, its numbers are no GPU result"
+    return note
+
+
+def figures(doc: dict) -> dict:
+    """matplotlib Figures (no pyplot, so nothing is left open): loss curves per task and length,
+    accuracy against sequence length (recall, copying), and quality against training speed."""
+    import numpy as np
+    import pandas as pd
+    import seaborn as sns
+    from matplotlib.figure import Figure
+
+    from matplotlib.ticker import FuncFormatter
+
+    from ..report import _plain_log_ticks
+
+    sns.set_theme(style="whitegrid", context="notebook")
+    # Each (task, length, mixer) at its best learning rate; the document keeps every run.
+    best = {(r.task, r.seq_len, r.mixer): r.lr for r in learning_rate_choice(doc).itertuples()}
+    runs = [r for r in _runs(doc)
+            if r.get("lr") == best[(r["task"], r["seq_len"], r["mixer"])]
+            or (r.get("lr") is None and pd.isna(best[(r["task"], r["seq_len"], r["mixer"])]))]
+    df = best_frame(doc)
+    df["Mixer"] = df["mixer"].map(lambda m: MIXER_NAMES.get(m, m))
+    mixers = list(dict.fromkeys(df["Mixer"]))
+    palette = dict(zip(mixers, sns.color_palette("deep", len(mixers))))
+    markers = dict(zip(mixers, ["o", "s", "^", "D", "v"]))
+    note = _title_note(doc)
+    out = {}
+
+    # Loss curves: one panel per (task, length), the band the range over seeds.
+    curves = pd.DataFrame([{"task": r["task"], "seq_len": r["seq_len"],
+                            "Mixer": MIXER_NAMES.get(r["mixer"], r["mixer"]),
+                            "seed": r["seed"], "step": s, "loss": float(l)}
+                           for r in runs for s, l in r["loss_curve"]])
+    panels = list(dict.fromkeys(zip(curves["task"], curves["seq_len"])))
+    cols = min(4, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(4.2 * cols, 3.3 * rows + 0.6))
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    for ax, (task, length) in zip(axes, panels):
+        part = curves[(curves["task"] == task) & (curves["seq_len"] == length)]
+        sns.lineplot(data=part, x="step", y="loss", hue="Mixer", hue_order=mixers,
+                     palette=palette, errorbar=_seed_range, ax=ax, legend=ax is axes[0])
+        ax.set_title(f"{TASK_NAMES[task]}, L = {length}", fontsize=10)
+        ax.set_ylabel("training loss (nats)")
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    if axes[0].get_legend() is not None:
+        axes[0].get_legend().set_title("mixer")
+    fig.suptitle(f"Training loss (mean over seeds; band: range over seeds) — {note}", fontsize=11)
+    fig.tight_layout()
+    out["loss"] = fig
+
+    # Accuracy against sequence length.
+    acc = df[df["task"].isin(["mqar", "copy"])]
+    if len(acc):
+        tasks = list(dict.fromkeys(acc["task"]))
+        fig = Figure(figsize=(5.2 * len(tasks) + 1.5, 4.2))
+        axes = np.atleast_1d(fig.subplots(1, len(tasks), squeeze=False)).ravel()
+        for ax, task in zip(axes, tasks):
+            part = acc[acc["task"] == task]
+            sns.lineplot(data=part, x="seq_len", y="value", hue="Mixer", hue_order=mixers,
+                         palette=palette, style="Mixer", markers=markers, dashes=False,
+                         errorbar=_seed_range, err_style="bars", ax=ax, legend=ax is axes[-1])
+            ax.axhline(part["chance"].iloc[0], color="gray", lw=1, ls=":", label="chance")
+            if task == "mqar" and part["values_baseline"].notna().any():
+                level = part["values_baseline"].iloc[0]
+                ax.axhline(level, color="gray", lw=1, ls="--")
+                ax.text(0.01, level + 0.01, "guessing among the values present (1 / pairs)",
+                        transform=ax.get_yaxis_transform(), color="gray", fontsize=8,
+                        va="bottom")
+            ax.set_xscale("log", base=2)
+            lengths = sorted(set(part["seq_len"]))
+            ax.set_xticks(lengths, [str(v) for v in lengths])
+            ax.minorticks_off()
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_xlabel("sequence length (trained and evaluated)")
+            ax.set_ylabel("held-out accuracy at the answer positions")
+            ax.set_title(TASK_NAMES[task], fontsize=10)
+        legend = axes[-1].get_legend()
+        if legend is not None:
+            handles, labels = axes[-1].get_legend_handles_labels()
+            legend.remove()
+            axes[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                            frameon=False)
+        fig.suptitle(f"Accuracy against sequence length (mean over seeds; bars: range) — {note}",
+                     fontsize=11)
+        fig.tight_layout()
+        out["accuracy"] = fig
+
+    # Quality against training time: each task at its longest length, one marker per mixer (the
+    # mean over seeds, bars the range over seeds on both axes).  Every run has the same steps, so
+    # the time is what the quality cost; documents of the earlier study lack it: tokens/s then.
+    timed = "train_wall_s" if df["train_wall_s"].notna().all() else "tokens_per_s"
+    tasks = list(dict.fromkeys(df["task"]))
+    fig = Figure(figsize=(4.6 * len(tasks) + 1.5, 4.2))
+    axes = np.atleast_1d(fig.subplots(1, len(tasks), squeeze=False)).ravel()
+    for ax, task in zip(axes, tasks):
+        part = df[df["task"] == task]
+        longest = part["seq_len"].max()
+        part = part[part["seq_len"] == longest]
+        for mixer in mixers:
+            grp = part[part["Mixer"] == mixer]
+            if not len(grp):
+                continue
+            x, y = grp[timed], grp["value"]
+            ax.scatter(x, y, color=palette[mixer], marker=markers[mixer], alpha=0.35, s=22)
+            ax.errorbar([x.mean()], [y.mean()],
+                        xerr=[[x.mean() - x.min()], [x.max() - x.mean()]],
+                        yerr=[[y.mean() - y.min()], [y.max() - y.mean()]],
+                        fmt=markers[mixer], color=palette[mixer], markersize=9,
+                        markeredgecolor="black", capsize=3, label=mixer)
+        lo, hi = part[timed].min(), part[timed].max()
+        if math.isfinite(lo) and math.isfinite(hi) and lo > 0 and hi / lo >= 5:
+            ax.set_xscale("log")  # speeds an order of magnitude apart
+            ax.set_xlim(lo / 1.3, hi * 1.3)
+            _plain_log_ticks(ax.xaxis, lo / 1.3, hi * 1.3)
+        ax.xaxis.set_major_formatter(FuncFormatter(
+            (lambda v, _: f"{v:,.3g}") if timed == "train_wall_s" else (lambda v, _: f"{v:,.0f}")))
+        ax.tick_params(axis="x", labelrotation=20)
+        ax.set_xlabel("training wall time per run (s)" if timed == "train_wall_s"
+                      else "training tokens / s")
+        metric = METRICS[task]
+        ax.set_ylabel("held-out accuracy (higher is better)" if metric == "accuracy"
+                      else "held-out bits per character (lower is better)")
+        ax.set_title(f"{TASK_NAMES[task]}, L = {longest}", fontsize=10)
+    handles, labels = axes[-1].get_legend_handles_labels()
+    if handles:
+        axes[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                        frameon=False)
+    fig.suptitle(f"Quality against training {'time' if timed == 'train_wall_s' else 'speed'} "
+                 f"(large marker: mean over seeds, bars: range; "
+                 f"small: each seed) — {note}", fontsize=11)
+    fig.tight_layout()
+    out["quality_speed"] = fig
+    if doc.get("recall_curves") if isinstance(doc, dict) else False:
+        out["recall_curves"] = recall_curves_figure(doc)
+    return out
+
+
+def recall_curves_figure(doc: dict):
+    """Zoology's recall curves: MQAR accuracy against the number of key-value pairs (at one
+    length and width) and against the model's width (at fixed pairs), each point at its best
+    learning rate (hollow marker: the best is at the edge of the sweep)."""
+    import seaborn as sns
+    from matplotlib.figure import Figure
+
+    curves = recall_curve_frame(doc)
+    spec = doc["study"].get("recall_curves") or {}
+    mixers = list(dict.fromkeys(curves["mixer"]))
+    palette = dict(zip(mixers, sns.color_palette("deep", len(mixers))))
+    fig = Figure(figsize=(11.5, 4.2))
+    axes = fig.subplots(1, 2)
+    titles = {"pairs": f"against key-value pairs (L = {spec.get('seq_len')}, width "
+                       f"{doc['study'].get('width')})",
+              "width": f"against model width ({spec.get('fixed_pairs')} pairs, L = "
+                       f"{spec.get('seq_len')})"}
+    for ax, curve in zip(axes, ("pairs", "width")):
+        part = curves[curves["curve"] == curve]
+        for mixer in mixers:
+            line = part[part["mixer"] == mixer].sort_values("x")
+            if not len(line):
+                continue
+            ax.plot(line["x"], line["accuracy"], "-", color=palette[mixer],
+                    label=MIXER_NAMES.get(mixer, mixer))
+            for edge, face in ((False, palette[mixer]), (True, "white")):
+                pts = line[line["at_edge"] == edge]
+                ax.scatter(pts["x"], pts["accuracy"], color=face, edgecolor=palette[mixer],
+                           zorder=3)
+        if len(part):
+            ax.set_xscale("log", base=2)
+            xs = sorted(set(part["x"]))
+            ax.set_xticks(xs, [str(v) for v in xs])
+            ax.minorticks_off()
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel("key-value pairs" if curve == "pairs" else "model width")
+        ax.set_ylabel("held-out MQAR accuracy")
+        ax.set_title(titles[curve], fontsize=10)
+    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.suptitle(f"Recall curves (best learning rate per point; hollow: at the sweep's edge) — "
+                 f"{_title_note(doc)}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+FIGURE_NAMES = ("loss", "accuracy", "quality_speed", "recall_curves")  # figures' keys, those a study draws
+
+
+def figure_path(slug: str, name: str) -> Path:
+    """data/figures/<slug>_training_<name>.png."""
+    from ... import paths
+    return paths.figures_dir() / f"{slug}_training_{name}.png"
+
+
+def draw_figures(doc: dict, slug: str) -> list[Path]:
+    """The figures written atomically (``report.save_figure``) to their figure_path."""
+    from .. import report
+    return [report.save_figure(fig, figure_path(slug, name)) for name, fig in figures(doc).items()]
+
+

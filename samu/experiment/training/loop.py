@@ -1,0 +1,209 @@
+"""Training and evaluating one model: ``TrainConfig`` (AdamW, warm-up and cosine decay),
+``train`` and ``evaluate``."""
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .parameters import COUNT, LEARNING_RATE, OFFSET, ParameterError, Range
+from .tasks import IGNORE, _generator
+
+# --- training ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """AdamW (no weight decay on vectors, scalars and the embedding), linear warm-up then cosine
+    decay to ``min_lr_ratio * lr`` (or constant), gradient clipping at ``grad_clip``.  Tokens per
+    second are measured over the steps after ``timing_warmup_steps`` (compilation and allocator
+    warm-up excluded), each step synchronised on CUDA; on CUDA the GPU time of each step (CUDA
+    events around forward, backward and the optimizer step; no evaluation) is summed as well.
+    ``max_seconds`` is an optional safety cap: it stops a run once its measured steps took that
+    long (None, the default: never) and the run records that it did."""
+    steps: int = 100
+    batch_size: int = 16
+    lr: float = 3e-3
+    schedule: str = "cosine"
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple = (0.9, 0.95)
+    grad_clip: float = 1.0
+    eval_batches: int = 4
+    log_every: int = 10
+    timing_warmup_steps: int = 5
+    max_seconds: float | None = None
+
+    # What each numeric field may be.  max_seconds may be 0 (stop after the first timed step);
+    # a study's time budget, which it is a share of, may not.
+    RANGES = {"steps": COUNT, "batch_size": COUNT, "lr": LEARNING_RATE,
+              "warmup_steps": OFFSET, "min_lr_ratio": Range(low=0, high=1),
+              "weight_decay": Range(low=0), "grad_clip": Range(low=0, low_open=True),
+              "eval_batches": COUNT, "log_every": COUNT, "timing_warmup_steps": OFFSET,
+              "max_seconds": Range(low=0, optional=True)}
+    BETA = Range(low=0, high=1, high_open=True)
+
+    def __post_init__(self):
+        for key, allowed in self.RANGES.items():
+            allowed.check(f"train: {key}", getattr(self, key))
+        if (isinstance(self.betas, (str, bytes)) or not isinstance(self.betas, (list, tuple))
+                or len(self.betas) != 2):
+            raise ParameterError(f"train: betas must be two numbers in [0, 1), got "
+                                 f"{self.betas!r}")
+        for i, beta in enumerate(self.betas):
+            self.BETA.check(f"train: betas[{i}]", beta)
+        if self.timing_warmup_steps >= self.steps:
+            raise ParameterError(f"train: timing_warmup_steps {self.timing_warmup_steps} leaves "
+                                 f"none of {self.steps} steps to time (it must be below steps)")
+        if self.schedule not in ("cosine", "constant"):
+            raise ParameterError(f"train: schedule must be 'cosine' or 'constant', got "
+                                 f"{self.schedule!r}")
+
+    def lr_factor(self, step: int) -> float:
+        """The learning rate of step ``step`` (0-based) over ``lr``."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        span = max(self.steps - self.warmup_steps, 1)
+        progress = min((step - self.warmup_steps) / span, 1.0)
+        cosine = 0.5 * (1 + math.cos(math.pi * progress))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * cosine
+
+
+def optimizer(model, config: TrainConfig, device) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.dim() >= 2 and not name.startswith("embedding") else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": config.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    fused = torch.device(device).type == "cuda"
+    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), fused=fused)
+
+
+def autocast(device):
+    """BF16 autocast on CUDA (the Triton kernels' policy); FP32 elsewhere."""
+    if torch.device(device).type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def dtype_name(device) -> str:
+    return "bfloat16" if torch.device(device).type == "cuda" else "float32"
+
+
+def _synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def loss_of(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"):
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
+                           reduction=reduction)
+
+
+@torch.no_grad()
+def evaluate(model, task, batches, device) -> dict:
+    """Mean loss over the scored positions of ``batches``, and the task's metric: accuracy
+    (argmax equals target) or bits per character (the loss over ln 2)."""
+    was_training = model.training
+    model.eval()
+    total, count, correct = 0.0, 0, 0
+    try:
+        for inputs, targets in batches:
+            inputs, targets = inputs.to(device), targets.to(device)
+            with autocast(device):
+                logits = model(inputs)
+            mask = targets != IGNORE
+            total += loss_of(logits, targets, "sum").item()
+            count += int(mask.sum().item())
+            correct += int((logits.argmax(-1)[mask] == targets[mask]).sum().item())
+    finally:
+        model.train(was_training)
+    loss = total / count
+    value = correct / count if task.metric == "accuracy" else loss / math.log(2)
+    return {"loss": loss, "metric": task.metric, "value": value, "scored": count}
+
+
+def train(model, task, config: TrainConfig, seed: int, device, progress=None) -> dict:
+    """Train ``model`` on batches of ``task`` drawn on ``device`` from a generator seeded with
+    ``seed`` (the same batches for every model on one kind of device).
+    ``progress(step, loss)`` is called after every step.  Returns the loss curve (mean training
+    loss over each ``log_every`` steps, at the step that ends them), tokens per second, steps
+    completed and whether the run stopped on time or diverged."""
+    device = torch.device(device)
+    generator = _generator(seed, device)
+    opt = optimizer(model, config, device)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, config.lr_factor)
+    params = [p for p in model.parameters()]
+    model.train()
+    losses, curve = [], []
+    timed_s, timed_tokens, timed_steps = 0.0, 0, 0
+    cuda = device.type == "cuda"
+    gpu_ms = 0.0
+    stopped_by_time = diverged = False
+    started = time.perf_counter()
+    for step in range(config.steps):
+        inputs, targets = task.batch(config.batch_size, generator)
+        _synchronize(device)
+        t0 = time.perf_counter()
+        if cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+        inputs = inputs.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        with autocast(device):
+            logits = model(inputs)
+        loss = loss_of(logits, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+        opt.step()
+        schedule.step()
+        if cuda:
+            end.record()
+        value = loss.item()  # synchronises
+        elapsed = time.perf_counter() - t0
+        if step >= config.timing_warmup_steps:
+            if cuda:
+                gpu_ms += begin.elapsed_time(end)
+            timed_s += elapsed
+            timed_tokens += inputs.numel()
+            timed_steps += 1
+        losses.append(value)
+        if progress is not None:
+            progress(step, value)
+        done = step + 1
+        if done % config.log_every == 0 or done == config.steps:
+            window = losses[-(done - (curve[-1][0] if curve else 0)):]
+            curve.append([done, statistics.fmean(window)])
+        if not math.isfinite(value):
+            diverged = True
+            break
+        if config.max_seconds is not None and timed_s > config.max_seconds:
+            stopped_by_time = done < config.steps
+            break
+    last = curve[-1][0] if curve else 0
+    if last != len(losses):  # a run cut short: its last partial window
+        curve.append([len(losses), statistics.fmean(losses[last:])])
+    return {
+        "loss_curve": curve,
+        "final_train_loss": curve[-1][1],
+        "steps": config.steps,
+        "steps_completed": len(losses),
+        "stopped_by_time": stopped_by_time,
+        "diverged": diverged,
+        "tokens_per_s": timed_tokens / timed_s if timed_s > 0 else math.nan,
+        "timed_steps": timed_steps,
+        # Wall time per timed step, host overhead included; GPU time only on CUDA (None here).
+        "wall_ms_per_step": 1e3 * timed_s / timed_steps if timed_steps else math.nan,
+        "gpu_ms_per_step": (gpu_ms / timed_steps if timed_steps else math.nan) if cuda else None,
+        "train_wall_s": time.perf_counter() - started,
+    }
+
+

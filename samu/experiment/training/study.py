@@ -1,0 +1,639 @@
+"""The study: which runs it makes (``Study``), notebook 05's parameters and their ranges, one run
+(``run_one``) and every run of a task (``run_task``), and the result document (``"training"``
+schema) with its reading, writing and tables."""
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from ... import model as model_
+from .. import schema
+from .loop import TrainConfig, dtype_name, evaluate, train
+from .parameters import (COUNT, LEARNING_RATE, OFFSET, SECONDS, ParameterError, Range,
+                         _check_list)
+from .tasks import MQAR, TASK_OPTION_RANGES, TASKS, corpus, make_task, task_options
+
+# The numeric parameters of notebook 05, so of `make train`, and what each may be.  "seeds" is
+# a list of them, "tasks" maps a task to its "lengths" (a list of COUNT) and options
+# (TASK_OPTION_RANGES); "steps" and "batch_size" are one value or a dict by task.
+PARAMETER_RANGES = {
+    "seeds": OFFSET,
+    "width": COUNT,
+    "layers": COUNT,
+    "mlp_expansion": COUNT,
+    "lengths": COUNT,
+    "steps": COUNT,
+    "batch_size": COUNT,
+    "lr": LEARNING_RATE,  # one rate, or a list: the learning-rate sweep
+    "warmup_steps": OFFSET,
+    "eval_batches": COUNT,
+    "timing_warmup_steps": OFFSET,
+    "log_every": COUNT,
+    "time_budget_s": SECONDS,
+    "cpu_threads": Range(integer=True, low=0, optional=True),  # 0 or None: torch's default
+    "sanity_bar": Range(low=0, high=1),
+    "attention_head_dim": COUNT,
+    "recall_curves": COUNT,  # None, or a dict whose numbers are checked by RECALL_CURVE_KEYS
+}
+# Zoology's recall curves: MQAR accuracy against the number of key-value pairs at one length and
+# width (``pairs``), and against the model's width at ``fixed_pairs`` (``widths``); every point
+# is trained at each learning rate of the study for ``steps`` steps (the first seed) and scored
+# at its best.
+RECALL_CURVE_KEYS = {"seq_len": COUNT, "vocab_size": COUNT, "pairs": COUNT, "widths": COUNT,
+                     "fixed_pairs": COUNT, "steps": COUNT}
+RECALL_CURVE_LISTS = ("pairs", "widths")
+SWEPT = ("lr",)  # one value or a list of them
+# The accuracy attention must reach on MQAR and copying at their shortest length before the
+# study compares mixers (the GPU parameters' bar; the notebook states its own).
+SANITY_BAR = 0.95
+PER_TASK = ("steps", "batch_size")
+
+
+def _check_recall_curves(value) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict) or set(value) != set(RECALL_CURVE_KEYS):
+        raise ParameterError(f"recall_curves must be None or a dict with the keys "
+                             f"{sorted(RECALL_CURVE_KEYS)}, got {value!r}")
+    for key, allowed in RECALL_CURVE_KEYS.items():
+        name = f"recall_curves[{key!r}]"
+        if key in RECALL_CURVE_LISTS:
+            _check_list(name, value[key], allowed)
+        else:
+            allowed.check(name, value[key])
+
+
+def parse_part(part) -> tuple | None:
+    """``"2/3"`` -> (2, 3); None -> None; ParameterError for anything else (k from 1 to n)."""
+    if part is None:
+        return None
+    try:
+        k, n = (int(v) for v in str(part).split("/"))
+    except ValueError:
+        k = n = 0
+    if not isinstance(part, str) or not 1 <= k <= n:
+        raise ParameterError(f"part must be None or 'k/n' with 1 <= k <= n, got {part!r}")
+    return k, n
+
+
+def check_parameter_ranges(parameters: dict) -> None:
+    """Check every numeric parameter present in ``parameters`` (notebook 05's names) against
+    PARAMETER_RANGES, the task options against TASK_OPTION_RANGES; ParameterError names the
+    first that is out of range (as ``tasks['mqar']['lengths'][0]``, say)."""
+    tasks = parameters.get("tasks")
+    if "tasks" in parameters:
+        if not isinstance(tasks, dict) or not tasks:
+            raise ParameterError(f"tasks must be a non-empty dict of task -> {{'lengths': [...], "
+                                 f"options}}, got {tasks!r}")
+        for task, spec in tasks.items():
+            name = f"tasks[{task!r}]"
+            if not isinstance(spec, dict) or "lengths" not in spec:
+                raise ParameterError(f"{name} must be a dict with 'lengths', got {spec!r}")
+            _check_list(f"{name}['lengths']", spec["lengths"], PARAMETER_RANGES["lengths"])
+            for option, value in spec.items():
+                if option in TASK_OPTION_RANGES:
+                    TASK_OPTION_RANGES[option].check(f"{name}[{option!r}]", value)
+    if "seeds" in parameters:
+        _check_list("seeds", parameters["seeds"], PARAMETER_RANGES["seeds"])
+    for key, allowed in PARAMETER_RANGES.items():
+        if key not in parameters or key in ("seeds", "lengths"):
+            continue
+        value = parameters[key]
+        if key in SWEPT and isinstance(value, (list, tuple)):
+            _check_list(key, value, allowed)
+            continue
+        if key == "recall_curves":
+            _check_recall_curves(value)
+            continue
+        if key in PER_TASK and isinstance(value, dict):
+            missing = set(tasks or ()) - set(value)
+            if missing:
+                raise ParameterError(f"{key} has no value for the tasks {sorted(missing)}, got "
+                                     f"{value!r}")
+            for task, v in value.items():
+                allowed.check(f"{key}[{task!r}]", v)
+        else:
+            allowed.check(key, value)
+
+
+# --- the study -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Study:
+    """Which runs the study makes: every task of ``tasks`` at each of its lengths, for every mixer
+    and seed, with one model configuration (the vocabulary follows the task) and one training
+    configuration per task.  ``backend`` is the recurrent mixers' backend, one value for both or a
+    dict by mixer.  ``time_budget_s`` bounds the measured training time of the whole study: each
+    run may take its share (its steps over the study's), and stops there (recorded)."""
+    mixers: tuple = model_.MIXERS
+    seeds: tuple = (0, 1, 2)
+    tasks: dict = field(default_factory=dict)  # task name -> {"lengths": [...], **options}
+    train: dict = field(default_factory=dict)  # task name -> TrainConfig
+    width: int = 256
+    layers: int = 2
+    mlp_expansion: int = 4
+    norm: str = "rmsnorm"
+    tie_embeddings: bool = True
+    backend: object = "auto"
+    time_budget_s: float | None = None
+    # The learning-rate sweep: every rate for every (task, length, mixer, seed); empty: each
+    # task's TrainConfig.lr alone.
+    learning_rates: tuple = ()
+    # How the recurrent mixers sit in their block ("griffin": projections, conv, gate; "bare").
+    recurrent_block: str = "griffin"
+    attention_heads: object = "standard"
+    attention_head_dim: int = 32
+    sanity_bar: float = SANITY_BAR
+    recall_curves: dict | None = None  # RECALL_CURVE_KEYS; None: no recall curves
+    # "k/n": only the k-th of n parts of the runs (every n-th run of the whole study, from the
+    # k-th), so that a long study runs as n shorter jobs whose result files merge_parts joins.
+    part: str | None = None
+
+    def __post_init__(self):
+        unknown = set(self.mixers) - set(model_.MIXERS)
+        if unknown:
+            raise ParameterError(f"study: unknown mixers {sorted(unknown)}; choose from "
+                                 f"{list(model_.MIXERS)}")
+        unknown = set(self.tasks) - set(TASKS)
+        if unknown:
+            raise ParameterError(f"study: unknown tasks {sorted(unknown)}; choose from "
+                                 f"{list(TASKS)}")
+        missing = set(self.tasks) - set(self.train)
+        if missing:
+            raise ParameterError(f"study: no training configuration for {sorted(missing)}")
+        _check_list("study: seeds", self.seeds, PARAMETER_RANGES["seeds"])
+        for key in ("width", "layers", "mlp_expansion", "time_budget_s", "sanity_bar",
+                    "attention_head_dim"):
+            PARAMETER_RANGES[key].check(f"study: {key}", getattr(self, key))
+        if self.learning_rates:
+            _check_list("study: learning_rates", list(self.learning_rates),
+                        PARAMETER_RANGES["lr"])
+        _check_recall_curves(self.recall_curves)
+        parse_part(self.part)
+        for _, _, task, mixer, width, _, _ in self.recall_runs():
+            try:
+                self.model_config(mixer, task.vocab_size, width)
+            except ValueError as exc:
+                raise ParameterError(f"study: recall_curves: {exc}") from None
+        for name in self.tasks:
+            for task in self.task_list(name):  # bad task and model options fail here
+                for mixer in self.mixers:
+                    try:
+                        self.model_config(mixer, task.vocab_size)
+                    except ValueError as exc:
+                        raise ParameterError(f"study: {exc}") from None
+
+    def task_list(self, name: str) -> list:
+        spec = dict(self.tasks[name])
+        lengths = spec.pop("lengths")
+        return [make_task(name, int(length), **spec) for length in lengths]
+
+    def backend_for(self, mixer: str):
+        if isinstance(self.backend, dict):
+            return self.backend.get(mixer, "auto")
+        return self.backend
+
+    def recall_runs(self) -> list[tuple]:
+        """(curve, x, task, mixer, width, lr, seed) of every run of the recall curves: curve
+        "pairs" (x the pairs, at the study's width) or "width" (x the width, at fixed_pairs)."""
+        spec = self.recall_curves
+        if not spec:
+            return []
+        lrs = tuple(self.learning_rates) or (next(iter(self.train.values())).lr
+                                             if self.train else 1e-3,)
+
+        def task(pairs):
+            return MQAR(spec["seq_len"], num_pairs=pairs, vocab_size=spec["vocab_size"])
+        points = ([("pairs", p, task(p), self.width) for p in spec["pairs"]]
+                  + [("width", w, task(spec["fixed_pairs"]), w) for w in spec["widths"]])
+        # One seed, the first, as Zoology's curves: the points' spread shows the trend.
+        every = [(curve, x, t, mixer, width, lr, seed) for curve, x, t, width in points
+                 for mixer in self.mixers for lr in lrs for seed in self.seeds[:1]]
+        return self._in_part("recall", every)
+
+    def _in_part(self, name: str, every: list) -> list:
+        if self.part is None:
+            return every
+        k, n = parse_part(self.part)
+        first = self._part_offsets()[name]
+        return [run for i, run in enumerate(every) if (first + i) % n == k - 1]
+
+    def _part_offsets(self) -> dict:
+        """The index of each task's first run (and the recall curves') in the whole study."""
+        whole = replace(self, part=None)
+        offsets, at = {}, 0
+        for name in self.tasks:
+            offsets[name] = at
+            at += len(whole.runs(name))
+        offsets["recall"] = at
+        return offsets
+
+    def model_config(self, mixer: str, vocab_size: int,
+                     width: int | None = None) -> model_.ModelConfig:
+        return model_.ModelConfig(
+            vocab_size=vocab_size, mixer=mixer, width=width or self.width, layers=self.layers,
+            mlp_expansion=self.mlp_expansion, norm=self.norm, tie_embeddings=self.tie_embeddings,
+            backend="auto" if mixer == "attention" else self.backend_for(mixer),
+            recurrent_block=self.recurrent_block, attention_heads=self.attention_heads,
+            attention_head_dim=self.attention_head_dim)
+
+    def lrs(self, name: str) -> tuple:
+        """The learning rates task ``name`` is trained at."""
+        return tuple(self.learning_rates) or (self.train[name].lr,)
+
+    def runs(self, name: str) -> list[tuple]:
+        """(task, mixer, lr, seed) of every run of task ``name``."""
+        every = [(task, mixer, lr, seed) for task in self.task_list(name)
+                 for mixer in self.mixers for lr in self.lrs(name) for seed in self.seeds]
+        return self._in_part(name, every)
+
+    def total_steps(self) -> int:
+        return sum(len(self.runs(name)) * self.train[name].steps for name in self.tasks)
+
+    def train_config(self, name: str, lr: float | None = None) -> TrainConfig:
+        config = self.train[name] if lr is None else replace(self.train[name], lr=float(lr))
+        if self.time_budget_s is None:
+            return config
+        share = self.time_budget_s * config.steps / self.total_steps()
+        return replace(config, max_seconds=share)
+
+    def describe(self) -> dict:
+        out = {k: getattr(self, k) for k in ("mixers", "seeds", "width", "layers",
+                                              "mlp_expansion", "norm", "tie_embeddings",
+                                              "time_budget_s", "recurrent_block",
+                                              "attention_heads", "attention_head_dim",
+                                              "sanity_bar", "recall_curves", "part")}
+        out["learning_rates"] = [float(v) for v in self.learning_rates]
+        out["backend"] = (self.backend if isinstance(self.backend, (str, dict))
+                          else repr(self.backend))
+        out["tasks"] = {k: dict(v) for k, v in self.tasks.items()}
+        out["train"] = {k: asdict(v) for k, v in self.train.items()}
+        return out
+
+
+def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, steps, batch_size,
+                          lr, warmup_steps, eval_batches, timing_warmup_steps=5, log_every=10,
+                          time_budget_s=None, backend="auto", norm="rmsnorm",
+                          recurrent_block="griffin", attention_heads="standard",
+                          attention_head_dim=32, sanity_bar=SANITY_BAR,
+                          recall_curves=None, part=None) -> Study:
+    """The study of notebook 05's parameters: ``tasks`` maps a task to its lengths and options,
+    ``steps`` and ``batch_size`` map a task to its own (or are one number for all), ``lr`` is
+    one learning rate or a list of them (the sweep: every run at each).  Every
+    numeric parameter is checked first (check_parameter_ranges): ParameterError names the one
+    out of range before anything runs."""
+    check_parameter_ranges(dict(
+        seeds=seeds, width=width, layers=layers, mlp_expansion=mlp_expansion, tasks=tasks,
+        steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
+        eval_batches=eval_batches, timing_warmup_steps=timing_warmup_steps, log_every=log_every,
+        time_budget_s=time_budget_s, sanity_bar=sanity_bar,
+        attention_head_dim=attention_head_dim, recall_curves=recall_curves))
+    rates = [float(v) for v in lr] if isinstance(lr, (list, tuple)) else [float(lr)]
+
+    def per_task(value, name):
+        return value[name] if isinstance(value, dict) else value
+    # Checked above, so int() and float() only turn numpy's numbers into Python's.
+    train = {name: TrainConfig(steps=int(per_task(steps, name)),
+                               batch_size=int(per_task(batch_size, name)), lr=rates[0],
+                               warmup_steps=int(warmup_steps), eval_batches=int(eval_batches),
+                               timing_warmup_steps=int(timing_warmup_steps),
+                               log_every=int(log_every))
+             for name in tasks}
+    return Study(mixers=tuple(mixers), seeds=tuple(int(s) for s in seeds),
+                 tasks={k: dict(v) for k, v in tasks.items()}, train=train, width=int(width),
+                 layers=int(layers), mlp_expansion=int(mlp_expansion), norm=norm,
+                 backend=backend, time_budget_s=time_budget_s,
+                 learning_rates=tuple(rates) if len(rates) > 1 else (),
+                 recurrent_block=recurrent_block, attention_heads=attention_heads,
+                 attention_head_dim=int(attention_head_dim), sanity_bar=float(sanity_bar),
+                 recall_curves=None if recall_curves is None else
+                 {k: (list(v) if isinstance(v, (list, tuple)) else int(v))
+                  for k, v in recall_curves.items()}, part=part)
+
+
+def check_parameters(parameters: dict, known=None) -> Study:
+    """Check a complete set of notebook 05's parameters (its defaults updated with what
+    `make train` passes) before anything runs: names outside ``known`` (when given) are refused,
+    every numeric parameter is checked against PARAMETER_RANGES, and the study is built, which
+    checks what depends on several (a task's length against its pairs, say).  Returns the
+    study; raises ParameterError naming the parameter, its value and its allowed range."""
+    if known is not None:
+        unknown = sorted(set(parameters) - set(known))
+        if unknown:
+            raise ParameterError(f"unknown parameters {unknown}; notebook 05 takes "
+                                 f"{sorted(known)}")
+    check_parameter_ranges(parameters)
+    names = inspect.signature(study_from_parameters).parameters
+    return study_from_parameters(**{k: v for k, v in parameters.items() if k in names})
+
+
+def models_for(study: Study, name: str) -> dict:
+    """One freshly initialised model per mixer for task ``name``'s vocabulary (for counting)."""
+    vocab = study.task_list(name)[0].vocab_size
+    return {m: model_.build(study.model_config(m, vocab), seed=0) for m in study.mixers}
+
+
+def run_one(study: Study, name: str, task, mixer: str, seed: int, device, held_out=None,
+            progress=None, lr: float | None = None, width: int | None = None,
+            config: TrainConfig | None = None) -> dict:
+    """Train and evaluate one model at ``lr`` (None: the task's TrainConfig.lr) and ``width``
+    (None: the study's); the run's record for the result document."""
+    config = config or study.train_config(name, lr)
+    cfg = study.model_config(mixer, task.vocab_size, width)
+    model = model_.build(cfg, seed=seed, device=device)
+    started = time.perf_counter()
+    trained = train(model, task, config, seed, device, progress=progress)
+    held_out = held_out if held_out is not None else task.held_out(config.eval_batches,
+                                                                   config.batch_size)
+    scored = evaluate(model, task, held_out, device)
+    return {
+        "task": name, "mixer": mixer, "seed": int(seed), "seq_len": task.seq_len,
+        "task_options": task_options(task),
+        "parameters": model.num_parameters, "parameter_counts": model.parameter_counts(),
+        "mixer_parameters": model.parameter_counts()["mixer"],
+        "model": cfg.describe(), "backend": model.last_backends,
+        "batch_size": config.batch_size, "lr": config.lr, "max_seconds": config.max_seconds,
+        "lr_sweep": [float(v) for v in study.lrs(name)],
+        **trained,
+        "metric": scored["metric"], "value": scored["value"], "eval_loss": scored["loss"],
+        "eval_scored_positions": scored["scored"], "chance": task.chance,
+        "values_baseline": getattr(task, "values_baseline", None),
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def _log_line(path, text: str) -> None:
+    if path:
+        with open(path, "a") as f:
+            f.write(text + "\n")
+
+
+def run_task(study: Study, name: str, device, progress_log=None, bar=True) -> list[dict]:
+    """Every run of task ``name`` (each length, mixer and seed), with a tqdm bar; each finished
+    run is also appended as a line to ``progress_log`` when given (``make train`` prints them)."""
+    from tqdm import tqdm  # the text bar: tqdm.auto's widget bar needs ipywidgets
+
+    runs = study.runs(name)
+    records = []
+    steps = study.train[name].steps
+    total = tqdm(total=len(runs) * steps, desc=name, unit="step", disable=not bar,
+                 mininterval=1.0)
+    held = {}
+    try:
+        for task, mixer, lr, seed in runs:
+            total.set_postfix_str(f"L={task.seq_len} {mixer} lr {lr:.2g} seed {seed}")
+            if task.seq_len not in held:
+                cfg = study.train[name]
+                held[task.seq_len] = task.held_out(cfg.eval_batches, cfg.batch_size)
+            done = [0]
+
+            def progress(step, loss):
+                done[0] = step + 1
+                total.update()
+            record = run_one(study, name, task, mixer, seed, device, held[task.seq_len],
+                             progress, lr=lr)
+            total.update(steps - done[0])  # a run cut short still fills its share of the bar
+            records.append(record)
+            flags = " (stopped on time)" if record["stopped_by_time"] else ""
+            flags += " (diverged)" if record["diverged"] else ""
+            _log_line(progress_log, f"{name} L={task.seq_len} {mixer} lr {lr:.2g} seed {seed}: "
+                      f"{record['metric']} {record['value']:.4f}, "
+                      f"{record['tokens_per_s']:.3g} tokens/s, "
+                      f"{record['steps_completed']}/{record['steps']} steps, "
+                      f"{record['wall_s']:.1f} s{flags}")
+    finally:
+        total.close()
+    return records
+
+
+def run_recall_curves(study: Study, device, progress_log=None, bar=True) -> list[dict]:
+    """Every run of the recall curves (Study.recall_runs), each record with its "curve" and
+    "x"; trained like MQAR (its TrainConfig) for the curves' own steps."""
+    from tqdm import tqdm
+
+    runs = study.recall_runs()
+    if not runs:
+        return []
+    base = study.train.get("mqar") or next(iter(study.train.values()))
+    steps = study.recall_curves["steps"]
+    records, held = [], {}
+    with tqdm(total=len(runs), desc="recall curves", unit="run", disable=not bar) as total:
+        for curve, x, task, mixer, width, lr, seed in runs:
+            config = replace(base, steps=steps, lr=float(lr), max_seconds=None,
+                             warmup_steps=min(base.warmup_steps, steps // 10),
+                             timing_warmup_steps=min(base.timing_warmup_steps, steps - 1))
+            if task.num_pairs not in held:
+                held[task.num_pairs] = task.held_out(config.eval_batches, config.batch_size)
+            record = run_one(study, "mqar", task, mixer, seed, device, held[task.num_pairs],
+                             lr=lr, width=width, config=config)
+            record.update(curve=curve, x=int(x), width=int(width))
+            records.append(record)
+            total.update()
+            _log_line(progress_log, f"recall curve {curve}={x} {mixer} lr {lr:.2g} seed {seed}: "
+                      f"accuracy {record['value']:.4f}, {record['wall_s']:.1f} s")
+    return records
+
+
+def recall_curve_frame(doc):
+    """Per curve, x and mixer: the best mean accuracy over the learning rates (mean over
+    seeds), the rate, and whether it is at the edge of the sweep."""
+    import pandas as pd
+    rows = []
+    records = doc.get("recall_curves", []) if isinstance(doc, dict) else list(doc)
+    if not records:
+        return pd.DataFrame(columns=["curve", "x", "mixer", "accuracy", "lr", "at_edge"])
+    df = pd.DataFrame([{k: r.get(k) for k in ("curve", "x", "mixer", "lr", "seed", "value")}
+                       for r in records])
+    df["value"] = pd.to_numeric(df["value"], errors="coerce")
+    for (curve, x, mixer), part in df.groupby(["curve", "x", "mixer"], sort=False):
+        means = part.groupby("lr")["value"].mean()
+        best = means.idxmax() if means.notna().any() else means.index[0]
+        rates = sorted(means.index)
+        rows.append({"curve": curve, "x": int(x), "mixer": mixer, "accuracy": means[best],
+                     "lr": best, "at_edge": len(rates) > 2 and best in (rates[0], rates[-1])})
+    return pd.DataFrame(rows)
+
+
+# --- the result document -------------------------------------------------------------------------
+
+def environment(device) -> dict:
+    """The timing protocol's environment (versions, GPU, driver, commit, date) of the device the
+    study trained on, with its dtype: a CPU run on a GPU machine names no GPU."""
+    from .. import protocol
+    env = protocol.environment(device)
+    env["dtype"] = dtype_name(device)
+    return env
+
+
+def result_document(study: Study, records: list[dict], device,
+                    recall_curves: list[dict] | None = None) -> dict:
+    doc = {"schema_version": schema.SCHEMA_VERSION, "kind": "training",
+           "environment": environment(device), "study": study.describe(), "runs": records}
+    if recall_curves:
+        doc["recall_curves"] = recall_curves
+    if "lm" in study.tasks:
+        root = next((t.root for t in study.task_list("lm")), None)
+        doc["corpus"] = corpus(root)[2]
+    return doc
+
+
+def result_path(slug: str) -> Path:
+    """data/training/<slug>.json (samu.paths.training_file)."""
+    from ... import paths
+    return paths.training_file(slug)
+
+
+def part_path(slug: str, part: str) -> Path:
+    """data/training/<slug>.part-<k>-of-<n>.json: one part's result document."""
+    k, n = parse_part(part)
+    return result_path(slug).with_name(f"{slug}.part-{k}-of-{n}.json")
+
+
+def write_part(doc: dict, slug: str) -> Path:
+    """A part's document (its study's ``part`` says which), validated and written atomically."""
+    return schema.write_json_atomic(part_path(slug, doc["study"]["part"]), doc, kind="training")
+
+
+def merge_parts(slug: str, part: str) -> dict | None:
+    """When every part of ``part``'s study has its file: the documents joined into one (every
+    run, in part order; the first part's environment, each part's in ``parts``), written to
+    result_path(slug) and returned; None while a part is missing.  Parts of different studies
+    are refused."""
+    _, n = parse_part(part)
+    paths_ = [part_path(slug, f"{k}/{n}") for k in range(1, n + 1)]
+    if not all(p.exists() for p in paths_):
+        return None
+    docs = [schema.read_valid_json(p, "training") for p in paths_]
+
+    def whole(study):
+        return {k: v for k, v in study.items() if k != "part"}
+    for p, d in zip(paths_[1:], docs[1:]):
+        if whole(d["study"]) != whole(docs[0]["study"]):
+            raise ValueError(f"{p}: its study differs from that of {paths_[0]}; not merged")
+    merged = dict(docs[0])
+    merged["study"] = {**whole(docs[0]["study"]), "part": None}
+    merged["runs"] = [r for d in docs for r in d["runs"]]
+    curves = [r for d in docs for r in d.get("recall_curves", [])]
+    if curves:
+        merged["recall_curves"] = curves
+    merged["parts"] = [{"part": d["study"]["part"], "environment": d["environment"]}
+                       for d in docs]
+    write_result(merged, slug)
+    return merged
+
+
+def validate(doc: dict) -> None:
+    """Raise jsonschema.ValidationError naming the first problem (non-finite numbers taken as the
+    strings they are written as)."""
+    schema.validate(schema._finite(doc), "training")
+
+
+def write_result(doc: dict, slug: str) -> Path:
+    """Validated against the "training" schema, then written atomically."""
+    return schema.write_json_atomic(result_path(slug), doc, kind="training")
+
+
+def _runs(doc) -> list[dict]:
+    return doc["runs"] if isinstance(doc, dict) else list(doc)
+
+
+def frame(doc):
+    """One row per run (of a document, or of a list of run records): task, mixer, seed, seq_len,
+    lr, metric, value, tokens_per_s, parameters, mixer_parameters, ms per step, ..."""
+    import pandas as pd
+    keys = ("task", "mixer", "seed", "seq_len", "lr", "metric", "value", "chance",
+            "values_baseline", "eval_loss", "final_train_loss", "tokens_per_s", "parameters",
+            "mixer_parameters", "wall_ms_per_step", "gpu_ms_per_step", "steps", "steps_completed",
+            "stopped_by_time", "diverged", "train_wall_s", "wall_s")
+    rows = []
+    for r in _runs(doc):
+        row = {k: r.get(k) for k in keys}
+        if row["mixer_parameters"] is None:  # documents of the earlier study
+            row["mixer_parameters"] = r.get("parameter_counts", {}).get("mixer")
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    for column in ("value", "eval_loss", "final_train_loss", "tokens_per_s", "lr",
+                   "wall_ms_per_step", "gpu_ms_per_step", "train_wall_s"):
+        df[column] = pd.to_numeric(df[column], errors="coerce")  # "nan" strings of a file
+    return df
+
+
+def learning_rate_choice(doc):
+    """Per task, length and mixer: the learning rate whose mean metric over seeds is best
+    (highest accuracy, lowest bits per character), the rates swept, and ``at_edge``: the best is
+    the lowest or the highest rate of a sweep of three or more, so a better one may lie outside
+    it."""
+    import pandas as pd
+    df = frame(doc)
+    rows = []
+    for (task, length, mixer), part in df.groupby(["task", "seq_len", "mixer"], sort=False):
+        means = part.groupby("lr", dropna=False)["value"].mean()
+        finite = means.dropna()
+        if len(finite):
+            best = finite.idxmax() if part["metric"].iloc[0] == "accuracy" else finite.idxmin()
+        else:
+            best = means.index[0]
+        rates = sorted(means.index)
+        rows.append({"task": task, "seq_len": length, "mixer": mixer, "lr": best,
+                     "swept": rates,
+                     # Of two rates the best is always one end: flagged from three on.
+                     "at_edge": len(rates) > 2 and best in (rates[0], rates[-1]),
+                     "mean_by_lr": {float(k): float(v) for k, v in means.items()}})
+    return pd.DataFrame(rows)
+
+
+def best_frame(doc):
+    """frame(doc) restricted to the runs at each (task, length, mixer)'s best learning rate."""
+    import pandas as pd
+    df = frame(doc)
+    best = {(r.task, r.seq_len, r.mixer): r.lr for r in learning_rate_choice(doc).itertuples()}
+    keep = [(row.lr == best[key]) or (pd.isna(row.lr) and pd.isna(best[key]))
+            for row, key in ((row, (row.task, row.seq_len, row.mixer))
+                             for row in df.itertuples())]
+    return df[keep].reset_index(drop=True)
+
+
+def summary(doc):
+    """Per task, length and mixer (of a document, or of a list of run records), at the best
+    learning rate (learning_rate_choice): the metric's mean, standard deviation, minimum and
+    maximum over seeds, the rate and whether it is at the edge of the sweep, median tokens per
+    second and ms per step (wall; GPU time on CUDA), total and mixer parameters."""
+    df = best_frame(doc)
+    choice = learning_rate_choice(doc).set_index(["task", "seq_len", "mixer"])["at_edge"]
+    grouped = df.groupby(["task", "seq_len", "mixer"], sort=False)
+    out = grouped.agg(metric=("metric", "first"), lr=("lr", "first"), seeds=("seed", "count"),
+                      mean=("value", "mean"), std=("value", "std"), min=("value", "min"),
+                      max=("value", "max"), tokens_per_s=("tokens_per_s", "median"),
+                      wall_ms_per_step=("wall_ms_per_step", "median"),
+                      gpu_ms_per_step=("gpu_ms_per_step", "median"),
+                      parameters=("parameters", "first"),
+                      mixer_parameters=("mixer_parameters", "first"),
+                      steps_completed=("steps_completed", "min")).reset_index()
+    out.insert(5, "lr_at_edge", [bool(choice.loc[(t, l, m)]) for t, l, m in
+                                 zip(out["task"], out["seq_len"], out["mixer"])])
+    return out
+
+
+def sanity(doc, bar: float | None = None) -> dict:
+    """Whether the yardstick works: attention's mean accuracy (at its best learning rate) on
+    MQAR and selective copying at their shortest length against ``bar`` (None: the study's
+    sanity_bar, SANITY_BAR for documents without one).  Returns {"bar", "passed", "checks":
+    {task: {"seq_len", "accuracy", "passed"}}}; a task without attention runs is not checked."""
+    if bar is None:
+        bar = doc.get("study", {}).get("sanity_bar", SANITY_BAR) if isinstance(doc, dict) \
+            else SANITY_BAR
+    checks = {}
+    if not _runs(doc):
+        return {"bar": float(bar), "passed": True, "checks": checks}
+    df = best_frame(doc)
+    for task in ("mqar", "copy"):
+        part = df[(df["task"] == task) & (df["mixer"] == "attention")]
+        if not len(part):
+            continue
+        shortest = int(part["seq_len"].min())
+        accuracy = float(part[part["seq_len"] == shortest]["value"].mean())
+        checks[task] = {"seq_len": shortest, "accuracy": accuracy, "passed": accuracy >= bar}
+    return {"bar": float(bar), "passed": all(c["passed"] for c in checks.values()),
+            "checks": checks}

@@ -1,0 +1,372 @@
+"""The study's tasks, all generated on the fly from fixed seeds (nothing is downloaded):
+
+- ``MQAR``, multi-query associative recall (Zoology): key-value pairs, then every key queried
+  once among noise tokens; loss and accuracy only where the answer is due.
+- ``SelectiveCopy``: data tokens scattered among noise tokens, then a separator and one marker per
+  data token; at the markers the model must give the data tokens in order.
+- ``CharLM``: bytes of the Python standard library's own ``*.py`` files (present wherever Python
+  is), split into training and validation; bits per character on validation.
+"""
+from __future__ import annotations
+
+import hashlib
+import platform
+import re
+import sysconfig
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from .parameters import COUNT, ParameterError, Range, _check_int
+
+TASKS = ("mqar", "copy", "lm")
+TASK_NAMES = {"mqar": "associative recall (MQAR)", "copy": "selective copying",
+              "lm": "character LM (stdlib source)"}
+MIXER_NAMES = {"attention": "attention", "rglru": "RG-LRU", "samu": "SAMU"}
+METRICS = {"mqar": "accuracy", "copy": "accuracy", "lm": "bits_per_char"}
+IGNORE = -100  # targets that carry no loss
+# The held-out examples of the synthetic tasks come from this seed, whatever the training seed:
+# every mixer and seed is scored on the same examples.
+EVAL_SEED = 2_147_483_647
+
+
+def _generator(seed: int, device="cpu") -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def _distinct(rows: int, population: int, count: int, generator,
+              log_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """[rows, count] distinct integers from range(population) per row, in random order, on the
+    generator's device: a uniformly random subset, or with ``log_weights`` (unnormalised
+    log-probabilities over the population) one drawn without replacement in proportion to them
+    (the top ``count`` of log-weights plus Gumbel noise)."""
+    u = torch.rand(rows, population, generator=generator, device=generator.device)
+    if log_weights is None:
+        return u.topk(count, dim=1).indices
+    gumbel = -torch.log(-torch.log(u.clamp(1e-12, 1 - 1e-7)))
+    return (log_weights.to(u.device) + gumbel).topk(count, dim=1).indices
+
+
+# The options of each task (the classes below check them too).
+TASK_OPTION_RANGES = {"num_pairs": COUNT, "vocab_size": COUNT, "num_tokens": COUNT,
+                      "data_vocab": COUNT, "noise_vocab": COUNT,
+                      "power_a": Range(low=0, high=1, low_open=True, optional=True)}
+
+
+# --- tasks ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MQAR:
+    """Multi-query associative recall, as in Zoology: ``num_pairs`` key-value pairs
+    ``k1 v1 k2 v2 ...`` (keys distinct, from 1 .. vocab/2 - 1; values distinct, from
+    vocab/2 .. vocab - 1), then every key once more at an even offset of the rest of the sequence,
+    whose other positions hold random tokens from the values' range (so a key appears only in its
+    pair and its query).  The target at a queried key is its value; every other position is
+    ``IGNORE``.  The query slots (offset / 2) are drawn without replacement with probability
+    proportional to slot^(power_a - 1), Zoology's power law (0.01, its default): most queries come
+    soon after the pairs, a heavy tail reaches the end of the sequence, whatever its length.
+    ``power_a=None`` draws them uniformly instead."""
+    seq_len: int
+    num_pairs: int = 8
+    vocab_size: int = 256
+    power_a: float | None = 0.01
+    name = "mqar"
+    metric = "accuracy"
+
+    def __post_init__(self):
+        for key in ("seq_len", "num_pairs", "vocab_size"):
+            _check_int("mqar", key, getattr(self, key))
+        half = self.vocab_size // 2
+        if half - 1 < self.num_pairs or self.vocab_size - half < self.num_pairs:
+            raise ParameterError(f"mqar: vocab_size {self.vocab_size} holds fewer than "
+                                 f"num_pairs {self.num_pairs} distinct keys (1 .. vocab/2 - 1) "
+                                 "or values")
+        if (self.seq_len - 2 * self.num_pairs) // 2 < self.num_pairs:
+            raise ParameterError(f"mqar: seq_len {self.seq_len} is too short for "
+                                 f"{self.num_pairs} pairs and their queries (at least "
+                                 f"{4 * self.num_pairs})")
+        TASK_OPTION_RANGES["power_a"].check("mqar: power_a", self.power_a)
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / (self.vocab_size - self.vocab_size // 2)
+
+    @property
+    def values_baseline(self) -> float:
+        """The accuracy of guessing among the values present in the sequence, which a model
+        reaches before it binds keys to values: 1 / num_pairs."""
+        return 1.0 / self.num_pairs
+
+    def batch(self, batch_size: int, generator: torch.Generator):
+        """(inputs, targets), int64 [batch_size, seq_len], on the generator's device."""
+        b, p, v, length = batch_size, self.num_pairs, self.vocab_size, self.seq_len
+        half = v // 2
+        keys = _distinct(b, half - 1, p, generator) + 1
+        values = _distinct(b, v - half, p, generator) + half
+        inputs = torch.randint(half, v, (b, length), generator=generator, device=generator.device)
+        inputs[:, :2 * p] = torch.stack((keys, values), dim=2).reshape(b, 2 * p)
+        slots = _distinct(b, (length - 2 * p) // 2, p, generator, self.slot_weights())
+        query = 2 * p + 2 * slots  # where key i is queried
+        inputs.scatter_(1, query, keys)
+        targets = torch.full_like(inputs, IGNORE).scatter_(1, query, values)
+        return inputs, targets
+
+    def slot_weights(self) -> torch.Tensor | None:
+        """Unnormalised log-probabilities of the query slots (None: uniform)."""
+        if self.power_a is None:
+            return None
+        space = (self.seq_len - 2 * self.num_pairs) // 2
+        return (self.power_a - 1) * torch.log(torch.arange(1, space + 1, dtype=torch.float32))
+
+    def held_out(self, batches: int, batch_size: int):
+        g = _generator(EVAL_SEED)
+        return [self.batch(batch_size, g) for _ in range(batches)]
+
+
+@dataclass(frozen=True)
+class SelectiveCopy:
+    """Selective copying: ``num_tokens`` data tokens at sorted random positions of a body of
+    ``seq_len - num_tokens - 1`` noise tokens, then the separator, then ``num_tokens`` markers.
+    The target at the j-th marker is the j-th data token; every other position is ``IGNORE``.
+    Tokens: 0 separator, 1 marker, 2 .. 2 + data_vocab - 1 data, the next ``noise_vocab`` noise."""
+    seq_len: int
+    num_tokens: int = 8
+    data_vocab: int = 16
+    noise_vocab: int = 16
+    name = "copy"
+    metric = "accuracy"
+    SEPARATOR = 0
+    MARKER = 1
+
+    def __post_init__(self):
+        for key in ("seq_len", "num_tokens", "data_vocab", "noise_vocab"):
+            _check_int("copy", key, getattr(self, key))
+        if self.body < self.num_tokens:
+            raise ParameterError(f"copy: seq_len {self.seq_len} is too short for "
+                                 f"{self.num_tokens} data tokens (at least "
+                                 f"{2 * self.num_tokens + 1})")
+
+    @property
+    def body(self) -> int:
+        return self.seq_len - self.num_tokens - 1
+
+    @property
+    def vocab_size(self) -> int:
+        return 2 + self.data_vocab + self.noise_vocab
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / self.data_vocab
+
+    def batch(self, batch_size: int, generator: torch.Generator):
+        b, k = batch_size, self.num_tokens
+        device = generator.device
+        data = torch.randint(2, 2 + self.data_vocab, (b, k), generator=generator, device=device)
+        positions = _distinct(b, self.body, k, generator).sort(dim=1).values
+        inputs = torch.randint(2 + self.data_vocab, self.vocab_size, (b, self.seq_len),
+                               generator=generator, device=device)
+        inputs.scatter_(1, positions, data)
+        inputs[:, self.body] = self.SEPARATOR
+        inputs[:, self.body + 1:] = self.MARKER
+        targets = torch.full_like(inputs, IGNORE)
+        targets[:, self.body + 1:] = data
+        return inputs, targets
+
+    def held_out(self, batches: int, batch_size: int):
+        g = _generator(EVAL_SEED)
+        return [self.batch(batch_size, g) for _ in range(batches)]
+
+
+# --- the standard-library corpus -----------------------------------------------------------------
+
+# The validation split holds whole folders: a file is in it when the first 8 bytes of SHA-256 of
+# its group, as an integer, are 0 modulo this (about one group in ten, the same on every machine).
+# A file's group is its top-level package (a module at the top is its own group), except under
+# test/, which holds one test module or package per library module: there the group is the next
+# level.  Splitting by file put sibling files of one package (such as the code-page tables of
+# encodings/) on both sides.
+VALIDATION_MODULUS = 10
+SKIPPED_FOLDERS = frozenset({"site-packages", "dist-packages", "__pycache__"})
+STDLIB_ROOT_LABEL = "stdlib"  # the corpus root recorded for this Python's standard library
+# Files that say they were generated (the code-page tables of encodings/, Unicode and token
+# tables, pydoc's topics) are near-copies of each other or of data, not code: they are left out,
+# as are exact duplicates (the first in sorted order kept).
+GENERATED = re.compile(rb"generated (from|by)|autogenerated|auto-generated|do not edit")
+GENERATED_HEAD_BYTES = 600
+# The leak: the fraction of held-out windows of this many bytes found verbatim in the training
+# split, over this many evenly spaced windows.
+LEAK_WINDOW = 32
+LEAK_WINDOWS = 100
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files(root=None) -> list[str]:
+    """The ``*.py`` files under the standard library (installed packages and caches left out),
+    as POSIX paths relative to it, sorted."""
+    root = Path(root) if root is not None else stdlib_root()
+    out = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root)
+        if SKIPPED_FOLDERS.isdisjoint(rel.parts) and path.is_file():
+            out.append(rel.as_posix())
+    return sorted(out)
+
+
+def split_group(rel: str) -> str:
+    """The folder a file is split with: ``json/decoder.py`` -> ``json``, ``os.py`` -> ``os``,
+    ``test/test_json/test_fail.py`` -> ``test/test_json``, ``test/test_os.py`` ->
+    ``test/test_os``."""
+    parts = rel.split("/")
+    depth = 2 if parts[0] == "test" and len(parts) > 1 else 1
+    group = "/".join(parts[:depth])
+    return group[:-3] if group.endswith(".py") else group
+
+
+def is_validation_file(rel: str) -> bool:
+    digest = hashlib.sha256(split_group(rel).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % VALIDATION_MODULUS == 0
+
+
+def is_generated(content: bytes) -> bool:
+    return GENERATED.search(content[:GENERATED_HEAD_BYTES].lower()) is not None
+
+
+def verbatim_fraction(held_out: bytes, train: bytes, window: int = LEAK_WINDOW,
+                      windows: int = LEAK_WINDOWS) -> float:
+    """The fraction of ``windows`` evenly spaced ``window``-byte windows of ``held_out`` that
+    occur verbatim in ``train``."""
+    if len(held_out) < window or not train:
+        return 0.0
+    count = min(windows, len(held_out) - window + 1)
+    span = len(held_out) - window
+    starts = [round(i * span / max(count - 1, 1)) for i in range(count)]
+    return sum(held_out[s:s + window] in train for s in starts) / count
+
+
+@lru_cache(maxsize=4)
+def _corpus(root: str):
+    files = stdlib_files(root)
+    contents = {rel: (Path(root) / rel).read_bytes() for rel in files}
+    generated = [rel for rel in files if is_generated(contents[rel])]
+    seen, duplicates = set(), []
+    for rel in files:
+        if rel in generated:
+            continue
+        digest = hashlib.sha256(contents[rel]).digest()
+        if digest in seen:
+            duplicates.append(rel)
+        seen.add(digest)
+    dropped = set(generated) | set(duplicates)
+    parts = {"train": [], "validation": []}
+    names = {"train": [], "validation": []}
+    for rel in files:
+        if rel in dropped:
+            continue
+        split = "validation" if is_validation_file(rel) else "train"
+        parts[split].append(contents[rel])
+        names[split].append(rel)
+    # The earlier split, by file with every file kept, for the leak it had.
+    by_file = {"train": [], "validation": []}
+    for rel in files:
+        digest = hashlib.sha256(rel.encode("utf-8")).digest()
+        held = int.from_bytes(digest[:8], "big") % VALIDATION_MODULUS == 0
+        by_file["validation" if held else "train"].append(contents[rel])
+    data = {}
+    # The standard library is named, not its folder, which differs between machines (the Python
+    # version beside it says which one).
+    shown = STDLIB_ROOT_LABEL if Path(root) == stdlib_root() else root
+    info = {"root": shown, "python": platform.python_version(), "files": len(files),
+            "validation_modulus": VALIDATION_MODULUS,
+            "split": "by folder (top-level package; under test/ the next level)",
+            "dropped_generated": len(generated), "dropped_duplicates": len(duplicates)}
+    for split, chunks in parts.items():
+        blob = b"".join(chunks)
+        data[split] = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else \
+            torch.empty(0, dtype=torch.uint8)
+        info[f"{split}_files"] = len(names[split])
+        info[f"{split}_bytes"] = len(blob)
+        info[f"{split}_sha256"] = hashlib.sha256(blob).hexdigest()
+    info["leak"] = {
+        "window_bytes": LEAK_WINDOW, "windows": LEAK_WINDOWS,
+        "by_file_all_files": verbatim_fraction(b"".join(by_file["validation"]),
+                                               b"".join(by_file["train"])),
+        "by_folder_deduplicated": verbatim_fraction(b"".join(parts["validation"]),
+                                                    b"".join(parts["train"]))}
+    return data, names, info
+
+
+def corpus(root=None):
+    """``(data, names, info)``: data maps "train" and "validation" to uint8 tensors (each split's
+    files concatenated in sorted order; generated files and duplicates left out), names to the
+    files of each split, info describes the corpus (its root, STDLIB_ROOT_LABEL for the standard
+    library; Python version, file and byte counts, SHA-256 of each split, files left out, and the
+    leak: held-out windows found verbatim in training, for the earlier by-file split of every
+    file and for this one).  Read once per process."""
+    return _corpus(str(Path(root) if root is not None else stdlib_root()))
+
+
+@dataclass(frozen=True)
+class CharLM:
+    """Next-byte prediction on the standard library's source; every position is scored.
+    Training windows start at random offsets of the training split; held-out windows are evenly
+    spaced over the validation split (no randomness)."""
+    seq_len: int
+    root: str | None = None
+    name = "lm"
+    metric = "bits_per_char"
+    vocab_size = 256
+    chance = 8.0  # bits per character of a uniform guess over 256 bytes
+
+    def __post_init__(self):
+        _check_int("lm", "seq_len", self.seq_len)
+
+    def split(self, name: str, device="cpu") -> torch.Tensor:
+        data = _split_on(self.root, name, str(torch.device(device)))
+        if data.numel() < self.seq_len + 1:
+            raise ValueError(f"lm: the {name} split has {data.numel()} bytes, fewer than "
+                             f"seq_len + 1 = {self.seq_len + 1}")
+        return data
+
+    def _windows(self, data: torch.Tensor, starts: torch.Tensor):
+        idx = starts[:, None] + torch.arange(self.seq_len + 1, device=data.device)
+        w = data[idx].long()
+        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+    def batch(self, batch_size: int, generator: torch.Generator):
+        data = self.split("train", generator.device)
+        starts = torch.randint(0, data.numel() - self.seq_len, (batch_size,), generator=generator,
+                               device=generator.device)
+        return self._windows(data, starts)
+
+    def held_out(self, batches: int, batch_size: int):
+        data = self.split("validation")
+        n = batches * batch_size
+        starts = torch.linspace(0, data.numel() - self.seq_len - 1, n).long()
+        return [self._windows(data, starts[i * batch_size:(i + 1) * batch_size])
+                for i in range(batches)]
+
+
+@lru_cache(maxsize=4)
+def _split_on(root, name: str, device: str) -> torch.Tensor:
+    """A split of the corpus on ``device`` (kept there: the training batches are cut on it)."""
+    return corpus(root)[0][name].to(device)
+
+
+def make_task(name: str, seq_len: int, **options):
+    """``make_task("mqar", 256, num_pairs=16, vocab_size=1024)``, ``make_task("copy", ...)``,
+    ``make_task("lm", 512)``."""
+    classes = {"mqar": MQAR, "copy": SelectiveCopy, "lm": CharLM}
+    if name not in classes:
+        raise ParameterError(f"unknown task {name!r}; choose one of {list(classes)}")
+    return classes[name](seq_len, **options)
+
+
+def task_options(task) -> dict:
+    return {k: v for k, v in asdict(task).items() if k not in ("seq_len", "root")}
+
+
