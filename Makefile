@@ -30,7 +30,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 # On a GPU machine Triton compiles each kernel variant the tests use (about 15 minutes serially on
 # the H200): pytest-xdist spreads the compiles over TEST_WORKERS processes there. On a CPU the
 # interpreter is compute-bound on every core already, so the tests run in one process.
-TEST_WORKERS ?= $(shell $(PYTHON) -c "import os, torch; print(min(8, os.cpu_count() or 1) if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os, torch; print(min(16, os.cpu_count() or 1) if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
 test: $(SETUP)
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) tests
 	SAMU_DATA_DIR=$(NBVAL_DATA) $(PYTHON) -m pytest -q --nbval-lax -p no:cacheprovider notebooks
