@@ -110,9 +110,14 @@ def check_cu_seqlens_values(mixer: str, cu_seqlens: torch.Tensor, length: int) -
     if offsets[0] != 0 or offsets[-1] != length:
         raise ValueError(f"{mixer}: cu_seqlens must start at 0 and end at the length "
                          f"{length}, got {offsets[0]} ... {offsets[-1]}")
+    check_offsets_increase(mixer, offsets)
+
+
+def check_offsets_increase(who: str, offsets) -> None:
+    """Every sequence of the offsets at least one token long."""
     short = next((n for n in range(len(offsets) - 1) if offsets[n + 1] <= offsets[n]), None)
     if short is not None:
-        raise ValueError(f"{mixer}: cu_seqlens must increase (every sequence at least one "
+        raise ValueError(f"{who}: cu_seqlens must increase (every sequence at least one "
                          f"token), but sequence {short} runs from {offsets[short]} to "
                          f"{offsets[short + 1]}")
 
@@ -251,11 +256,16 @@ STATE_DOC = """
 
 def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, backend="auto",
           return_backend: bool = False, initial_state=None, output_final_state: bool = False,
-          cu_seqlens=None):
-    """Functional RG-LRU (SPEC sections 2 and 3).
+          cu_seqlens=None, cp_context=None):
+    """Functional RG-LRU (SPEC sections 2 and 3; cp_context: samu.distributed).
     """
     params = dict(gate_x_weight=gate_x_weight, gate_x_bias=gate_x_bias,
                   gate_a_weight=gate_a_weight, gate_a_bias=gate_a_bias, a_param=a_param)
+    if cp_context is not None:  # this rank's slice of a sequence split over ranks
+        from .distributed import context_parallel
+        return context_parallel("rglru", x, params, cp_context=cp_context, backend=backend,
+                                return_backend=return_backend, initial_state=initial_state,
+                                output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     check_tensors("rglru", params)
     heads, width = _rglru_width(gate_x_weight)
     check_input(x, width, "rglru")
@@ -272,11 +282,16 @@ def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, ba
 
 def samu(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend="auto",
          return_backend: bool = False, initial_state=None, output_final_state: bool = False,
-         cu_seqlens=None):
-    """Functional SAMU (SPEC sections 2 and 3).
+         cu_seqlens=None, cp_context=None):
+    """Functional SAMU (SPEC sections 2 and 3; cp_context: samu.distributed).
     """
     params = dict(ctrl_weight=ctrl_weight, ctrl_bias=ctrl_bias, a_param=a_param,
                   log_temp=log_temp, skip=skip)
+    if cp_context is not None:  # this rank's slice of a sequence split over ranks
+        from .distributed import context_parallel
+        return context_parallel("samu", x, params, cp_context=cp_context, backend=backend,
+                                return_backend=return_backend, initial_state=initial_state,
+                                output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     check_tensors("samu", params)
     if ctrl_weight.dim() != 2 or ctrl_weight.shape[0] != 2:
         raise ValueError("samu: ctrl_weight must have shape [2, D], got "

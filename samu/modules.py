@@ -61,12 +61,13 @@ class _Mixer(nn.Module):
     def _parameters_in_order(self) -> tuple:
         raise NotImplementedError
 
-    def forward(self, x, initial_state=None, output_final_state: bool = False, cu_seqlens=None):
+    def forward(self, x, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
+                cp_context=None):
         # Attributes, not self.parameters(): the generator costs ~15 us of host time per call.
         out = FUNCTIONS[self.mixer](x, *self._parameters_in_order(), backend=self.backend,
                                     return_backend=True, initial_state=initial_state,
                                     output_final_state=output_final_state,
-                                    cu_seqlens=cu_seqlens)
+                                    cu_seqlens=cu_seqlens, cp_context=cp_context)
         self.last_backend = out[-1]
         return out[:-1] if output_final_state else out[0]
 
@@ -192,6 +193,11 @@ Args:
     output_final_state: also return the FP32 state after each sequence's last token.
     cu_seqlens: packed sequences in one row (batch 1), int32 or int64 offsets [0, ..., L] as in
         FlashAttention; every start resets the state (or takes its initial state).
+    cp_context: context parallelism (``samu.distributed.build_cp_context``): x is this rank's
+        slice of a sequence split over a torch.distributed group, y this slice's output.  The
+        packed layout then comes from the context (no cu_seqlens here); the initial state is
+        the global one, the same on every rank; the state returned is that at each of this
+        slice's sequence pieces' ends (``samu.distributed.context_parallel``).
 
 Returns:
     y of x's shape and dtype (and the final state, [B, D] or [N, D]).  The recurrence is carried in FP32; backward gives dx in

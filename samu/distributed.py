@@ -1,0 +1,699 @@
+"""Context parallelism: one sequence split across the ranks of a torch.distributed group
+(SPEC section 3, "Context parallelism").
+
+Rank r holds the contiguous slice x_r [B, L_r, D] of the sequence (slices in rank order, any
+lengths of at least one token) and calls the mixer with ``cp_context=build_cp_context(...)``.
+Both mixers run h_t = a_t h_{t-1} + u_t per channel, so the state leaving a slice is affine in
+the state entering it:
+
+    h_out_r = A_r * h_in_r + hloc_r,
+
+A_r the product of a over the slice (0 where a sequence starts inside it: nothing crosses a
+start) and hloc_r the state at the slice end from a zero entering state.  Each boundary carries
+one row per batch row, or one sequence of a packed row: the "rows" below are B unpacked, 1
+packed.
+
+Forward, with no serial chain across ranks:
+
+1. each rank computes its summary (A_r, hloc_r): hloc_r by the mixer under no_grad with
+   ``output_final_state=True`` (over the slice from a zero state, or over its last piece only
+   when a sequence starts inside it), A_r = exp(sum of log a) from the gates in PyTorch
+   (``log_decay``, the reference's formula; only where no sequence starts in the slice);
+2. one all_gather of the summaries; every rank composes its own entering state in closed form,
+   h_in_r = sum_{j<r} (prod_{j<k<r} A_k) hloc_j (a rank where a sequence starts has A = 0 and
+   its initial-state rows already in hloc);
+3. the slice runs with that entering state, keeping its autograd graph.
+
+Backward (``_SliceWithCarry``), the same in reverse for the adjoint:
+
+1. mu_r = d<dy_r, y_r> / d h_in_r (with the cotangents of the states this rank returns, but
+   none from later ranks): a backward through a recomputed forward of the slice's first piece,
+   with only the entering state requiring grad;
+2. one all_gather of mu; g_r = sum_{k>r} (prod_{r<j<k} A_j) mu_k, the cotangent that later
+   ranks put on this slice's end state;
+3. the slice's backward through the kept graph, with g_r added to its end state's cotangent:
+   dx, this rank's parameter gradients and its initial-state rows.
+
+Cost per rank against one single-GPU call on the same slice: forward, one extra no-grad forward
+(over the slice's last piece; a one-token input check where the slice ends at a sequence end)
+and the log-decay sum (SAMU: an FP32 copy of x and one D-wide dot per token; RG-LRU: the
+a-gate's block-diagonal product, half its gate FLOPs; in chunks of 2^24 elements); backward, one extra forward and backward over the slice's first
+piece (none on a rank that starts at a sequence start).  Collectives: in the forward an
+all_gather of 11 int64 (the call's shapes, so that a bad call fails on every rank; a host sync)
+and one of 2 x rows x D FP32 values (8 rows D bytes per rank), in the backward one of rows x D
++ 1 (4 rows D bytes).  Peak memory: the slice's saved activations, twice while the first piece's
+recompute is alive.  Still short: a summary-only kernel pass (A_r and hloc_r, and mu_r, in one
+read of x and dy without y, dx or saved activations) would replace the extra forward and
+backward.
+
+Parameter gradients are each rank's share (its slice's terms): the full gradient is their sum
+over the group, as data parallelism sums them (an all_reduce; DDP's average over equal slices
+of a loss that is each rank's mean).  Every rank must run the backward of every
+context-parallel call, in the same order, as with any collective; where data parallelism runs
+over the same ranks, give context parallelism a group of its own.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from .functional import FUNCTIONS, SUPPORTED_DTYPES, autocast_input, check_offsets_increase
+from .ops.recurrence import GATE_SCALE, carry_dtype
+from .ops.rglru.naive import block_diagonal
+
+__all__ = ["CPContext", "SliceLayout", "build_cp_context", "context_parallel", "log_decay",
+           "slice_layout", "slice_summary", "incoming_state", "run_slice", "head_adjoint",
+           "outgoing_cotangent", "with_end_cotangent"]
+
+# The log-decay sum runs over chunks of tokens of at most this many elements.
+LOG_DECAY_CHUNK_ELEMENTS = 2**24
+
+# One row of the call's metadata, all_gathered before anything else (positions in the row).
+_STATUS, _PACKED, _BATCH, _LENGTH, _WIDTH, _DTYPE, _HAS_INITIAL, _NEEDS_GRAD, \
+    _CU_COUNT, _CU_SIGNATURE, _RANK = range(11)
+_META_FIELDS = 11
+
+_SIGNATURE_MODULUS = 2**61 - 1
+
+
+def _signature(offsets: tuple[int, ...]) -> int:
+    """A checksum of the global offsets, so that ranks holding different ones are told so."""
+    return sum((i + 1) * c for i, c in enumerate(offsets)) % _SIGNATURE_MODULUS
+
+
+class SliceLayout(NamedTuple):
+    """Where one rank's slice lies among the sequences.
+
+    Unpacked, every batch row is one sequence that starts on rank 0.  Packed, the slice holds
+    the pieces of global sequences ``first_sequence`` .. ``last_sequence``, at the local
+    offsets ``piece_offsets`` (the slice's own cu_seqlens)."""
+    rank: int
+    world_size: int
+    length: int
+    start: int | None  # the slice's first token in the global sequence (None: not known)
+    piece_offsets: tuple[int, ...] | None
+    first_sequence: int | None
+    continued: bool  # the slice starts inside a sequence that started on an earlier rank
+    continues: bool  # its last sequence goes on past the slice's end
+
+    @property
+    def packed(self) -> bool:
+        return self.piece_offsets is not None
+
+    @property
+    def last_sequence(self) -> int | None:
+        return None if not self.packed else self.first_sequence + len(self.piece_offsets) - 2
+
+    @property
+    def head(self) -> int:
+        """Tokens of the continued piece (0 where the slice starts at a sequence start)."""
+        if not self.continued:
+            return 0
+        return self.length if not self.packed else self.piece_offsets[1]
+
+    @property
+    def carries_through(self) -> bool:
+        """No sequence starts in the slice: its end state depends on its entering state."""
+        return self.continued and self.head == self.length
+
+    @property
+    def rows(self) -> int | None:
+        """Rows crossing a boundary: 1 packed, the batch unpacked (None: not known here)."""
+        return 1 if self.packed else None
+
+
+def slice_layout(rank: int, slice_lengths, sequence_offsets=None) -> SliceLayout:
+    """The layout of ``rank``'s slice.  ``slice_lengths``: every rank's length (unpacked, only
+    this rank's is read, and None gives an unknown start); ``sequence_offsets``: the global
+    cu_seqlens as ints, or None when unpacked."""
+    world = len(slice_lengths)
+    if sequence_offsets is None:
+        before = slice_lengths[:rank]
+        start = None if None in before else sum(before)
+        return SliceLayout(rank, world, slice_lengths[rank], start, None, None, rank > 0,
+                           rank < world - 1)
+    start = sum(slice_lengths[:rank])
+    length = slice_lengths[rank]
+    end = start + length
+    cu = sequence_offsets
+    first = bisect.bisect_right(cu, start) - 1  # the sequence holding the slice's first token
+    last = bisect.bisect_right(cu, end - 1) - 1  # and its last
+    pieces = (0,) + tuple(c - start for c in cu[first + 1:last + 1]) + (length,)
+    return SliceLayout(rank, world, length, start, pieces, first, cu[first] < start,
+                       cu[last + 1] > end)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CPContext:
+    """What a context-parallel call needs to know about the split (``build_cp_context``).
+
+    Attributes:
+        group: the process group (None: the default group).
+        rank, world_size: this rank's position in the group and the group's size.
+        cu_seqlens: the GLOBAL offsets of packed sequences (before the split), or None.
+        slice_lengths: every rank's slice length, in rank order (None unpacked when they are
+            taken from each call's inputs).
+        sequence_offsets: ``cu_seqlens`` as a tuple of ints.
+    """
+    group: object
+    rank: int
+    world_size: int
+    cu_seqlens: torch.Tensor | None
+    slice_lengths: tuple[int, ...] | None
+    sequence_offsets: tuple[int, ...] | None
+
+    @property
+    def packed(self) -> bool:
+        return self.sequence_offsets is not None
+
+    @property
+    def layout(self) -> SliceLayout:
+        """This rank's SliceLayout (for an unpacked context without slice lengths, its start
+        and length are unknown)."""
+        lengths = self.slice_lengths or (None,) * self.world_size
+        return slice_layout(self.rank, lengths, self.sequence_offsets)
+
+    @property
+    def local_cu_seqlens(self) -> torch.Tensor | None:
+        """This rank's cu_seqlens: its pieces of the packed sequences, on the global offsets'
+        device and in their dtype (None unpacked)."""
+        if not self.packed:
+            return None
+        return torch.tensor(self.layout.piece_offsets, dtype=self.cu_seqlens.dtype,
+                            device=self.cu_seqlens.device)
+
+    @property
+    def sequence_ids(self) -> range | None:
+        """The global ids of the sequences with a piece in this slice, in order: the rows of
+        the state this rank returns and of the initial state it reads (None unpacked)."""
+        lay = self.layout
+        return None if not self.packed else range(lay.first_sequence, lay.last_sequence + 1)
+
+    @property
+    def continues_from_previous(self) -> bool:
+        """Whether the slice's first token continues a sequence from the previous rank."""
+        return self.layout.continued
+
+    @property
+    def continues_to_next(self) -> bool:
+        """Whether the slice's last sequence goes on on the next rank: then the last row of
+        the returned state is the state at the slice end, not a final state."""
+        return self.layout.continues
+
+
+def _comm_device(group, device: torch.device) -> torch.device:
+    """Where collectives' tensors live: on the GPU for NCCL, on the host for gloo."""
+    backend = str(dist.get_backend(group))
+    if "nccl" in backend and (device.type == "cuda" or "gloo" not in backend):
+        return device if device.type == "cuda" else torch.device("cuda",
+                                                                 torch.cuda.current_device())
+    return torch.device("cpu") if "gloo" in backend else device
+
+
+def _all_gather(group, tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+    """[world_size, *tensor.shape]: every rank's tensor, in rank order."""
+    out = [torch.empty_like(tensor) for _ in range(world_size)]
+    dist.all_gather(out, tensor.contiguous(), group=group)
+    return torch.stack(out)
+
+
+def _as_offsets(cu_seqlens) -> tuple[int, ...]:
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1:
+            raise TypeError("build_cp_context: cu_seqlens must be a 1-D int32 or int64 tensor, "
+                            f"got {cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
+        offsets = tuple(int(c) for c in cu_seqlens.tolist())
+    else:
+        offsets = tuple(int(c) for c in cu_seqlens)
+    if len(offsets) < 2 or offsets[0] != 0:
+        raise ValueError("build_cp_context: cu_seqlens must be [0, l_0, l_0 + l_1, ..., L] with "
+                         f"at least one sequence, got {list(offsets)}")
+    check_offsets_increase("build_cp_context", offsets)
+    return offsets
+
+
+def build_cp_context(group=None, cu_seqlens=None, *, local_length: int | None = None,
+                     slice_lengths=None) -> CPContext:
+    """The context of a context-parallel call, built once per split on every rank of ``group``.
+
+    Args:
+        group: the torch.distributed process group whose ranks hold the slices, in rank order
+            (None: the default group, which must be initialised).
+        cu_seqlens: packed sequences (batch 1): the GLOBAL offsets [0, ..., L] before the
+            split, as in FlashAttention (a tensor or a list; the same on every rank).  Each
+            rank derives its local offsets and the sequences that cross its boundaries; the
+            mixer call then takes no cu_seqlens of its own.
+        local_length: this rank's slice length; the lengths are all_gathered once, here.
+        slice_lengths: every rank's slice length in rank order, the same on every rank
+            (instead of local_length).
+
+    Without either length: packed, the global length split evenly (it must divide); unpacked,
+    each call takes the lengths of its inputs, any of at least one token.
+
+    Raises ValueError or TypeError, the same on every rank given the same arguments, for
+    offsets that do not increase from 0, lengths below 1, lengths that do not sum to the
+    offsets' last value, or both length arguments.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("build_cp_context: torch.distributed is not initialised "
+                           "(call torch.distributed.init_process_group first)")
+    rank = dist.get_rank(group)
+    world = dist.get_world_size(group)
+    if local_length is not None and slice_lengths is not None:
+        raise ValueError("build_cp_context: pass local_length or slice_lengths, not both")
+    offsets = None if cu_seqlens is None else _as_offsets(cu_seqlens)
+    if local_length is not None:
+        if isinstance(local_length, bool) or not isinstance(local_length, int):
+            raise TypeError(f"build_cp_context: local_length must be an int, got "
+                            f"{type(local_length).__name__}")
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if torch.cuda.is_available() else torch.device("cpu"))
+        mine = torch.tensor([local_length], dtype=torch.int64,
+                            device=_comm_device(group, device))
+        slice_lengths = tuple(int(n) for n in _all_gather(group, mine, world).flatten().tolist())
+    elif slice_lengths is None and offsets is not None:
+        if offsets[-1] % world:
+            raise ValueError(f"build_cp_context: {offsets[-1]} tokens do not split evenly over "
+                             f"{world} ranks; pass local_length or slice_lengths")
+        slice_lengths = (offsets[-1] // world,) * world
+    if slice_lengths is not None:
+        slice_lengths = tuple(int(n) for n in slice_lengths)
+        if len(slice_lengths) != world:
+            raise ValueError(f"build_cp_context: slice_lengths has {len(slice_lengths)} entries "
+                             f"for a group of {world} ranks")
+        if min(slice_lengths) < 1:
+            raise ValueError(f"build_cp_context: every slice needs at least one token, got "
+                             f"slice lengths {list(slice_lengths)}")
+        if offsets is not None and sum(slice_lengths) != offsets[-1]:
+            raise ValueError(f"build_cp_context: cu_seqlens cover {offsets[-1]} tokens but the "
+                             f"slices hold {sum(slice_lengths)} (slice lengths "
+                             f"{list(slice_lengths)})")
+    if isinstance(cu_seqlens, torch.Tensor):
+        tensor = cu_seqlens
+    elif offsets is not None:
+        tensor = torch.tensor(offsets, dtype=torch.int32)
+    else:
+        tensor = None
+    return CPContext(group, rank, world, tensor, slice_lengths, offsets)
+
+
+# --- the per-mixer log decay: sum over the slice of log a, as the reference computes it -------
+
+def _token_chunks(x: torch.Tensor):
+    step = max(1, LOG_DECAY_CHUNK_ELEMENTS // (x.shape[0] * x.shape[2]))
+    for t in range(0, x.shape[1], step):
+        yield x[:, t:t + step]
+
+
+def rglru_log_decay(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
+    """[B, D] in the carry dtype: sum_t log a_t = -8 softplus(a_param) sum_t ga_t, ga the
+    a-gate of samu.ops.rglru.naive (its operand dtypes), over chunks of tokens."""
+    cdt = carry_dtype(x)
+    if cdt == torch.float64:
+        weight = gate_a_weight.double()
+    elif x.dtype in (torch.bfloat16, torch.float16):  # autocast: low-precision operands
+        weight = gate_a_weight.to(x.dtype)
+    else:
+        weight = gate_a_weight.float()
+    operand = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else cdt
+    bias = gate_a_bias.to(cdt)
+    total = torch.zeros(x.shape[0], x.shape[2], dtype=cdt, device=x.device)
+    for xc in _token_chunks(x):
+        total += torch.sigmoid(block_diagonal(xc.to(operand), weight, bias).to(cdt)).sum(1)
+    return -GATE_SCALE * total * F.softplus(a_param.to(cdt))
+
+
+def samu_log_decay(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip):
+    """[B, D] in the carry dtype: sum_t log a_t = -8 exp(log_temp) softplus(a_param) sum_t r_t,
+    r = sigmoid(ctrl_weight[0] x + ctrl_bias[0]) as in samu.ops.samu.naive."""
+    cdt = carry_dtype(x)
+    weight, bias = ctrl_weight[0].to(cdt), ctrl_bias[0].to(cdt)
+    total = torch.zeros(x.shape[0], dtype=cdt, device=x.device)
+    for xc in _token_chunks(x):
+        total += torch.sigmoid(xc.to(cdt) @ weight + bias).sum(1)
+    scale = GATE_SCALE * torch.exp(log_temp.to(cdt))
+    return -scale * total[:, None] * F.softplus(a_param.to(cdt))
+
+
+LOG_DECAY = {"rglru": rglru_log_decay, "samu": samu_log_decay}
+
+
+def log_decay(mixer: str, x, params) -> torch.Tensor:
+    """sum over x's tokens of log a, [B, D] in the carry dtype: log A of a slice that no
+    sequence starts in.  ``params`` in the functional form's order.  Autocast stays off, as
+    for the reference: the dtypes are the reference's own."""
+    with torch.autocast(x.device.type, enabled=False):
+        return LOG_DECAY[mixer](x, *params)
+
+
+# --- the local pieces of the algorithm, one rank's share (also what the benchmark times) -------
+
+def _call(mixer, x, params, backend, **state):
+    """(y, states, backend name) of one library call on (part of) a slice."""
+    return FUNCTIONS[mixer](x, *params, backend=backend, return_backend=True,
+                            output_final_state=True, **state)
+
+
+def _local_cu(layout: SliceLayout, device, begin: int = 0) -> torch.Tensor:
+    """The slice's piece offsets from piece ``begin`` on, counted from that piece's start."""
+    offsets = layout.piece_offsets[begin:]
+    return torch.tensor([c - offsets[0] for c in offsets], dtype=torch.int32, device=device)
+
+
+def _new_rows(layout: SliceLayout, initial_state):
+    """The initial-state rows of the sequences that start in the slice (None without them)."""
+    if initial_state is None or (layout.continued and not layout.packed):
+        return None
+    if not layout.packed:
+        return initial_state
+    first = layout.first_sequence + (1 if layout.continued else 0)
+    return initial_state[first:layout.last_sequence + 1]
+
+
+def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
+                  initial_state=None) -> torch.Tensor:
+    """[2, rows, D] in the carry dtype: (A, hloc) of the slice, h_out = A * h_in + hloc.  Runs
+    without a graph.  Where no later rank reads it (the slice ends at a sequence end), zeros,
+    after the mixer checked the inputs on the slice's first token."""
+    cdt = carry_dtype(x)
+    rows = layout.rows or x.shape[0]
+    zeros = x.new_zeros(rows, x.shape[2], dtype=cdt)
+    with torch.no_grad():
+        if not layout.continues:
+            FUNCTIONS[mixer](x[:, :1], *params, backend=backend)
+            return torch.stack([zeros, zeros])
+        if layout.carries_through:
+            _, hloc, _ = _call(mixer, x, params, backend, initial_state=zeros)
+            decay = torch.exp(log_decay(mixer, x, params))
+            return torch.stack([decay, hloc.to(cdt)])
+        # A sequence starts in the slice: only its last piece reaches the end, from its start.
+        tail = layout.piece_offsets[-2] if layout.packed else 0
+        rows0 = _new_rows(layout, initial_state)
+        if layout.packed and rows0 is not None:
+            rows0 = rows0[-1:]
+        _, hloc, _ = _call(mixer, x[:, tail:], params, backend, initial_state=rows0)
+        return torch.stack([zeros, hloc.to(cdt)])
+
+
+def incoming_state(summaries: torch.Tensor, rank: int) -> torch.Tensor:
+    """[rows, D]: the state entering ``rank``'s slice from every earlier slice's (A, hloc)
+    ([world, 2, rows, D]): h_in_r = sum_{j<r} (prod_{j<k<r} A_k) hloc_j, composed locally."""
+    state = torch.zeros_like(summaries[0, 1])
+    for j in range(rank):
+        state = summaries[j, 0] * state + summaries[j, 1]
+    return state
+
+
+def outgoing_cotangent(decays: torch.Tensor, adjoints: torch.Tensor, rank: int) -> torch.Tensor:
+    """[rows, D]: the cotangent that later ranks put on ``rank``'s end state, from their A_k
+    and mu_k ([world, rows, D] each): g_r = sum_{k>r} (prod_{r<j<k} A_j) mu_k."""
+    cotangent = torch.zeros_like(adjoints[0])
+    for k in range(adjoints.shape[0] - 1, rank, -1):
+        cotangent = adjoints[k] + decays[k] * cotangent
+    return cotangent
+
+
+def run_slice(mixer: str, layout: SliceLayout, x, params, backend="auto", entering=None,
+              initial_state=None):
+    """(y, states, backend name) of the slice: its continued piece from ``entering`` [rows, D],
+    the sequences that start in it from their initial-state rows (or reset).  ``states``:
+    [B, D] unpacked, the state at the slice end; packed, one row per piece (the sequences of
+    ``CPContext.sequence_ids``), each the state at its piece's end."""
+    new_rows = _new_rows(layout, initial_state)
+    if not layout.continued:
+        cu = _local_cu(layout, x.device) if layout.packed else None
+        return _call(mixer, x, params, backend, initial_state=new_rows, cu_seqlens=cu)
+    if layout.carries_through:
+        return _call(mixer, x, params, backend, initial_state=entering)
+    if new_rows is not None:  # one call: the continued piece enters its state, the rest theirs
+        rows = torch.cat([entering, new_rows.to(entering.dtype)])
+        return _call(mixer, x, params, backend, initial_state=rows,
+                     cu_seqlens=_local_cu(layout, x.device))
+    # Without initial states the new sequences reset, which a call with states cannot say.
+    head = layout.head
+    y0, s0, name0 = _call(mixer, x[:, :head], params, backend, initial_state=entering)
+    y1, s1, name1 = _call(mixer, x[:, head:], params, backend,
+                          cu_seqlens=_local_cu(layout, x.device, begin=1))
+    name = name0 if name0 == name1 else f"{name0}+{name1}"
+    return torch.cat([y0, y1], dim=1), torch.cat([s0, s1]), name
+
+
+def head_adjoint(mixer: str, layout: SliceLayout, x, params, backend, entering, dy,
+                 dstates) -> torch.Tensor:
+    """mu [rows, D]: d<(dy, dstates), (y, states)> / d entering, through a recomputed forward
+    of the continued piece (a slice that starts at a sequence start has none)."""
+    head = layout.head
+    with torch.enable_grad():
+        state = entering.detach().requires_grad_()
+        y, final, _ = _call(mixer, x[:, :head].detach(), [p.detach() for p in params], backend,
+                            initial_state=state)
+        dfinal = dstates[:1] if layout.packed else dstates
+        (mu,) = torch.autograd.grad([y, final], [state],
+                                    [dy[:, :head], dfinal.to(final.dtype)])
+    return mu
+
+
+def with_end_cotangent(layout: SliceLayout, dstates: torch.Tensor, cotangent) -> torch.Tensor:
+    """The states' cotangent with the later ranks' one added on the slice's end state."""
+    if not layout.continues:
+        return dstates
+    total = dstates.clone()
+    total[-cotangent.shape[0]:] += cotangent.to(total.dtype)
+    return total
+
+
+# --- the call ----------------------------------------------------------------------------------
+
+class _Call(NamedTuple):
+    mixer: str
+    backend: object
+    layout: SliceLayout
+    group: object
+    world_size: int
+    comm_device: torch.device
+    decays: torch.Tensor  # [world, rows, D]: every rank's A, for the backward
+    names: list  # the backend that ran, filled by the forward
+
+
+def _autocast_state(device_type: str):
+    return (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+
+
+class _SliceWithCarry(torch.autograd.Function):
+    """The slice's forward from its entering state (graph kept), and the backward of
+    the module docstring: the adjoint at the slice start, one all_gather, the slice's backward
+    with the later ranks' cotangent on its end state."""
+
+    @staticmethod
+    def forward(ctx, call: _Call, entering, x, initial_state, *params):
+        needs = ctx.needs_input_grad
+        with torch.enable_grad():
+            x_leaf = x.detach().requires_grad_(needs[2])
+            h0_leaf = (None if initial_state is None
+                       else initial_state.detach().requires_grad_(needs[3]))
+            p_leaves = [p.detach().requires_grad_(n) for p, n in zip(params, needs[4:])]
+            y, states, name = run_slice(call.mixer, call.layout, x_leaf, p_leaves, call.backend,
+                                        entering, h0_leaf)
+        call.names.append(name)
+        ctx.call = call
+        ctx.entering = entering
+        ctx.graph = (y, states)
+        ctx.leaves = (x_leaf, h0_leaf, p_leaves)
+        ctx.autocast = _autocast_state(x.device.type)
+        return y.detach(), states.detach()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dstates):
+        call = ctx.call
+        x_leaf, h0_leaf, p_leaves = ctx.leaves
+        device = x_leaf.device
+        enabled, dtype = ctx.autocast
+        failure = None
+        try:
+            if not call.layout.continued:  # nothing enters the slice: no adjoint to send
+                mu = torch.zeros_like(call.decays[0])
+            else:
+                with torch.autocast(device.type, dtype=dtype, enabled=enabled):
+                    mu = head_adjoint(call.mixer, call.layout, x_leaf, p_leaves, call.backend,
+                                      ctx.entering, dy, dstates)
+        except Exception as exc:  # reported to every rank instead of leaving them waiting
+            mu, failure = torch.zeros_like(call.decays[0]), exc
+        packet = torch.cat([mu.flatten().to(call.comm_device),
+                            mu.new_tensor([float(failure is not None)]).to(call.comm_device)])
+        gathered = _all_gather(call.group, packet, call.world_size)
+        failed = [k for k in range(call.world_size) if gathered[k, -1] != 0]
+        if failed:
+            raise RuntimeError(f"{call.mixer} (context parallel): the backward's adjoint failed "
+                               f"on rank(s) {failed}") from failure
+        adjoints = gathered[:, :-1].reshape(call.world_size, *mu.shape)
+        cotangent = outgoing_cotangent(call.decays, adjoints, call.layout.rank).to(device)
+        y, states = ctx.graph
+        ctx.graph = None  # the kernels' saved tensors go with it
+        leaves = [x_leaf, h0_leaf, *p_leaves]
+        wanted = [t for t in leaves if t is not None and t.requires_grad]
+        grads = torch.autograd.grad(
+            [y, states], wanted,
+            [dy, with_end_cotangent(call.layout, dstates, cotangent)], allow_unused=True)
+        by_leaf = dict(zip(map(id, wanted), grads))
+        out = []
+        for t in leaves:
+            g = by_leaf.get(id(t)) if t is not None else None
+            if g is None and t is not None and t.requires_grad:
+                g = torch.zeros_like(t)  # initial-state rows this rank does not read
+            out.append(g)
+        return (None, None, *out)
+
+
+def _meta_row(mixer, x, initial_state, ctx: CPContext, needs_grad: bool, status: int):
+    row = [0] * _META_FIELDS
+    row[_STATUS] = status
+    row[_PACKED] = int(ctx.packed)
+    if isinstance(x, torch.Tensor) and x.dim() == 3:
+        row[_BATCH], row[_LENGTH], row[_WIDTH] = x.shape
+        row[_DTYPE] = (SUPPORTED_DTYPES.index(x.dtype) if x.dtype in SUPPORTED_DTYPES
+                       else -1)
+    row[_HAS_INITIAL] = int(initial_state is not None)
+    row[_NEEDS_GRAD] = int(needs_grad)
+    if ctx.packed:
+        row[_CU_COUNT] = len(ctx.sequence_offsets)
+        row[_CU_SIGNATURE] = _signature(ctx.sequence_offsets)
+    row[_RANK] = ctx.rank
+    return row
+
+
+def _check_local(mixer, x, initial_state, cu_seqlens, ctx: CPContext, group_rank, group_world):
+    """The checks one rank can make alone; the mixer checks the rest in the summary pass."""
+    if cu_seqlens is not None:
+        raise ValueError("with cp_context the packed layout comes from the context: pass the "
+                         "global offsets to build_cp_context(cu_seqlens=...) and no cu_seqlens "
+                         "to the call")
+    if (group_rank, group_world) != (ctx.rank, ctx.world_size):
+        raise ValueError(f"cp_context was built for rank {ctx.rank} of {ctx.world_size}, but "
+                         f"this process is rank {group_rank} of {group_world} in its group")
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be this rank's slice [batch, length, width], got {shape}")
+    batch, length, width = x.shape
+    if ctx.slice_lengths is not None and length != ctx.slice_lengths[ctx.rank]:
+        raise ValueError(f"this rank's slice holds {length} tokens but the context's slice "
+                         f"lengths {list(ctx.slice_lengths)} give it "
+                         f"{ctx.slice_lengths[ctx.rank]}")
+    if ctx.packed and batch != 1:
+        raise ValueError(f"packed sequences (cu_seqlens in the context) need batch 1, got "
+                         f"batch {batch}")
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor):
+            raise TypeError(f"initial_state must be a torch.Tensor, got "
+                            f"{type(initial_state).__name__}")
+        count = len(ctx.sequence_offsets) - 1 if ctx.packed else batch
+        if tuple(initial_state.shape) != (count, width):
+            what = "global sequences" if ctx.packed else "batch"
+            raise ValueError(f"initial_state must have shape [{count}, {width}] ({what} "
+                             f"{count}), got {tuple(initial_state.shape)}")
+        if not initial_state.is_floating_point():
+            raise TypeError(f"initial_state must be floating point, got {initial_state.dtype}")
+        if initial_state.device != x.device:
+            raise ValueError(f"initial_state is on {initial_state.device} but x is on "
+                             f"{x.device}")
+
+
+def _agree(mixer: str, ctx: CPContext, rows, error: Exception | None, comm_device):
+    """All_gathers every rank's metadata and raises the same error on every rank when one
+    failed or the ranks disagree; returns the slice lengths."""
+    mine = torch.tensor(rows, dtype=torch.int64, device=comm_device)
+    table = _all_gather(ctx.group, mine, ctx.world_size).tolist()
+    prefix = f"{mixer} (context parallel): "
+    failed = [k for k, row in enumerate(table) if row[_STATUS]]
+    if failed:
+        messages = [None] * ctx.world_size
+        dist.all_gather_object(messages, None if error is None else
+                               f"{type(error).__name__}: {error}", group=ctx.group)
+        text = prefix + "; ".join(f"rank {k}: {messages[k]}" for k in failed)
+        raise ValueError(text) from error
+    if [row[_RANK] for row in table] != list(range(ctx.world_size)):
+        raise ValueError(prefix + "the ranks' contexts were built in different groups")
+    for field, what in ((_PACKED, "packed or not (cu_seqlens in the context)"),
+                        (_CU_COUNT, "the number of global sequences"),
+                        (_CU_SIGNATURE, "the global cu_seqlens"),
+                        (_BATCH, "the batch"), (_WIDTH, "the width"), (_DTYPE, "x's dtype"),
+                        (_HAS_INITIAL, "whether an initial state is given"),
+                        (_NEEDS_GRAD, "whether the call builds a graph (grad mode and "
+                                      "requires_grad): every rank must run its backward")):
+        values = [row[field] for row in table]
+        if len(set(values)) > 1:
+            if field == _DTYPE:
+                values = [str(SUPPORTED_DTYPES[v]) if v >= 0 else "unsupported" for v in values]
+            raise ValueError(prefix + f"the ranks disagree on {what}: {values} by rank")
+    lengths = tuple(row[_LENGTH] for row in table)
+    if ctx.slice_lengths is not None and lengths != ctx.slice_lengths:
+        raise ValueError(prefix + f"the slices hold {list(lengths)} tokens by rank, the "
+                         f"context's slice lengths are {list(ctx.slice_lengths)}")
+    return lengths
+
+
+@torch.compiler.disable
+def context_parallel(mixer: str, x, params: dict, *, cp_context: CPContext, backend="auto",
+                     return_backend: bool = False, initial_state=None,
+                     output_final_state: bool = False, cu_seqlens=None):
+    """The mixer over the sequence that the ranks of ``cp_context.group`` hold in slices: this
+    rank's y (and states), as the functional forms return them with ``cp_context``.
+
+    ``initial_state``: [B, D] ([N, D] packed, N the global sequences), the same tensor on
+    every rank; each rank reads the rows of the sequences that start in its slice (unpacked:
+    rank 0 reads all of it), and its gradient holds those rows (zeros elsewhere), so that
+    their sum over the ranks is the full gradient.
+
+    States returned with ``output_final_state``: unpacked, [B, D], the state at this slice's
+    end, which is the next rank's entering state, and on the last rank the final state;
+    packed, one row per sequence with a piece in the slice (``cp_context.sequence_ids``): the
+    final state of each sequence that ends here, and for the last, when it continues on the
+    next rank (``cp_context.continues_to_next``), the state at the slice end.  Gradients on
+    every returned row are taken in."""
+    ctx = cp_context
+    if not isinstance(ctx, CPContext):
+        raise TypeError(f"{mixer}: cp_context must be a CPContext from "
+                        f"samu.distributed.build_cp_context, got {type(ctx).__name__}")
+    if not isinstance(output_final_state, bool):
+        raise TypeError(f"{mixer}: output_final_state must be True or False, got "
+                        f"{output_final_state!r}")
+    if isinstance(x, torch.Tensor):
+        x = autocast_input(x)
+    tensors = [t for t in (x, initial_state, *params.values()) if isinstance(t, torch.Tensor)]
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    param_list = list(params.values())
+    device = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+    comm_device = _comm_device(ctx.group, device)
+    error, status, summary, layout = None, 0, None, None
+    try:
+        _check_local(mixer, x, initial_state, cu_seqlens, ctx, dist.get_rank(ctx.group),
+                     dist.get_world_size(ctx.group))
+        lengths = ctx.slice_lengths or (None,) * ctx.world_size
+        if not ctx.packed:
+            lengths = tuple(x.shape[1] if k == ctx.rank else n for k, n in enumerate(lengths))
+        layout = slice_layout(ctx.rank, lengths, ctx.sequence_offsets)
+        summary = slice_summary(mixer, layout, x, param_list, backend, initial_state)
+    except Exception as exc:  # reported to every rank below instead of leaving them waiting
+        error, status = exc, 1
+    meta = _meta_row(mixer, x, initial_state, ctx, needs_grad, status)
+    _agree(mixer, ctx, meta, error, comm_device)
+    summaries = _all_gather(ctx.group, summary.to(comm_device), ctx.world_size)
+    entering = incoming_state(summaries, ctx.rank).to(device) if layout.continued else None
+    if needs_grad:
+        call = _Call(mixer, backend, layout, ctx.group, ctx.world_size, comm_device,
+                     summaries[:, 0], [])
+        y, states = _SliceWithCarry.apply(call, entering, x, initial_state, *param_list)
+        name = call.names[0]
+    else:
+        y, states, name = run_slice(mixer, layout, x, param_list, backend, entering,
+                                    initial_state)
+    out = (y, states) if output_final_state else (y,)
+    if return_backend:
+        out = (*out, name)
+    return out if len(out) > 1 else y

@@ -1,0 +1,330 @@
+"""Context parallelism (samu.distributed) on one GPU: each rank's share of a forward+backward
+against one call at L / P and one at L, and (--check) its legality against the float64 oracle.
+
+Timing runs in one process: rank r's share is its summary pass, the simulated all_gather (its
+summary stacked with stand-ins of the other ranks', whose values do not change the work), its
+slice from the composed entering state, the adjoint at its slice start, and its slice's backward
+with the later ranks' cotangent: the code path of a real call without the collectives.  Each is
+timed with CUDA events (the host clock on a CPU), median of --repeats after a warm-up, and
+written to data/context_parallel/<gpu-slug>.json with the environment.
+
+--check spawns P processes (gloo) on one GPU, each holding its slice, runs the context-parallel
+call and its backward there, and checks y, the final states, dx, every parameter's gradient
+(summed over the ranks) and d initial_state against the float64 oracle over the whole sequence
+with SPEC section 4's rule (2 x the eager reference's error + 1e-3, all finite).  It exits 1 if
+any output is not legal.
+
+    python scripts/bench_context_parallel.py                       # L = 2^17..2^20, D = 2048
+    python scripts/bench_context_parallel.py --check               # legality, P = 2, 4, 8
+    python scripts/bench_context_parallel.py --device cpu --lengths 64 --ranks 2 --width 16
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+MIXERS = ("rglru", "samu")
+
+
+def _modules():
+    from samu import paths
+    from samu.experiment import protocol, schema
+    return paths, protocol, schema
+
+
+def make_inputs(mixer: str, length: int, width: int, device, dtype, seed: int = 0):
+    import samu
+    gen = torch.Generator().manual_seed(seed)
+    module = samu.RGLRU(width) if mixer == "rglru" else samu.SAMU(width)
+    module.reset_parameters(generator=gen)
+    params = [p.detach().to(device) for p in module._parameters_in_order()]
+    x = torch.randn(1, length, width, generator=gen).to(device=device, dtype=dtype)
+    dy = torch.randn(1, length, width, generator=gen).to(device=device, dtype=dtype)
+    return x, params, dy
+
+
+def timed(fn, device, repeats: int, warmup: int) -> float:
+    """Median milliseconds of fn() over ``repeats`` after ``warmup`` calls."""
+    _, protocol, _ = _modules()
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        begin, end = protocol._timer(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        begin()
+        fn()
+        samples.append(end())
+    return statistics.median(samples)
+
+
+def one_call(mixer, x, params, dy, backend):
+    """A plain forward+backward, as one GPU runs the mixer without context parallelism."""
+    from samu.functional import FUNCTIONS
+    xg = x.detach().requires_grad_()
+    ps = [p.detach().requires_grad_() for p in params]
+
+    def step():
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=x.is_cuda):
+            y = FUNCTIONS[mixer](xg, *ps, backend=backend)
+        torch.autograd.grad(y, [xg, *ps], dy)
+    return step
+
+
+def rank_share(mixer, layout, x, params, dy, backend, world: int):
+    """Rank ``layout.rank``'s work in one forward+backward, the collectives simulated."""
+    from samu import distributed as cp
+    rows, width = x.shape[0], x.shape[2]
+    gen = torch.Generator().manual_seed(layout.rank)
+    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    others = torch.rand(world, 2, rows, width, generator=gen, dtype=cdt).to(x.device)
+    other_adjoints = torch.randn(world, rows, width, generator=gen, dtype=cdt).to(x.device)
+    zero_states = torch.zeros(rows, width, dtype=cdt, device=x.device)
+
+    def phases():
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=x.is_cuda):
+            mine = cp.slice_summary(mixer, layout, x, params, backend)
+            summaries = torch.cat([others[:layout.rank], mine[None], others[layout.rank + 1:]])
+            entering = cp.incoming_state(summaries, layout.rank) if layout.continued else None
+            with torch.enable_grad():
+                xg = x.detach().requires_grad_()
+                ps = [p.detach().requires_grad_() for p in params]
+                y, states, _ = cp.run_slice(mixer, layout, xg, ps, backend, entering)
+            adjoints = other_adjoints.clone()
+            if layout.continued:
+                adjoints[layout.rank] = cp.head_adjoint(mixer, layout, xg, ps, backend,
+                                                        entering, dy, zero_states)
+        cotangent = cp.outgoing_cotangent(summaries[:, 0], adjoints, layout.rank)
+        torch.autograd.grad([y, states], [xg, *ps],
+                            [dy, cp.with_end_cotangent(layout, zero_states, cotangent)])
+    return phases
+
+
+def benchmark(args, device) -> dict:
+    from samu import distributed as cp
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    rows = []
+    for mixer in args.mixers:
+        for length in args.lengths:
+            x, params, dy = make_inputs(mixer, length, args.width, device, dtype)
+            full_ms = timed(one_call(mixer, x, params, dy, args.backend), device,
+                            args.repeats, args.warmup)
+            for world in args.ranks:
+                if length % world:
+                    raise SystemExit(f"--lengths {length} does not split over {world} ranks")
+                part = length // world
+                slice_ms = timed(one_call(mixer, x[:, :part], params, dy[:, :part],
+                                          args.backend), device, args.repeats, args.warmup)
+                rank_ms = []
+                for rank in range(world):
+                    layout = cp.slice_layout(rank, (part,) * world)
+                    lo = rank * part
+                    share = rank_share(mixer, layout, x[:, lo:lo + part], params,
+                                       dy[:, lo:lo + part], args.backend, world)
+                    rank_ms.append(timed(share, device, args.repeats, args.warmup))
+                slowest = max(rank_ms)
+                row = {"mixer": mixer, "length": length, "width": args.width, "ranks": world,
+                       "backend": args.backend, "dtype": str(dtype).replace("torch.", ""),
+                       "one_call_at_length_ms": full_ms, "one_call_at_slice_ms": slice_ms,
+                       "rank_ms": rank_ms, "slowest_rank_ms": slowest,
+                       "slowest_rank_over_slice_call": slowest / slice_ms,
+                       "speedup_over_one_call": full_ms / slowest}
+                rows.append(row)
+                print(f"{mixer} L={length} P={world}: one call {full_ms:.3f} ms, at L/P "
+                      f"{slice_ms:.3f} ms, ranks {[round(t, 3) for t in rank_ms]} ms "
+                      f"(slowest / L/P call {slowest / slice_ms:.2f}, one call / slowest "
+                      f"{full_ms / slowest:.2f})", flush=True)
+            del x, dy
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return {"rows": rows}
+
+
+# --- --check: P processes on one GPU over gloo -------------------------------------------------
+
+def check_sequences(slices) -> list[int]:
+    """Offsets with sequences across rank boundaries (the first crossed by one token), a
+    one-token sequence, and, from three ranks on, a sequence that starts exactly at a rank's
+    first token."""
+    bounds = [sum(slices[:k]) for k in range(len(slices) + 1)]
+    points = {0, bounds[-1], bounds[1] // 3, bounds[1] + 1, bounds[1] + 2}
+    for k in range(2, len(slices), 2):
+        points.update((bounds[k], bounds[k] + slices[k] // 2))
+    return sorted(p for p in points if p <= bounds[-1])
+
+
+def check_worker(rank: int, world: int, port: int, work_dir: str, device_index: int):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world,
+                                         timeout=timedelta(seconds=300))
+    import samu
+    from samu.distributed import build_cp_context
+    device = (torch.device("cuda", device_index) if device_index >= 0
+              else torch.device("cpu"))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    job = torch.load(Path(work_dir) / "job.pt")
+    results = {}
+    for name, case in job.items():
+        lengths = case["slices"]
+        start = sum(lengths[:rank])
+        end = start + lengths[rank]
+        ctx = build_cp_context(cu_seqlens=case["cu_seqlens"], slice_lengths=lengths)
+        x = case["x"][:, start:end].to(device).requires_grad_()
+        params = [p.to(device).requires_grad_() for p in case["params"]]
+        h0 = case.get("initial_state")
+        h0 = None if h0 is None else h0.to(device).requires_grad_()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            y, states, backend = getattr(samu, case["mixer"])(
+                x, *params, backend="auto", initial_state=h0, output_final_state=True,
+                return_backend=True, cp_context=ctx)
+        d_final = case["d_final_state"].to(device)
+        if ctx.packed:
+            d_states = d_final[list(ctx.sequence_ids)].clone()
+            if ctx.continues_to_next:
+                d_states[-1] = 0
+        else:
+            d_states = d_final if rank == world - 1 else torch.zeros_like(d_final)
+        dy = case["dy"][:, start:end].to(device)
+        torch.autograd.backward([y, states], [dy.to(y.dtype), d_states.to(states.dtype)])
+        grads = [p.grad.cpu() for p in params]
+        if h0 is not None:
+            grads.append(h0.grad.cpu())
+        for g in grads:
+            torch.distributed.all_reduce(g)
+        results[name] = {"y": y.detach().cpu(), "states": states.detach().cpu(),
+                         "x": x.grad.cpu(), "grads": grads, "backend": backend,
+                         "sequence_ids": None if not ctx.packed else list(ctx.sequence_ids),
+                         "continues": ctx.continues_to_next}
+    torch.save(results, Path(work_dir) / f"rank{rank}.pt")
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def check(args, device) -> int:
+    import torch.multiprocessing as mp
+    from samu.experiment import legality
+    from samu.functional import PARAMETER_NAMES
+    paths, protocol, schema = _modules()
+    length, width = args.check_length, args.width
+    report = {"environment": protocol.environment(device), "cases": []}
+    legal = True
+    for world in args.ranks:
+        if length % world:
+            raise SystemExit(f"--check-length {length} does not split over {world} ranks")
+        slices = [length // world] * world
+        slices[0] -= 1  # uneven slices
+        slices[-1] += 1
+        job, wants = {}, {}
+        for mixer in args.mixers:
+            for layout in ("plain_h0", "packed", "packed_h0"):
+                batch = 2 if layout == "plain_h0" else 1
+                cu = None if layout == "plain_h0" else check_sequences(slices)
+                x, params, dy = legality.make_inputs(mixer, (batch, length, width), device)
+                state = legality.make_state((batch, length, width), device, cu_seqlens=cu,
+                                            initial=layout.endswith("_h0"))
+                want = legality.oracle(mixer, x, params, dy, state)
+                eager = legality.relative_errors(
+                    legality.outputs(mixer, "reference_chunked", x, params, dy, state), want)
+                name = f"{mixer}-{layout}"
+                wants[name] = (want, eager)
+                job[name] = {"mixer": mixer, "slices": slices, "cu_seqlens": cu,
+                             "x": x.cpu(), "params": [p.cpu() for p in params.values()],
+                             "dy": dy.cpu(), "d_final_state": state["d_final_state"].cpu(),
+                             "initial_state": (state["initial_state"].cpu()
+                                               if "initial_state" in state else None)}
+        with tempfile.TemporaryDirectory() as work:
+            torch.save(job, Path(work) / "job.pt")
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            index = (device.index or 0) if device.type == "cuda" else -1
+            mp.start_processes(check_worker, args=(world, port, work, index), nprocs=world,
+                               start_method="spawn")
+            ranks = [torch.load(Path(work) / f"rank{r}.pt") for r in range(world)]
+        for name, (want, eager) in wants.items():
+            mixer = job[name]["mixer"]
+            got = {"y": torch.cat([r[name]["y"] for r in ranks], 1),
+                   "x": torch.cat([r[name]["x"] for r in ranks], 1)}
+            names = list(PARAMETER_NAMES[mixer]) + (
+                ["initial_state"] if job[name]["initial_state"] is not None else [])
+            got.update(zip(names, ranks[0][name]["grads"]))
+            if job[name]["cu_seqlens"] is None:
+                got["final_state"] = ranks[-1][name]["states"]
+            else:  # each sequence's final state from the rank where it ends
+                final = torch.empty_like(want["final_state"].cpu()).float()
+                for r in ranks:
+                    ids = r[name]["sequence_ids"][:-1 if r[name]["continues"] else None]
+                    final[ids] = r[name]["states"][:len(ids)].float()
+                got["final_state"] = final
+            want_cpu = {k: v.cpu() for k, v in want.items()}
+            errors = legality.relative_errors(got, want_cpu)
+            bounds = {k: legality.ERROR_FACTOR * e + legality.ERROR_SLACK
+                      for k, e in eager.items()}
+            failing = [k for k, e in errors.items() if not e <= bounds[k]]
+            legal &= not failing
+            report["cases"].append({"case": name, "ranks": world, "slices": slices,
+                                    "cu_seqlens": job[name]["cu_seqlens"],
+                                    "backends": [r[name]["backend"] for r in ranks],
+                                    "errors": errors, "bounds": bounds,
+                                    "eager_errors": eager, "legal": not failing})
+            worst = max(errors, key=lambda k: errors[k] / bounds[k])
+            print(f"P={world} {name}: {'legal' if not failing else 'NOT LEGAL ' + str(failing)};"
+                  f" max error {max(errors.values()):.2e}, closest to its bound: {worst} "
+                  f"{errors[worst]:.2e} <= {bounds[worst]:.2e}", flush=True)
+    out = Path(args.out) if args.out else (paths.DATA / "context_parallel"
+                                           / f"{protocol.device_slug(device)}_check.json")
+    schema.write_json_atomic(out, report, kind=None)
+    print("wrote", out)
+    return 0 if legal else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default=None, help="cuda (default when present) or cpu")
+    parser.add_argument("--lengths", type=int, nargs="+",
+                        default=[2**17, 2**18, 2**19, 2**20])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--mixers", nargs="+", default=list(MIXERS), choices=MIXERS)
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="calls before timing (default 3 on a GPU, 1 on a CPU)")
+    parser.add_argument("--check", action="store_true",
+                        help="legality of the context-parallel path, P processes on one GPU")
+    parser.add_argument("--check-length", type=int, default=2**14)
+    parser.add_argument("--out", default=None, help="the JSON file to write (default: "
+                        "data/context_parallel/<gpu-slug>.json, or <gpu-slug>_check.json)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.warmup is None:
+        args.warmup = 3 if device.type == "cuda" else 1
+    if args.check:
+        return check(args, device)
+    paths, protocol, schema = _modules()
+    doc = {"environment": protocol.environment(device),
+           "protocol": {"repeats": args.repeats, "warmup": args.warmup,
+                        "timer": "CUDA events" if device.type == "cuda" else "host clock",
+                        "share": "summary pass, simulated all_gather, slice forward, adjoint "
+                                 "at the slice start, slice backward"},
+           **benchmark(args, device)}
+    out = Path(args.out) if args.out else (paths.DATA / "context_parallel"
+                                           / f"{protocol.device_slug(device)}.json")
+    schema.write_json_atomic(out, doc, kind=None)
+    print("wrote", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,317 @@
+"""The processes of tests/test_distributed.py and the cases they share with the parent.
+
+Each worker is one rank of a gloo group on 127.0.0.1, started by torch.multiprocessing (spawn).
+It sets TRITON_INTERPRET=1 before importing samu (the kernels under Triton's interpreter, on
+CPU tensors) and runs on one thread; it writes what it computed with torch.save, and the parent
+compares.  An exception in a worker propagates to the parent through torch.multiprocessing.
+Nothing here imports samu at module level: the parent imports this file too.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+
+WIDTH = 16
+RGLRU_HEADS = 2
+
+# (name, dtype, backend): the float64 reference (exact), the Triton default under the interpreter.
+PRECISIONS = {
+    "reference_float64": (torch.float64, "reference_chunked"),
+    "interpreter_float32": (torch.float32, "auto"),
+}
+TOLERANCE = {"reference_float64": 1e-10, "interpreter_float32": 1e-4}
+
+# Three ranks holding 10, 9 and 11 tokens (offsets 0, 10, 19; L = 30).
+THREE_SLICES = (10, 9, 11)
+THREE_LAYOUTS = {
+    "plain_h0": dict(batch=2, cu_seqlens=None, initial=True),
+    # sequence 1 spans all three ranks; sequence 2 is one token
+    "packed_spanning_h0": dict(batch=1, cu_seqlens=(0, 5, 21, 22, 30), initial=True),
+    # a sequence starts exactly at rank 1's first token and crosses into rank 2, where a
+    # one-token sequence and a last one start (new sequences reset: no initial state)
+    "packed_boundary": dict(batch=1, cu_seqlens=(0, 5, 10, 21, 22, 30), initial=False),
+}
+THREE_CASES = [(m, p, l) for m in ("samu", "rglru") for p in PRECISIONS for l in THREE_LAYOUTS
+               if not (p == "interpreter_float32" and l == "packed_boundary")]
+
+# Two ranks of uneven slices (7 and 17 tokens, L = 24), lengths gathered by build_cp_context.
+TWO_SLICES = (7, 17)
+TWO_LAYOUTS = {
+    "plain": dict(batch=2, cu_seqlens=None, initial=False),
+    "packed_crossing": dict(batch=1, cu_seqlens=(0, 3, 20, 24), initial=False),
+}
+TWO_CASES = [(m, "reference_float64", l) for m in ("samu", "rglru") for l in TWO_LAYOUTS]
+
+ERROR_CASES = ("cu_seqlens_short", "slice_lengths_mismatch", "ranks_disagree_on_cu_seqlens",
+               "wrong_width_on_one_rank", "cu_seqlens_passed_to_the_call", "grad_mode_differs")
+
+# LayerNorm: the model's RMSNorm computes in FP32 whatever the dtype, LayerNorm in float64.
+TRAINING = dict(vocab_size=13, width=16, layers=2, mlp_expansion=2, rglru_heads=2,
+                norm="layernorm", backend="reference_chunked")
+TRAINING_BATCH, TRAINING_LENGTH, TRAINING_STEPS, TRAINING_LR = 4, 12, 3, 0.3
+
+
+def case_name(case) -> str:
+    return "-".join(case)
+
+
+def case_seed(case) -> int:
+    return sum(ord(c) * (i + 1) for i, c in enumerate(case_name(case))) % 100003
+
+
+def parameter_names(mixer: str):
+    return {"samu": ("ctrl_weight", "ctrl_bias", "a_param", "log_temp", "skip"),
+            "rglru": ("gate_x_weight", "gate_x_bias", "gate_a_weight", "gate_a_bias",
+                      "a_param")}[mixer]
+
+
+def make_module(mixer: str, backend: str, params=None):
+    import samu
+    module = (samu.SAMU(WIDTH, backend=backend) if mixer == "samu"
+              else samu.RGLRU(WIDTH, num_heads=RGLRU_HEADS, backend=backend))
+    if params is not None:
+        with torch.no_grad():
+            for name, p in zip(parameter_names(mixer), params):
+                getattr(module, name).copy_(p)
+    return module
+
+
+def case_inputs(case, slices, layouts):
+    """Every tensor of a case, the same in every process: x, parameters, dy, the initial state,
+    the final states' cotangent, and a cotangent for each rank's state at its slice end."""
+    mixer, precision, layout_name = case
+    layout = layouts[layout_name]
+    dtype = PRECISIONS[precision][0]
+    gen = torch.Generator().manual_seed(case_seed(case))
+    module = make_module(mixer, "reference_chunked")
+    module.reset_parameters(generator=gen)
+    params = [(p.detach() + 0.1 * torch.randn(p.shape, generator=gen)).to(dtype)
+              for p in module._parameters_in_order()]
+    length = sum(slices)
+    batch = layout["batch"]
+    cu = layout["cu_seqlens"]
+    count = batch if cu is None else len(cu) - 1
+    x = torch.randn(batch, length, WIDTH, generator=gen).to(dtype)
+    dy = torch.randn(batch, length, WIDTH, generator=gen).to(dtype)
+    h0 = torch.randn(count, WIDTH, generator=gen).to(dtype) if layout["initial"] else None
+    d_final = torch.randn(count, WIDTH, generator=gen).to(dtype)
+    d_slice_end = torch.randn(len(slices), batch, WIDTH, generator=gen).to(dtype)
+    return dict(x=x, params=params, dy=dy, h0=h0, d_final=d_final, d_slice_end=d_slice_end,
+                cu_seqlens=cu)
+
+
+def slice_end_rows(rank: int, slices, cu) -> tuple[list, bool]:
+    """(sequence ids of the rows rank returns, whether its last row continues)."""
+    from samu.distributed import slice_layout
+    layout = slice_layout(rank, slices, cu)
+    if cu is None:
+        return None, layout.continues
+    return list(range(layout.first_sequence, layout.last_sequence + 1)), layout.continues
+
+
+def full_sequence(case, slices, layouts) -> dict:
+    """One process, the whole sequence: the loss <dy, y> + <d_final, final states> + the
+    slice-end cotangents on h at each continuing slice's last token (h = y, minus skip x for
+    SAMU)."""
+    import samu
+    t = case_inputs(case, slices, layouts)
+    mixer, precision, _ = case
+    backend = PRECISIONS[precision][1]
+    x = t["x"].clone().requires_grad_()
+    params = [p.clone().requires_grad_() for p in t["params"]]
+    h0 = None if t["h0"] is None else t["h0"].clone().requires_grad_()
+    cu = None if t["cu_seqlens"] is None else torch.tensor(t["cu_seqlens"], dtype=torch.int32)
+    fn = samu.functional.FUNCTIONS[mixer]
+    y, final = fn(x, *params, backend=backend, initial_state=h0, cu_seqlens=cu,
+                  output_final_state=True)
+    loss = (y * t["dy"]).sum() + (final * t["d_final"]).sum()
+    state_at = {}
+    hidden = y if mixer == "rglru" else y - params[-1] * x  # h, differentiable
+    end = 0
+    for rank, n in enumerate(slices):
+        end += n
+        _, continues = slice_end_rows(rank, slices, t["cu_seqlens"])
+        if continues:
+            rows = slice(None) if cu is None else slice(0, 1)
+            loss = loss + (hidden[rows, end - 1] * t["d_slice_end"][rank][rows]).sum()
+            state_at[rank] = hidden[rows, end - 1].detach()
+    inputs = [x, *params] + ([h0] if h0 is not None else [])
+    grads = torch.autograd.grad(loss, inputs)
+    return dict(y=y.detach(), final=final.detach(), dx=grads[0],
+                params=list(grads[1:1 + len(params)]),
+                dh0=grads[-1] if h0 is not None else None, state_at=state_at)
+
+
+def cp_case(case, slices, layouts, rank: int, world: int, use_module: bool,
+            length_argument: str) -> dict:
+    """This rank's share of the same loss under context parallelism."""
+    import samu
+    from samu.distributed import build_cp_context
+    t = case_inputs(case, slices, layouts)
+    mixer, precision, _ = case
+    backend = PRECISIONS[precision][1]
+    start = sum(slices[:rank])
+    end = start + slices[rank]
+    lengths = (dict(slice_lengths=slices) if length_argument == "slice_lengths"
+               else dict(local_length=slices[rank]))
+    ctx = build_cp_context(cu_seqlens=t["cu_seqlens"], **lengths)
+    x = t["x"][:, start:end].clone().requires_grad_()
+    params = [p.clone().requires_grad_() for p in t["params"]]
+    h0 = None if t["h0"] is None else t["h0"].clone().requires_grad_()
+    if use_module:
+        module = make_module(mixer, backend, params=[p.detach() for p in params])
+        y, states = module(x, initial_state=h0, output_final_state=True, cp_context=ctx)
+        name = module.last_backend
+        leaves = [getattr(module, n) for n in parameter_names(mixer)]
+    else:
+        fn = getattr(samu, mixer)
+        y, states, name = fn(x, *params, backend=backend, initial_state=h0,
+                             output_final_state=True, return_backend=True, cp_context=ctx)
+        leaves = params
+    ids, continues = slice_end_rows(rank, slices, t["cu_seqlens"])
+    d_states = t["d_final"].clone() if ids is None else t["d_final"][ids].clone()
+    if continues:
+        rows = d_states.shape[0] if ids is None else 1
+        d_states[-rows:] = t["d_slice_end"][rank][:rows]
+    loss = (y * t["dy"][:, start:end]).sum() + (states * d_states).sum()
+    loss.backward()
+    grads = [p.grad.clone() for p in leaves]
+    for g in grads:
+        torch.distributed.all_reduce(g)  # each rank holds its slice's share
+    dh0 = None
+    if h0 is not None:
+        dh0 = h0.grad.clone()
+        torch.distributed.all_reduce(dh0)
+    with torch.no_grad():  # the no-graph path gives the same forward
+        fn = getattr(samu, mixer)
+        y_no_grad = fn(x.detach(), *[p.detach() for p in params], backend=backend,
+                       initial_state=None if h0 is None else h0.detach(), cp_context=ctx)
+    return dict(y=y.detach(), y_no_grad=y_no_grad, states=states.detach(), dx=x.grad,
+                params=grads, dh0=dh0, sequence_ids=ids, continues=continues, backend=name,
+                local_cu_seqlens=(None if ctx.local_cu_seqlens is None
+                                  else ctx.local_cu_seqlens.tolist()))
+
+
+def _init(rank: int, world: int, port: int):
+    os.environ["TRITON_INTERPRET"] = "1"  # before samu is imported anywhere in this process
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world,
+                                         timeout=timedelta(seconds=90))
+    import samu  # noqa: F401  (imported after TRITON_INTERPRET, as the kernels need)
+
+
+def _finish(out_dir: str, rank: int, results: dict):
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.distributed.barrier()  # no rank tears the group down while another still uses it
+    torch.distributed.destroy_process_group()
+
+
+def three_ranks(rank: int, world: int, port: int, out_dir: str):
+    _init(rank, world, port)
+    results = {}
+    for case in THREE_CASES:
+        # The kernels' cases go through the modules, the reference's through the functions.
+        results[case_name(case)] = cp_case(case, THREE_SLICES, THREE_LAYOUTS, rank, world,
+                                           use_module=case[1] == "interpreter_float32",
+                                           length_argument="slice_lengths")
+    _finish(out_dir, rank, results)
+
+
+def _error_case(name: str, rank: int):
+    import samu
+    from samu.distributed import build_cp_context
+    gen = torch.Generator().manual_seed(7)
+    module = make_module("samu", "reference_chunked")
+    x = torch.randn(1, TWO_SLICES[rank], WIDTH, generator=gen, dtype=torch.float64)
+    module.double()
+    if name == "cu_seqlens_short":  # they cover 20 tokens, the slices hold 24
+        build_cp_context(cu_seqlens=[0, 5, 20], local_length=TWO_SLICES[rank])
+    elif name == "slice_lengths_mismatch":
+        module(x, cp_context=build_cp_context(slice_lengths=(12, 12)))
+    elif name == "ranks_disagree_on_cu_seqlens":
+        cu = [0, 3, 24] if rank == 0 else [0, 4, 24]
+        module(x, cp_context=build_cp_context(cu_seqlens=cu, slice_lengths=TWO_SLICES))
+    elif name == "wrong_width_on_one_rank":
+        if rank == 1:
+            x = torch.randn(1, TWO_SLICES[rank], WIDTH + 1, dtype=torch.float64)
+        module(x, cp_context=build_cp_context())
+    elif name == "cu_seqlens_passed_to_the_call":
+        cu = torch.tensor([0, TWO_SLICES[rank]], dtype=torch.int32)
+        module(x, cu_seqlens=cu, cp_context=build_cp_context())
+    elif name == "grad_mode_differs":
+        x.requires_grad_()
+        with torch.set_grad_enabled(rank == 0):
+            samu.samu(x, *[p.detach() for p in module._parameters_in_order()],
+                      backend="reference_chunked", cp_context=build_cp_context())
+
+
+def train(mixer: str, wrap: str | None, rank: int = 0, world: int = 1) -> list[float]:
+    """Losses of TRAINING_STEPS SGD steps on this rank's share of the batch: wrap None (one
+    process, the whole batch), "ddp" or "fsdp2" (data parallel over the group)."""
+    import torch.nn.functional as F
+    from samu import model as samu_model
+    config = samu_model.ModelConfig(mixer=mixer, **TRAINING)
+    net = samu_model.build(config, seed=0).double()
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, TRAINING["vocab_size"], (TRAINING_BATCH, TRAINING_LENGTH + 1),
+                           generator=gen)
+    share = TRAINING_BATCH // world
+    tokens = tokens[rank * share:(rank + 1) * share]
+    # fully_shard refuses 0-dim parameters (SAMU's log_temp and skip): they stay whole on
+    # every rank, outside the sharding, and their gradients are averaged here, in parameter
+    # order on every rank (a set's order follows ids, which differ between processes).
+    replicated = [p for p in net.parameters() if p.dim() == 0] if wrap == "fsdp2" else []
+    if wrap == "ddp":
+        net = torch.nn.parallel.DistributedDataParallel(net)
+    elif wrap == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (world,))
+        for block in net.blocks:
+            fully_shard(block, mesh=mesh, ignored_params=set(replicated))
+        fully_shard(net, mesh=mesh, ignored_params=set(replicated))
+    optimizer = torch.optim.SGD(net.parameters(), lr=TRAINING_LR)
+    losses = []
+    for _ in range(TRAINING_STEPS):
+        logits = net(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        for p in replicated:
+            torch.distributed.all_reduce(p.grad)
+            p.grad /= world
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        mean = loss.detach().clone()
+        if wrap is not None:  # the whole batch's loss: the mean of the equal shares'
+            torch.distributed.all_reduce(mean)
+            mean /= world
+        losses.append(mean.item())
+    return losses
+
+
+def two_ranks(rank: int, world: int, port: int, out_dir: str):
+    _init(rank, world, port)
+    results = {}
+    for case in TWO_CASES:
+        results[case_name(case)] = cp_case(case, TWO_SLICES, TWO_LAYOUTS, rank, world,
+                                           use_module=False, length_argument="local_length")
+    errors = {}
+    for name in ERROR_CASES:
+        try:
+            _error_case(name, rank)
+        except Exception as exc:  # what the parent checks: every rank raised, and what
+            errors[name] = (type(exc).__name__, str(exc))
+        else:
+            errors[name] = None
+    results["errors"] = errors
+    for mixer in ("samu", "rglru"):
+        for wrap in ("ddp", "fsdp2"):
+            try:
+                results[f"{wrap}-{mixer}"] = train(mixer, wrap, rank, world)
+            except Exception as exc:  # reported by the parent as the error it is
+                results[f"{wrap}-{mixer}"] = f"{type(exc).__name__}: {exc}"
+    _finish(out_dir, rank, results)

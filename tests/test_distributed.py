@@ -1,0 +1,255 @@
+"""Context parallelism (samu.distributed) over torch.distributed with gloo, against one process
+holding the whole sequence; and samu.model under DDP and FSDP2 against one process on the whole
+batch.
+
+Two groups of processes run, once each (module-scoped fixtures): three ranks (uneven slices
+10, 9, 11) for both mixers on the float64 reference and, under Triton's interpreter, on the
+Triton default in float32; two ranks (slices 7 and 17, lengths gathered by build_cp_context)
+for the reference cases without initial state, the bad contexts, and the training runs.  The
+workers are in tests/distributed_workers.py; each writes its results with torch.save, and the
+tests here compare them with what this process computes over the whole sequence.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import socket
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import distributed_workers as workers
+from samu import paths
+from samu.distributed import (build_cp_context, incoming_state, log_decay,
+                              outgoing_cotangent, slice_layout)
+
+# Whole-group deadline: a worker that hangs fails the test instead of the run.
+DEADLINE_SECONDS = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_group(entry, world: int, out_dir, parent_work=None):
+    """Starts ``world`` ranks of ``entry``, runs ``parent_work()`` meanwhile, and returns
+    (every rank's results, parent_work's result).  A worker's exception fails the test with its
+    traceback; a group that outlives the deadline is killed and fails it too."""
+    context = mp.start_processes(entry, args=(world, free_port(), str(out_dir)), nprocs=world,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    try:
+        mine = parent_work() if parent_work is not None else None
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the {world} ranks of {entry.__name__} did not finish within "
+                            f"{DEADLINE_SECONDS} s")
+    except mp.ProcessRaisedException as exc:
+        pytest.fail(f"a rank of {entry.__name__} raised:\n{exc}")
+    except mp.ProcessExitedException as exc:
+        pytest.fail(f"a rank of {entry.__name__} died: {exc}")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(world)], mine
+
+
+def references(cases, slices, layouts):
+    return {workers.case_name(c): workers.full_sequence(c, slices, layouts) for c in cases}
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("three_ranks")
+    return run_group(workers.three_ranks, 3, out,
+                     lambda: references(workers.THREE_CASES, workers.THREE_SLICES,
+                                        workers.THREE_LAYOUTS))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("two_ranks")
+
+    def parent_work():
+        refs = references(workers.TWO_CASES, workers.TWO_SLICES, workers.TWO_LAYOUTS)
+        for mixer in ("samu", "rglru"):
+            refs[f"train-{mixer}"] = workers.train(mixer, None)
+        return refs
+    return run_group(workers.two_ranks, 2, out, parent_work)
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    scale = want.norm().item()
+    return (got - want).norm().item() / (scale if scale > 0 else 1.0)
+
+
+def check_case(case, ranks: list[dict], want: dict):
+    tolerance = workers.TOLERANCE[case[1]]
+    name = workers.case_name(case)
+    mine = [r[name] for r in ranks]
+    errors = {"y": relative_error(torch.cat([m["y"] for m in mine], 1), want["y"]),
+              "y without a graph": relative_error(
+                  torch.cat([m["y_no_grad"] for m in mine], 1), want["y"]),
+              "dx": relative_error(torch.cat([m["dx"] for m in mine], 1), want["dx"])}
+    for i, pname in enumerate(workers.parameter_names(case[0])):
+        errors[f"d {pname}"] = relative_error(mine[0]["params"][i], want["params"][i])
+    if want["dh0"] is not None:
+        errors["d initial_state"] = relative_error(mine[0]["dh0"], want["dh0"])
+    for rank, m in enumerate(mine):
+        rows = m["states"]
+        if m["continues"]:  # the state at the slice end, the next rank's entering state
+            carried = rows.shape[0] if m["sequence_ids"] is None else 1
+            errors[f"rank {rank} slice-end state"] = relative_error(
+                rows[-carried:], want["state_at"][rank])
+            rows, ids = rows[:-carried], (m["sequence_ids"] or [])[:-1]
+        else:
+            ids = m["sequence_ids"]
+        if ids is None:
+            errors[f"rank {rank} final states"] = relative_error(rows, want["final"])
+        elif ids:
+            errors[f"rank {rank} final states {ids}"] = relative_error(rows, want["final"][ids])
+    bad = {k: v for k, v in errors.items() if not v <= tolerance}
+    assert not bad, f"{name}: errors above {tolerance:g}: {bad}"
+    if case[1] == "interpreter_float32":
+        assert all(not m["backend"].startswith("reference") for m in mine), \
+            [m["backend"] for m in mine]
+
+
+@pytest.mark.parametrize("case", workers.THREE_CASES, ids=workers.case_name)
+def test_three_ranks_match_one_process(three_ranks, case):
+    ranks, want = three_ranks
+    check_case(case, ranks, want[workers.case_name(case)])
+
+
+@pytest.mark.parametrize("case", workers.TWO_CASES, ids=workers.case_name)
+def test_two_uneven_ranks_match_one_process(two_ranks, case):
+    ranks, want = two_ranks
+    check_case(case, ranks, want[workers.case_name(case)])
+
+
+def test_local_cu_seqlens_in_the_context(three_ranks):
+    ranks, _ = three_ranks
+    name = workers.case_name(("samu", "reference_float64", "packed_spanning_h0"))
+    assert [r[name]["local_cu_seqlens"] for r in ranks] == [[0, 5, 10], [0, 9], [0, 2, 3, 11]]
+    assert [r[name]["sequence_ids"] for r in ranks] == [[0, 1], [1], [1, 2, 3]]
+    assert [r[name]["continues"] for r in ranks] == [True, True, False]
+
+
+EXPECTED_ERRORS = {
+    "cu_seqlens_short": "cu_seqlens cover 20 tokens but the slices hold 24",
+    "slice_lengths_mismatch": "the context's slice lengths [12, 12] give it 12",
+    "ranks_disagree_on_cu_seqlens": "the ranks disagree on the global cu_seqlens",
+    "wrong_width_on_one_rank": "rank 1: ValueError: samu: x has width 17",
+    "cu_seqlens_passed_to_the_call": "the packed layout comes from the context",
+    "grad_mode_differs": "disagree on whether the call builds a graph",
+}
+
+
+def test_bad_contexts_raise_on_every_rank(two_ranks):
+    ranks, _ = two_ranks
+    for name, words in EXPECTED_ERRORS.items():
+        for rank, r in enumerate(ranks):
+            got = r["errors"][name]
+            assert got is not None, f"{name}: rank {rank} raised nothing"
+            kind, message = got
+            assert kind == "ValueError" and words in message, (name, rank, got)
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
+def test_data_parallel_training_matches_one_process(two_ranks, wrap, mixer):
+    ranks, want = two_ranks
+    got = [r[f"{wrap}-{mixer}"] for r in ranks]
+    if isinstance(got[0], str):
+        pytest.fail(f"{wrap} on CPU/gloo did not run: {got[0]}")
+    assert got[0] == got[1]  # both ranks report the whole batch's loss
+    reference = want[f"train-{mixer}"]
+    assert len(reference) == workers.TRAINING_STEPS and reference[0] > reference[-1]
+    for step, (a, b) in enumerate(zip(got[0], reference)):
+        assert math.isclose(a, b, rel_tol=1e-8), (step, got[0], reference)
+
+
+# --- one process: the layout and the closed forms ------------------------------------------
+
+def test_slice_layout_of_packed_sequences():
+    cu = (0, 5, 21, 22, 30)
+    first, middle, last = (slice_layout(r, (10, 9, 11), cu) for r in range(3))
+    assert (first.piece_offsets, first.first_sequence, first.continued, first.continues) == \
+        ((0, 5, 10), 0, False, True)
+    assert (middle.piece_offsets, middle.first_sequence, middle.carries_through) == \
+        ((0, 9), 1, True)
+    assert (last.piece_offsets, last.first_sequence, last.last_sequence, last.head,
+            last.continued, last.continues, last.carries_through) == \
+        ((0, 2, 3, 11), 1, 3, 2, True, False, False)
+    at_boundary = slice_layout(1, (10, 9, 11), (0, 5, 10, 21, 30))
+    assert (at_boundary.continued, at_boundary.head, at_boundary.continues) == (False, 0, True)
+    plain = slice_layout(0, (None, None), None)
+    assert (plain.continued, plain.continues, plain.head) == (False, True, 0)
+
+
+def test_closed_forms_equal_the_chain():
+    gen = torch.Generator().manual_seed(0)
+    world, rows, width = 4, 2, 3
+    decays = torch.rand(world, rows, width, generator=gen, dtype=torch.float64)
+    decays[2, 0] = 0.0  # a sequence starts in slice 2 of row 0
+    ends = torch.randn(world, rows, width, generator=gen, dtype=torch.float64)
+    adjoints = torch.randn(world, rows, width, generator=gen, dtype=torch.float64)
+    summaries = torch.stack([decays, ends], dim=1)
+    for rank in range(world):
+        state = torch.zeros(rows, width, dtype=torch.float64)
+        for j in range(rank):  # the serial chain the closed form replaces
+            state = decays[j] * state + ends[j]
+        assert torch.equal(incoming_state(summaries, rank), state)
+        want = sum((torch.prod(decays[rank + 1:k], dim=0) * adjoints[k]
+                    for k in range(rank + 1, world)), torch.zeros(rows, width,
+                                                                  dtype=torch.float64))
+        torch.testing.assert_close(outgoing_cotangent(decays, adjoints, rank), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_log_decay_is_the_reference_sum(mixer, dtype):
+    from samu.ops.rglru.naive import rglru_scan_inputs
+    from samu.ops.samu.naive import samu_scan_inputs
+    gen = torch.Generator().manual_seed(1)
+    module = workers.make_module(mixer, "reference_chunked")
+    module.reset_parameters(generator=gen)
+    params = [p.detach() + 0.1 * torch.randn(p.shape, generator=gen)
+              for p in module._parameters_in_order()]
+    x = torch.randn(2, 37, workers.WIDTH, generator=gen).to(dtype)
+    scan_inputs = rglru_scan_inputs if mixer == "rglru" else samu_scan_inputs
+    log_a = scan_inputs(x, *params[:5 if mixer == "rglru" else 4])[0]
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(log_decay(mixer, x, params), log_a.sum(1), rtol=tolerance,
+                               atol=tolerance)
+
+
+def test_context_needs_torch_distributed():
+    if torch.distributed.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        build_cp_context()
+
+
+def test_benchmark_runs_on_the_cpu(tmp_path):
+    path = paths.REPO_ROOT / "scripts" / "bench_context_parallel.py"
+    spec = importlib.util.spec_from_file_location("bench_context_parallel", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "cp.json"
+    assert bench.main(["--device", "cpu", "--lengths", "64", "--ranks", "2", "--width", "16",
+                       "--repeats", "1", "--backend", "reference_chunked",
+                       "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["environment"]["gpu"] == "cpu"
+    row = doc["rows"][0]
+    assert {row["mixer"] for row in doc["rows"]} == {"rglru", "samu"}
+    assert len(row["rank_ms"]) == 2 and row["one_call_at_slice_ms"] > 0
