@@ -1,8 +1,9 @@
 """The processes of tests/test_distributed.py and the cases they share with the parent.
 
 Each worker is one rank of a gloo group on 127.0.0.1, started by torch.multiprocessing (spawn).
-It sets TRITON_INTERPRET=1 before importing samu (the kernels under Triton's interpreter, on
-CPU tensors) and runs on one thread; it writes what it computed with torch.save, and the parent
+The Triton cases run on CUDA tensors where there is a GPU (every rank on the one GPU, gloo
+staging the collectives through the host); without one the worker sets TRITON_INTERPRET=1 before
+importing samu (the kernels under Triton's interpreter, on CPU tensors). It runs on one thread; it writes what it computed with torch.save, and the parent
 compares.  An exception in a worker propagates to the parent through torch.multiprocessing.
 Nothing here imports samu at module level: the parent imports this file too.
 """
@@ -16,12 +17,15 @@ import torch
 WIDTH = 16
 RGLRU_HEADS = 2
 
-# (name, dtype, backend): the float64 reference (exact), the Triton default under the interpreter.
+# The Triton kernels run on CUDA where there is one, else under Triton's interpreter on the CPU.
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# (name, dtype, backend, device): the float64 reference (exact), and the Triton backend that auto
+# picks.
 PRECISIONS = {
-    "reference_float64": (torch.float64, "reference_chunked"),
-    "interpreter_float32": (torch.float32, "auto"),
+    "reference_float64": (torch.float64, "reference_chunked", "cpu"),
+    "triton_float32": (torch.float32, "auto", KERNEL_DEVICE),
 }
-TOLERANCE = {"reference_float64": 1e-10, "interpreter_float32": 1e-4}
+TOLERANCE = {"reference_float64": 1e-10, "triton_float32": 1e-4}
 
 # Three ranks holding 10, 9 and 11 tokens (offsets 0, 10, 19; L = 30).
 THREE_SLICES = (10, 9, 11)
@@ -34,7 +38,7 @@ THREE_LAYOUTS = {
     "packed_boundary": dict(batch=1, cu_seqlens=(0, 5, 10, 21, 22, 30), initial=False),
 }
 THREE_CASES = [(m, p, l) for m in ("samu", "rglru") for p in PRECISIONS for l in THREE_LAYOUTS
-               if not (p == "interpreter_float32" and l == "packed_boundary")]
+               if not (p == "triton_float32" and l == "packed_boundary")]
 
 # Two ranks of uneven slices (7 and 17 tokens, L = 24), lengths gathered by build_cp_context.
 TWO_SLICES = (7, 17)
@@ -98,6 +102,10 @@ def case_inputs(case, slices, layouts):
     h0 = torch.randn(count, WIDTH, generator=gen).to(dtype) if layout["initial"] else None
     d_final = torch.randn(count, WIDTH, generator=gen).to(dtype)
     d_slice_end = torch.randn(len(slices), batch, WIDTH, generator=gen).to(dtype)
+    device = PRECISIONS[precision][2]
+    params = [p.to(device) for p in params]
+    x, dy, d_final, d_slice_end = (t.to(device) for t in (x, dy, d_final, d_slice_end))
+    h0 = None if h0 is None else h0.to(device)
     return dict(x=x, params=params, dy=dy, h0=h0, d_final=d_final, d_slice_end=d_slice_end,
                 cu_seqlens=cu)
 
@@ -122,7 +130,8 @@ def full_sequence(case, slices, layouts) -> dict:
     x = t["x"].clone().requires_grad_()
     params = [p.clone().requires_grad_() for p in t["params"]]
     h0 = None if t["h0"] is None else t["h0"].clone().requires_grad_()
-    cu = None if t["cu_seqlens"] is None else torch.tensor(t["cu_seqlens"], dtype=torch.int32)
+    cu = (None if t["cu_seqlens"] is None
+          else torch.tensor(t["cu_seqlens"], dtype=torch.int32, device=x.device))
     fn = samu.functional.FUNCTIONS[mixer]
     y, final = fn(x, *params, backend=backend, initial_state=h0, cu_seqlens=cu,
                   output_final_state=True)
@@ -161,7 +170,7 @@ def cp_case(case, slices, layouts, rank: int, world: int, use_module: bool,
     params = [p.clone().requires_grad_() for p in t["params"]]
     h0 = None if t["h0"] is None else t["h0"].clone().requires_grad_()
     if use_module:
-        module = make_module(mixer, backend, params=[p.detach() for p in params])
+        module = make_module(mixer, backend, params=[p.detach() for p in params]).to(x.device)
         y, states = module(x, initial_state=h0, output_final_state=True, cp_context=ctx)
         name = module.last_backend
         leaves = [getattr(module, n) for n in parameter_names(mixer)]
@@ -195,7 +204,8 @@ def cp_case(case, slices, layouts, rank: int, world: int, use_module: bool,
 
 
 def _init(rank: int, world: int, port: int):
-    os.environ["TRITON_INTERPRET"] = "1"  # before samu is imported anywhere in this process
+    if KERNEL_DEVICE == "cpu":  # before samu is imported anywhere in this process
+        os.environ["TRITON_INTERPRET"] = "1"
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
@@ -216,7 +226,7 @@ def three_ranks(rank: int, world: int, port: int, out_dir: str):
     for case in THREE_CASES:
         # The kernels' cases go through the modules, the reference's through the functions.
         results[case_name(case)] = cp_case(case, THREE_SLICES, THREE_LAYOUTS, rank, world,
-                                           use_module=case[1] == "interpreter_float32",
+                                           use_module=case[1] == "triton_float32",
                                            length_argument="slice_lengths")
     _finish(out_dir, rank, results)
 

@@ -3,8 +3,8 @@ holding the whole sequence; and samu.model under DDP and FSDP2 against one proce
 batch.
 
 Two groups of processes run, once each (module-scoped fixtures): three ranks (uneven slices
-10, 9, 11) for both mixers on the float64 reference and, under Triton's interpreter, on the
-Triton default in float32; two ranks (slices 7 and 17, lengths gathered by build_cp_context)
+10, 9, 11) for both mixers on the float64 reference and on the Triton backend in float32 (on
+CUDA where there is a GPU, else under Triton's interpreter); two ranks (slices 7 and 17, lengths gathered by build_cp_context)
 for the reference cases without initial state, the bad contexts, and the training runs.  The
 workers are in tests/distributed_workers.py; each writes its results with torch.save, and the
 tests here compare them with what this process computes over the whole sequence.
@@ -118,7 +118,7 @@ def check_case(case, ranks: list[dict], want: dict):
             errors[f"rank {rank} final states {ids}"] = relative_error(rows, want["final"][ids])
     bad = {k: v for k, v in errors.items() if not v <= tolerance}
     assert not bad, f"{name}: errors above {tolerance:g}: {bad}"
-    if case[1] == "interpreter_float32":
+    if case[1] == "triton_float32":
         assert all(not m["backend"].startswith("reference") for m in mine), \
             [m["backend"] for m in mine]
 
