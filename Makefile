@@ -27,10 +27,10 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 # pytest over tests/, then nbval over the notebooks; notebook outputs go to a scratch data folder.
-# On a GPU machine Triton compiles each kernel variant the tests use (about 15 minutes serially on
-# the H200): pytest-xdist spreads the compiles over TEST_WORKERS processes there. On a CPU the
-# interpreter is compute-bound on every core already, so the tests run in one process.
-TEST_WORKERS ?= $(shell $(PYTHON) -c "import os, torch; print(min(16, os.cpu_count() or 1) if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
+# pytest-xdist spreads the tests over TEST_WORKERS processes, one a core up to 16: under Triton's
+# interpreter each test is single-threaded Python, and on a GPU machine Triton's compiles of each
+# kernel variant are CPU-bound. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; n = min(16, os.cpu_count() or 1); print(n if n > 1 else 0)" 2>/dev/null || echo 0)
 test: $(SETUP)
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) tests
 	SAMU_DATA_DIR=$(NBVAL_DATA) $(PYTHON) -m pytest -q --nbval-lax -p no:cacheprovider notebooks
