@@ -40,8 +40,8 @@ and the log-decay sum (SAMU: an FP32 copy of x and one D-wide dot per token; RG-
 a-gate's block-diagonal product, half its gate FLOPs; in chunks of 2^24 elements); backward, one extra forward and backward over the slice's first
 piece (none on a rank that starts at a sequence start).  Collectives: in the forward an
 all_gather of 11 int64 (the call's shapes, so that a bad call fails on every rank; a host sync)
-and one of 2 x rows x D FP32 values (8 rows D bytes per rank), in the backward one of rows x D
-+ 1 (4 rows D bytes).  Peak memory: the slice's saved activations, twice while the first piece's
+and one of 2 x rows x D values of the carry dtype (8 rows D bytes per rank in FP32), in the
+backward one of rows x D + 1 (4 rows D bytes).  Peak memory: the slice's saved activations, twice while the first piece's
 recompute is alive.  Still short: a summary-only kernel pass (A_r and hloc_r, and mu_r, in one
 read of x and dy without y, dx or saved activations) would replace the extra forward and
 backward.

@@ -108,6 +108,11 @@ def default_chunk(length: int) -> int:
     return chunk
 
 
+def eager_chunk(length: int) -> int:
+    """ceil(sqrt(length)): the eager scan's chunk, about 2 sqrt(L) Python steps in all."""
+    return max(1, math.isqrt(max(length - 1, 0)) + 1)
+
+
 def scan_chunked(a: torch.Tensor, u: torch.Tensor, starts: torch.Tensor | None = None,
                  entering: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
     """The same scan, chunk-parallel: local scans of every chunk at once, then the carries.
@@ -116,7 +121,9 @@ def scan_chunked(a: torch.Tensor, u: torch.Tensor, starts: torch.Tensor | None =
     of lengths."""
     a, u = fold_starts(a, u, starts, entering)
     batch, length, width = u.shape
-    chunk = chunk or default_chunk(length)
+    compiling = torch.compiler.is_compiling()
+    # Eager, the smallest chunk of at least sqrt(L) tokens: the fewest Python steps.
+    chunk = chunk or (default_chunk(length) if compiling else eager_chunk(length))
     n_chunks = -(-length // chunk)
     padded = n_chunks * chunk
     a4 = extended(a, padded, 1.0).reshape(batch, n_chunks, chunk, width)
@@ -130,7 +137,7 @@ def scan_chunked(a: torch.Tensor, u: torch.Tensor, starts: torch.Tensor | None =
     decay = torch.cumprod(a4, dim=2)  # prod of a from the chunk's start to t
     # The carry loop runs over `chunk` chunk summaries, not n_chunks, which follows a symbolic
     # length; the default chunk is at least the number of chunks.
-    steps = chunk if n_chunks <= chunk else n_chunks
+    steps = chunk if compiling and n_chunks <= chunk else n_chunks
     chunk_decay = extended(decay[:, :, -1], steps, 1.0)
     chunk_end = extended(local[:, :, -1], steps, 0.0)
     carry = torch.zeros_like(u4[:, 0, 0])

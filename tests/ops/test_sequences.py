@@ -330,7 +330,8 @@ def test_sequence_index_stays_within_the_sequences(offsets):
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_backend_run_with_unchecked_bad_cu_seqlens_stays_in_bounds(mixer):
     """A backend's run skips samu.functional's checks: given wrong offsets, its forward and
-    backward return with finite outputs and states of N rows, touching nothing outside them."""
+    backward return with finite outputs and states of N rows (a row no token writes, that of a
+    zero-length sequence, is zero), touching nothing outside them."""
     name = backends.DEFAULTS[mixer]
     module = _module(mixer, name)
     run = backends.REGISTRY[mixer][name].run
@@ -341,8 +342,10 @@ def test_backend_run_with_unchecked_bad_cu_seqlens_stays_in_bounds(mixer):
         y, final = run(x, *module._parameters_in_order(), initial_state=h0,
                        cu_seqlens=torch.tensor(offsets, device=DEVICE), output_final_state=True)
         assert final.shape == (count, 16) and torch.isfinite(y).all(), offsets
+        assert torch.isfinite(final).all(), offsets
         (y.square().sum() + final.sum()).backward()
         assert torch.isfinite(x.grad).all() and h0.grad.shape == (count, 16), offsets
+        assert torch.isfinite(h0.grad).all(), offsets
 
 
 GUARD_ROWS = 4

@@ -125,13 +125,17 @@ class SequenceArgs(NamedTuple):
         """[N, D] FP32 for the output kernel to fill, or a placeholder."""
         if not self.output_final_state:
             return self.initial_state
-        return torch.empty(self.count, width, device=device, dtype=torch.float32)
+        # Packed, a zero-length sequence (offsets no one checked: a capture, a direct run) has
+        # no last token to write its row: zeros, not uninitialised memory.
+        alloc = torch.zeros if self.packed else torch.empty
+        return alloc(self.count, width, device=device, dtype=torch.float32)
 
     def initial_state_gradient(self) -> torch.Tensor:
         """[N, D] FP32 for the backward kernel to fill with d h0, or a placeholder."""
         if not self.has_initial:
             return self.initial_state
-        return torch.empty_like(self.initial_state)
+        alloc = torch.zeros_like if self.packed else torch.empty_like  # as in final_state
+        return alloc(self.initial_state)
 
     def tensors_to_save(self) -> tuple:
         """(seq_index, initial_state), None where off, for an autograd.Function's
