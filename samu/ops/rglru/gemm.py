@@ -700,7 +700,8 @@ class GemmScanFunction(torch.autograd.Function):
         x, *saved = ctx.saved_tensors
         residuals, (w_cat, *params) = saved[:ctx.residual_count], saved[ctx.residual_count:-2]
         seq_index, h0 = saved[-2:]
-        sequences = ctx.sequences.with_saved(seq_index, h0, placeholder=residuals[-1])
+        # the forward's placeholder (aligned x): the same compiled kernel variants as the forward
+        sequences = ctx.sequences.with_saved(seq_index, h0, placeholder=aligned(x))
         grads = backward(x, params, residuals, dy, d_final, sequences, ctx.config, w_cat,
                          overwrite_gates=True)
         return (*grads, None, None, None)

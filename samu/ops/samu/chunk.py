@@ -533,7 +533,8 @@ class SamuFunction(torch.autograd.Function):
         refuse_double_backward("samu")
         x, *rest = ctx.saved_tensors
         params, residuals, (seq_index, h0) = rest[:5], rest[5:-2], rest[-2:]
-        sequences = ctx.sequences.with_saved(seq_index, h0, placeholder=residuals[0])
+        # the forward's placeholder (aligned x): the same compiled kernel variants as the forward
+        sequences = ctx.sequences.with_saved(seq_index, h0, placeholder=aligned(x))
         grads = backward(x, params, residuals, dy, d_final, sequences, ctx.config)
         return (*grads, None, None, None)
 
