@@ -5,7 +5,6 @@ import dataclasses
 import json
 import math
 import re
-import time
 
 import jsonschema
 import pytest
@@ -462,15 +461,12 @@ def test_a_small_attention_model_learns_recall_on_a_cpu():
             ["attention"], [0], 64, 2, 2, {"mqar": {"lengths": [64], "num_pairs": 4,
                                                     "vocab_size": 16}},
             400, 32, 1e-3, 40, 4, timing_warmup_steps=2, log_every=50, attention_head_dim=16)
-        started = time.perf_counter()
         (record,) = T.run_task(study, "mqar", "cpu", bar=False)
-        seconds = time.perf_counter() - started
     finally:
         torch.set_num_threads(threads)
     assert record["value"] >= 0.9, record["value"]
     assert record["model"]["attention_heads"] == 4 and record["steps_completed"] == 400
     assert T.sanity([record], bar=0.9)["passed"]
-    assert seconds < 60, seconds
 
 
 def test_conclusion_of_a_real_document_names_its_runs(doc):
