@@ -108,6 +108,8 @@ class _Registry(Mapping):
 
 
 REGISTRY: Mapping[str, dict[str, Backend]] = _Registry(("rglru", "samu"))
+# The same tables without the filling read, for the per-call paths that register first.
+REGISTERED: dict[str, dict[str, Backend]] = REGISTRY._mixers
 
 
 def register(backend: Backend) -> Backend:
@@ -190,7 +192,7 @@ def check_name(mixer: str, name) -> None:
     if name in RETIRED.get(mixer, ()):
         raise ValueError(f"{mixer}: backend {name!r} no longer exists: {RETIRED[mixer][name]}; "
                          f"choose 'auto' or one of {available(mixer)}")
-    if name in REGISTRY.get(mixer, ()):
+    if name in REGISTERED.get(mixer, ()):
         return
     if _triton_unavailable is not None and _names_a_triton_backend(name):
         raise RuntimeError(f"{mixer}: backend {name!r} is a Triton backend, and "

@@ -40,7 +40,7 @@ from typing import NamedTuple
 import torch
 
 from . import _runtime, backends, calibration_file, paths
-from .backends import DEFAULTS, REGISTRY, Backend, _ensure_registered, check_name
+from .backends import DEFAULTS, REGISTERED, REGISTRY, Backend, _ensure_registered, check_name
 from .calibration_file import CalibrationFileError  # (re-exported)
 
 
@@ -210,26 +210,26 @@ def resolve(mixer: str, x: torch.Tensor, backend: str = "auto") -> Backend:
     _ensure_registered()
     check_name(mixer, backend)  # a wrong type, an unknown name or an unloadable one raises here
     if backend != "auto":
-        chosen = (REGISTRY[mixer][backend] if isinstance(backend, str)
+        chosen = (REGISTERED[mixer][backend] if isinstance(backend, str)
                   else backends.from_config(mixer, backend))
         if chosen.kind == "triton":
             _check_triton_input(mixer, x, chosen.name)
         return chosen
     if x.dtype == torch.float64:
-        return REGISTRY[mixer]["reference_chunked"]
+        return REGISTERED[mixer]["reference_chunked"]
     if x.is_cuda:
         if backends._triton_unavailable is not None:  # before the file: it names Triton backends
             raise _auto_needs_triton(mixer, f"a Triton backend on CUDA (the calibrated choice, "
                                             f"else {DEFAULTS[mixer]})")
         name = calibrated_choice(mixer, tuple(x.shape), gpu_slug()) or DEFAULTS[mixer]
-        return REGISTRY[mixer][name]
+        return REGISTERED[mixer][name]
     _runtime.check_interpret_unchanged()  # off the CUDA path: costs CUDA calls nothing
     if interpreting():
         if backends._triton_unavailable is not None:
             raise _auto_needs_triton(mixer, f"{DEFAULTS[mixer]} under Triton's interpreter "
                                             "(TRITON_INTERPRET=1)")
-        return REGISTRY[mixer][DEFAULTS[mixer]]
-    return REGISTRY[mixer]["reference_chunked"]
+        return REGISTERED[mixer][DEFAULTS[mixer]]
+    return REGISTERED[mixer]["reference_chunked"]
 
 
 def _auto_needs_triton(mixer: str, runs: str) -> RuntimeError:
