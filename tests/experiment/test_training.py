@@ -165,7 +165,12 @@ def test_stdlib_corpus_is_split_about_one_in_ten():
     assert info["root"] == T.STDLIB_ROOT_LABEL  # named, not this machine's folder
     assert not set(split["train"]) & set(split["validation"])
     assert 0.03 < info["validation_files"] / info["files"] < 0.25
-    assert 0 < info["dropped_generated"] < 0.1 * info["files"]
+    # Generated files (code-page tables and the like) are dropped, and only they: their share
+    # differs between builds (12 % of a Python 3.12 without its test package).
+    assert 0 < info["dropped_generated"] < 0.25 * info["files"]
+    kept = split["train"] + split["validation"]
+    root = T.stdlib_root()
+    assert not any(T.is_generated((root / rel).read_bytes()) for rel in kept)
     assert info["leak"]["by_folder_deduplicated"] <= info["leak"]["by_file_all_files"]
     assert info["validation_bytes"] > 100_000
     assert T.corpus() is T.corpus()  # read once per process
