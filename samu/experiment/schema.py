@@ -129,6 +129,11 @@ _training_run = {
         "mixer_parameters": {"type": "integer", "minimum": 0},
         "wall_ms_per_step": _real,
         "gpu_ms_per_step": {"anyOf": [_real, {"type": "null"}]},  # null: not on CUDA
+        # Optional: the configuration's speed timed alone on the device (the study's speed),
+        # and how many runs shared the device with this one.
+        "solo_wall_ms_per_step": _real, "solo_tokens_per_s": _real, "solo_train_s": _real,
+        "solo_gpu_ms_per_step": {"anyOf": [_real, {"type": "null"}]},
+        "concurrent_runs": {"type": "integer", "minimum": 1},
     },
 }
 TRAINING_SCHEMA = {
@@ -144,6 +149,8 @@ TRAINING_SCHEMA = {
                                      "date", "device", "dtype"]},
         "study": {"type": "object", "required": ["mixers", "seeds", "tasks", "train"]},
         "runs": {"type": "array", "minItems": 1, "items": _training_run},
+        # Optional: how the runs shared the devices, and the throughput that gained.
+        "concurrency": {"type": "object", "required": ["workers", "devices", "phases"]},
         # Optional: the parts a merged document was run in, each with its environment.
         "parts": {"type": "array", "items": {"type": "object",
                                              "required": ["part", "environment"]}},

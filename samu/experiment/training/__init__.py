@@ -6,6 +6,8 @@ character-level language model, beside its training speed.
   generated files and duplicates left out), all generated on the fly from fixed seeds.
 - ``loop``: ``TrainConfig`` (AdamW, warm-up then cosine decay over a fixed number of steps),
   ``train`` and ``evaluate``.
+- ``pool``: ``RunPool`` (several runs at once: worker processes, several to a device, over any
+  number of GPUs) and the ``Job`` each run is.
 - ``study``: ``Study`` (every task, length, mixer, learning rate of the sweep and seed; Zoology's
   recall curves; a part of the runs), notebook 05's parameters and their ranges, ``run_task``,
   the ``"training"`` result document (schema ``samu.experiment.schema.SCHEMAS["training"]``),
@@ -26,6 +28,7 @@ from .tasks import *  # noqa: F401,F403
 from .tasks import _corpus, _distinct, _generator, _split_on  # noqa: F401
 from .loop import *  # noqa: F401,F403
 from .loop import _synchronize  # noqa: F401
+from .pool import *  # noqa: F401,F403
 from .study import *  # noqa: F401,F403
 from .study import _log_line, _runs  # noqa: F401
 from .figures import *  # noqa: F401,F403

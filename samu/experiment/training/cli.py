@@ -26,8 +26,9 @@ from .study import check_parameters, parse_part, part_path, result_path, summary
 # on a CPU attention at this model's settings learned MQAR at 3e-4 and 1e-3 but not at 3e-3.
 # Budget: the earlier H200 study (data/training/nvidia-h200.json, bare mixers) took a median
 # 5-8 ms per step at these sizes, host-bound, so the larger batch of recall and copying costs
-# little; 162,000 steps at about 7 ms are about 19 minutes, run as three parts of about 7
-# (make train PART=1, 2, 3), each part's share estimated, not yet measured.
+# little; 162,000 steps at about 7 ms are about 19 minutes one run at a time.  A run leaves the
+# GPU mostly idle, so eight run at once (worker processes), each configuration's speed timed
+# alone first; PART=1, 2, 3 still splits the runs where one part would not fit a time limit.
 GPU_PARAMETERS = dict(
     mixers=list(model_.MIXERS),
     seeds=[0, 1, 2],
@@ -52,6 +53,8 @@ GPU_PARAMETERS = dict(
     attention_heads="standard",
     attention_head_dim=64,
     sanity_bar=0.95,
+    speed_steps=50,
+    processes=8,
     # 9 points x 3 mixers x 3 rates, one seed: 81 runs of 500 steps.
     recall_curves={"seq_len": 256, "vocab_size": 256, "pairs": [4, 8, 16, 32, 64],
                    "widths": [64, 128, 256, 512], "fixed_pairs": 16, "steps": 500},
@@ -103,6 +106,12 @@ def main(argv=None, gpu_parameters: dict = GPU_PARAMETERS) -> int:
                         help="an optional safety cap: seconds of measured training for the whole "
                              "study, a finite number > 0 (default: none; each run its full "
                              "steps); runs it stops are recorded as such")
+    parser.add_argument("--processes", type=int, default=None, metavar="N",
+                        help="runs at once on each device (default: the configuration's; 1 on "
+                             "the CPU)")
+    parser.add_argument("--devices", default=None, metavar="LIST",
+                        help="the CUDA devices the runs spread over: 'all' or a comma list such "
+                             "as cuda:0,cuda:1 (default: --device alone)")
     parser.add_argument("--part", default=None, metavar="K/N",
                         help="run only the K-th of N parts of the study's runs (each writes "
                              "data/training/<slug>.part-K-of-N.json; the part that finds every "
@@ -122,6 +131,11 @@ def main(argv=None, gpu_parameters: dict = GPU_PARAMETERS) -> int:
     if args.time_budget is not None:
         parameters["time_budget_s"] = args.time_budget
     parameters["device"] = str(device)
+    if args.processes is not None:
+        parameters["processes"] = args.processes
+    if args.devices is not None:
+        parameters["devices"] = ([f"cuda:{i}" for i in range(torch.cuda.device_count())]
+                                 if args.devices == "all" else args.devices.split(","))
     if args.part is not None:
         try:
             parse_part(args.part)

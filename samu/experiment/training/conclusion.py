@@ -34,6 +34,7 @@ def conclusion(doc: dict) -> str:
              f"{', '.join(f'{t} {s} steps' for t, s in steps.items())}; learning rates "
              f"{', '.join(f'{v:.3g}' for v in rates) or 'as recorded'}"
              f"{' (each mixer scored at its best)' if len(rates) > 1 else ''}."]
+    lines.extend(_concurrency(doc))
     check = sanity(doc)
     if check["checks"]:
         cells = [f"{TASK_NAMES[t]} L = {c['seq_len']}: {c['accuracy']:.3f}"
@@ -120,7 +121,10 @@ def conclusion(doc: dict) -> str:
         speed_text = f" Relative to attention: {rel}."
     else:
         speed_text = ""
-    lines.append("**Training speed** (median tokens/s over all runs): "
+    alone = ("timed_alone" in everything and bool(len(everything))
+             and bool(everything["timed_alone"].all()))
+    lines.append("**Training speed** (median tokens/s over all runs"
+                 + ("; each configuration timed alone on the device" if alone else "") + "): "
                  + ", ".join(f"{MIXER_NAMES.get(m, m)} {v:,.0f}" for m, v in speed.items())
                  + f".{speed_text}")
     gpu_ms = everything.groupby("mixer", sort=False)["gpu_ms_per_step"].median().dropna()
@@ -184,3 +188,21 @@ def _where_samu_loses(best, everything) -> list[str]:
                  + ", ".join(f"{MIXER_NAMES.get(m, m)} {v:.1f} s" for m, v in time_.items())
                  + " (the quality-against-time figure).")
     return [text]
+
+
+def _concurrency(doc) -> list[str]:
+    """A line on the runs that shared the devices: how many at once, and the throughput that
+    gained over one run at a time, per phase (and part)."""
+    if not isinstance(doc, dict):
+        return []
+    spreads = [doc["concurrency"]] if "concurrency" in doc else [
+        p["concurrency"] for p in doc.get("parts", []) if "concurrency" in p]
+    cells = [f"{p['phase']} {p['throughput_gain']:.1f}×" for c in spreads for p in c["phases"]
+             if c["workers"] > 1 and p.get("throughput_gain")]
+    if not cells:
+        return []
+    first = spreads[0]
+    return [f"**Runs at once**: {first['workers']} worker processes on "
+            f"{', '.join(first['devices'])}; training throughput against one run at a time "
+            f"(the runs' steps at their speed alone, over the wall time with set-up and "
+            f"evaluation): {', '.join(cells)}."]

@@ -139,7 +139,8 @@ def figures(doc: dict) -> dict:
         ax.xaxis.set_major_formatter(FuncFormatter(
             (lambda v, _: f"{v:,.3g}") if timed == "train_wall_s" else (lambda v, _: f"{v:,.0f}")))
         ax.tick_params(axis="x", labelrotation=20)
-        ax.set_xlabel("training wall time per run (s)" if timed == "train_wall_s"
+        ax.set_xlabel(("training time per run, timed alone (s)" if part["timed_alone"].all()
+                       else "training wall time per run (s)") if timed == "train_wall_s"
                       else "training tokens / s")
         metric = METRICS[task]
         ax.set_ylabel("held-out accuracy (higher is better)" if metric == "accuracy"

@@ -11,6 +11,7 @@ from pathlib import Path
 from ... import model as model_
 from .. import schema
 from .loop import TrainConfig, dtype_name, evaluate, train
+from .pool import Job, RunPool, check_devices, speed_config
 from .parameters import (COUNT, LEARNING_RATE, OFFSET, SECONDS, ParameterError, Range,
                          _check_list)
 from .tasks import MQAR, TASK_OPTION_RANGES, TASKS, corpus, make_task, task_options
@@ -36,6 +37,8 @@ PARAMETER_RANGES = {
     "sanity_bar": Range(low=0, high=1),
     "attention_head_dim": COUNT,
     "recall_curves": COUNT,  # None, or a dict whose numbers are checked by RECALL_CURVE_KEYS
+    "speed_steps": COUNT,  # steps timed alone per configuration (measure_speed)
+    "processes": COUNT,  # runs at once on each device (RunPool)
 }
 # Zoology's recall curves: MQAR accuracy against the number of key-value pairs at one length and
 # width (``pairs``), and against the model's width at ``fixed_pairs`` (``widths``); every point
@@ -150,6 +153,9 @@ class Study:
     # "k/n": only the k-th of n parts of the runs (every n-th run of the whole study, from the
     # k-th), so that a long study runs as n shorter jobs whose result files merge_parts joins.
     part: str | None = None
+    # Steps (after the timing warm-up) of each configuration's speed measurement, made alone on
+    # the device before its runs (measure_speed): the speed a study reports.
+    speed_steps: int = 20
 
     def __post_init__(self):
         unknown = set(self.mixers) - set(model_.MIXERS)
@@ -165,7 +171,7 @@ class Study:
             raise ParameterError(f"study: no training configuration for {sorted(missing)}")
         _check_list("study: seeds", self.seeds, PARAMETER_RANGES["seeds"])
         for key in ("width", "layers", "mlp_expansion", "time_budget_s", "sanity_bar",
-                    "attention_head_dim"):
+                    "attention_head_dim", "speed_steps"):
             PARAMETER_RANGES[key].check(f"study: {key}", getattr(self, key))
         if self.learning_rates:
             _check_list("study: learning_rates", list(self.learning_rates),
@@ -264,7 +270,8 @@ class Study:
                                               "mlp_expansion", "norm", "tie_embeddings",
                                               "time_budget_s", "recurrent_block",
                                               "attention_heads", "attention_head_dim",
-                                              "sanity_bar", "recall_curves", "part")}
+                                              "sanity_bar", "recall_curves", "part",
+                                              "speed_steps")}
         out["learning_rates"] = [float(v) for v in self.learning_rates]
         out["backend"] = (self.backend if isinstance(self.backend, (str, dict))
                           else repr(self.backend))
@@ -278,7 +285,7 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
                           time_budget_s=None, backend="auto", norm="rmsnorm",
                           recurrent_block="griffin", attention_heads="standard",
                           attention_head_dim=32, sanity_bar=SANITY_BAR,
-                          recall_curves=None, part=None) -> Study:
+                          recall_curves=None, part=None, speed_steps=20) -> Study:
     """The study of notebook 05's parameters: ``tasks`` maps a task to its lengths and options,
     ``steps`` and ``batch_size`` map a task to its own (or are one number for all), ``lr`` is
     one learning rate or a list of them (the sweep: every run at each).  Every
@@ -289,7 +296,8 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
         steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
         eval_batches=eval_batches, timing_warmup_steps=timing_warmup_steps, log_every=log_every,
         time_budget_s=time_budget_s, sanity_bar=sanity_bar,
-        attention_head_dim=attention_head_dim, recall_curves=recall_curves))
+        attention_head_dim=attention_head_dim, recall_curves=recall_curves,
+        speed_steps=speed_steps))
     rates = [float(v) for v in lr] if isinstance(lr, (list, tuple)) else [float(lr)]
 
     def per_task(value, name):
@@ -310,7 +318,7 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
                  attention_head_dim=int(attention_head_dim), sanity_bar=float(sanity_bar),
                  recall_curves=None if recall_curves is None else
                  {k: (list(v) if isinstance(v, (list, tuple)) else int(v))
-                  for k, v in recall_curves.items()}, part=part)
+                  for k, v in recall_curves.items()}, part=part, speed_steps=int(speed_steps))
 
 
 def check_parameters(parameters: dict, known=None) -> Study:
@@ -325,6 +333,9 @@ def check_parameters(parameters: dict, known=None) -> Study:
             raise ParameterError(f"unknown parameters {unknown}; notebook 05 takes "
                                  f"{sorted(known)}")
     check_parameter_ranges(parameters)
+    if parameters.get("devices") is not None:
+        check_devices(parameters.get("device") or "cpu", parameters.get("processes", 1),
+                      parameters["devices"])
     names = inspect.signature(study_from_parameters).parameters
     return study_from_parameters(**{k: v for k, v in parameters.items() if k in names})
 
@@ -370,70 +381,91 @@ def _log_line(path, text: str) -> None:
             f.write(text + "\n")
 
 
-def run_task(study: Study, name: str, device, progress_log=None, bar=True) -> list[dict]:
-    """Every run of task ``name`` (each length, mixer and seed), with a tqdm bar; each finished
-    run is also appended as a line to ``progress_log`` when given (``make train`` prints them)."""
+def measure_speed(study: Study, task, mixer: str, config: TrainConfig, device,
+                  width: int | None = None) -> dict:
+    """The training speed of ``mixer`` on ``task`` at ``config``'s batch size and ``width``,
+    timed alone on ``device``: ``study.speed_steps`` steps after the timing warm-up (a model of
+    seed 0, not kept).  The study reports these, not the speed of runs that shared the device."""
+    model = model_.build(study.model_config(mixer, task.vocab_size, width), seed=0,
+                         device=device)
+    timed = train(model, task, speed_config(config, study.speed_steps), 0, device)
+    return {"solo_wall_ms_per_step": timed["wall_ms_per_step"],
+            "solo_gpu_ms_per_step": timed["gpu_ms_per_step"],
+            "solo_tokens_per_s": timed["tokens_per_s"], "solo_timed_steps": timed["timed_steps"]}
+
+
+def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool=None,
+             desc: str = "runs") -> list[dict]:
+    """Every one of ``jobs`` (``pool``'s workers at once; None: one after another here), each
+    configuration's speed measured alone first (measure_speed) and added to its records, with
+    ``solo_train_s`` (that speed times the run's steps) and ``concurrent_runs``; a tqdm bar, and
+    a line per finished run in ``progress_log`` when given.  The pool records the phase's wall
+    time beside the runs' training time alone (RunPool.phases)."""
     from tqdm import tqdm  # the text bar: tqdm.auto's widget bar needs ipywidgets
 
-    runs = study.runs(name)
-    records = []
-    steps = study.train[name].steps
-    total = tqdm(total=len(runs) * steps, desc=name, unit="step", disable=not bar,
-                 mininterval=1.0)
-    held = {}
-    try:
-        for task, mixer, lr, seed in runs:
-            total.set_postfix_str(f"L={task.seq_len} {mixer} lr {lr:.2g} seed {seed}")
-            if task.seq_len not in held:
-                cfg = study.train[name]
-                held[task.seq_len] = task.held_out(cfg.eval_batches, cfg.batch_size)
-            done = [0]
+    if not jobs:
+        return []
+    own = pool is None
+    pool = RunPool(device) if own else pool
+    speeds = {}
 
-            def progress(step, loss):
-                done[0] = step + 1
+    def key(job):
+        return (job.task, job.mixer, job.width, job.config.batch_size)
+    try:
+        for job in jobs:
+            if key(job) not in speeds:
+                speeds[key(job)] = measure_speed(study, job.task, job.mixer, job.config,
+                                                 pool.devices[0], job.width)
+        with tqdm(total=len(jobs), desc=desc, unit="run", disable=not bar,
+                  mininterval=1.0) as total:
+            def done(job, record):
                 total.update()
-            record = run_one(study, name, task, mixer, seed, device, held[task.seq_len],
-                             progress, lr=lr)
-            total.update(steps - done[0])  # a run cut short still fills its share of the bar
-            records.append(record)
-            flags = " (stopped on time)" if record["stopped_by_time"] else ""
-            flags += " (diverged)" if record["diverged"] else ""
-            _log_line(progress_log, f"{name} L={task.seq_len} {mixer} lr {lr:.2g} seed {seed}: "
-                      f"{record['metric']} {record['value']:.4f}, "
-                      f"{record['tokens_per_s']:.3g} tokens/s, "
-                      f"{record['steps_completed']}/{record['steps']} steps, "
-                      f"{record['wall_s']:.1f} s{flags}")
+                flags = " (stopped on time)" if record["stopped_by_time"] else ""
+                flags += " (diverged)" if record["diverged"] else ""
+                _log_line(progress_log, f"{job.label}: {record['metric']} {record['value']:.4f}, "
+                          f"{record['steps_completed']}/{record['steps']} steps, "
+                          f"{record['wall_s']:.1f} s{flags}")
+            records, wall = pool.map(study, jobs, done)
     finally:
-        total.close()
+        if own:
+            pool.close()
+    for job, record in zip(jobs, records):
+        speed = speeds[key(job)]
+        record.update(speed, concurrent_runs=pool.workers,
+                      solo_train_s=speed["solo_wall_ms_per_step"] * record["steps_completed"]
+                      / 1e3)
+    pool.phases.append({"phase": desc, "runs": len(jobs), "workers": pool.workers,
+                        "wall_s": wall, "solo_train_s": sum(r["solo_train_s"] for r in records)})
     return records
 
 
-def run_recall_curves(study: Study, device, progress_log=None, bar=True) -> list[dict]:
-    """Every run of the recall curves (Study.recall_runs), each record with its "curve" and
-    "x"; trained like MQAR (its TrainConfig) for the curves' own steps."""
-    from tqdm import tqdm
+def run_task(study: Study, name: str, device, progress_log=None, bar=True,
+             pool=None) -> list[dict]:
+    """Every run of task ``name`` (each length, mixer, learning rate and seed) by run_jobs."""
+    jobs = [Job(name, task, mixer, seed, lr, study.train_config(name, lr),
+                label=f"{name} L={task.seq_len} {mixer} lr {lr:.2g} seed {seed}")
+            for task, mixer, lr, seed in study.runs(name)]
+    return run_jobs(study, jobs, device, progress_log, bar, pool, desc=name)
 
+
+def run_recall_curves(study: Study, device, progress_log=None, bar=True,
+                      pool=None) -> list[dict]:
+    """Every run of the recall curves (Study.recall_runs) by run_jobs, each record with its
+    "curve" and "x"; trained like MQAR (its TrainConfig) for the curves' own steps."""
     runs = study.recall_runs()
     if not runs:
         return []
     base = study.train.get("mqar") or next(iter(study.train.values()))
     steps = study.recall_curves["steps"]
-    records, held = [], {}
-    with tqdm(total=len(runs), desc="recall curves", unit="run", disable=not bar) as total:
-        for curve, x, task, mixer, width, lr, seed in runs:
-            config = replace(base, steps=steps, lr=float(lr), max_seconds=None,
-                             warmup_steps=min(base.warmup_steps, steps // 10),
-                             timing_warmup_steps=min(base.timing_warmup_steps, steps - 1))
-            if task.num_pairs not in held:
-                held[task.num_pairs] = task.held_out(config.eval_batches, config.batch_size)
-            record = run_one(study, "mqar", task, mixer, seed, device, held[task.num_pairs],
-                             lr=lr, width=width, config=config)
-            record.update(curve=curve, x=int(x), width=int(width))
-            records.append(record)
-            total.update()
-            _log_line(progress_log, f"recall curve {curve}={x} {mixer} lr {lr:.2g} seed {seed}: "
-                      f"accuracy {record['value']:.4f}, {record['wall_s']:.1f} s")
-    return records
+    jobs = []
+    for curve, x, task, mixer, width, lr, seed in runs:
+        config = replace(base, steps=steps, lr=float(lr), max_seconds=None,
+                         warmup_steps=min(base.warmup_steps, steps // 10),
+                         timing_warmup_steps=min(base.timing_warmup_steps, steps - 1))
+        jobs.append(Job("mqar", task, mixer, seed, float(lr), config, width=width,
+                        extra=(("curve", curve), ("x", int(x)), ("width", int(width))),
+                        label=f"recall curve {curve}={x} {mixer} lr {lr:.2g} seed {seed}"))
+    return run_jobs(study, jobs, device, progress_log, bar, pool, desc="recall curves")
 
 
 def recall_curve_frame(doc):
@@ -468,9 +500,11 @@ def environment(device) -> dict:
 
 
 def result_document(study: Study, records: list[dict], device,
-                    recall_curves: list[dict] | None = None) -> dict:
+                    recall_curves: list[dict] | None = None, pool: RunPool | None = None) -> dict:
     doc = {"schema_version": schema.SCHEMA_VERSION, "kind": "training",
            "environment": environment(device), "study": study.describe(), "runs": records}
+    if pool is not None:
+        doc["concurrency"] = pool.describe()
     if recall_curves:
         doc["recall_curves"] = recall_curves
     if "lm" in study.tasks:
@@ -518,8 +552,10 @@ def merge_parts(slug: str, part: str) -> dict | None:
     curves = [r for d in docs for r in d.get("recall_curves", [])]
     if curves:
         merged["recall_curves"] = curves
-    merged["parts"] = [{"part": d["study"]["part"], "environment": d["environment"]}
+    merged["parts"] = [{"part": d["study"]["part"], "environment": d["environment"],
+                        **({"concurrency": d["concurrency"]} if "concurrency" in d else {})}
                        for d in docs]
+    merged.pop("concurrency", None)  # each part's is in "parts"
     write_result(merged, slug)
     return merged
 
@@ -539,6 +575,11 @@ def _runs(doc) -> list[dict]:
     return doc["runs"] if isinstance(doc, dict) else list(doc)
 
 
+# frame()'s speed columns and the record fields of the speed timed alone that replace them.
+SOLO_COLUMNS = {"tokens_per_s": "solo_tokens_per_s", "wall_ms_per_step": "solo_wall_ms_per_step",
+                "gpu_ms_per_step": "solo_gpu_ms_per_step", "train_wall_s": "solo_train_s"}
+
+
 def frame(doc):
     """One row per run (of a document, or of a list of run records): task, mixer, seed, seq_len,
     lr, metric, value, tokens_per_s, parameters, mixer_parameters, ms per step, ..."""
@@ -552,6 +593,13 @@ def frame(doc):
         row = {k: r.get(k) for k in keys}
         if row["mixer_parameters"] is None:  # documents of the earlier study
             row["mixer_parameters"] = r.get("parameter_counts", {}).get("mixer")
+        # The speed timed alone on the device where the study measured it (runs that shared the
+        # device keep theirs as concurrent_*): steps at that speed are the run's training time.
+        row["timed_alone"] = "solo_wall_ms_per_step" in r
+        if row["timed_alone"]:
+            for column, solo in SOLO_COLUMNS.items():
+                row[f"concurrent_{column}"] = row[column]
+                row[column] = r.get(solo)
         rows.append(row)
     df = pd.DataFrame(rows)
     for column in ("value", "eval_loss", "final_train_loss", "tokens_per_s", "lr",

@@ -1,0 +1,174 @@
+"""Several training runs at once: ``RunPool`` runs the study's runs in worker processes, several
+to a GPU and one set per GPU given, or one after another in this process.
+
+The models are small, so one run leaves most of an H200 idle while its host thread launches
+kernels; runs in separate processes fill it.  Runs that share a GPU slow each other down, so the
+speed a run records while others run is not its own: the study times every configuration alone
+first (``measure_speed``) and reports that."""
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from .parameters import ParameterError
+
+# The device a worker process trains on, set once by its initializer.
+_WORKER_DEVICE: str | None = None
+_HELD_OUT: dict = {}
+
+
+def _init_worker(devices, threads: int) -> None:
+    global _WORKER_DEVICE
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    _WORKER_DEVICE = devices.get()
+    torch.set_num_threads(threads)
+    if _WORKER_DEVICE.startswith("cuda"):
+        torch.cuda.set_device(torch.device(_WORKER_DEVICE))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run: ``run_one``'s arguments, and what the record gets beside them."""
+    name: str
+    task: object
+    mixer: str
+    seed: int
+    lr: float
+    config: object  # TrainConfig
+    width: int | None = None
+    extra: tuple = ()  # (key, value) pairs added to the record
+    label: str = ""  # how the progress log names the run
+
+
+def held_out(task, config):
+    """The task's held-out batches at ``config``'s sizes, drawn once per process."""
+    key = (task, config.eval_batches, config.batch_size)
+    if key not in _HELD_OUT:
+        _HELD_OUT[key] = task.held_out(config.eval_batches, config.batch_size)
+    return _HELD_OUT[key]
+
+
+def run_job(study, job: Job, device=None) -> dict:
+    """Train and evaluate ``job``'s model on ``device`` (in a worker: the worker's device)."""
+    from .study import run_one
+    device = _WORKER_DEVICE or device
+    record = run_one(study, job.name, job.task, job.mixer, job.seed, device,
+                     held_out(job.task, job.config), lr=job.lr, width=job.width,
+                     config=job.config)
+    record.update(dict(job.extra))
+    return record
+
+
+def check_devices(device, processes, devices) -> tuple:
+    """The devices a RunPool spreads over (``devices``, or ``device`` alone when None), each as
+    torch names it; ParameterError for a bad device, a mix of kinds, a CUDA device this machine
+    lacks, or ``processes`` not an integer >= 1."""
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ParameterError(f"processes must be an integer >= 1, got {processes!r}")
+    if devices is not None and (isinstance(devices, (str, bytes))
+                                or not isinstance(devices, (list, tuple)) or not devices):
+        raise ParameterError(f"devices must be None or a non-empty list of devices, got "
+                             f"{devices!r}")
+    try:
+        chosen = tuple(str(torch.device(d)) for d in (devices or [device]))
+    except (RuntimeError, TypeError) as exc:
+        raise ParameterError(f"devices: {exc}") from None
+    if len(set(chosen)) != len(chosen):
+        raise ParameterError(f"devices must not repeat a device, got {list(chosen)}")
+    kinds = {torch.device(d).type for d in chosen}
+    if len(kinds) > 1:
+        raise ParameterError(f"devices must all be CPUs or all CUDA devices, got {list(chosen)}")
+    if "cuda" in kinds:
+        count = torch.cuda.device_count()
+        for d in chosen:
+            index = torch.device(d).index or 0
+            if index >= count:
+                raise ParameterError(f"devices: {d} is not on this machine ({count} CUDA "
+                                     "devices)")
+    return chosen
+
+
+class RunPool:
+    """Runs ``Job``s: ``processes`` worker processes on each of ``devices`` (default: just
+    ``device``), or, with one process on one device, in this process one after another.
+    ``map`` returns the records in the jobs' order and calls ``done(job, record)`` as each
+    finishes.  Use it as a context manager, so that the workers end with it."""
+
+    def __init__(self, device, processes: int = 1, devices=None, threads: int = 1):
+        self.devices = check_devices(device, processes, devices)
+        self.processes = processes
+        self.workers = processes * len(self.devices)
+        self.threads = threads
+        self._executor = None
+        # Per batch of runs (run_jobs): its runs, wall seconds, and their training time alone.
+        self.phases: list[dict] = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def _start(self):
+        if self._executor is None:
+            context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+            queue = context.Queue()
+            for i in range(self.workers):
+                queue.put(self.devices[i % len(self.devices)])
+            self._executor = concurrent.futures.ProcessPoolExecutor(
+                self.workers, mp_context=context, initializer=_init_worker,
+                initargs=(queue, self.threads))
+        return self._executor
+
+    def map(self, study, jobs, done=None) -> tuple[list[dict], float]:
+        """The records of ``jobs`` in order, and the wall seconds they took together."""
+        started = time.perf_counter()
+        jobs = list(jobs)
+        if self.workers == 1:
+            records = []
+            for job in jobs:
+                records.append(run_job(study, job, self.devices[0]))
+                if done is not None:
+                    done(job, records[-1])
+            return records, time.perf_counter() - started
+        executor = self._start()
+        futures = {executor.submit(run_job, study, job): i for i, job in enumerate(jobs)}
+        records = [None] * len(jobs)
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                i = futures[future]
+                records[i] = future.result()
+                if done is not None:
+                    done(jobs[i], records[i])
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+        return records, time.perf_counter() - started
+
+
+    def describe(self) -> dict:
+        """How the runs were spread, and per phase the throughput gained against one run at a
+        time: the runs' training time alone (their steps at the speed timed alone) over the
+        phase's wall time, which also holds model set-up, evaluation and process start."""
+        return {"processes_per_device": self.processes, "devices": list(self.devices),
+                "workers": self.workers,
+                "phases": [{**p, "throughput_gain": p["solo_train_s"] / p["wall_s"]
+                            if p["wall_s"] > 0 else None} for p in self.phases]}
+
+
+def speed_config(config, steps: int):
+    """``config`` cut to its timing warm-up and ``steps`` timed steps, no time cap."""
+    total = config.timing_warmup_steps + steps
+    return replace(config, steps=total, max_seconds=None, log_every=total,
+                   warmup_steps=min(config.warmup_steps, total))
