@@ -94,6 +94,19 @@ def test_merged_parts_keep_each_parts_spread(both, tmp_path, monkeypatch):
     assert [p["concurrency"]["workers"] for p in merged["parts"]] == [2, 2]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_workers_train_on_the_cuda_device_named(device):
+    study = small_study()
+    task = study.task_list("mqar")[0]
+    jobs = [T.Job("mqar", task, mixer, 0, 1e-3, study.train_config("mqar", 1e-3))
+            for mixer in study.mixers]
+    with T.RunPool(device, 2) as pool:
+        records, wall = pool.map(study, jobs)
+    assert [r["mixer"] for r in records] == list(study.mixers) and wall > 0
+    assert all(r["gpu_ms_per_step"] > 0 for r in records)  # CUDA events: it ran on the GPU
+
+
 def test_a_run_that_fails_in_a_worker_raises_here():
     study = small_study()
     job = T.Job("mqar", study.task_list("mqar")[0], "samu", 0, 1e-3, config=None)

@@ -27,8 +27,9 @@ def _init_worker(devices, threads: int) -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     _WORKER_DEVICE = devices.get()
     torch.set_num_threads(threads)
-    if _WORKER_DEVICE.startswith("cuda"):
-        torch.cuda.set_device(torch.device(_WORKER_DEVICE))
+    device = torch.device(_WORKER_DEVICE)
+    if device.type == "cuda" and device.index is not None:  # "cuda" alone: the current one
+        torch.cuda.set_device(device)
 
 
 @dataclass(frozen=True)
