@@ -46,6 +46,9 @@ def test_worker_processes_train_the_same_models(both):
         assert a["loss_curve"] == b["loss_curve"]  # float32 on one thread: bit for bit
         assert a["value"] == b["value"] and a["eval_loss"] == b["eval_loss"]
     assert {r["concurrent_runs"] for r in alone} == {1}
+    # One at a time, a run is timed alone already: its own timing is its speed alone.
+    assert all(r["solo_wall_ms_per_step"] == r["wall_ms_per_step"]
+               and r["solo_timed_steps"] == r["timed_steps"] for r in alone)
     assert {r["concurrent_runs"] for r in shared} == {2}
 
 

@@ -4,10 +4,11 @@ to a GPU and one set per GPU given, or one after another in this process.
 The models are small, so one run leaves most of an H200 idle while its host thread launches
 kernels; runs in separate processes fill it.  Runs that share a GPU slow each other down, so the
 speed a run records while others run is not its own: the study times every configuration alone
-first (``measure_speed``) and reports that."""
+first (``measure_speed``) and reports that; with one worker each run is its own timing alone."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import multiprocessing
 import os
 import time
@@ -19,7 +20,6 @@ from .parameters import ParameterError
 
 # The device a worker process trains on, set once by its initializer.
 _WORKER_DEVICE: str | None = None
-_HELD_OUT: dict = {}
 
 
 def _init_worker(devices, threads: int) -> None:
@@ -46,12 +46,15 @@ class Job:
     label: str = ""  # how the progress log names the run
 
 
+@functools.lru_cache(maxsize=8)
+def _held_out(task, batches: int, batch_size: int):
+    return task.held_out(batches, batch_size)
+
+
 def held_out(task, config):
-    """The task's held-out batches at ``config``'s sizes, drawn once per process."""
-    key = (task, config.eval_batches, config.batch_size)
-    if key not in _HELD_OUT:
-        _HELD_OUT[key] = task.held_out(config.eval_batches, config.batch_size)
-    return _HELD_OUT[key]
+    """The task's held-out batches at ``config``'s sizes, drawn once per process (the last few
+    tasks' kept)."""
+    return _held_out(task, config.eval_batches, config.batch_size)
 
 
 def run_job(study, job: Job, device=None) -> dict:
@@ -156,7 +159,6 @@ class RunPool:
                 future.cancel()
             raise
         return records, time.perf_counter() - started
-
 
     def describe(self) -> dict:
         """How the runs were spread, and per phase the throughput gained against one run at a

@@ -388,7 +388,11 @@ def measure_speed(study: Study, task, mixer: str, config: TrainConfig, device,
     seed 0, not kept).  The study reports these, not the speed of runs that shared the device."""
     model = model_.build(study.model_config(mixer, task.vocab_size, width), seed=0,
                          device=device)
-    timed = train(model, task, speed_config(config, study.speed_steps), 0, device)
+    return _alone(train(model, task, speed_config(config, study.speed_steps), 0, device))
+
+
+def _alone(timed: dict) -> dict:
+    """The ``solo_*`` fields of a timing (train's) made alone on the device."""
     return {"solo_wall_ms_per_step": timed["wall_ms_per_step"],
             "solo_gpu_ms_per_step": timed["gpu_ms_per_step"],
             "solo_tokens_per_s": timed["tokens_per_s"], "solo_timed_steps": timed["timed_steps"]}
@@ -396,11 +400,13 @@ def measure_speed(study: Study, task, mixer: str, config: TrainConfig, device,
 
 def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool=None,
              desc: str = "runs") -> list[dict]:
-    """Every one of ``jobs`` (``pool``'s workers at once; None: one after another here), each
-    configuration's speed measured alone first (measure_speed) and added to its records, with
-    ``solo_train_s`` (that speed times the run's steps) and ``concurrent_runs``; a tqdm bar, and
-    a line per finished run in ``progress_log`` when given.  The pool records the phase's wall
-    time beside the runs' training time alone (RunPool.phases)."""
+    """Every one of ``jobs`` (``pool``'s workers at once; None: one after another here), with
+    each run's speed alone (``solo_*``; ``solo_train_s``, that speed times the run's steps) and
+    ``concurrent_runs`` added to its record: where runs share the pool, each configuration is
+    timed alone first (measure_speed); with one worker a run is timed alone already, and its own
+    timing is that speed.  A tqdm bar, and a line per finished run in ``progress_log`` when
+    given.  The pool records the phase's wall time beside the runs' training time alone
+    (RunPool.phases)."""
     from tqdm import tqdm  # the text bar: tqdm.auto's widget bar needs ipywidgets
 
     if not jobs:
@@ -411,8 +417,9 @@ def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool
 
     def key(job):
         return (job.task, job.mixer, job.width, job.config.batch_size)
+    shared = pool.workers > 1
     try:
-        for job in jobs:
+        for job in jobs if shared else ():
             if key(job) not in speeds:
                 speeds[key(job)] = measure_speed(study, job.task, job.mixer, job.config,
                                                  pool.devices[0], job.width)
@@ -430,7 +437,7 @@ def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool
         if own:
             pool.close()
     for job, record in zip(jobs, records):
-        speed = speeds[key(job)]
+        speed = speeds[key(job)] if shared else _alone(record)
         record.update(speed, concurrent_runs=pool.workers,
                       solo_train_s=speed["solo_wall_ms_per_step"] * record["steps_completed"]
                       / 1e3)
