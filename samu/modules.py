@@ -4,13 +4,15 @@ A state_dict is the contract: parameter names and shapes are those of SPEC secti
 """
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
 from torch import nn
 
-from . import backends
-from .functional import FUNCTIONS, check_positive_int
+from . import _runtime, backends, dispatch
+from .functional import (FUNCTIONS, PARAMETER_NAMES, autocast_input, check_input,
+                         check_parameters, check_positive_int, check_sequences)
 
 
 NUM_HEADS = 16
@@ -74,12 +76,52 @@ class _Mixer(nn.Module):
     def step(self, x_t, state=None):
         """(y_t, state): one token from a state, for generation.  x_t is [B, D]; state FP32
         [B, D] (None: the first token, where the state resets).  A loop of steps equals one
-        forward over the sequence, and so does a prefill's final state followed by steps."""
+        forward over the sequence, and so does a prefill's final state followed by steps.
+
+        Where the backend is a Triton one (CUDA, or a CPU tensor under TRITON_INTERPRET=1),
+        x_t is BF16, FP16 or FP32 and no gradient is needed, one kernel launch does the step
+        and allocates only y_t and the new state (samu.ops.<mixer>.step says when a layout
+        costs a copy); otherwise the forward runs on the length-1 sequence.  Both refuse the
+        same bad input with the same words; the kernel leaves ``last_backend`` as it was."""
         if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2:
             shape = tuple(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
             raise ValueError(f"{self.mixer}: step takes x_t of shape [batch, width], got {shape}")
-        y, state = self(x_t[:, None], initial_state=state, output_final_state=True)
-        return y[:, 0], state
+        x = x_t[:, None]
+        params = self._parameters_in_order()
+        if not self._step_in_one_launch(x_t, state, params):
+            y, state = self(x, initial_state=state, output_final_state=True)
+            return y[:, 0], state
+        # The forward's checks, in its order: the same errors on both paths.
+        check_input(x, self.width, self.mixer)
+        x_t = autocast_input(x_t)
+        check_parameters(self.mixer, x_t, dict(zip(PARAMETER_NAMES[self.mixer], params)))
+        check_sequences(self.mixer, x, state, None, True)
+        kernel = importlib.import_module(f"samu.ops.{self.mixer}.step")  # imports triton
+        return kernel.step(x_t, state, *params)
+
+    def _step_in_one_launch(self, x_t, state, params) -> bool:
+        """Whether step takes its one-launch kernel: the forward would run a Triton backend on
+        x_t, and autograd would record nothing."""
+        if torch.compiler.is_compiling():
+            return False  # compiled graphs take the forward's custom ops (samu.ops.library)
+        if x_t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            return False  # float64, the oracle's: the reference
+        if not x_t.is_cuda:
+            if x_t.device.type != "cpu" or not dispatch.interpreting():
+                return False
+            _runtime.check_interpret_unchanged()  # as the forward checks off CUDA
+        if torch.is_grad_enabled() and (x_t.requires_grad
+                                        or getattr(state, "requires_grad", False)
+                                        or any(p.requires_grad for p in params)):
+            return False
+        if (backends.triton_unavailable() is not None
+                or torch._C._are_functorch_transforms_active()):
+            return False  # the forward raises its error
+        backend = self.backend
+        if isinstance(backend, str) and backend != "auto":
+            chosen = backends.REGISTERED[self.mixer].get(backend)
+            return chosen is not None and chosen.kind == "triton"
+        return True  # "auto" picks a Triton backend here, and a configuration is one
 
 
 class RGLRU(_Mixer):
