@@ -474,6 +474,29 @@ def test_a_small_attention_model_learns_recall_on_a_cpu():
     assert T.sanity([record], bar=0.9)["passed"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("mixer", ["attention", "rglru", "samu"])
+def test_cuda_graph_steps_train_as_eager_steps(mixer):
+    """Replaying one captured step gives the eager loop's losses and weights (the same kernels
+    on the same batches, in BF16), with the schedule's learning rate at every step."""
+    from samu import model as model_
+    task = T.make_task("mqar", 64, num_pairs=4, vocab_size=16)
+    study = T.study_from_parameters([mixer], [0], 64, 2, 2, {"mqar": {"lengths": [64],
+                                    "num_pairs": 4, "vocab_size": 16}}, 40, 16, 3e-3, 5, 2,
+                                    timing_warmup_steps=3)
+    trained = {}
+    for graphed in (False, True):
+        config = dataclasses.replace(study.train["mqar"], cuda_graph=graphed)
+        m = model_.build(study.model_config(mixer, task.vocab_size), seed=0, device="cuda")
+        record = T.train(m, task, config, 0, "cuda")
+        trained[graphed] = ([loss for _, loss in record["loss_curve"]],
+                            torch.cat([p.detach().flatten() for p in m.parameters()]))
+    (eager, w_eager), (graphed, w_graphed) = trained[False], trained[True]
+    assert eager[-1] < eager[0]
+    assert max(abs(a - b) for a, b in zip(eager, graphed)) < 0.05 * eager[0], (eager, graphed)
+    assert (w_graphed - w_eager).abs().max() < 0.02 * w_eager.abs().max()
+
+
 def test_conclusion_of_a_real_document_names_its_runs(doc):
     text = T.conclusion(doc)
     assert f"{len(doc['runs'])} runs" in text and "a CPU" in text

@@ -19,16 +19,15 @@ from .study import check_parameters, parse_part, part_path, result_path, summary
 
 # The configuration of `make train` on a GPU: width 256, 2 layers, 3 seeds, a learning-rate sweep
 # of three rates for every (task, length, mixer); recall and copying at two lengths, the LM at
-# one: 135 runs and 121,500 training steps, each run its full steps (no time cap); then Zoology's
-# recall curves: 81 runs, 40,500 steps.  The recurrent mixers run inside Griffin's recurrent
-# block, attention with the usual heads of 64 channels.  Attention must reach the sanity bar on
-# recall and copying at the shorter length before the conclusion compares anything.  The rates:
-# on a CPU attention at this model's settings learned MQAR at 3e-4 and 1e-3 but not at 3e-3.
-# Budget: the earlier H200 study (data/training/nvidia-h200.json, bare mixers) took a median
-# 5-8 ms per step at these sizes, host-bound, so the larger batch of recall and copying costs
-# little; 162,000 steps at about 7 ms are about 19 minutes one run at a time.  A run leaves the
-# GPU mostly idle, so eight run at once (worker processes), each configuration's speed timed
-# alone first; PART=1, 2, 3 still splits the runs where one part would not fit a time limit.
+# one: 135 runs, each its full steps (no time cap); then Zoology's recall curves, 81 runs.  The
+# recurrent mixers run inside Griffin's recurrent block, attention with the usual heads of 64
+# channels.  Attention must reach the sanity bar on recall and copying at the shorter length
+# before the conclusion compares anything.  The steps come from probes on the H200
+# (docs/sweeps/2026-12-02_48199ae_gpu_probes): attention copies at L = 256 to 0.978 in 2000
+# steps (lr 3e-4; 0.79 in 800); RG-LRU and SAMU in Griffin's block stay at the 1/8 guessing
+# baseline on MQAR after 1200 steps and reach 0.78 and 0.82 after 4000.  Eager steps of these
+# small models took 6-14 ms, nearly all launches, so every step replays a CUDA graph, and a
+# few runs share the GPU (worker processes), each configuration's speed timed alone first.
 GPU_PARAMETERS = dict(
     mixers=list(model_.MIXERS),
     seeds=[0, 1, 2],
@@ -41,7 +40,7 @@ GPU_PARAMETERS = dict(
                  "noise_vocab": 16},
         "lm": {"lengths": [512]},
     },
-    steps={"mqar": 1200, "copy": 800, "lm": 500},
+    steps={"mqar": 4000, "copy": 2000, "lm": 1000},
     batch_size={"mqar": 64, "copy": 64, "lm": 32},
     lr=[3e-4, 1e-3, 3e-3],
     warmup_steps=100,
@@ -54,10 +53,12 @@ GPU_PARAMETERS = dict(
     attention_head_dim=64,
     sanity_bar=0.95,
     speed_steps=50,
-    processes=8,
-    # 9 points x 3 mixers x 3 rates, one seed: 81 runs of 500 steps.
+    processes=4,
+    cuda_graph=True,
+    # 9 points x 3 mixers x 3 rates, one seed: 81 runs.  At 2000 steps attention reached 0.73 at
+    # 16 pairs (lr 1e-3) and 0.03 at 64.
     recall_curves={"seq_len": 256, "vocab_size": 256, "pairs": [4, 8, 16, 32, 64],
-                   "widths": [64, 128, 256, 512], "fixed_pairs": 16, "steps": 500},
+                   "widths": [64, 128, 256, 512], "fixed_pairs": 16, "steps": 2500},
 )
 
 

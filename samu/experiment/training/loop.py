@@ -24,7 +24,10 @@ class TrainConfig:
     warm-up excluded), each step synchronised on CUDA; on CUDA the GPU time of each step (CUDA
     events around forward, backward and the optimizer step; no evaluation) is summed as well.
     ``max_seconds`` is an optional safety cap: it stops a run once its measured steps took that
-    long (None, the default: never) and the run records that it did."""
+    long (None, the default: never) and the run records that it did.  ``cuda_graph``: on CUDA,
+    after ``GraphedStep.EAGER_STEPS`` eager steps every step (forward, backward, clipping and
+    the optimizer) is one CUDA graph's replay, so that a small model's step costs its GPU work
+    rather than its launches; elsewhere it changes nothing."""
     steps: int = 100
     batch_size: int = 16
     lr: float = 3e-3
@@ -38,6 +41,7 @@ class TrainConfig:
     log_every: int = 10
     timing_warmup_steps: int = 5
     max_seconds: float | None = None
+    cuda_graph: bool = False
 
     # What each numeric field may be.  max_seconds may be 0 (stop after the first timed step);
     # a study's time budget, which it is a share of, may not.
@@ -57,6 +61,9 @@ class TrainConfig:
                                  f"{self.betas!r}")
         for i, beta in enumerate(self.betas):
             self.BETA.check(f"train: betas[{i}]", beta)
+        if not isinstance(self.cuda_graph, bool):
+            raise ParameterError(f"train: cuda_graph must be True or False, got "
+                                 f"{self.cuda_graph!r}")
         if self.timing_warmup_steps >= self.steps:
             raise ParameterError(f"train: timing_warmup_steps {self.timing_warmup_steps} leaves "
                                  f"none of {self.steps} steps to time (it must be below steps)")
@@ -76,14 +83,74 @@ class TrainConfig:
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * cosine
 
 
-def optimizer(model, config: TrainConfig, device) -> torch.optim.Optimizer:
+def optimizer(model, config: TrainConfig, device, graphed: bool = False) -> torch.optim.Optimizer:
+    """AdamW, fused on CUDA; ``graphed``: capturable, its learning rate a device tensor that
+    set_learning_rate fills (a CUDA graph replays the step with whatever it holds)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (decay if p.dim() >= 2 and not name.startswith("embedding") else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": config.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     fused = torch.device(device).type == "cuda"
-    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), fused=fused)
+    lr = torch.tensor(config.lr, device=device) if graphed else config.lr
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(config.betas), fused=fused,
+                             capturable=graphed)
+
+
+def set_learning_rate(opt: torch.optim.Optimizer, value: float) -> None:
+    for group in opt.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(value)
+        else:
+            group["lr"] = value
+
+
+class GraphedStep:
+    """Training steps replayed from one CUDA graph.  Each call copies the batch into static
+    buffers; the first EAGER_STEPS calls run eagerly on a side stream (they train like any step
+    and warm up the allocator, cuBLAS and the Triton kernels, as capture requires); the next
+    captures one step and replays it; later calls replay.  Gradients are set to None before
+    capture, so the captured backward writes them rather than accumulating."""
+    EAGER_STEPS = 2
+
+    def __init__(self, model, opt, params, grad_clip: float):
+        self.model, self.opt, self.params, self.grad_clip = model, opt, params, grad_clip
+        self.calls = 0
+        self.graph = self.loss = self.inputs = self.targets = None
+
+    def _body(self):
+        # No autocast cache: a cached cast would be captured once and never refreshed.
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            logits = self.model(self.inputs)
+        loss = loss_of(logits, self.targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        self.opt.step()
+        return loss
+
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.inputs is None:
+            self.inputs, self.targets = inputs.clone(), targets.clone()
+        else:
+            self.inputs.copy_(inputs, non_blocking=True)
+            self.targets.copy_(targets, non_blocking=True)
+        self.calls += 1
+        if self.graph is not None:
+            self.graph.replay()
+            return self.loss
+        self.opt.zero_grad(set_to_none=True)
+        if self.calls <= self.EAGER_STEPS:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                loss = self._body().detach()  # frees the step's autograd graph before capture
+            torch.cuda.current_stream().wait_stream(side)
+            return loss
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.loss = self._body().detach()
+        self.graph.replay()  # capture records the step without running it
+        return self.loss
 
 
 def autocast(device):
@@ -138,9 +205,10 @@ def train(model, task, config: TrainConfig, seed: int, device, progress=None) ->
     completed and whether the run stopped on time or diverged."""
     device = torch.device(device)
     generator = _generator(seed, device)
-    opt = optimizer(model, config, device)
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, config.lr_factor)
+    graphed = config.cuda_graph and device.type == "cuda"
+    opt = optimizer(model, config, device, graphed)
     params = [p for p in model.parameters()]
+    graph_step = GraphedStep(model, opt, params, config.grad_clip) if graphed else None
     model.train()
     losses, curve = [], []
     timed_s, timed_tokens, timed_steps = 0.0, 0, 0
@@ -157,14 +225,17 @@ def train(model, task, config: TrainConfig, seed: int, device, progress=None) ->
             begin.record()
         inputs = inputs.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
-        with autocast(device):
-            logits = model(inputs)
-        loss = loss_of(logits, targets)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-        opt.step()
-        schedule.step()
+        set_learning_rate(opt, config.lr * config.lr_factor(step))
+        if graph_step is not None:
+            loss = graph_step(inputs, targets)
+        else:
+            with autocast(device):
+                logits = model(inputs)
+            loss = loss_of(logits, targets)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+            opt.step()
         if cuda:
             end.record()
         value = loss.item()  # synchronises

@@ -285,10 +285,12 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
                           time_budget_s=None, backend="auto", norm="rmsnorm",
                           recurrent_block="griffin", attention_heads="standard",
                           attention_head_dim=32, sanity_bar=SANITY_BAR,
-                          recall_curves=None, part=None, speed_steps=20) -> Study:
+                          recall_curves=None, part=None, speed_steps=20,
+                          cuda_graph=False) -> Study:
     """The study of notebook 05's parameters: ``tasks`` maps a task to its lengths and options,
     ``steps`` and ``batch_size`` map a task to its own (or are one number for all), ``lr`` is
-    one learning rate or a list of them (the sweep: every run at each).  Every
+    one learning rate or a list of them (the sweep: every run at each); ``cuda_graph``: on
+    CUDA every training step replays one CUDA graph (TrainConfig.cuda_graph).  Every
     numeric parameter is checked first (check_parameter_ranges): ParameterError names the one
     out of range before anything runs."""
     check_parameter_ranges(dict(
@@ -307,7 +309,7 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
                                batch_size=int(per_task(batch_size, name)), lr=rates[0],
                                warmup_steps=int(warmup_steps), eval_batches=int(eval_batches),
                                timing_warmup_steps=int(timing_warmup_steps),
-                               log_every=int(log_every))
+                               log_every=int(log_every), cuda_graph=cuda_graph)
              for name in tasks}
     return Study(mixers=tuple(mixers), seeds=tuple(int(s) for s in seeds),
                  tasks={k: dict(v) for k, v in tasks.items()}, train=train, width=int(width),
