@@ -8,6 +8,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist each worker gets its share of the cores.  With torch's default (every core
+# per process) the workers' OpenMP threads oversubscribe the machine, and a test of many tiny
+# CPU ops (the float64 reference scans) then spends its time in barriers: 0.2 s alone, over
+# 100 s with 16 workers on a 16-core GPU machine.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+if _workers > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
 
 @pytest.fixture
 def one_thread():
