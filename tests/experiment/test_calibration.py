@@ -77,6 +77,8 @@ def test_calibrate_and_merge(tmp_path, monkeypatch):
                                          candidates={"samu": ["reference_chunked", name]}, reps=1)
     assert result["samu"]["chosen"] == name, result["samu"]["backends"]
     assert result["samu"]["ranking"] == [name]
+    assert result["samu"]["ranked_by"] == ("gpu_time_ms" if torch.cuda.is_available()
+                                           else "median_ms")
     calibration.merge_calibration("test-gpu", (1, 8, 16), result, {"gpu": "Test GPU"})
     doc = schema.read_json(paths.calibration_file("test-gpu"))
     schema.validate(doc, "calibration")
@@ -84,6 +86,30 @@ def test_calibrate_and_merge(tmp_path, monkeypatch):
     monkeypatch.setattr(dispatch, "_USER_DIR", paths.calibration_file("test-gpu").parent)
     dispatch.forget_calibration()
     assert dispatch.calibrated_choice("samu", (1, 8, 16), "test-gpu") == name
+
+
+@pytest.mark.parametrize("gpu_times, want", [
+    ({0: 0.30, 1: 0.20}, "gpu_time_ms"),  # GPU time reverses the medians' order
+    ({0: 0.30, 1: None}, "median_ms"),  # one backend could not be captured: the medians rank
+])
+def test_legal_backends_are_ranked_by_gpu_time_where_every_one_has_it(monkeypatch, gpu_times,
+                                                                      want):
+    names = [n for n in backends.available("samu")
+             if backends.REGISTRY["samu"][n].kind == "triton"][:2]
+    medians = {names[0]: 1.0, names[1]: 2.0}
+    gpu = {names[i]: t for i, t in gpu_times.items()}
+    monkeypatch.setattr(calibration.protocol, "warm_samples",
+                        lambda module, x, dy, reps: [medians[module.backend]] * reps)
+    monkeypatch.setattr(calibration.protocol, "graph_replay_ms",
+                        lambda module, x, dy: gpu[module.backend])
+    result = calibration.calibrate_shape((1, 8, 16), _triton_device(), mixers=("samu",),
+                                         candidates={"samu": names}, reps=1)["samu"]
+    assert result["ranked_by"] == want
+    order = names[::-1] if want == "gpu_time_ms" else names
+    assert result["ranking"] == order and result["chosen"] == order[0]
+    entries = {e["backend"]: e for e in result["backends"]}
+    assert [entries[n]["median_ms"] for n in names] == [1.0, 2.0]  # kept beside GPU time
+    assert [entries[n]["gpu_time_ms"] for n in names] == [gpu[n] for n in names]
 
 
 def test_a_reference_on_a_cpu_device_object_is_checked_not_skipped():
