@@ -1,0 +1,75 @@
+"""Context parallelism's cost on one GPU (scripts/bench_context_parallel.py writes the file):
+each rank's share of a forward+backward against one call at L / P and one at L, as a frame and
+a figure for notebook 04."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .. import paths
+from . import schema
+
+COMMITTED_SLUG = "nvidia-h200"
+# A rank's share (summary pass and its slice with an initial state, forward and backward) over
+# a plain call at L / P: the target at L = 2^18, D = 2048, P = 2-8.
+TARGET_SHARE_OVER_SLICE_CALL = 1.3
+MIXER_NAMES = {"rglru": "RG-LRU", "samu": "SAMU"}
+
+
+def result_file(slug: str) -> Path:
+    """Where the benchmark writes a GPU's timings: the data folder's."""
+    return paths.DATA / "context_parallel" / f"{slug}.json"
+
+
+def load(slug: str | None = None) -> tuple[dict, Path]:
+    """(document, its path): ``slug``'s timings from the data folder, else the committed H200
+    ones in the repository (a scratch data folder, as nbval's, has none)."""
+    slug = slug or COMMITTED_SLUG
+    for path in (result_file(slug),
+                 paths.REPO_ROOT / "data" / "context_parallel" / f"{slug}.json"):
+        if path.is_file():
+            return schema.read_json(path), path
+    raise FileNotFoundError(f"no context-parallel timings for {slug}: run "
+                            "scripts/bench_context_parallel.py on that GPU")
+
+
+def frame(doc: dict) -> pd.DataFrame:
+    """One row per (mixer, L, P): the slowest rank's share, the calls at L / P and at L (ms),
+    and the two ratios the figure draws."""
+    df = pd.DataFrame(doc["rows"])
+    keep = ["mixer", "length", "width", "ranks", "one_call_at_length_ms", "one_call_at_slice_ms",
+            "slowest_rank_ms", "slowest_rank_over_slice_call", "speedup_over_one_call"]
+    return df[keep].sort_values(["mixer", "ranks", "length"]).reset_index(drop=True)
+
+
+def figure(df: pd.DataFrame, label: str = ""):
+    """Left: the slowest rank's share over a plain call at L / P, against L, with the target;
+    right: one call at L over the slowest rank (what P GPUs gain).  A matplotlib Figure."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4))
+    left, right = fig.subplots(1, 2)
+    styles = {"rglru": "-", "samu": "--"}
+    for (mixer, ranks), part in df.groupby(["mixer", "ranks"]):
+        color = f"C{[2, 4, 8].index(ranks) if ranks in (2, 4, 8) else 3}"
+        name = f"{MIXER_NAMES.get(mixer, mixer)}, P = {ranks}"
+        for ax, column in ((left, "slowest_rank_over_slice_call"),
+                           (right, "speedup_over_one_call")):
+            ax.plot(part["length"], part[column], styles.get(mixer, ":"), marker="o",
+                    color=color, label=name)
+    left.axhline(TARGET_SHARE_OVER_SLICE_CALL, color="k", lw=0.8, ls=":",
+                 label=f"target {TARGET_SHARE_OVER_SLICE_CALL}x")
+    left.axhline(1.0, color="grey", lw=0.6)
+    right.axhline(1.0, color="grey", lw=0.6)
+    left.set_ylabel("slowest rank's share / one call at L / P")
+    right.set_ylabel("one call at L / slowest rank's share")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length L (tokens, D = %d)" % int(df["width"].iloc[0]))
+        ax.set_ylim(bottom=0)
+    left.legend(fontsize=7, ncol=2, frameon=False)
+    fig.suptitle("Context parallelism on one GPU, each rank's share timed in turn"
+                 + (f" ({label})" if label else ""))
+    fig.tight_layout()
+    return fig

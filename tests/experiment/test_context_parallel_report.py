@@ -1,0 +1,40 @@
+"""The context-parallel timings as notebook 04 shows them (samu.experiment.context_parallel)."""
+import pytest
+
+from samu import paths
+from samu.experiment import context_parallel, schema
+
+
+def _doc():
+    rows = []
+    for mixer in ("rglru", "samu"):
+        for ranks in (2, 4):
+            for length in (1024, 2048):
+                rows.append({"mixer": mixer, "length": length, "width": 16, "ranks": ranks,
+                             "one_call_at_length_ms": 2.0, "one_call_at_slice_ms": 2.0 / ranks,
+                             "rank_ms": [1.5 / ranks] * ranks, "slowest_rank_ms": 1.5 / ranks,
+                             "slowest_rank_over_slice_call": 0.75,
+                             "speedup_over_one_call": 1.5 * ranks})
+    return {"environment": {"gpu": "Test GPU", "torch": "x"}, "rows": rows}
+
+
+def test_frame_and_figure():
+    df = context_parallel.frame(_doc())
+    assert len(df) == 8 and list(df["ranks"].unique()) == [2, 4]
+    fig = context_parallel.figure(df, "Test GPU")
+    left, right = fig.axes
+    assert len(left.lines) == 4 + 2  # a line per (mixer, P), the target and 1
+    assert left.lines[-2].get_ydata()[0] == context_parallel.TARGET_SHARE_OVER_SLICE_CALL
+
+
+def test_load_prefers_the_data_folder_then_the_committed_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    with pytest.raises(FileNotFoundError, match="no context-parallel timings for test-gpu"):
+        context_parallel.load("test-gpu")
+    committed = paths.REPO_ROOT / "data" / "context_parallel" / "nvidia-h200.json"
+    doc, path = context_parallel.load()
+    assert path == committed and doc["environment"]["gpu"] == "NVIDIA H200"
+    schema.write_json_atomic(context_parallel.result_file("nvidia-h200"), _doc(), kind=None)
+    doc, path = context_parallel.load()
+    assert path == tmp_path / "context_parallel" / "nvidia-h200.json"
+    assert doc["environment"]["gpu"] == "Test GPU"
