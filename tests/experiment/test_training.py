@@ -827,6 +827,20 @@ def test_bad_recall_curves_are_refused():
         T.check_parameter_ranges({"recall_curves": {**base, "pairs": [4, 0]}})
     with pytest.raises(T.ParameterError, match="too short"):  # 64 pairs need L >= 256
         T.check_parameters({**GPU_SET, "recall_curves": {**base, "seq_len": 128}})
+    with pytest.raises(T.ParameterError, match=re.escape("recall_curves['lr'][0] must be")):
+        T.check_parameter_ranges({"recall_curves": {**base, "lr": [0.0]}})
+    with pytest.raises(T.ParameterError, match="optionally \\['lr'\\]"):
+        T.check_parameter_ranges({"recall_curves": {**base, "rates": [1e-3]}})
+
+
+def test_recall_curves_take_their_own_learning_rates():
+    spec = {**T.GPU_PARAMETERS["recall_curves"], "lr": [1e-3, 3e-3]}
+    study = T.check_parameters({**GPU_SET, "recall_curves": spec})
+    rates = {lr for *_, lr, _ in study.recall_runs()}
+    assert rates == {1e-3, 3e-3} and set(study.learning_rates) == {3e-4, 1e-3, 3e-3}
+    without = {k: v for k, v in spec.items() if k != "lr"}
+    study = T.check_parameters({**GPU_SET, "recall_curves": without})
+    assert {lr for *_, lr, _ in study.recall_runs()} == set(study.learning_rates)
 
 
 def test_parts_cover_the_study_once_and_merge(tmp_path, monkeypatch):

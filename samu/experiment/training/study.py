@@ -42,11 +42,13 @@ PARAMETER_RANGES = {
 }
 # Zoology's recall curves: MQAR accuracy against the number of key-value pairs at one length and
 # width (``pairs``), and against the model's width at ``fixed_pairs`` (``widths``); every point
-# is trained at each learning rate of the study for ``steps`` steps (the first seed) and scored
+# is trained at each of its "lr" rates (default: the study's sweep) for ``steps`` steps (the first seed) and scored
 # at its best.
 RECALL_CURVE_KEYS = {"seq_len": COUNT, "vocab_size": COUNT, "pairs": COUNT, "widths": COUNT,
                      "fixed_pairs": COUNT, "steps": COUNT}
 RECALL_CURVE_LISTS = ("pairs", "widths")
+# Optional: "lr", the curves' own learning rates (a list; default the study's sweep).
+RECALL_CURVE_OPTIONAL = {"lr": LEARNING_RATE}
 SWEPT = ("lr",)  # one value or a list of them
 # The accuracy attention must reach on MQAR and copying at their shortest length before the
 # study compares mixers (the GPU parameters' bar; the notebook states its own).
@@ -57,13 +59,16 @@ PER_TASK = ("steps", "batch_size")
 def _check_recall_curves(value) -> None:
     if value is None:
         return
-    if not isinstance(value, dict) or set(value) != set(RECALL_CURVE_KEYS):
+    if (not isinstance(value, dict) or not set(RECALL_CURVE_KEYS) <= set(value)
+            or set(value) - set(RECALL_CURVE_KEYS) - set(RECALL_CURVE_OPTIONAL)):
         raise ParameterError(f"recall_curves must be None or a dict with the keys "
-                             f"{sorted(RECALL_CURVE_KEYS)}, got {value!r}")
-    for key, allowed in RECALL_CURVE_KEYS.items():
+                             f"{sorted(RECALL_CURVE_KEYS)} and optionally "
+                             f"{sorted(RECALL_CURVE_OPTIONAL)}, got {value!r}")
+    for key, allowed in {**RECALL_CURVE_KEYS, **RECALL_CURVE_OPTIONAL}.items():
         name = f"recall_curves[{key!r}]"
-        if key in RECALL_CURVE_LISTS:
-            _check_list(name, value[key], allowed)
+        if key in RECALL_CURVE_LISTS or key in RECALL_CURVE_OPTIONAL:
+            if key in value:
+                _check_list(name, value[key], allowed)
         else:
             allowed.check(name, value[key])
 
@@ -207,8 +212,8 @@ class Study:
         spec = self.recall_curves
         if not spec:
             return []
-        lrs = tuple(self.learning_rates) or (next(iter(self.train.values())).lr
-                                             if self.train else 1e-3,)
+        lrs = (tuple(spec.get("lr") or ()) or tuple(self.learning_rates)
+               or (next(iter(self.train.values())).lr if self.train else 1e-3,))
 
         def task(pairs):
             return MQAR(spec["seq_len"], num_pairs=pairs, vocab_size=spec["vocab_size"])
