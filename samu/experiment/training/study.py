@@ -42,8 +42,8 @@ PARAMETER_RANGES = {
 }
 # Zoology's recall curves: MQAR accuracy against the number of key-value pairs at one length and
 # width (``pairs``), and against the model's width at ``fixed_pairs`` (``widths``); every point
-# is trained at each of its "lr" rates (default: the study's sweep) for ``steps`` steps (the first seed) and scored
-# at its best.
+# is trained at each of the curves' "lr" rates (default: the study's sweep) for ``steps`` steps
+# (the first seed) and scored at its best.
 RECALL_CURVE_KEYS = {"seq_len": COUNT, "vocab_size": COUNT, "pairs": COUNT, "widths": COUNT,
                      "fixed_pairs": COUNT, "steps": COUNT}
 RECALL_CURVE_LISTS = ("pairs", "widths")
