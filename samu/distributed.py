@@ -360,6 +360,22 @@ def _call(mixer, x, params, backend, **state):
                             output_final_state=True, **state)
 
 
+def kernel_phases(mixer: str, x, backend):
+    """(kernel module, configuration) where ``backend`` resolves to a Triton backend for x:
+    the module's slice_summary and start_adjoint run its kernels' phases alone, without a
+    whole forward or backward.  None for a reference backend (the generic path: a call and
+    autograd)."""
+    from . import dispatch
+    chosen = dispatch.resolve(mixer, x, backend)
+    if chosen.kind != "triton" or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return None
+    if mixer == "samu":
+        from .ops.samu import chunk as module
+    else:
+        from .ops.rglru import gemm as module
+    return module, chosen.config
+
+
 def _local_cu(layout: SliceLayout, device, begin: int = 0) -> torch.Tensor:
     """The slice's piece offsets from piece ``begin`` on, counted from that piece's start."""
     offsets = layout.piece_offsets[begin:]
@@ -389,6 +405,11 @@ def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
             FUNCTIONS[mixer](x[:, :1], *params, backend=backend)
             return torch.stack([zeros, zeros])
         if layout.carries_through:
+            phases = kernel_phases(mixer, x, backend)
+            if phases is not None:
+                module, config = phases
+                decay, hloc = module.slice_summary(x, params, config)
+                return torch.stack([decay, hloc])
             _, hloc, _ = _call(mixer, x, params, backend, initial_state=zeros)
             decay = torch.exp(log_decay(mixer, x, params))
             return torch.stack([decay, hloc.to(cdt)])
@@ -449,11 +470,17 @@ def head_adjoint(mixer: str, layout: SliceLayout, x, params, backend, entering, 
     """mu [rows, D]: d<(dy, dstates), (y, states)> / d entering, through a recomputed forward
     of the continued piece (a slice that starts at a sequence start has none)."""
     head = layout.head
+    dfinal = dstates[:1] if layout.packed else dstates
+    phases = kernel_phases(mixer, x[:, :head], backend)
+    if phases is not None:
+        module, config = phases
+        with torch.no_grad():
+            return module.start_adjoint(x[:, :head].detach(), [p.detach() for p in params],
+                                        dy[:, :head], dfinal, config)
     with torch.enable_grad():
         state = entering.detach().requires_grad_()
         y, final, _ = _call(mixer, x[:, :head].detach(), [p.detach() for p in params], backend,
                             initial_state=state)
-        dfinal = dstates[:1] if layout.packed else dstates
         (mu,) = torch.autograd.grad([y, final], [state],
                                     [dy[:, :head], dfinal.to(final.dtype)])
     return mu

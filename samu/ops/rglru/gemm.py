@@ -45,6 +45,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -61,6 +62,7 @@ from ..common.reduce import named_columns, sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
 from ..common.sequences import (adjoint_inputs, entering_state, fold_starts, load_at, resets,
                                 row_sequences, sequence_args, store_at)
+from ..recurrence import GATE_SCALE
 
 MIXER = "rglru"
 
@@ -662,6 +664,96 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
 def gradient_columns(width: int) -> dict[str, slice]:
     """Where each bias and a_param gradient sits in the gradient vector."""
     return named_columns([("gate_x_bias", width), ("gate_a_bias", width), ("a_param", width)])
+
+
+class _ContinuedSlice(NamedTuple):
+    """One call's arguments over a slice that continues a sequence from a zero entering state
+    (its first token an ordinary step, as in a call with an initial state) and holds no start:
+    the kernels' inputs and one group's G workspace and [B, NC, DG] summaries."""
+    x: torch.Tensor
+    x_heads: torch.Tensor
+    w_cat: torch.Tensor
+    bx: torch.Tensor
+    ba: torch.Tensor
+    a_param: torch.Tensor
+    groups: _Groups
+    sequences: object
+    meta: dict
+    gates: torch.Tensor
+    decay: torch.Tensor
+    end: torch.Tensor
+
+    @classmethod
+    def of(cls, x, params, config: GemmConfig) -> "_ContinuedSlice":
+        x = aligned(x)
+        gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
+        batch, length, width = x.shape
+        groups = _groups(config, gate_x_weight)
+        f32 = dict(device=x.device, dtype=torch.float32)
+        bx, ba, a_param = [fp32_contiguous(p) for p in (gate_x_bias, gate_a_bias, a_param)]
+        sequences = sequence_args(x, torch.zeros(batch, width, **f32), None, False)
+        gates = torch.empty(groups.per_group, batch * length, 2 * groups.bw, device=x.device,
+                            dtype=_gemm_dtype(x.dtype))
+        shape = (batch, cdiv(length, config.chunk), groups.width)
+        return cls(x, _heads(x, groups.heads), _gate_weights(gate_x_weight, gate_a_weight,
+                                                              x.dtype),
+                   bx, ba, a_param, groups, sequences,
+                   tiles(config, groups.bw, width, groups.width), gates,
+                   torch.empty(shape, **f32), torch.empty(shape, **f32))
+
+    def launch(self, kernel, role: str, first, col0: int, **flags) -> None:
+        """One group's summary or reverse summary kernel into decay and end."""
+        batch, length, _ = self.x.shape
+        n_chunks = self.decay.shape[1]
+        grid = (batch * n_chunks, cdiv(self.groups.width, self.meta[role]["BN"]))
+        launching.launch(kernel, grid, first, self.gates, *flags.pop("inputs"),
+                         self.sequences.seq_index, flags.pop("state"), self.decay, self.end,
+                         col0, length, batch * length, n_chunks, self.sequences.count,
+                         **with_state_keywords(self.meta[role], True), PACKED=False, **flags)
+
+
+def slice_summary(x, params, config: GemmConfig):
+    """(A, h), FP32 [B, D] each, of a slice that continues a sequence and holds no start: its
+    end state is A h_in + h for the state h_in entering it.  Per head group the gate GEMM, the
+    forward's summary kernel and carry, without its output kernel (no y).  The summary kernel
+    folds the first token's a into the entering state, so chunk 0's decay comes from G."""
+    s = _ContinuedSlice.of(x, params, config)
+    batch, length, width = s.x.shape
+    first = min(config.chunk, length)
+    A, h = [torch.empty(batch, width, device=s.x.device, dtype=torch.float32) for _ in "Ah"]
+    softplus_a = torch.nn.functional.softplus(s.a_param)
+    for _, heads, col0 in s.groups:
+        cols = slice(col0, col0 + s.groups.width)
+        _gate_products(s.x_heads, s.w_cat, heads, s.gates)
+        s.launch(_summary_kernel, "summary", s.x, col0, inputs=(s.bx, s.ba, s.a_param),
+                 state=s.sequences.initial_state, HAS_INITIAL=True)
+        h_in = chunk_carry(s.decay, s.end, reverse=False, plan=config.carry)
+        h[:, cols] = s.decay[:, -1] * h_in[:, -1] + s.end[:, -1]
+        bw = s.groups.bw
+        ga = s.gates.view(s.groups.per_group, batch, length, 2 * bw)[:, :, :first, bw:]
+        ga_sum = torch.sigmoid(ga.float() + s.ba[cols].view(-1, 1, 1, bw)).sum(2)
+        log_a0 = -GATE_SCALE * ga_sum.transpose(0, 1).reshape(batch, -1) * softplus_a[cols]
+        A[:, cols] = torch.exp(log_a0) * s.decay[:, 1:].prod(1)
+    return A, h
+
+
+def start_adjoint(x, params, dy, d_end, config: GemmConfig):
+    """mu, FP32 [B, D]: the adjoint a_s dh_s that leaves a continued slice's first token s for
+    the state entering it, from dy and the cotangent d_end on the slice's end state.  Per head
+    group the gate GEMM, the backward's reverse summary and its carry, where a backward through
+    the slice would run every kernel."""
+    s = _ContinuedSlice.of(x, params, config)
+    batch, _, width = s.x.shape
+    dy, d_end = aligned(dy), fp32_contiguous(d_end)
+    mu = torch.empty(batch, width, device=s.x.device, dtype=torch.float32)
+    for _, heads, col0 in s.groups:
+        _gate_products(s.x_heads, s.w_cat, heads, s.gates)
+        s.launch(_reverse_summary_kernel, "reverse_summary", dy, col0,
+                 inputs=(s.ba, s.a_param), state=d_end, HAS_DFINAL=True)
+        carry = chunk_carry(s.decay, s.end, reverse=True, plan=config.carry)
+        # The reverse summary's chunk 0 decay is its whole product of a (no start cuts it).
+        mu[:, col0:col0 + s.groups.width] = s.end[:, 0] + s.decay[:, 0] * carry[:, 0]
+    return mu
 
 
 class GemmScanFunction(torch.autograd.Function):

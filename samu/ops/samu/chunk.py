@@ -414,6 +414,21 @@ def _residual_shapes(batch: int, length: int, width: int, n_chunks: int) -> tupl
             (batch, n_chunks, width))
 
 
+def _summaries(x, params, sequences, config: SamuConfig, meta: dict, r, g, r_sum, rate):
+    """The summary kernel over aligned x: r, g, the chunks' sums of r and the rate into the
+    given buffers; returns the chunks' end states from zero, [B, NC, D] FP32."""
+    batch, length, width = x.shape
+    n_chunks = cdiv(length, config.chunk)
+    w, bias, a_param, log_temp = params
+    end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
+    launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param, log_temp,
+                     sequences.seq_index, sequences.initial_state, r, g, r_sum, end, rate,
+                     length, width, n_chunks, sequences.count, meta["summary_units"],
+                     T=config.chunk, **meta["summary"], PACKED=sequences.packed,
+                     HAS_INITIAL=sequences.has_initial)
+    return end
+
+
 def forward(x, params, sequences, config: SamuConfig):
     """(y, final state or None, residuals): the forward's kernels.  The residuals are the
     tensors the backward needs beside x and the parameters (_residual_shapes)."""
@@ -428,12 +443,9 @@ def forward(x, params, sequences, config: SamuConfig):
     residuals = [torch.empty(shape, device=x.device, dtype=torch.float32)
                  for shape in _residual_shapes(batch, length, width, n_chunks)]
     r, g, r_sum, rate, h_in = residuals
-    end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
     meta = _launch_meta(config, width, _keywords(**flags,
                                                  HAS_FINAL=sequences.output_final_state))
-    launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param, log_temp,
-                     seq, h0, r, g, r_sum, end, rate, length, width, n_chunks, sequences.count,
-                     meta["summary_units"], T=chunk, **meta["summary"], **flags)
+    end = _summaries(x, (w, bias, a_param, log_temp), sequences, config, meta, r, g, r_sum, rate)
     walked = config.walks_carry(n_chunks, x.numel())
     if not walked:
         chunk_carry(r_sum, end, reverse=False, rate=rate, out=h_in, plan=config.carry)
@@ -508,6 +520,52 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
         gradient_sizes(width))
     return (dx, d_weight.view(2, width), d_bias, d_a_param, d_log_temp.view(()),
             d_skip.view(()), d_h0 if sequences.has_initial else None)
+
+
+def _continued_slice(x, params, config: SamuConfig, *keywords: str):
+    """(aligned x, sequence arguments, launch meta, r, r_sum, rate, end) of the summary kernel
+    over a slice that continues a sequence from a zero entering state (its first token an
+    ordinary step, as in a call with an initial state) and holds no start."""
+    x = aligned(x)
+    batch, length, width = x.shape
+    f32 = dict(device=x.device, dtype=torch.float32)
+    w, bias, a_param, log_temp, _ = [fp32_contiguous(p) for p in params]
+    sequences = sequence_args(x, torch.zeros(batch, width, **f32), None, False)
+    meta = _launch_meta(config, width, _keywords(HAS_INITIAL=True,
+                                                 **{k: True for k in keywords}))
+    r, g, r_sum, rate = [torch.empty(shape, **f32)
+                         for shape in _residual_shapes(batch, length, width,
+                                                       cdiv(length, config.chunk))[:4]]
+    end = _summaries(x, (w, bias, a_param, log_temp), sequences, config, meta, r, g, r_sum, rate)
+    return x, sequences, meta, r, r_sum, rate, end
+
+
+def slice_summary(x, params, config: SamuConfig):
+    """(A, h), FP32 [B, D] each, of a slice that continues a sequence and holds no start: its
+    end state is A h_in + h for the state h_in entering it.  The forward's summary kernel and
+    carry without its output kernel: x read once, no y; A from the chunks' sums of r."""
+    x, _, _, _, r_sum, rate, end = _continued_slice(x, params, config)
+    h_in = chunk_carry(r_sum, end, reverse=False, rate=rate, plan=config.carry)
+    h = torch.exp(-rate * r_sum[:, -1:]) * h_in[:, -1] + end[:, -1]
+    return torch.exp(-rate * r_sum.sum(1, keepdim=True)), h
+
+
+def start_adjoint(x, params, dy, d_end, config: SamuConfig):
+    """mu, FP32 [B, D]: the adjoint a_s dh_s that leaves a continued slice's first token s for
+    the state entering it, from dy and the cotangent d_end on the slice's end state.  The
+    summary kernel (for r), the backward's reverse summary and its carry: x and dy read once
+    each, where a backward through the slice would run every kernel."""
+    x, sequences, meta, r, r_sum, rate, _ = _continued_slice(x, params, config, "HAS_DFINAL")
+    batch, length, width = x.shape
+    n_chunks = r_sum.shape[1]
+    end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
+    grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BD"]))
+    launching.launch(_samu_reverse_summary_kernel, grid, aligned(dy), r, rate,
+                     sequences.seq_index, fp32_contiguous(d_end), end, length, width, n_chunks,
+                     sequences.count, meta["reverse_summary_units"], T=config.chunk,
+                     **meta["reverse_summary"], PACKED=False, HAS_DFINAL=True)
+    carry = chunk_carry(r_sum, end, reverse=True, rate=rate, plan=config.carry)
+    return end[:, 0] + torch.exp(-rate * r_sum[:, :1]) * carry[:, 0]
 
 
 class SamuFunction(torch.autograd.Function):
