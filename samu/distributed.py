@@ -15,10 +15,12 @@ packed.
 
 Forward, with no serial chain across ranks:
 
-1. each rank computes its summary (A_r, hloc_r): hloc_r by the mixer under no_grad with
-   ``output_final_state=True`` (over the slice from a zero state, or over its last piece only
-   when a sequence starts inside it), A_r = exp(sum of log a) from the gates in PyTorch
-   (``log_decay``, the reference's formula; only where no sequence starts in the slice);
+1. each rank computes its summary (A_r, hloc_r).  On a Triton backend, where no sequence starts
+   in the slice: the forward's summary kernel and carry alone (``slice_summary`` of the kernel
+   module: x read once, no y; A_r from the same gates).  Otherwise hloc_r by the mixer under
+   no_grad with ``output_final_state=True`` (over the slice from a zero state, or over its last
+   piece only when a sequence starts inside it) and A_r = exp(sum of log a) from the gates in
+   PyTorch (``log_decay``, the reference's formula; only where no sequence starts in the slice);
 2. one all_gather of the summaries; every rank composes its own entering state in closed form,
    h_in_r = sum_{j<r} (prod_{j<k<r} A_k) hloc_j (a rank where a sequence starts has A = 0 and
    its initial-state rows already in hloc);
@@ -27,24 +29,25 @@ Forward, with no serial chain across ranks:
 Backward (``_SliceWithCarry``), the same in reverse for the adjoint:
 
 1. mu_r = d<dy_r, y_r> / d h_in_r (with the cotangents of the states this rank returns, but
-   none from later ranks): a backward through a recomputed forward of the slice's first piece,
-   with only the entering state requiring grad;
+   none from later ranks), over the slice's first piece: on a Triton backend the backward's
+   reverse summary and reverse carry alone (``start_adjoint``: x and dy read once); otherwise
+   a backward through a recomputed forward, with only the entering state requiring grad;
 2. one all_gather of mu; g_r = sum_{k>r} (prod_{r<j<k} A_j) mu_k, the cotangent that later
    ranks put on this slice's end state;
 3. the slice's backward through the kept graph, with g_r added to its end state's cotangent:
    dx, this rank's parameter gradients and its initial-state rows.
 
-Cost per rank against one single-GPU call on the same slice: forward, one extra no-grad forward
-(over the slice's last piece; a one-token input check where the slice ends at a sequence end)
-and the log-decay sum (SAMU: an FP32 copy of x and one D-wide dot per token; RG-LRU: the
-a-gate's block-diagonal product, half its gate FLOPs; in chunks of 2^24 elements); backward, one extra forward and backward over the slice's first
-piece (none on a rank that starts at a sequence start).  Collectives: in the forward an
-all_gather of 11 int64 (the call's shapes, so that a bad call fails on every rank; a host sync)
-and one of 2 x rows x D values of the carry dtype (8 rows D bytes per rank in FP32), in the
-backward one of rows x D + 1 (4 rows D bytes).  Peak memory: the slice's saved activations, twice while the first piece's
-recompute is alive.  Still short: a summary-only kernel pass (A_r and hloc_r, and mu_r, in one
-read of x and dy without y, dx or saved activations) would replace the extra forward and
-backward.
+Cost per rank against one single-GPU call on the same slice, on a Triton backend: in the
+forward one summary pass (the gates and one read of x; where a sequence starts in the slice, a
+no-grad forward over its last piece instead; a one-token input check where the slice ends at a
+sequence end), in the backward one adjoint pass over the first piece (the gates, x and dy read
+once; none on a rank that starts at a sequence start).  On a reference backend the summary is
+a forward and the log-decay sum (SAMU: an FP32 copy of x and one D-wide dot per token; RG-LRU:
+the a-gate's block-diagonal product; in chunks of 2^24 elements), and the adjoint a forward and
+a backward.  Collectives: in the forward an all_gather of 11 int64 (the call's shapes, so that
+a bad call fails on every rank; a host sync) and one of 2 x rows x D values of the carry dtype
+(8 rows D bytes per rank in FP32), in the backward one of rows x D + 1 (4 rows D bytes).  Peak
+memory: the slice's saved activations, and the passes' FP32 chunk summaries.
 
 Parameter gradients are each rank's share (its slice's terms): the full gradient is their sum
 over the group, as data parallelism sums them (an all_reduce; DDP's average over equal slices

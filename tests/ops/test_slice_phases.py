@@ -1,0 +1,57 @@
+"""The kernel phases that context parallelism runs on a slice (slice_summary, start_adjoint of
+each Triton family) against the float64 oracle: the reference over the slice from a zero state
+(hloc), the sum of log a (A), and autograd through the reference (the adjoint at the start),
+within SPEC section 4's bound (2 x the eager FP32 reference's error + 1e-3)."""
+import pytest
+import torch
+
+from samu import backends
+from samu import distributed as cp
+from samu.experiment import legality
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CASES = [(m, n) for m in ("samu", "rglru")
+         for n in backends.available(m) if backends.REGISTRY[m][n].kind == "triton"]
+
+
+def _relative(got, want):
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+@pytest.mark.parametrize("shape", [(2, 37, 32), (1, 5, 48)], ids=str)
+@pytest.mark.parametrize("mixer, name", CASES)
+def test_slice_phases_match_the_oracle(mixer, name, shape):
+    x, params, dy = legality.make_inputs(mixer, shape, DEVICE, seed=1)
+    params = list(params.values())
+    x64, p64, dy64 = x.double(), [p.double() for p in params], dy.double()
+    gen = torch.Generator().manual_seed(2)
+    entering = torch.randn(shape[0], shape[2], generator=gen, dtype=torch.float64).to(DEVICE)
+    d_end = torch.randn(shape[0], shape[2], generator=gen, dtype=torch.float64).to(DEVICE)
+    zeros = torch.zeros_like(entering)
+
+    def generic(x, params, dy, dtype):
+        """(A, hloc, mu) by the reference path in ``dtype``."""
+        start, end = zeros.to(dtype), d_end.to(dtype)
+        _, h, _ = cp._call(mixer, x, params, "reference_chunked", initial_state=start)
+        state = entering.to(dtype).requires_grad_()
+        y, final, _ = cp._call(mixer, x, params, "reference_chunked", initial_state=state)
+        (mu,) = torch.autograd.grad([y, final], [state], [dy, end])
+        return torch.exp(cp.log_decay(mixer, x, params)), h, mu
+    want = generic(x64, p64, dy64, torch.float64)
+    eager = [_relative(e, w) for e, w in zip(generic(x, params, dy, torch.float32), want)]
+
+    module, config = cp.kernel_phases(mixer, x, name)
+    assert module.__name__.endswith((".chunk", ".gemm"))
+    a, h = module.slice_summary(x, params, config)
+    mu = module.start_adjoint(x, params, dy, d_end.float(), config)
+    for name, got, w, e in zip(("A", "hloc", "mu"), (a, h, mu), want, eager):
+        assert got.dtype == torch.float32 and got.shape == entering.shape, name
+        error = _relative(got, w)
+        assert error <= legality.ERROR_FACTOR * e + legality.ERROR_SLACK, (name, error, e)
+
+
+def test_reference_backends_take_the_generic_path():
+    x = torch.randn(1, 4, 16)
+    for mixer in ("samu", "rglru"):
+        assert cp.kernel_phases(mixer, x, "reference_chunked") is None
+        assert cp.kernel_phases(mixer, x.double(), "auto") is None
