@@ -894,3 +894,62 @@ def test_each_run_records_its_rate_parameters_and_wall_time(doc):
         assert r["wall_ms_per_step"] > 0 and r["gpu_ms_per_step"] is None  # CPU: wall only
     assert doc["study"]["recurrent_block"] == "griffin"
     assert {r["model"]["recurrent_block"] for r in doc["runs"]} == {"griffin"}
+
+
+def _fake_record(lr, value, metric="accuracy"):
+    return {"lr": lr, "value": value, "metric": metric}
+
+
+@pytest.mark.parametrize("values, want", [
+    ((0.9, 0.5, 0.2), 1e-3 / 3),  # best at the lowest rate: one step of the ratio below
+    ((0.2, 0.5, 0.9), 9e-3 * 3),  # at the highest: one step above
+    ((0.2, 0.9, 0.5), None),  # inside: no widening
+    ((math.nan, math.nan, 0.1), 9e-3 * 3),  # diverged runs are not the best
+])
+def test_a_first_seed_sweep_widens_past_an_edge_best(values, want):
+    rates = [1e-3, 3e-3, 9e-3]
+    got = T.widened_rate(rates, [_fake_record(r, v) for r, v in zip(rates, values)])
+    assert got == (None if want is None else pytest.approx(want))
+    bits = [_fake_record(r, v, "bits_per_char") for r, v in zip(rates, (1.0, 2.0, 3.0))]
+    assert T.widened_rate(rates, bits) == pytest.approx(1e-3 / 3)  # the lowest bits win
+
+
+def test_first_seed_search_runs_the_other_seeds_at_the_best_rate():
+    rates = [1e-3, 1e-2, 1e-1]
+    study = T.study_from_parameters(
+        ["attention", "samu"], [0, 1, 2], 16, 1, 2,
+        {"mqar": {"lengths": [16, 24], "num_pairs": 2, "vocab_size": 8}}, 12, 4, rates, 2, 1,
+        timing_warmup_steps=1, backend=REF, attention_head_dim=8, lr_search="first_seed")
+    assert study.runs("mqar") == [(t, m, lr, 0) for t, m in study.groups("mqar") for lr in rates]
+    assert study.planned_runs("mqar") == 4 * (3 + 2)
+    records = T.run_task(study, "mqar", "cpu", bar=False)
+    choice = T.learning_rate_choice(records).set_index(["seq_len", "mixer"])
+    for task, mixer in study.groups("mqar"):
+        mine = [r for r in records if r["seq_len"] == task.seq_len and r["mixer"] == mixer]
+        swept = mine[0]["lr_sweep"]
+        assert all(r["lr_sweep"] == swept for r in mine)
+        first = [r for r in mine if r["seed"] == 0]
+        assert sorted(r["lr"] for r in first) == swept and set(rates) <= set(swept)
+        widened = sorted(set(swept) - set(rates))  # one step of 10x at a time, past the ends
+        assert len(widened) <= T.LR_WIDENINGS
+        for rate in widened:
+            assert any(rate == pytest.approx(v) for v in (1e-4, 1e-5, 1.0, 10.0)), swept
+        best = choice.loc[(task.seq_len, mixer), "lr"]
+        assert best == T.study._best_rate(first)  # the first seed decides
+        others = sorted((r["seed"], r["lr"]) for r in mine if r["seed"] != 0)
+        assert others == [(1, best), (2, best)]
+    assert (T.summary(records)["seeds"] == 3).all()
+
+
+def test_first_seed_parts_hold_whole_groups_once():
+    base = T.check_parameters({**GPU_SET})
+    assert base.lr_search == "first_seed"
+    whole = {name: base.groups(name) for name in base.tasks}
+    parts = [dataclasses.replace(base, part=f"{k}/3") for k in (1, 2, 3)]
+    for name, groups in whole.items():
+        got = [g for p in parts for g in p.groups(name)]
+        assert sorted(map(str, got)) == sorted(map(str, groups))  # each group in one part
+        for p in parts:  # every run of a part's sweep belongs to one of its groups
+            assert {(t, m) for t, m, _, _ in p.runs(name)} == set(p.groups(name))
+    curves = [run for p in parts for run in p.recall_runs()]
+    assert len(curves) == len(base.recall_runs())

@@ -17,9 +17,11 @@ from .study import check_parameters, parse_part, part_path, result_path, summary
 
 # --- make train ----------------------------------------------------------------------------------
 
-# The configuration of `make train` on a GPU: width 256, 2 layers, 3 seeds, a learning-rate sweep
-# of three rates for every (task, length, mixer); recall and copying at two lengths, the LM at
-# one: 135 runs, each its full steps (no time cap); then Zoology's recall curves, 81 runs.  The
+# The configuration of `make train` on a GPU: width 256, 2 layers, 3 seeds; for every (task,
+# length, mixer) a learning-rate sweep of three rates at the first seed, widened past an edge
+# best, then the other two seeds at the best rate; recall and copying at two lengths, the LM at
+# one: 75 runs and a few widenings, each its full steps (no time cap); then Zoology's recall
+# curves, 54 runs.  The
 # recurrent mixers run inside Griffin's recurrent block, attention with the usual heads of 64
 # channels.  Attention must reach the sanity bar on recall and copying at the shorter length
 # before the conclusion compares anything.  The steps come from probes on the H200
@@ -43,6 +45,7 @@ GPU_PARAMETERS = dict(
     steps={"mqar": 4000, "copy": 2000, "lm": 1000},
     batch_size={"mqar": 64, "copy": 64, "lm": 32},
     lr=[3e-4, 1e-3, 3e-3],
+    lr_search="first_seed",
     warmup_steps=100,
     eval_batches=8,
     timing_warmup_steps=10,

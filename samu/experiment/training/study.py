@@ -4,6 +4,7 @@ schema) with its reading, writing and tables."""
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -54,6 +55,11 @@ SWEPT = ("lr",)  # one value or a list of them
 # study compares mixers (the GPU parameters' bar; the notebook states its own).
 SANITY_BAR = 0.95
 PER_TASK = ("steps", "batch_size")
+# "first_seed": the sweep's first seed runs every rate; where its best is the lowest or highest
+# rate, the sweep widens by one rate beyond it (the sweep's own ratio), at most LR_WIDENINGS
+# times; then the other seeds run at the best rate.  Zoology's practice, at a third of the runs.
+LR_SEARCHES = ("grid", "first_seed")
+LR_WIDENINGS = 2
 
 
 def _check_recall_curves(value) -> None:
@@ -146,9 +152,11 @@ class Study:
     tie_embeddings: bool = True
     backend: object = "auto"
     time_budget_s: float | None = None
-    # The learning-rate sweep: every rate for every (task, length, mixer, seed); empty: each
-    # task's TrainConfig.lr alone.
+    # The learning-rate sweep; empty: each task's TrainConfig.lr alone.
     learning_rates: tuple = ()
+    # How the sweep runs (LR_SEARCHES): "grid", every rate for every seed; "first_seed", every
+    # rate for the first seed, widened past an edge best, then the other seeds at the best.
+    lr_search: str = "grid"
     # How the recurrent mixers sit in their block ("griffin": projections, conv, gate; "bare").
     recurrent_block: str = "griffin"
     attention_heads: object = "standard"
@@ -182,6 +190,9 @@ class Study:
             _check_list("study: learning_rates", list(self.learning_rates),
                         PARAMETER_RANGES["lr"])
         _check_recall_curves(self.recall_curves)
+        if self.lr_search not in LR_SEARCHES:
+            raise ParameterError(f"study: lr_search must be one of {list(LR_SEARCHES)}, got "
+                                 f"{self.lr_search!r}")
         parse_part(self.part)
         for _, _, task, mixer, width, _, _ in self.recall_runs():
             try:
@@ -232,14 +243,22 @@ class Study:
         return [run for i, run in enumerate(every) if (first + i) % n == k - 1]
 
     def _part_offsets(self) -> dict:
-        """The index of each task's first run (and the recall curves') in the whole study."""
+        """The index of each task's first run (first_seed: its first group) and the recall
+        curves' in the whole study."""
         whole = replace(self, part=None)
         offsets, at = {}, 0
         for name in self.tasks:
             offsets[name] = at
-            at += len(whole.runs(name))
+            at += len(whole.groups(name) if self.lr_search == "first_seed"
+                      else whole.runs(name))
         offsets["recall"] = at
         return offsets
+
+    def groups(self, name: str) -> list[tuple]:
+        """(task, mixer) of every group of task ``name`` whose learning rate is searched
+        together; with first_seed a part holds whole groups."""
+        every = [(task, mixer) for task in self.task_list(name) for mixer in self.mixers]
+        return self._in_part(name, every) if self.lr_search == "first_seed" else every
 
     def model_config(self, mixer: str, vocab_size: int,
                      width: int | None = None) -> model_.ModelConfig:
@@ -255,13 +274,25 @@ class Study:
         return tuple(self.learning_rates) or (self.train[name].lr,)
 
     def runs(self, name: str) -> list[tuple]:
-        """(task, mixer, lr, seed) of every run of task ``name``."""
+        """(task, mixer, lr, seed) of every run of task ``name`` that is known before it runs:
+        with first_seed the first seed's sweep (widenings and the other seeds follow from it),
+        with grid every run."""
+        if self.lr_search == "first_seed":
+            return [(task, mixer, lr, self.seeds[0]) for task, mixer in self.groups(name)
+                    for lr in self.lrs(name)]
         every = [(task, mixer, lr, seed) for task in self.task_list(name)
                  for mixer in self.mixers for lr in self.lrs(name) for seed in self.seeds]
         return self._in_part(name, every)
 
+    def planned_runs(self, name: str) -> int:
+        """How many runs task ``name`` makes, without widenings of a first_seed sweep."""
+        if self.lr_search == "first_seed":
+            return len(self.groups(name)) * (len(self.lrs(name)) + len(self.seeds) - 1)
+        return len(self.runs(name))
+
     def total_steps(self) -> int:
-        return sum(len(self.runs(name)) * self.train[name].steps for name in self.tasks)
+        """Training steps of the tasks' runs (first_seed: without widenings)."""
+        return sum(self.planned_runs(name) * self.train[name].steps for name in self.tasks)
 
     def train_config(self, name: str, lr: float | None = None) -> TrainConfig:
         config = self.train[name] if lr is None else replace(self.train[name], lr=float(lr))
@@ -276,7 +307,7 @@ class Study:
                                               "time_budget_s", "recurrent_block",
                                               "attention_heads", "attention_head_dim",
                                               "sanity_bar", "recall_curves", "part",
-                                              "speed_steps")}
+                                              "speed_steps", "lr_search")}
         out["learning_rates"] = [float(v) for v in self.learning_rates]
         out["backend"] = (self.backend if isinstance(self.backend, (str, dict))
                           else repr(self.backend))
@@ -291,10 +322,10 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
                           recurrent_block="griffin", attention_heads="standard",
                           attention_head_dim=32, sanity_bar=SANITY_BAR,
                           recall_curves=None, part=None, speed_steps=20,
-                          cuda_graph=False) -> Study:
+                          cuda_graph=False, lr_search="grid") -> Study:
     """The study of notebook 05's parameters: ``tasks`` maps a task to its lengths and options,
     ``steps`` and ``batch_size`` map a task to its own (or are one number for all), ``lr`` is
-    one learning rate or a list of them (the sweep: every run at each); ``cuda_graph``: on
+    one learning rate or a list of them (the sweep: see ``lr_search``); ``cuda_graph``: on
     CUDA every training step replays one CUDA graph (TrainConfig.cuda_graph).  Every
     numeric parameter is checked first (check_parameter_ranges): ParameterError names the one
     out of range before anything runs."""
@@ -325,7 +356,8 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
                  attention_head_dim=int(attention_head_dim), sanity_bar=float(sanity_bar),
                  recall_curves=None if recall_curves is None else
                  {k: (list(v) if isinstance(v, (list, tuple)) else int(v))
-                  for k, v in recall_curves.items()}, part=part, speed_steps=int(speed_steps))
+                  for k, v in recall_curves.items()}, part=part, speed_steps=int(speed_steps),
+                 lr_search=lr_search)
 
 
 def check_parameters(parameters: dict, known=None) -> Study:
@@ -406,21 +438,22 @@ def _alone(timed: dict) -> dict:
 
 
 def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool=None,
-             desc: str = "runs") -> list[dict]:
+             desc: str = "runs", speeds: dict | None = None) -> list[dict]:
     """Every one of ``jobs`` (``pool``'s workers at once; None: one after another here), with
     each run's speed alone (``solo_*``; ``solo_train_s``, that speed times the run's steps) and
     ``concurrent_runs`` added to its record: where runs share the pool, each configuration is
     timed alone first (measure_speed); with one worker a run is timed alone already, and its own
     timing is that speed.  A tqdm bar, and a line per finished run in ``progress_log`` when
     given.  The pool records the phase's wall time beside the runs' training time alone
-    (RunPool.phases)."""
+    (RunPool.phases).  ``speeds``: the speeds timed alone so far, by configuration, kept across
+    calls (a dict the caller passes again)."""
     from tqdm import tqdm  # the text bar: tqdm.auto's widget bar needs ipywidgets
 
     if not jobs:
         return []
     own = pool is None
     pool = RunPool(device) if own else pool
-    speeds = {}
+    speeds = {} if speeds is None else speeds
 
     def key(job):
         return (job.task, job.mixer, job.width, job.config.batch_size)
@@ -455,11 +488,70 @@ def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool
 
 def run_task(study: Study, name: str, device, progress_log=None, bar=True,
              pool=None) -> list[dict]:
-    """Every run of task ``name`` (each length, mixer, learning rate and seed) by run_jobs."""
-    jobs = [Job(name, task, mixer, seed, lr, study.train_config(name, lr),
-                label=f"{name} L={task.seq_len} {mixer} lr {lr:.2g} seed {seed}")
-            for task, mixer, lr, seed in study.runs(name)]
-    return run_jobs(study, jobs, device, progress_log, bar, pool, desc=name)
+    """Every run of task ``name`` by run_jobs: with grid, each length, mixer, learning rate and
+    seed at once; with first_seed, each group's sweep at the first seed, its widenings
+    (widened_rate), then the other seeds at the best rate, each record's ``lr_sweep`` the rates
+    its group swept."""
+    def job(task, mixer, lr, seed):
+        return Job(name, task, mixer, seed, lr, study.train_config(name, lr),
+                   label=f"{name} L={task.seq_len} {mixer} lr {lr:.2g} seed {seed}")
+    if study.lr_search == "grid":
+        return run_jobs(study, [job(*run) for run in study.runs(name)], device, progress_log,
+                        bar, pool, desc=name)
+    speeds, records = {}, []
+    swept = {group: list(study.lrs(name)) for group in study.groups(name)}
+    todo = study.runs(name)
+    for widening in range(LR_WIDENINGS + 1):
+        desc = f"{name} sweep" + (f" widened {widening}" if widening else "")
+        records += run_jobs(study, [job(*run) for run in todo], device, progress_log, bar, pool,
+                            desc=desc, speeds=speeds)
+        todo = []
+        if widening < LR_WIDENINGS:
+            for (task, mixer), rates in swept.items():
+                rate = widened_rate(rates, _group_records(records, task, mixer))
+                if rate is not None:
+                    rates.append(rate)
+                    todo.append((task, mixer, rate, study.seeds[0]))
+        if not todo:
+            break
+    best = {group: _best_rate(_group_records(records, *group)) for group in swept}
+    records += run_jobs(study, [job(task, mixer, best[(task, mixer)], seed)
+                                for (task, mixer) in swept for seed in study.seeds[1:]],
+                        device, progress_log, bar, pool, desc=f"{name} seeds", speeds=speeds)
+    for record in records:
+        group = next(g for g in swept if g[0].seq_len == record["seq_len"]
+                     and g[1] == record["mixer"])
+        record["lr_sweep"] = sorted(float(v) for v in swept[group])
+    return records
+
+
+def _group_records(records: list[dict], task, mixer: str) -> list[dict]:
+    return [r for r in records if r["seq_len"] == task.seq_len and r["mixer"] == mixer]
+
+
+def _best_rate(records: list[dict]) -> float:
+    """The rate of the best finite metric among ``records`` (one run per rate: the first
+    seed's), the highest accuracy or the lowest bits per character, the lowest rate among equal
+    ones (as learning_rate_choice); the first when none is finite."""
+    finite = sorted((r for r in records if math.isfinite(r["value"])), key=lambda r: r["lr"])
+    if not finite:
+        return records[0]["lr"]
+    pick = max if records[0]["metric"] == "accuracy" else min
+    return pick(finite, key=lambda r: r["value"])["lr"]  # a tie: the lowest rate, as pandas
+
+
+def widened_rate(rates: list[float], records: list[dict]) -> float | None:
+    """The next rate of a first_seed sweep: one step of the sweep's ratio beyond its lowest or
+    highest rate where the best run sits there, else None (the best is inside)."""
+    ordered = sorted(rates)
+    if len(ordered) < 2:
+        return None
+    best = _best_rate(records)
+    if best == ordered[0]:
+        return ordered[0] / (ordered[1] / ordered[0])
+    if best == ordered[-1]:
+        return ordered[-1] * (ordered[-1] / ordered[-2])
+    return None
 
 
 def run_recall_curves(study: Study, device, progress_log=None, bar=True,
@@ -623,15 +715,19 @@ def frame(doc):
 
 
 def learning_rate_choice(doc):
-    """Per task, length and mixer: the learning rate whose mean metric over seeds is best
-    (highest accuracy, lowest bits per character), the rates swept, and ``at_edge``: the best is
-    the lowest or the highest rate of a sweep of three or more, so a better one may lie outside
-    it."""
+    """Per task, length and mixer: the learning rate whose mean metric is best (highest
+    accuracy, lowest bits per character) over the seeds that ran at every rate (all of them on
+    a grid; the first seed of a first_seed sweep, whose other seeds ran at its best only), the
+    rates swept, and ``at_edge``: the best is the lowest or the highest rate of a sweep of three
+    or more, so a better one may lie outside it."""
     import pandas as pd
     df = frame(doc)
     rows = []
     for (task, length, mixer), part in df.groupby(["task", "seq_len", "mixer"], sort=False):
-        means = part.groupby("lr", dropna=False)["value"].mean()
+        seeds_per_rate = [set(p["seed"]) for _, p in part.groupby("lr", dropna=False)]
+        common = set.intersection(*seeds_per_rate)
+        scored = part[part["seed"].isin(common)] if common else part
+        means = scored.groupby("lr", dropna=False)["value"].mean()
         finite = means.dropna()
         if len(finite):
             best = finite.idxmax() if part["metric"].iloc[0] == "accuracy" else finite.idxmin()
