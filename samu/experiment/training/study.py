@@ -414,6 +414,28 @@ def run_one(study: Study, name: str, task, mixer: str, seed: int, device, held_o
     }
 
 
+# The yardstick at a CPU's size (yardstick_run): attention, width 64, two layers, MQAR at
+# L = 64 with 4 pairs over 16 tokens, 400 steps at lr 1e-3, reaches YARDSTICK_BAR on one CPU
+# thread in about 20 s, so that the notebook's CPU defaults show it learning recall.
+YARDSTICK = dict(width=64, layers=2, mlp_expansion=2, seq_len=64, num_pairs=4, vocab_size=16,
+                 steps=400, batch_size=32, lr=1e-3, warmup_steps=40, attention_head_dim=16)
+YARDSTICK_BAR = 0.9
+
+
+def yardstick_run(device="cpu", progress_log=None) -> dict:
+    """One attention run on MQAR at YARDSTICK's settings on ``device``: its record (accuracy in
+    ``value``), which sanity(..., bar=YARDSTICK_BAR) passes when the yardstick learns recall."""
+    y = YARDSTICK
+    study = study_from_parameters(
+        ["attention"], [0], y["width"], y["layers"], y["mlp_expansion"],
+        {"mqar": {"lengths": [y["seq_len"]], "num_pairs": y["num_pairs"],
+                  "vocab_size": y["vocab_size"]}},
+        y["steps"], y["batch_size"], y["lr"], y["warmup_steps"], 4, timing_warmup_steps=2,
+        log_every=50, attention_head_dim=y["attention_head_dim"])
+    (record,) = run_task(study, "mqar", device, progress_log, bar=False)
+    return record
+
+
 def _log_line(path, text: str) -> None:
     if path:
         with open(path, "a") as f:
