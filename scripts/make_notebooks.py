@@ -1,11 +1,14 @@
 """Writes notebooks/*.ipynb (without outputs).  The notebooks are the source users open; this
 script only keeps their cells reviewable as one Python file.  Run: python scripts/make_notebooks.py"""
+import os
 from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
+# Where the notebooks go: notebooks/, or the folder a test names (it compares them with these).
+OUT = Path(os.environ.get("SAMU_NOTEBOOKS_OUT") or ROOT / "notebooks")
 # tqdm.auto without ipywidgets warns (TqdmWarning) naming its own file, a machine's path; the
 # notebooks use the text bar, so the warning says nothing about them.
 QUIET_TQDM = '''import warnings
@@ -47,7 +50,7 @@ def save(name, cells):
     nb = new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
-    nbformat.write(nb, ROOT / "notebooks" / f"{name}.ipynb")
+    nbformat.write(nb, OUT / f"{name}.ipynb")
 
 
 save("00_derivation", [
@@ -271,10 +274,7 @@ print("every Triton backend is legal at", shape)'''),
 ])
 
 save("02_calibration", [
-    md("# 02 — Calibration: legality and forward+backward medians of every backend at one shape\n\n"
-       "Legal backends are ranked by their forward+backward median; the fastest is the choice that `backend=\"auto\"` "
-       "and notebook 03 take. The result is merged into `data/calibration/<gpu>.json` atomically. Reference "
-       "backends materialise a state-sized transition, so they are recorded as illegal."),
+    md('# 02 — Calibration: legality and forward+backward time of every backend at one shape\n\nLegal backends are ranked by their forward+backward GPU time on a GPU (one CUDA-graph replay: no host in it, since below L = 32768 the median of a synchronised call is mostly host time), by the median on a CPU; both are kept in the file. The fastest is the choice that `backend="auto"` and notebook 03 take. The result is merged into `data/calibration/<gpu>.json` atomically. Reference backends materialise a state-sized transition, so they are recorded as illegal.'),
     params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nreps = 10\nseed = 0"),
     code(SETUP + '''
 candidates = None  # every backend
@@ -296,14 +296,16 @@ result = calibration.calibrate_shape(shape, device, candidates=names, reps=reps,
 bar.close()
 cal = calibration.merge_calibration(slug, shape, result, protocol.environment(device))
 for mixer, r in result.items():
-    print(f"{mixer}: chosen {r['chosen']}; ranking {r['ranking']}")
+    print(f"{mixer}: chosen {r['chosen']}; ranked by {r['ranked_by']}: {r['ranking']}")
     assert r["chosen"] is not None, f"no legal {mixer} backend at {shape}"'''),
     code('''import pandas as pd, seaborn as sns, matplotlib.pyplot as plt
-rows = [{"mixer": m, "backend": e["backend"], "median_ms": e["median_ms"]}
+rows = [{"mixer": m, "backend": e["backend"], "median_ms": e["median_ms"],
+         "gpu_time_ms": e["gpu_time_ms"]}
         for m, r in result.items() for e in r["backends"] if e["legal"]]
 df = pd.DataFrame(rows)
-ax = sns.barplot(data=df, y="backend", x="median_ms", hue="mixer")
-ax.set_title(f"forward+backward median at {shape} ({slug})"); plt.show()
+key = result["samu"]["ranked_by"]  # the same for both mixers on one device
+ax = sns.barplot(data=df, y="backend", x=key, hue="mixer")
+ax.set_title(f"forward+backward {'GPU time' if key == 'gpu_time_ms' else 'median'} at {shape} ({slug})"); plt.show()
 df'''),
 ])
 
@@ -422,42 +424,21 @@ comparison'''),
 else:
     for name, fig in report.figures(df, published_df).items():
         display(Image(data=report.png_bytes(fig)))'''),
+    md("## Context parallelism on one GPU\n\n`samu.distributed` splits a sequence over the ranks of a `torch.distributed` group: each rank runs a summary pass over its slice, one `all_gather` of 2 × B × D FP32 values, its slice from the composed entering state, and in backward the same in reverse. `scripts/bench_context_parallel.py` times each rank's share of a forward+backward in turn on one GPU (the collectives simulated) against one plain call at L / P and one at L, at D = 2048 (`--check` runs P processes on the GPU over gloo and checks them against the float64 oracle). Below: the slowest rank's share over the call at L / P (the target is 1.3x at L = 2^18), and what P GPUs gain over one call at L. The committed H200 timings are shown where this machine has none."),
+    code('''from samu.experiment import context_parallel
+try:
+    cp_doc, cp_path = context_parallel.load(slug if slug != "cpu" else None)
+except FileNotFoundError as exc:
+    print(exc)
+else:
+    cp_env = cp_doc["environment"]
+    print(f"{paths.relative(cp_path)}: {cp_env['gpu']}, torch {cp_env['torch']}, triton {cp_env.get('triton')}")
+    cp_df = context_parallel.frame(cp_doc)
+    display(Image(data=report.png_bytes(context_parallel.figure(cp_df, cp_env["gpu"]))))
+    display(cp_df.round(3))'''),
 ])
 save("05_training", [
-    md("# 05 — Training: what each mixer learns, beside its training speed\n\n"
-       "The same small model (`samu.model.SequenceModel`: token embedding, pre-norm residual blocks of mixer and "
-       "GELU MLP, final norm, tied head) is trained with each mixer on three tasks, from fixed seeds; only the mixer "
-       "differs. **RG-LRU** and **SAMU** are the library's modules inside Griffin's recurrent block (input and "
-       "gate projections, a short causal convolution, the mixer, a GeLU gate; `recurrent_block = \"bare\"` runs "
-       "the mixer alone); **attention** is the yardstick: causal self-attention (`scaled_dot_product_attention`, "
-       "rotary positions) with the usual heads of `attention_head_dim` channels. Every run has the same fixed "
-       "number of steps (warm-up, then cosine decay to the last step); every (task, length, mixer) is trained at "
-       "each learning rate of `lr` and scored at its best, flagged when the best is at the edge of the sweep. "
-       "Every task is generated on the fly; nothing is downloaded.\n\n"
-       "- **Multi-query associative recall** (MQAR, as in Zoology): key-value pairs, then every key queried once "
-       "later in the sequence (Zoology's power law: most queries soon after the pairs, a heavy tail to the end), "
-       "among noise. It measures in-context recall, the ability that separates attention from fixed-size "
-       "recurrent states; with the pairs fixed, a longer sequence adds noise and distance. Scored only at the "
-       "answer positions. Before a model binds keys to values it can guess among the values present: accuracy "
-       "1 / pairs, the dashed line of the figure.\n"
-       "- **Selective copying**: a few data tokens scattered among noise tokens, then a separator and one marker per "
-       "data token, where the model must give the data tokens in order. It measures selection by content: "
-       "skipping noise needs gates that depend on the input (SAMU's two per-token scalars, RG-LRU's per-channel "
-       "gates). Scored only at the markers.\n"
-       "- **Character-level language model** on the Python standard library's own `*.py` files (present wherever "
-       "Python is; bytes as tokens, split by folder into training and validation): natural data, scored in bits per "
-       "character on the held-out files.\n\n"
-       "**Sanity first.** Attention solves recall and copying at this size when trained well, so the study "
-       "compares mixers only when attention reaches `sanity_bar` on both at their shortest length; otherwise the "
-       "conclusion says *yardstick failed its sanity bar: no comparison*. The GPU parameters' bar is 0.95. The "
-       "CPU defaults below must run in well under a minute under nbval, too few steps for attention to reach that "
-       "(on this CPU, one attention run at width 64 and L = 64 needs about 400 steps (17.5 s on one idle thread, up to 30 s with the cores shared) to reach accuracy 1.0 "
-       "on MQAR with 4 pairs: `tests/experiment/test_training.py` checks it), so their bar is 0.2, just above "
-       "chance (0.125): they exercise the study and are no GPU result.\n\n"
-       "Training speed: wall time per step and tokens per second after warm-up, and on CUDA the GPU time per step "
-       "(CUDA events around forward, backward and the optimizer step; evaluation excluded). "
-       "`make train` runs this notebook on a GPU with `samu.experiment.training.GPU_PARAMETERS` (BF16 autocast, "
-       "the Triton kernels) and writes `data/training/<gpu>.json` and `data/figures/<gpu>_training_*.png`."),
+    md('# 05 — Training: what each mixer learns, beside its training speed\n\nThe same small model (`samu.model.SequenceModel`: token embedding, pre-norm residual blocks of mixer and GELU MLP, final norm, tied head) is trained with each mixer on three tasks, from fixed seeds; only the mixer differs. **RG-LRU** and **SAMU** are the library\'s modules inside Griffin\'s recurrent block (input and gate projections, a short causal convolution, the mixer, a GeLU gate; `recurrent_block = "bare"` runs the mixer alone); **attention** is the yardstick: causal self-attention (`scaled_dot_product_attention`, rotary positions) with the usual heads of `attention_head_dim` channels. Every run has the same fixed number of steps (warm-up, then cosine decay to the last step); every (task, length, mixer) is trained at each learning rate of `lr` and scored at its best, flagged when the best is at the edge of the sweep: on a grid (`lr_search = "grid"`) every seed runs every rate; with `"first_seed"` (the GPU parameters) the first seed runs every rate, the sweep widens by one rate past an edge best (at most twice), and the other seeds run at the best rate. Every task is generated on the fly; nothing is downloaded.\n\n- **Multi-query associative recall** (MQAR, as in Zoology): key-value pairs, then every key queried once later in the sequence (Zoology\'s power law: most queries soon after the pairs, a heavy tail to the end), among noise. It measures in-context recall, the ability that separates attention from fixed-size recurrent states; with the pairs fixed, a longer sequence adds noise and distance. Scored only at the answer positions. Before a model binds keys to values it can guess among the values present: accuracy 1 / pairs, the dashed line of the figure.\n- **Selective copying**: a few data tokens scattered among noise tokens, then a separator and one marker per data token, where the model must give the data tokens in order. It measures selection by content: skipping noise needs gates that depend on the input (SAMU\'s two per-token scalars, RG-LRU\'s per-channel gates). Scored only at the markers.\n- **Character-level language model** on the Python standard library\'s own `*.py` files (present wherever Python is; bytes as tokens, split by folder into training and validation): natural data, scored in bits per character on the held-out files.\n\n**Sanity first.** Attention solves recall and copying at this size when trained well, so the study compares mixers only when attention reaches `sanity_bar` on both at their shortest length; otherwise the conclusion says *yardstick failed its sanity bar: no comparison*. The GPU parameters\' bar is 0.95. The CPU defaults below must run in well under a minute under nbval, too few steps for the study\'s own runs to reach that, so their bar is 0.2, just above chance (0.125): they exercise the study and are no GPU result. The yardstick\'s own check below shows attention learning recall on a CPU (width 64, L = 64, 4 pairs, 400 steps: accuracy 0.9 or more, `training.yardstick_run`, which `tests/experiment/test_training.py` runs too).\n\nTraining speed: wall time per step and tokens per second after warm-up, and on CUDA the GPU time per step (CUDA events around forward, backward and the optimizer step; evaluation excluded). `make train` runs this notebook on a GPU with `samu.experiment.training.GPU_PARAMETERS` (BF16 autocast, the Triton kernels) and writes `data/training/<gpu>.json` and `data/figures/<gpu>_training_*.png`.'),
     params('''mixers = ["attention", "rglru", "samu"]
 seeds = [0]
 width = 32
@@ -469,6 +450,7 @@ tasks = {"mqar": {"lengths": [32], "num_pairs": 4, "vocab_size": 16},
 steps = {"mqar": 100, "copy": 100, "lm": 10}  # or one number for every task
 batch_size = 32  # or a dict by task
 lr = [1e-3, 3e-3]  # one rate, or the sweep: every run at each, each mixer scored at its best
+lr_search = "grid"  # "grid": every seed at every rate; "first_seed": the first seed sweeps (widened past an edge best), the others run at its best
 warmup_steps = 10
 eval_batches = 2
 timing_warmup_steps = 2
@@ -484,10 +466,16 @@ backend = "auto"  # the recurrent mixers' backend: one value, or a dict by mixer
 write = True  # write data/training/<gpu>.json and the figures
 progress_log = None  # a file that receives one line per finished run (make train prints them)
 device = None  # "cuda", "cuda:1" or "cpu"; None: CUDA when there is one, else the CPU
-cpu_threads = 1  # torch's intra-op threads on a CPU: these models are tiny, more threads only contend'''),
+cpu_threads = 1  # torch's intra-op threads on a CPU: these models are tiny, more threads only contend
+speed_steps = 4  # with processes > 1: steps each configuration is timed alone, the speed the study reports
+processes = 1  # runs at once on each device (worker processes); 1: one after another in this kernel
+cuda_graph = True  # on CUDA each training step replays one CUDA graph, so a step costs its GPU work, not its launches
+devices = None  # the devices the runs spread over, e.g. ["cuda:0", "cuda:1"]; None: just `device`'''),
     code('''import os
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default (FP fusion on); Triton 3.9 warns while unset
-''' + QUIET_TQDM + '''
+import warnings
+from tqdm import TqdmWarning
+warnings.filterwarnings("ignore", category=TqdmWarning)  # tqdm.auto's "IProgress not found": the text bar is used
 import torch
 from IPython.display import Image, Markdown, display
 from samu import model, paths
@@ -501,66 +489,57 @@ study = training.study_from_parameters(
     eval_batches, timing_warmup_steps=timing_warmup_steps, log_every=log_every,
     time_budget_s=time_budget_s, backend=backend, recurrent_block=recurrent_block,
     attention_heads=attention_heads, attention_head_dim=attention_head_dim, sanity_bar=sanity_bar,
-    recall_curves=recall_curves, part=part)
-runs = {name: len(study.runs(name)) for name in study.tasks}
+    recall_curves=recall_curves, part=part, speed_steps=speed_steps,
+    cuda_graph=cuda_graph, lr_search=lr_search)
+pool = training.RunPool(device, processes, devices)  # closed after the last runs
+runs = {name: study.planned_runs(name) for name in study.tasks}
 print(f"device {device} ({slug}), {training.dtype_name(device)}; runs per task {runs}; "
-      f"{study.total_steps():,} training steps in all")'''),
-    md("## The models\n\nParameters by part for each task's vocabulary. The MLPs and the embedding are the same "
-       "for every mixer; the mixers differ (with Griffin's block the mixer part is the whole block: its "
-       "projections and convolution besides the mixer). Every run records its mixer and total parameters."),
-    code('''for name in study.tasks:
-    print(f"{training.TASK_NAMES[name]} (vocabulary {study.task_list(name)[0].vocab_size}):")
-    print(model.parameter_report(training.models_for(study, name)), end="\\n\\n")'''),
-    md("## Associative recall\n\nOne example at the shortest length: the pairs first, then the queried keys among "
-       "noise; the targets are the values (`-100` carries no loss)."),
+      f"{study.total_steps():,} training steps in all; {pool.workers} at once on {list(pool.devices)}")'''),
+    md("## The models\n\nParameters by part for each task's vocabulary. The MLPs and the embedding are the same for every mixer; the mixers differ (with Griffin's block the mixer part is the whole block: its projections and convolution besides the mixer). Every run records its mixer and total parameters."),
+    code('for name in study.tasks:\n    print(f"{training.TASK_NAMES[name]} (vocabulary {study.task_list(name)[0].vocab_size}):")\n    print(model.parameter_report(training.models_for(study, name)), end="\\n\\n")'),
+    md("## The yardstick learns recall\n\nBefore the study's own runs: attention alone on MQAR at a size a CPU trains in about 20 s (width 64, two layers, L = 64, 4 pairs over 16 tokens, 400 steps at lr 1e-3; `training.YARDSTICK`). It must reach `training.YARDSTICK_BAR` (0.9): a yardstick that cannot learn recall here would make every comparison below meaningless."),
+    code('''yardstick = training.yardstick_run(device, progress_log)
+print(f"attention on MQAR at L = {yardstick['seq_len']}, {yardstick['steps_completed']} steps: "
+      f"accuracy {yardstick['value']:.3f} (bar {training.YARDSTICK_BAR})")
+assert training.sanity([yardstick], bar=training.YARDSTICK_BAR)["passed"], "the yardstick did not learn recall"'''),
+    md('## Associative recall\n\nOne example at the shortest length: the pairs first, then the queried keys among noise; the targets are the values (`-100` carries no loss).'),
     code('''records = {}
 if "mqar" in study.tasks:
     example = study.task_list("mqar")[0]
     x, y = example.batch(1, torch.Generator().manual_seed(0))
     print("inputs ", x[0].tolist()); print("targets", y[0].tolist())
-    records["mqar"] = training.run_task(study, "mqar", device, progress_log)
+    records["mqar"] = training.run_task(study, "mqar", device, progress_log, pool=pool)
     display(training.summary(records["mqar"]))'''),
-    md("## Selective copying\n\nTokens: 0 separator, 1 marker, then the data tokens, then the noise tokens."),
+    md('## Selective copying\n\nTokens: 0 separator, 1 marker, then the data tokens, then the noise tokens.'),
     code('''if "copy" in study.tasks:
     example = study.task_list("copy")[0]
     x, y = example.batch(1, torch.Generator().manual_seed(0))
     print("inputs ", x[0].tolist()); print("targets", y[0].tolist())
-    records["copy"] = training.run_task(study, "copy", device, progress_log)
+    records["copy"] = training.run_task(study, "copy", device, progress_log, pool=pool)
     display(training.summary(records["copy"]))'''),
-    md("## Sanity of the yardstick\n\nAttention's accuracy (at its best learning rate) on recall and copying "
-       "at their shortest length, against `sanity_bar`: below it, the conclusion compares nothing."),
+    md("## Sanity of the yardstick\n\nAttention's accuracy (at its best learning rate) on recall and copying at their shortest length, against `sanity_bar`: below it, the conclusion compares nothing."),
     code('''check = training.sanity(records.get("mqar", []) + records.get("copy", []), bar=sanity_bar)
 for task, c in check["checks"].items():
     print(f"attention on {training.TASK_NAMES[task]} at L = {c['seq_len']}: accuracy {c['accuracy']:.3f} "
           f"({'passes' if c['passed'] else 'below'} the bar {check['bar']})")
 print("yardstick passes its sanity bar" if check["passed"]
       else "yardstick failed its sanity bar: no comparison")'''),
-    md("## Character-level language model on the standard library\n\nThe corpus is this machine's Python: another "
-       "Python version has other files, so bits per character compare across mixers, not across machines. The "
-       "split is by folder (a top-level package, or under `test/` the next level, goes wholly to one side), and "
-       "files that say they were generated (the code-page tables of `encodings/`, Unicode tables) and exact "
-       "duplicates are left out: a split by file put near-copies on both sides. The leak, the fraction of "
-       "held-out 32-byte windows found verbatim in training, is measured for the earlier by-file split and for "
-       "this one. The result file records the corpus (Python version, files, bytes and SHA-256 of each split, "
-       "files left out, the leak)."),
+    md("## Character-level language model on the standard library\n\nThe corpus is this machine's Python: another Python version has other files, so bits per character compare across mixers, not across machines. The split is by folder (a top-level package, or under `test/` the next level, goes wholly to one side), and files that say they were generated (the code-page tables of `encodings/`, Unicode tables) and exact duplicates are left out: a split by file put near-copies on both sides. The leak, the fraction of held-out 32-byte windows found verbatim in training, is measured for the earlier by-file split and for this one. The result file records the corpus (Python version, files, bytes and SHA-256 of each split, files left out, the leak)."),
     code('''if "lm" in study.tasks:
     data, names, info = training.corpus()
     print({k: v for k, v in info.items() if not k.endswith("sha256")})
-    records["lm"] = training.run_task(study, "lm", device, progress_log)
+    records["lm"] = training.run_task(study, "lm", device, progress_log, pool=pool)
     display(training.summary(records["lm"]))'''),
-    md("## Recall curves\n\nZoology's curves: MQAR accuracy against the number of key-value pairs at one length, "
-       "and against the model's width at fixed pairs; every point at each learning rate, scored at its best (one "
-       "seed). Off on the CPU defaults (`recall_curves = None`): `GPU_PARAMETERS` turns them on."),
-    code('''curve_records = training.run_recall_curves(study, device, progress_log)
+    md("## Recall curves\n\nZoology's curves: MQAR accuracy against the number of key-value pairs at one length, and against the model's width at fixed pairs; every point at each learning rate, scored at its best (one seed). Off on the CPU defaults (`recall_curves = None`): `GPU_PARAMETERS` turns them on."),
+    code('''curve_records = training.run_recall_curves(study, device, progress_log, pool=pool)
+pool.close()
 if curve_records:
     display(training.recall_curve_frame(curve_records))
 else:
     print("recall curves off (recall_curves = None)")'''),
-    md("## The result document\n\nOne record per (task, mixer, seed, sequence length): loss curve, held-out metric, "
-       "tokens per second, parameters, and the environment. Validated against the `training` schema and written "
-       "atomically."),
+    md('## The result document\n\nOne record per (task, mixer, seed, sequence length): loss curve, held-out metric, tokens per second, parameters, and the environment. Validated against the `training` schema and written atomically.'),
     code('''doc = training.result_document(study, [r for name in study.tasks for r in records[name]], device,
-                              recall_curves=curve_records)
+                              recall_curves=curve_records, pool=pool)
 merged = None
 if write and study.part:
     print("wrote", paths.relative(training.write_part(doc, slug)))
@@ -576,8 +555,7 @@ elif write:
 else:
     training.validate(doc)
     print("validated; not written (write = False)")'''),
-    md("## Figures\n\nLoss curves (band: range over seeds), accuracy against sequence length, and quality against "
-       "training speed (each task at its longest length)."),
+    md('## Figures\n\nLoss curves (band: range over seeds), accuracy against sequence length, and quality against training speed (each task at its longest length).'),
     code('''if write and (merged is not None or not study.part):  # a lone part's figures are not stored
     for path in training.draw_figures(doc, slug):
         print("wrote", paths.relative(path))
@@ -585,10 +563,7 @@ else:
 else:
     for fig in training.figures(doc).values():
         display(Image(data=report.png_bytes(fig)))'''),
-    md("## Summary and conclusion\n\nComputed from the document above, each mixer at its best learning rate "
-       "(`lr_at_edge`: the best is the lowest or highest rate swept): the mean and range over seeds, whether the "
-       "ranges separate the mixers, the speeds, and what these runs do not show. Every run, at every rate, is in "
-       "the document; `training.learning_rate_choice(doc)` lists the mean at each rate."),
+    md('## Summary and conclusion\n\nComputed from the document above, each mixer at its best learning rate (`lr_at_edge`: the best is the lowest or highest rate swept): the mean and range over seeds, whether the ranges separate the mixers, the speeds, and what these runs do not show. Every run, at every rate, is in the document; `training.learning_rate_choice(doc)` lists the mean at each rate.'),
     code('''training.summary(doc).round(4)'''),
     code('''display(Markdown(training.conclusion(doc)))'''),
 ])
