@@ -23,11 +23,11 @@ import triton
 import triton.language as tl
 
 from ..common import launching
-from ..common.launching import cdiv, fp32_contiguous, next_power_of_2
+from ..common.launching import cdiv, next_power_of_2
 from ..common.math import (exp_fast, one_minus_a_squared, sigmoid_fast, softplus, sqrt_fast,
                            to_element)
 from ..recurrence import GATE_SCALE
-from ..samu.step import rows
+from ..common.step import step_operands
 
 MIXER = "rglru"
 
@@ -98,7 +98,7 @@ def step(x_t, state, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_p
     the forward casts an initial state), or None for a sequence's first token.  The inputs are
     checked by the caller (samu.modules); the parameters' shapes are checked here, as the
     kernel's bounds follow them.  Allocates only the two outputs when x_t's rows, the state and
-    the FP32 parameters are as the kernel reads them (samu.ops.samu.step.rows)."""
+    the FP32 parameters are as the kernel reads them (samu.ops.common.step)."""
     batch, width = x_t.shape
     heads = gate_x_weight.shape[0] if gate_x_weight.dim() == 3 else 0
     bw = width // heads if heads else 0
@@ -110,15 +110,11 @@ def step(x_t, state, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_p
                          f"{list(gate_a_weight.shape)}, gate_x_bias {list(gate_x_bias.shape)}, "
                          f"gate_a_bias {list(gate_a_bias.shape)}, a_param "
                          f"{list(a_param.shape)}")
-    x = rows(x_t)
-    wx, bx, wa, ba, a_param = [fp32_contiguous(p) for p in
-                               (gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param)]
-    y = torch.empty((batch, width), device=x.device, dtype=x.dtype)
-    h = torch.empty((batch, width), device=x.device, dtype=torch.float32)
-    h0 = h if state is None else rows(state if state.dtype == torch.float32 else state.float())
+    x, h0, y, h, params = step_operands(x_t, state, (gate_x_weight, gate_x_bias, gate_a_weight,
+                                                     gate_a_bias, a_param))
     bi, bj = _blocks(bw)
     nj = cdiv(bw, bj)
-    launching.launch(_rglru_step_kernel, (batch * heads * nj,), x, h0, y, h, wx, bx, wa, ba,
-                     a_param, batch, width, bw, nj, x.stride(0), h0.stride(0),
+    launching.launch(_rglru_step_kernel, (batch * heads * nj,), x, h0, y, h, *params,
+                     batch, width, bw, nj, x.stride(0), h0.stride(0),
                      BI=bi, BJ=bj, HAS_STATE=state is not None, num_warps=4)
     return y, h

@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from ..common import launching
-from ..common.launching import aligned, cdiv, fp32_contiguous, next_power_of_2, sm_count
+from ..common.step import step_operands
+from ..common.launching import cdiv, next_power_of_2, sm_count
 from ..common.math import (exp_fast, one_minus_a_squared, sigmoid_fast, softplus, sqrt_fast,
                            to_element)
 from ..recurrence import GATE_SCALE
@@ -73,16 +74,6 @@ def _samu_step_kernel(x_ptr, h0_ptr, y_ptr, h_ptr, w_ptr, bias_ptr, a_param_ptr,
         tl.store(y_ptr + b * D + cols, to_element(h + skip * x, y_ptr), mask=ok)
 
 
-def rows(t: torch.Tensor) -> torch.Tensor:
-    """A [B, D] tensor as the step kernels read it: rows of unit column stride at a 16-byte
-    aligned address (launching.launch's cached kernels are compiled for aligned pointers),
-    any row stride.  A copy only when it is not one already: x[:, t] of a [B, L, D] tensor is
-    read in place."""
-    if (t.stride(1) == 1 or t.shape[1] == 1) and t.data_ptr() % 16 == 0:
-        return t
-    return aligned(t)
-
-
 # Programs that keep the GPU busy: a row is cut into parts below this many rows.
 _PROGRAMS_PER_SM = 1
 
@@ -102,7 +93,7 @@ def step(x_t, state, ctrl_weight, ctrl_bias, a_param, log_temp, skip):
     the forward casts an initial state), or None for a sequence's first token.  The inputs are
     checked by the caller (samu.modules); the parameters' shapes are checked here, as the
     kernel's bounds follow them.  Allocates only the two outputs when x_t's rows, the state and
-    the FP32 parameters are as the kernel reads them (``rows``)."""
+    the FP32 parameters are as the kernel reads them (samu.ops.common.step)."""
     batch, width = x_t.shape
     if (tuple(ctrl_weight.shape) != (2, width) or tuple(ctrl_bias.shape) != (2,)
             or tuple(a_param.shape) != (width,) or log_temp.numel() != 1 or skip.numel() != 1):
@@ -110,14 +101,10 @@ def step(x_t, state, ctrl_weight, ctrl_bias, a_param, log_temp, skip):
                          f"{list(ctrl_weight.shape)}, ctrl_bias {list(ctrl_bias.shape)}, "
                          f"a_param {list(a_param.shape)}, log_temp {list(log_temp.shape)}, "
                          f"skip {list(skip.shape)}")
-    x = rows(x_t)
-    w, bias, a_param, log_temp, skip = [fp32_contiguous(p) for p in
-                                        (ctrl_weight, ctrl_bias, a_param, log_temp, skip)]
-    y = torch.empty((batch, width), device=x.device, dtype=x.dtype)
-    h = torch.empty((batch, width), device=x.device, dtype=torch.float32)
-    h0 = h if state is None else rows(state if state.dtype == torch.float32 else state.float())
+    x, h0, y, h, params = step_operands(x_t, state, (ctrl_weight, ctrl_bias, a_param, log_temp,
+                                                     skip))
     block, parts, span = _geometry(batch, width, sm_count(x.device))
-    launching.launch(_samu_step_kernel, (batch, parts), x, h0, y, h, w, bias, a_param, log_temp,
-                     skip, width, x.stride(0), h0.stride(0), span,
+    launching.launch(_samu_step_kernel, (batch, parts), x, h0, y, h, *params, width,
+                     x.stride(0), h0.stride(0), span,
                      BD=block, HAS_STATE=state is not None, num_warps=4)
     return y, h
