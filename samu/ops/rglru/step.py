@@ -93,12 +93,8 @@ def _blocks(bw: int) -> tuple[int, int]:
 
 
 def step(x_t, state, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
-    """(y_t in x_t's dtype, new state FP32 [B, D]) of one token, in one launch.  x_t [B, D]
-    bfloat16, float16 or float32; state [B, D] floating point (FP32; another dtype is cast, as
-    the forward casts an initial state), or None for a sequence's first token.  The inputs are
-    checked by the caller (samu.modules); the parameters' shapes are checked here, as the
-    kernel's bounds follow them.  Allocates only the two outputs when x_t's rows, the state and
-    the FP32 parameters are as the kernel reads them (samu.ops.common.step)."""
+    """(y_t, new state) of one token in one launch, with the contract of samu.ops.samu.step's
+    step; the gate weights' shapes ([H, bw, bw] with H bw = D) are checked here."""
     batch, width = x_t.shape
     heads = gate_x_weight.shape[0] if gate_x_weight.dim() == 3 else 0
     bw = width // heads if heads else 0
