@@ -190,8 +190,8 @@ class SAMU(_Mixer):
             ``last_backend`` names the backend that ran in the last forward.
         device: where the FP32 parameters are created.
 
-    Raises ValueError or TypeError naming the argument for a width or head count that is not a
-    positive integer, a width the heads do not divide, or an unknown backend.
+    Raises ValueError or TypeError naming the argument for a width that is not a positive
+    integer, or an unknown backend.
     """
     mixer = "samu"
 

@@ -19,8 +19,8 @@ from ..shapes import Shape
 
 # The published result's four shapes, then one shape at each other width the calibration covers
 # (1536, 3072, 4096), so that auto's nearest-shape rule has an entry at every common width.
-SEED_SHAPES = ["4x2048x2048", "1x8192x2560", "1x32768x1024", "1x32768x2048"]
-GPU_SHAPES = SEED_SHAPES + ["2x8192x3072", "1x16384x4096", "3x1000x1536"]
+PUBLISHED_SHAPES = ["4x2048x2048", "1x8192x2560", "1x32768x1024", "1x32768x2048"]
+GPU_SHAPES = PUBLISHED_SHAPES + ["2x8192x3072", "1x16384x4096", "3x1000x1536"]
 CPU_SHAPES = ["1x16x16"]  # the interpreter takes ~10 s per RG-LRU forward+backward here
 PER_SHAPE = ["01_correctness", "02_calibration", "03_timing"]
 

@@ -13,7 +13,6 @@ from ..._runtime import INTERPRETING
 
 
 # One MUFU instruction each on the GPU; the interpreter runs no PTX and takes Triton's own ops.
-# One MUFU instruction each on the GPU; the interpreter runs no PTX and takes Triton's own ops.
 FAST_MATH = tl.constexpr(not INTERPRETING)
 
 INTERPRETER = tl.constexpr(INTERPRETING)
