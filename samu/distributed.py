@@ -409,7 +409,8 @@ def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
             return torch.stack([zeros, zeros])
         if layout.carries_through:
             phases = kernel_phases(mixer, x, backend)
-            if phases is not None:
+            if phases is not None:  # the kernel phases check nothing: the mixer does, on a token
+                FUNCTIONS[mixer](x[:, :1], *params, backend=backend)
                 module, config = phases
                 decay, hloc = module.slice_summary(x, params, config)
                 return torch.stack([decay, hloc])

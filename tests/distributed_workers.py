@@ -220,6 +220,19 @@ def _finish(out_dir: str, rank: int, results: dict):
     torch.distributed.destroy_process_group()
 
 
+def _bad_parameter_on_the_middle_rank(rank: int):
+    """The middle rank, whose slice carries the sequence through (the kernels' summary phases on
+    a Triton backend), passes a ctrl_weight of half the width."""
+    import samu
+    from samu.distributed import build_cp_context
+    module = make_module("samu", "auto").to(KERNEL_DEVICE)
+    params = [p.detach() for p in module._parameters_in_order()]
+    if rank == 1:
+        params[0] = params[0][:, :WIDTH // 2].contiguous()
+    x = torch.randn(1, THREE_SLICES[rank], WIDTH, device=KERNEL_DEVICE)
+    samu.samu(x, *params, cp_context=build_cp_context(slice_lengths=THREE_SLICES))
+
+
 def three_ranks(rank: int, world: int, port: int, out_dir: str):
     _init(rank, world, port)
     results = {}
@@ -228,6 +241,12 @@ def three_ranks(rank: int, world: int, port: int, out_dir: str):
         results[case_name(case)] = cp_case(case, THREE_SLICES, THREE_LAYOUTS, rank, world,
                                            use_module=case[1] == "triton_float32",
                                            length_argument="slice_lengths")
+    try:
+        _bad_parameter_on_the_middle_rank(rank)
+    except Exception as exc:  # what the parent checks: every rank raised the middle rank's error
+        results["bad_parameter"] = (type(exc).__name__, str(exc))
+    else:
+        results["bad_parameter"] = None
     _finish(out_dir, rank, results)
 
 

@@ -153,6 +153,18 @@ EXPECTED_ERRORS = {
 }
 
 
+def test_a_bad_parameter_on_a_kernel_rank_raises_on_every_rank(three_ranks):
+    """A middle rank runs only the kernels' summary phases: the mixer still checks its inputs
+    there (a ctrl_weight of the wrong width would otherwise be read past its end)."""
+    ranks, _ = three_ranks
+    for rank, r in enumerate(ranks):
+        got = r["bad_parameter"]
+        assert got is not None, f"rank {rank} raised nothing"
+        kind, message = got
+        assert kind == "ValueError" and "rank 1: ValueError: samu: x has width 16 but the " \
+            "mixer's width is 8" in message, (rank, got)
+
+
 def test_bad_contexts_raise_on_every_rank(two_ranks):
     ranks, _ = two_ranks
     for name, words in EXPECTED_ERRORS.items():
