@@ -47,7 +47,8 @@ the a-gate's block-diagonal product; in chunks of 2^24 elements), and the adjoin
 a backward.  Collectives: in the forward an all_gather of 11 int64 (the call's shapes, so that
 a bad call fails on every rank; a host sync) and one of 2 x rows x D values of the carry dtype
 (8 rows D bytes per rank in FP32), in the backward one of rows x D + 1 (4 rows D bytes).  Peak
-memory: the slice's saved activations, and the passes' FP32 chunk summaries.
+memory: the slice's saved activations, and while a pass runs its FP32 chunk summaries and
+per-token gates (SAMU's r and g; RG-LRU's gate products of one head group).
 
 Parameter gradients are each rank's share (its slice's terms): the full gradient is their sum
 over the group, as data parallelism sums them (an all_reduce; DDP's average over equal slices

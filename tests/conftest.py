@@ -14,7 +14,8 @@ if not torch.cuda.is_available():
 # 100 s with 16 workers on a 16-core GPU machine.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
 if _workers > 1:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(max(1, (_cores or 1) // _workers))
 
 
 @pytest.fixture

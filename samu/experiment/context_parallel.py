@@ -23,14 +23,16 @@ def result_file(slug: str) -> Path:
 
 
 def load(slug: str | None = None) -> tuple[dict, Path]:
-    """(document, its path): ``slug``'s timings from the data folder, else the committed H200
-    ones in the repository (a scratch data folder, as nbval's, has none)."""
-    slug = slug or COMMITTED_SLUG
-    for path in (result_file(slug),
-                 paths.REPO_ROOT / "data" / "context_parallel" / f"{slug}.json"):
-        if path.is_file():
-            return schema.read_json(path), path
-    raise FileNotFoundError(f"no context-parallel timings for {slug}: run "
+    """(document, its path): ``slug``'s timings from the data folder or the repository's, else
+    the committed H200 ones (a scratch data folder, as nbval's, has none; nor has a GPU that
+    was never timed)."""
+    slugs = list(dict.fromkeys([slug or COMMITTED_SLUG, COMMITTED_SLUG]))
+    for name in slugs:
+        for path in (result_file(name),
+                     paths.REPO_ROOT / "data" / "context_parallel" / f"{name}.json"):
+            if path.is_file():
+                return schema.read_json(path), path
+    raise FileNotFoundError(f"no context-parallel timings for {' or '.join(slugs)}: run "
                             "scripts/bench_context_parallel.py on that GPU")
 
 

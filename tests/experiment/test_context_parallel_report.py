@@ -29,11 +29,15 @@ def test_frame_and_figure():
 
 def test_load_prefers_the_data_folder_then_the_committed_file(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "DATA", tmp_path)
-    with pytest.raises(FileNotFoundError, match="no context-parallel timings for test-gpu"):
-        context_parallel.load("test-gpu")
     committed = paths.REPO_ROOT / "data" / "context_parallel" / "nvidia-h200.json"
     doc, path = context_parallel.load()
     assert path == committed and doc["environment"]["gpu"] == "NVIDIA H200"
+    assert context_parallel.load("test-gpu")[1] == committed  # a GPU never timed: the H200's
+    with monkeypatch.context() as m:
+        m.setattr(paths, "REPO_ROOT", tmp_path / "elsewhere")
+        with pytest.raises(FileNotFoundError,
+                           match="no context-parallel timings for test-gpu or nvidia-h200"):
+            context_parallel.load("test-gpu")
     schema.write_json_atomic(context_parallel.result_file("nvidia-h200"), _doc(), kind=None)
     doc, path = context_parallel.load()
     assert path == tmp_path / "context_parallel" / "nvidia-h200.json"

@@ -490,8 +490,10 @@ def test_cuda_graph_steps_train_as_eager_steps(mixer):
                             torch.cat([p.detach().flatten() for p in m.parameters()]))
     (eager, w_eager), (graphed, w_graphed) = trained[False], trained[True]
     assert eager[-1] < eager[0]
-    assert max(abs(a - b) for a, b in zip(eager, graphed)) < 0.05 * eager[0], (eager, graphed)
-    assert (w_graphed - w_eager).abs().max() < 0.02 * w_eager.abs().max()
+    # The H200 gave equal curves to 4-5 digits; a learning rate frozen at its capture-time value
+    # (the warm-up's) would move them far more.
+    assert max(abs(a - b) / abs(a) for a, b in zip(eager, graphed)) < 1e-3, (eager, graphed)
+    assert (w_graphed - w_eager).abs().max() < 1e-2 * w_eager.abs().max()
 
 
 def test_conclusion_of_a_real_document_names_its_runs(doc):
@@ -902,6 +904,8 @@ def _fake_record(lr, value, metric="accuracy"):
     ((0.2, 0.5, 0.9), 9e-3 * 3),  # at the highest: one step above
     ((0.2, 0.9, 0.5), None),  # inside: no widening
     ((math.nan, math.nan, 0.1), 9e-3 * 3),  # diverged runs are not the best
+    ((1.0, 1.0, 1.0), None),  # saturated: an edge that only ties widens nothing
+    ((0.9, 0.9, 0.2), None),
 ])
 def test_a_first_seed_sweep_widens_past_an_edge_best(values, want):
     rates = [1e-3, 3e-3, 9e-3]

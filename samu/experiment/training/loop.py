@@ -119,8 +119,7 @@ class GraphedStep:
         self.graph = self.loss = self.inputs = self.targets = None
 
     def _body(self):
-        # No autocast cache: a cached cast would be captured once and never refreshed.
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+        with autocast("cuda", cache_enabled=False):
             logits = self.model(self.inputs)
         loss = loss_of(logits, self.targets)
         loss.backward()
@@ -153,10 +152,12 @@ class GraphedStep:
         return self.loss
 
 
-def autocast(device):
-    """BF16 autocast on CUDA (the Triton kernels' policy); FP32 elsewhere."""
+def autocast(device, cache_enabled: bool = True):
+    """BF16 autocast on CUDA (the Triton kernels' policy); FP32 elsewhere.  A CUDA graph's
+    capture needs ``cache_enabled=False``: a cached cast would be captured once and never
+    refreshed."""
     if torch.device(device).type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache_enabled)
     return contextlib.nullcontext()
 
 
@@ -209,6 +210,9 @@ def train(model, task, config: TrainConfig, seed: int, device, progress=None) ->
     opt = optimizer(model, config, device, graphed)
     params = [p for p in model.parameters()]
     graph_step = GraphedStep(model, opt, params, config.grad_clip) if graphed else None
+    # The capture's step is never timed: it synchronises and records rather than trains fast.
+    first_timed = (max(config.timing_warmup_steps, GraphedStep.EAGER_STEPS + 1) if graphed
+                   else config.timing_warmup_steps)
     model.train()
     losses, curve = [], []
     timed_s, timed_tokens, timed_steps = 0.0, 0, 0
@@ -240,7 +244,7 @@ def train(model, task, config: TrainConfig, seed: int, device, progress=None) ->
             end.record()
         value = loss.item()  # synchronises
         elapsed = time.perf_counter() - t0
-        if step >= config.timing_warmup_steps:
+        if step >= first_timed:
             if cuda:
                 gpu_ms += begin.elapsed_time(end)
             timed_s += elapsed

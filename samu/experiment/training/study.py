@@ -554,24 +554,33 @@ def _group_records(records: list[dict], task, mixer: str) -> list[dict]:
 def _best_rate(records: list[dict]) -> float:
     """The rate of the best finite metric among ``records`` (one run per rate: the first
     seed's), the highest accuracy or the lowest bits per character, the lowest rate among equal
-    ones (as learning_rate_choice); the first when none is finite."""
+    ones (as learning_rate_choice); the lowest rate when none is finite."""
     finite = sorted((r for r in records if math.isfinite(r["value"])), key=lambda r: r["lr"])
     if not finite:
-        return records[0]["lr"]
+        return min(r["lr"] for r in records)
     pick = max if records[0]["metric"] == "accuracy" else min
     return pick(finite, key=lambda r: r["value"])["lr"]  # a tie: the lowest rate, as pandas
 
 
 def widened_rate(rates: list[float], records: list[dict]) -> float | None:
     """The next rate of a first_seed sweep: one step of the sweep's ratio beyond its lowest or
-    highest rate where the best run sits there, else None (the best is inside)."""
+    highest rate where the best run sits there and beats its neighbour, else None (the best is
+    inside, or the edge only ties)."""
     ordered = sorted(rates)
     if len(ordered) < 2:
         return None
     best = _best_rate(records)
-    if best == ordered[0]:
+    value = {r["lr"]: r["value"] for r in records}
+    higher_is_better = records[0]["metric"] == "accuracy"
+
+    def beats(a, b):  # strictly better: a tie (a saturated or a flat sweep) widens nothing
+        va, vb = value.get(a, math.nan), value.get(b, math.nan)
+        if not math.isfinite(va):
+            return False
+        return not math.isfinite(vb) or (va > vb if higher_is_better else va < vb)
+    if best == ordered[0] and beats(ordered[0], ordered[1]):
         return ordered[0] / (ordered[1] / ordered[0])
-    if best == ordered[-1]:
+    if best == ordered[-1] and beats(ordered[-1], ordered[-2]):
         return ordered[-1] * (ordered[-1] / ordered[-2])
     return None
 

@@ -84,7 +84,8 @@ def _geometry(batch: int, width: int, sms: int) -> tuple[int, int, int]:
     block = min(512, max(16, next_power_of_2(width)))
     blocks = cdiv(width, block)
     parts = max(1, min(blocks, cdiv(_PROGRAMS_PER_SM * sms, batch)))
-    return block, parts, cdiv(blocks, parts) * block
+    per_part = cdiv(blocks, parts)
+    return block, cdiv(blocks, per_part), per_part * block  # no part left without channels
 
 
 def step(x_t, state, ctrl_weight, ctrl_bias, a_param, log_temp, skip):
