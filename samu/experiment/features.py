@@ -99,9 +99,13 @@ def time_steps(mixer: str, backend: str, width: int, batches, device, steps: int
                seed: int = 0) -> list[dict]:
     """Microseconds per decode step at each batch size: host wall time over ``steps``
     consecutive steps (synchronised once at the end; median of 5), and on a GPU the step's
-    own time replayed from a CUDA graph."""
+    own time replayed from a CUDA graph and the host time of a torch.nn.Linear(D, D)
+    forward+backward at (1, 128, D) measured in the same run (protocol.host_cost_us), with the
+    step's ratio to it.  ``one_launch``: the step took its one-kernel path (samu.modules)."""
     device = torch.device(device)
     module = protocol.build_module(mixer, width, backend, device, seed)
+    host = protocol.host_cost_us(module, width, device)  # None on a CPU
+    linear_us = host["linear_us"] if host else None
     rows = []
     for batch in batches:
         x = torch.randn(batch, width, device=device, dtype=torch.bfloat16)
@@ -120,9 +124,14 @@ def time_steps(mixer: str, backend: str, width: int, batches, device, steps: int
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 walls.append((time.perf_counter() - t0) * 1e6 / steps)
-            rows.append({"batch": batch, "host_us_per_step": statistics.median(walls),
+            one_launch = module._step_in_one_launch(x, state, module._parameters_in_order())
+            host_us = statistics.median(walls)
+            rows.append({"batch": batch, "host_us_per_step": host_us,
                          "gpu_us_per_step": _graph_step_us(module, x, state),
-                         "backend": module.last_backend})
+                         "one_launch": one_launch,
+                         "backend": f"{mixer} step kernel" if one_launch else module.last_backend,
+                         "linear_forward_backward_us": linear_us,
+                         "step_over_linear": host_us / linear_us if linear_us else None})
     return rows
 
 

@@ -185,7 +185,10 @@ FEATURES_SCHEMA = {
             "type": "object", "required": ["mixer", "batch", "host_us_per_step",
                                            "gpu_us_per_step", "backend"],
             "properties": {"host_us_per_step": _number,
-                           "gpu_us_per_step": _maybe_number}}},
+                           "gpu_us_per_step": _maybe_number,
+                           "one_launch": {"type": "boolean"},
+                           "linear_forward_backward_us": _maybe_number,
+                           "step_over_linear": _maybe_number}}},
         "compile": {"type": "array", "items": {
             "type": "object", "required": ["mixer", "shape", "eager_ms", "compiled_ms",
                                            "reduce_overhead_ms", "backend"],

@@ -1,0 +1,36 @@
+"""The features benchmark (samu.experiment.features): packing and decode timings, on the CPU
+under Triton's interpreter (tests/conftest.py), where no GPU figure exists."""
+import pytest
+import torch
+
+from samu import backends
+from samu.experiment import features
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_decode_rows_take_the_one_launch_step(mixer):
+    rows = features.time_steps(mixer, backends.DEFAULTS[mixer], 32, [1, 3], DEVICE, steps=2)
+    assert [r["batch"] for r in rows] == [1, 3]
+    for r in rows:
+        assert r["one_launch"] and r["backend"] == f"{mixer} step kernel"
+        assert r["host_us_per_step"] > 0
+        if DEVICE == "cpu":  # no GPU time and no Linear beside it on a CPU
+            assert r["gpu_us_per_step"] is None and r["step_over_linear"] is None
+        else:
+            assert r["gpu_us_per_step"] > 0 and r["step_over_linear"] > 0
+
+
+def test_a_reference_backend_steps_through_the_forward():
+    (row,) = features.time_steps("samu", "reference_chunked", 16, [2], "cpu", steps=2)
+    assert not row["one_launch"] and row["backend"] == "reference_chunked"
+
+
+def test_packing_times_the_three_layouts():
+    out = features.time_packing("samu", backends.DEFAULTS["samu"], 24, 16, DEVICE, count=3,
+                                samples=1)
+    assert sum(out["lengths"]) == 24 and len(out["lengths"]) == 3
+    for name in ("packed", "unpacked", "one_by_one"):
+        assert out[name]["forward_backward_median_ms"] > 0
+    assert features.random_offsets(24, 3)[0] == 0 and features.random_offsets(24, 3)[-1] == 24
