@@ -285,7 +285,7 @@ def check(args, device) -> int:
     out = Path(args.out) if args.out else (paths.DATA / "context_parallel"
                                            / f"{protocol.device_slug(device)}_check.json")
     schema.write_json_atomic(out, report, kind=None)
-    print("wrote", out)
+    print("wrote", paths.relative(out))
     return 0 if legal else 1
 
 
@@ -322,7 +322,7 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else (paths.DATA / "context_parallel"
                                            / f"{protocol.device_slug(device)}.json")
     schema.write_json_atomic(out, doc, kind=None)
-    print("wrote", out)
+    print("wrote", paths.relative(out))
     return 0
 
 
