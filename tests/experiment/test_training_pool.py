@@ -82,8 +82,18 @@ def test_the_document_and_conclusion_report_the_throughput(both):
     assert phase["solo_train_s"] == pytest.approx(sum(r["solo_train_s"] for r in shared))
     assert phase["throughput_gain"] == pytest.approx(phase["solo_train_s"] / phase["wall_s"])
     assert "**Runs at once**: 2 worker processes on cpu" in T.conclusion(doc)
+    assert f"mqar {phase['throughput_gain']:.1f}×." in T.conclusion(doc)
     one = {**doc, "concurrency": {**spread, "workers": 1}}
     assert "Runs at once" not in T.conclusion(one)
+    # A first-seed search's phases of one task are one figure: their time alone over their wall.
+    phases = [{"phase": "copy sweep", "runs": 3, "workers": 2, "wall_s": 10.0,
+               "solo_train_s": 30.0},
+              {"phase": "copy seeds", "runs": 2, "workers": 2, "wall_s": 10.0,
+               "solo_train_s": 10.0},
+              {"phase": "recall curves", "runs": 4, "workers": 2, "wall_s": 4.0,
+               "solo_train_s": 6.0}]
+    many = {**doc, "concurrency": {**spread, "phases": phases}}
+    assert "evaluation): copy 2.0×, recall curves 1.5×." in T.conclusion(many)
 
 
 def test_merged_parts_keep_each_parts_spread(both, tmp_path, monkeypatch):

@@ -192,13 +192,19 @@ def _where_samu_loses(best, everything) -> list[str]:
 
 def _concurrency(doc) -> list[str]:
     """A line on the runs that shared the devices: how many at once, and the throughput that
-    gained over one run at a time, per phase (and part)."""
+    gained over one run at a time, per task (its phases and parts together)."""
     if not isinstance(doc, dict):
         return []
     spreads = [doc["concurrency"]] if "concurrency" in doc else [
         p["concurrency"] for p in doc.get("parts", []) if "concurrency" in p]
-    cells = [f"{p['phase']} {p['throughput_gain']:.1f}×" for c in spreads for p in c["phases"]
-             if c["workers"] > 1 and p.get("throughput_gain")]
+    totals = {}  # per task (a task's sweep, widenings and seeds together) over the parts
+    for c in spreads:
+        for p in c["phases"]:
+            if c["workers"] > 1 and p.get("wall_s"):
+                key = "recall curves" if p["phase"].startswith("recall") else p["phase"].split()[0]
+                solo, wall = totals.get(key, (0.0, 0.0))
+                totals[key] = (solo + p["solo_train_s"], wall + p["wall_s"])
+    cells = [f"{key} {solo / wall:.1f}×" for key, (solo, wall) in totals.items()]
     if not cells:
         return []
     first = spreads[0]
