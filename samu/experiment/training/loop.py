@@ -105,6 +105,19 @@ def set_learning_rate(opt: torch.optim.Optimizer, value: float) -> None:
             group["lr"] = value
 
 
+def train_step(model, opt, params, grad_clip: float, inputs, targets, device,
+               cache_enabled: bool = True) -> torch.Tensor:
+    """One step on gradients that are None (zero_grad(set_to_none=True) before it): forward
+    under autocast, the loss, backward, clipping and the optimizer; returns the loss."""
+    with autocast(device, cache_enabled=cache_enabled):
+        logits = model(inputs)
+    loss = loss_of(logits, targets)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    return loss
+
+
 class GraphedStep:
     """Training steps replayed from one CUDA graph.  Each call copies the batch into static
     buffers; the first EAGER_STEPS calls run eagerly on a side stream (they train like any step
@@ -119,13 +132,8 @@ class GraphedStep:
         self.graph = self.loss = self.inputs = self.targets = None
 
     def _body(self):
-        with autocast("cuda", cache_enabled=False):
-            logits = self.model(self.inputs)
-        loss = loss_of(logits, self.targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
-        self.opt.step()
-        return loss
+        return train_step(self.model, self.opt, self.params, self.grad_clip, self.inputs,
+                          self.targets, "cuda", cache_enabled=False)
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.inputs is None:
@@ -233,13 +241,8 @@ def train(model, task, config: TrainConfig, seed: int, device, progress=None) ->
         if graph_step is not None:
             loss = graph_step(inputs, targets)
         else:
-            with autocast(device):
-                logits = model(inputs)
-            loss = loss_of(logits, targets)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-            opt.step()
+            loss = train_step(model, opt, params, config.grad_clip, inputs, targets, device)
         if cuda:
             end.record()
         value = loss.item()  # synchronises
