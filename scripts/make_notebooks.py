@@ -490,6 +490,13 @@ study = training.study_from_parameters(
     recall_curves=recall_curves, part=part, speed_steps=speed_steps,
     cuda_graph=cuda_graph, lr_search=lr_search)
 pool = training.RunPool(device, processes, devices)  # closed after the last runs
+# Each run's record is kept as it finishes: run again after a stop, the study goes on from there.
+finished = training.FinishedRuns(training.finished_path(
+    training.part_path(slug, study.part) if study.part else training.result_path(slug)),
+    study.describe()) if write else None
+if finished is not None and finished.records:
+    print(f"going on after a stop: {len(finished.records)} runs finished before "
+          f"({paths.relative(finished.path)})")
 runs = {name: study.planned_runs(name) for name in study.tasks}
 print(f"device {device} ({slug}), {training.dtype_name(device)}; runs per task {runs}; "
       f"{study.total_steps():,} training steps in all; {pool.workers} at once on {list(pool.devices)}")'''),
@@ -507,14 +514,14 @@ if "mqar" in study.tasks:
     example = study.task_list("mqar")[0]
     x, y = example.batch(1, torch.Generator().manual_seed(0))
     print("inputs ", x[0].tolist()); print("targets", y[0].tolist())
-    records["mqar"] = training.run_task(study, "mqar", device, progress_log, pool=pool)
+    records["mqar"] = training.run_task(study, "mqar", device, progress_log, pool=pool, finished=finished)
     display(training.summary(records["mqar"]))'''),
     md('## Selective copying\n\nTokens: 0 separator, 1 marker, then the data tokens, then the noise tokens.'),
     code('''if "copy" in study.tasks:
     example = study.task_list("copy")[0]
     x, y = example.batch(1, torch.Generator().manual_seed(0))
     print("inputs ", x[0].tolist()); print("targets", y[0].tolist())
-    records["copy"] = training.run_task(study, "copy", device, progress_log, pool=pool)
+    records["copy"] = training.run_task(study, "copy", device, progress_log, pool=pool, finished=finished)
     display(training.summary(records["copy"]))'''),
     md("## Sanity of the yardstick\n\nAttention's accuracy (at its best learning rate) on recall and copying at their shortest length, against `sanity_bar`: below it, the conclusion compares nothing."),
     code('''check = training.sanity(records.get("mqar", []) + records.get("copy", []), bar=sanity_bar)
@@ -527,10 +534,10 @@ print("yardstick passes its sanity bar" if check["passed"]
     code('''if "lm" in study.tasks:
     data, names, info = training.corpus()
     print({k: v for k, v in info.items() if not k.endswith("sha256")})
-    records["lm"] = training.run_task(study, "lm", device, progress_log, pool=pool)
+    records["lm"] = training.run_task(study, "lm", device, progress_log, pool=pool, finished=finished)
     display(training.summary(records["lm"]))'''),
     md("## Recall curves\n\nZoology's curves: MQAR accuracy against the number of key-value pairs at one length, and against the model's width at fixed pairs; every point at each learning rate, scored at its best (one seed). Off on the CPU defaults (`recall_curves = None`): `GPU_PARAMETERS` turns them on."),
-    code('''curve_records = training.run_recall_curves(study, device, progress_log, pool=pool)
+    code('''curve_records = training.run_recall_curves(study, device, progress_log, pool=pool, finished=finished)
 pool.close()
 if curve_records:
     display(training.recall_curve_frame(curve_records))
@@ -553,7 +560,9 @@ elif write:
     print("wrote", paths.relative(path))
 else:
     training.validate(doc)
-    print("validated; not written (write = False)")'''),
+    print("validated; not written (write = False)")
+if finished is not None:  # written: a later run starts afresh
+    finished.clear()'''),
     md('## Figures\n\nLoss curves (band: range over seeds), accuracy against sequence length, and quality against training speed (each task at its longest length).'),
     code('''if write and (merged is not None or not study.part):  # a lone part's figures are not stored
     for path in training.draw_figures(doc, slug):

@@ -8,6 +8,8 @@ character-level language model, beside its training speed.
   ``train`` and ``evaluate``.
 - ``pool``: ``RunPool`` (several runs at once: worker processes, several to a device, over any
   number of GPUs) and the ``Job`` each run is.
+- ``resume``: ``FinishedRuns`` (each run's record kept as it finishes, so that a study stopped
+  midway goes on where it stopped).
 - ``study``: ``Study`` (every task, length, mixer, learning rate of the sweep and seed; Zoology's
   recall curves; a part of the runs), notebook 05's parameters and their ranges, ``run_task``,
   the ``"training"`` result document (schema ``samu.experiment.schema.SCHEMAS["training"]``),
@@ -29,6 +31,7 @@ from .tasks import _corpus, _distinct, _generator, _split_on  # noqa: F401
 from .loop import *  # noqa: F401,F403
 from .loop import _synchronize  # noqa: F401
 from .pool import *  # noqa: F401,F403
+from .resume import *  # noqa: F401,F403
 from .study import *  # noqa: F401,F403
 from .study import _log_line, _runs  # noqa: F401
 from .figures import *  # noqa: F401,F403

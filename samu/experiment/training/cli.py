@@ -28,8 +28,9 @@ from .study import check_parameters, parse_part, part_path, result_path, summary
 # (docs/sweeps/2026-12-02_48199ae_gpu_probes): attention copies at L = 256 to 0.978 in 2000
 # steps (lr 3e-4; 0.79 in 800); RG-LRU and SAMU in Griffin's block stay at the 1/8 guessing
 # baseline on MQAR after 1200 steps and reach 0.78 and 0.82 after 4000.  Eager steps of these
-# small models took 6-14 ms, nearly all launches, so every step replays a CUDA graph, and a
-# few runs share the GPU (worker processes), each configuration's speed timed alone first.
+# small models took 6-14 ms, nearly all launches, so every step replays a CUDA graph.  With
+# graphs, four runs at once (worker processes) trained at 0.61-0.92x the rate of one at a time
+# (docs/sweeps/2026-12-03_a57ed47_gpu_training), so the runs go one at a time.
 GPU_PARAMETERS = dict(
     mixers=list(model_.MIXERS),
     seeds=[0, 1, 2],
@@ -56,7 +57,7 @@ GPU_PARAMETERS = dict(
     attention_head_dim=64,
     sanity_bar=0.95,
     speed_steps=50,
-    processes=4,
+    processes=1,
     cuda_graph=True,
     # 9 points x 3 mixers, one seed, one rate: 27 runs.  At 2000 steps attention reached 0.73 at
     # 16 pairs with lr 1e-3 and 0.20 with 3e-4; in 4000 steps at 8 pairs SAMU learned MQAR best

@@ -13,6 +13,7 @@ from ... import model as model_
 from .. import schema
 from .loop import TrainConfig, dtype_name, evaluate, train
 from .pool import Job, RunPool, check_devices, speed_config
+from .resume import FinishedRuns, finished_path
 from .parameters import (COUNT, LEARNING_RATE, OFFSET, SECONDS, ParameterError, Range,
                          _check_list)
 from .tasks import MQAR, TASK_OPTION_RANGES, TASKS, corpus, make_task, task_options
@@ -460,7 +461,8 @@ def _alone(timed: dict) -> dict:
 
 
 def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool=None,
-             desc: str = "runs", speeds: dict | None = None) -> list[dict]:
+             desc: str = "runs", speeds: dict | None = None,
+             finished: FinishedRuns | None = None) -> list[dict]:
     """Every one of ``jobs`` (``pool``'s workers at once; None: one after another here), with
     each run's speed alone (``solo_*``; ``solo_train_s``, that speed times the run's steps) and
     ``concurrent_runs`` added to its record: where runs share the pool, each configuration is
@@ -468,11 +470,15 @@ def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool
     timing is that speed.  A tqdm bar, and a line per finished run in ``progress_log`` when
     given.  The pool records the phase's wall time beside the runs' training time alone
     (RunPool.phases).  ``speeds``: the speeds timed alone so far, by configuration, kept across
-    calls (a dict the caller passes again)."""
+    calls (a dict the caller passes again).  ``finished``: the runs finished before a stop,
+    taken from there instead of trained again; each run trained here is added to it as it
+    finishes."""
     from tqdm import tqdm  # the text bar: tqdm.auto's widget bar needs ipywidgets
 
     if not jobs:
         return []
+    earlier = [finished.get(job) if finished is not None else None for job in jobs]
+    todo = [job for job, record in zip(jobs, earlier) if record is None]
     own = pool is None
     pool = RunPool(device) if own else pool
     speeds = {} if speeds is None else speeds
@@ -485,48 +491,54 @@ def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool
             if key(job) not in speeds:
                 speeds[key(job)] = measure_speed(study, job.task, job.mixer, job.config,
                                                  pool.devices[0], job.width)
-        with tqdm(total=len(jobs), desc=desc, unit="run", disable=not bar,
-                  mininterval=1.0) as total:
+        with tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc, unit="run",
+                  disable=not bar, mininterval=1.0) as total:
             def done(job, record):
+                if finished is not None:
+                    finished.add(job, record)
                 total.update()
                 flags = " (stopped on time)" if record["stopped_by_time"] else ""
                 flags += " (diverged)" if record["diverged"] else ""
                 _log_line(progress_log, f"{job.label}: {record['metric']} {record['value']:.4f}, "
                           f"{record['steps_completed']}/{record['steps']} steps, "
                           f"{record['wall_s']:.1f} s{flags}")
-            records, wall = pool.map(study, jobs, done)
+            trained, wall = pool.map(study, todo, done) if todo else ([], 0.0)
     finally:
         if own:
             pool.close()
+    fresh = iter(trained)
+    records = [record if record is not None else next(fresh) for record in earlier]
     for job, record in zip(jobs, records):
         speed = speeds[key(job)] if shared else _alone(record)
         record.update(speed, concurrent_runs=pool.workers,
                       solo_train_s=speed["solo_wall_ms_per_step"] * record["steps_completed"]
                       / 1e3)
-    pool.phases.append({"phase": desc, "runs": len(jobs), "workers": pool.workers,
-                        "wall_s": wall, "solo_train_s": sum(r["solo_train_s"] for r in records)})
+    if trained:  # a phase's throughput counts only the runs trained in it
+        pool.phases.append({"phase": desc, "runs": len(trained), "workers": pool.workers,
+                            "wall_s": wall,
+                            "solo_train_s": sum(r["solo_train_s"] for r in trained)})
     return records
 
 
 def run_task(study: Study, name: str, device, progress_log=None, bar=True,
-             pool=None) -> list[dict]:
+             pool=None, finished: FinishedRuns | None = None) -> list[dict]:
     """Every run of task ``name`` by run_jobs: with grid, each length, mixer, learning rate and
     seed at once; with first_seed, each group's sweep at the first seed, its widenings
     (widened_rate), then the other seeds at the best rate, each record's ``lr_sweep`` the rates
-    its group swept."""
+    its group swept.  ``finished``: as run_jobs."""
     def job(task, mixer, lr, seed):
         return Job(name, task, mixer, seed, lr, study.train_config(name, lr),
                    label=f"{name} L={task.seq_len} {mixer} lr {lr:.2g} seed {seed}")
     if study.lr_search == "grid":
         return run_jobs(study, [job(*run) for run in study.runs(name)], device, progress_log,
-                        bar, pool, desc=name)
+                        bar, pool, desc=name, finished=finished)
     speeds, records = {}, []
     swept = {group: list(study.lrs(name)) for group in study.groups(name)}
     todo = study.runs(name)
     for widening in range(LR_WIDENINGS + 1):
         desc = f"{name} sweep" + (f" widened {widening}" if widening else "")
         records += run_jobs(study, [job(*run) for run in todo], device, progress_log, bar, pool,
-                            desc=desc, speeds=speeds)
+                            desc=desc, speeds=speeds, finished=finished)
         todo = []
         if widening < LR_WIDENINGS:
             for (task, mixer), rates in swept.items():
@@ -539,7 +551,8 @@ def run_task(study: Study, name: str, device, progress_log=None, bar=True,
     best = {group: _best_rate(_group_records(records, *group)) for group in swept}
     records += run_jobs(study, [job(task, mixer, best[(task, mixer)], seed)
                                 for (task, mixer) in swept for seed in study.seeds[1:]],
-                        device, progress_log, bar, pool, desc=f"{name} seeds", speeds=speeds)
+                        device, progress_log, bar, pool, desc=f"{name} seeds", speeds=speeds,
+                        finished=finished)
     for record in records:
         group = next(g for g in swept if g[0].seq_len == record["seq_len"]
                      and g[1] == record["mixer"])
@@ -586,7 +599,7 @@ def widened_rate(rates: list[float], records: list[dict]) -> float | None:
 
 
 def run_recall_curves(study: Study, device, progress_log=None, bar=True,
-                      pool=None) -> list[dict]:
+                      pool=None, finished: FinishedRuns | None = None) -> list[dict]:
     """Every run of the recall curves (Study.recall_runs) by run_jobs, each record with its
     "curve" and "x"; trained like MQAR (its TrainConfig) for the curves' own steps."""
     runs = study.recall_runs()
@@ -602,7 +615,8 @@ def run_recall_curves(study: Study, device, progress_log=None, bar=True,
         jobs.append(Job("mqar", task, mixer, seed, float(lr), config, width=width,
                         extra=(("curve", curve), ("x", int(x)), ("width", int(width))),
                         label=f"recall curve {curve}={x} {mixer} lr {lr:.2g} seed {seed}"))
-    return run_jobs(study, jobs, device, progress_log, bar, pool, desc="recall curves")
+    return run_jobs(study, jobs, device, progress_log, bar, pool, desc="recall curves",
+                    finished=finished)
 
 
 def recall_curve_frame(doc):

@@ -1,0 +1,90 @@
+"""A study that goes on where it stopped (samu.experiment.training.resume): the runs finished
+before a stop are taken from their file, the others trained, and the result equals a study run
+without a stop."""
+import json
+
+import pytest
+
+from samu.experiment import training as T
+
+REF = "reference_chunked"  # named: tests/conftest.py sets TRITON_INTERPRET=1 on a CPU
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def small_study(**kw):
+    return T.study_from_parameters(
+        ["attention", "samu"], [0, 1], 16, 1, 2,
+        {"mqar": {"lengths": [16], "num_pairs": 2, "vocab_size": 8}}, 6, 4, [1e-3, 3e-3], 2, 1,
+        timing_warmup_steps=2, log_every=3, attention_head_dim=8, backend=REF, speed_steps=2,
+        lr_search="first_seed", **kw)
+
+
+def _lines(path):
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The study run once without a stop, its finished runs kept in a file."""
+    study = small_study()
+    path = tmp_path_factory.mktemp("whole") / "cpu.finished.jsonl"
+    finished = T.FinishedRuns(path, study.describe())
+    records = T.run_task(study, "mqar", "cpu", bar=False, finished=finished)
+    return study, path, records
+
+
+def test_every_finished_run_is_kept_as_it_finishes(whole):
+    study, path, records = whole
+    lines = _lines(path)
+    assert json.loads(lines[0]) == {"study": json.loads(json.dumps(study.describe()))}
+    assert len(lines) == 1 + len(records)
+    kept = [json.loads(line)["record"] for line in lines[1:]]
+    assert sorted((r["mixer"], r["lr"], r["seed"]) for r in kept) == sorted(
+        (r["mixer"], r["lr"], r["seed"]) for r in records)
+
+
+@pytest.mark.parametrize("stopped_after", [0, 3])
+def test_a_study_started_again_trains_only_what_had_not_finished(whole, tmp_path, stopped_after):
+    study, path, records = whole
+    lines = _lines(path)
+    cut = tmp_path / "cpu.finished.jsonl"
+    # A stop after `stopped_after` runs, mid-way through writing the next one's line.
+    cut.write_text("\n".join(lines[:1 + stopped_after]) + "\n" + lines[1 + stopped_after][:40])
+    log = tmp_path / "progress.log"
+    finished = T.FinishedRuns(cut, study.describe())
+    assert len(finished.records) == stopped_after
+    again = T.run_task(study, "mqar", "cpu", progress_log=log, bar=False, finished=finished)
+    assert finished.reused == stopped_after
+    assert len(_lines(log)) == len(records) - stopped_after  # one line a run trained here
+    assert len(again) == len(records)
+    for a, b in zip(records, again):
+        assert (a["mixer"], a["lr"], a["seed"], a["lr_sweep"]) == (
+            b["mixer"], b["lr"], b["seed"], b["lr_sweep"])
+        assert a["loss_curve"] == b["loss_curve"] and a["value"] == b["value"]
+    assert len(_lines(cut)) == 1 + len(records)  # every line whole again
+    T.validate(T.result_document(study, again, "cpu"))
+
+
+def test_a_file_of_another_study_is_replaced_not_reused(whole, tmp_path):
+    study, path, records = whole
+    other = tmp_path / "cpu.finished.jsonl"
+    other.write_text(path.read_text())
+    finished = T.FinishedRuns(other, {**study.describe(), "width": 32})
+    assert finished.records == {} and len(_lines(other)) == 1
+    for broken in ("", "not json\n", '{"study": 1}\n'):
+        other.write_text(broken)
+        assert T.FinishedRuns(other, study.describe()).records == {}
+
+
+def test_clear_removes_the_file_and_the_file_sits_beside_the_result(whole, tmp_path):
+    study, path, _ = whole
+    copy = tmp_path / "cpu.finished.jsonl"
+    copy.write_text(path.read_text())
+    finished = T.FinishedRuns(copy, study.describe())
+    assert finished.records
+    finished.clear()
+    assert not copy.exists() and finished.records == {}
+    assert T.finished_path(T.result_path("nvidia-h200")).name == "nvidia-h200.finished.jsonl"
+    assert T.finished_path(T.part_path("nvidia-h200", "2/3")).name == \
+        "nvidia-h200.part-2-of-3.finished.jsonl"
