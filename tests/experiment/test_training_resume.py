@@ -1,6 +1,7 @@
 """A study that goes on where it stopped (samu.experiment.training.resume): the runs finished
 before a stop are taken from their file, the others trained, and the result equals a study run
 without a stop."""
+import dataclasses
 import json
 
 import pytest
@@ -88,3 +89,15 @@ def test_clear_removes_the_file_and_the_file_sits_beside_the_result(whole, tmp_p
     assert T.finished_path(T.result_path("nvidia-h200")).name == "nvidia-h200.finished.jsonl"
     assert T.finished_path(T.part_path("nvidia-h200", "2/3")).name == \
         "nvidia-h200.part-2-of-3.finished.jsonl"
+
+
+def test_rates_the_label_rounds_alike_are_two_runs(whole, tmp_path):
+    study, _, records = whole
+    task = study.task_list("mqar")[0]
+    job = T.Job("mqar", task, "samu", 0, 1e-3, study.train_config("mqar", 1e-3),
+                label="mqar samu lr 0.001 seed 0")
+    close = dataclasses.replace(job, lr=1.004e-3)  # the same label
+    finished = T.FinishedRuns(tmp_path / "f.jsonl", study.describe())
+    finished.add(job, records[0])
+    assert finished.get(job) == json.loads(json.dumps(records[0]))
+    assert finished.get(close) is None

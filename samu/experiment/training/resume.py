@@ -65,9 +65,10 @@ class FinishedRuns:
 
     @staticmethod
     def key(job: Job) -> str:
-        """What names a run within one study: its label, steps, batch size and width."""
-        return (f"{job.name}: {job.label} | steps {job.config.steps} | batch "
-                f"{job.config.batch_size} | width {job.width}")
+        """What names a run within one study: its label (which rounds the rate), exact rate and
+        seed, steps, batch size and width."""
+        return (f"{job.name}: {job.label} | lr {float(job.lr)!r} seed {job.seed} | steps "
+                f"{job.config.steps} | batch {job.config.batch_size} | width {job.width}")
 
     def get(self, job: Job) -> dict | None:
         """A copy of ``job``'s record if it finished before, else None."""
