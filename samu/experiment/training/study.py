@@ -13,7 +13,7 @@ from ... import model as model_
 from .. import schema
 from .loop import TrainConfig, dtype_name, evaluate, train
 from .pool import Job, RunPool, check_devices, speed_config
-from .resume import FinishedRuns, finished_path
+from .resume import FinishedRuns
 from .parameters import (COUNT, LEARNING_RATE, OFFSET, SECONDS, ParameterError, Range,
                          _check_list)
 from .tasks import MQAR, TASK_OPTION_RANGES, TASKS, corpus, make_task, task_options
