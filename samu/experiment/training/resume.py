@@ -45,9 +45,9 @@ class FinishedRuns:
         for line in lines[1:]:
             try:
                 entry = json.loads(line)
-            except json.JSONDecodeError:  # the last line, cut short by a stop
-                break
-            self.records[entry["key"]] = entry["record"]
+                self.records[entry["key"]] = dict(entry["record"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                break  # the last line, cut short by a stop: the runs from here train again
         self._rewrite()  # without a line cut short, so that appends start on a line of their own
 
     def _start(self) -> None:
