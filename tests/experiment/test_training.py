@@ -422,6 +422,18 @@ def swept(means: dict) -> dict:
     return d
 
 
+def test_a_best_rate_that_ties_the_rate_inside_it_is_not_at_the_edge():
+    # Saturated at the lowest two rates: the rate inside does as well, so nothing better can
+    # lie below the sweep; beating the rate inside by a hair is an edge.
+    d = swept({"attention": {3e-4: 1.0, 1e-3: 1.0, 3e-3: 0.9},
+               "samu": {3e-4: 0.91, 1e-3: 0.9, 3e-3: 0.2}})
+    choice = T.learning_rate_choice(d).set_index("mixer")
+    assert choice.loc["attention", "lr"] == 3e-4 and not choice.loc["attention", "at_edge"]
+    assert choice.loc["samu", "lr"] == 3e-4 and choice.loc["samu", "at_edge"]
+    assert "at the edge of the sweep" in T.conclusion(d)
+    assert "attention 0.0003" not in T.conclusion(d).split("edge of the sweep")[1].split("\n")[0]
+
+
 def test_each_mixer_is_scored_at_its_best_learning_rate():
     d = swept({"attention": {1e-4: 0.2, 1e-3: 0.9, 1e-2: 0.3},
                "samu": {1e-4: 0.1, 1e-3: 0.2, 1e-2: 0.6}})

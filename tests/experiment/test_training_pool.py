@@ -105,6 +105,11 @@ def test_merged_parts_keep_each_parts_spread(both, tmp_path, monkeypatch):
     merged = T.merge_parts("cpu", "2/2")
     assert "concurrency" not in merged
     assert [p["concurrency"]["workers"] for p in merged["parts"]] == [2, 2]
+    assert "**Runs at once**: 2 worker processes on cpu; where" in T.conclusion(merged)
+    # Parts that ran differently are each named with how they ran.
+    merged["parts"][1]["concurrency"] = {**merged["parts"][1]["concurrency"], "workers": 1}
+    line = T.conclusion(merged).split("**Runs at once**: ")[1].split("\n")[0]
+    assert line.startswith("2 worker processes on cpu (part 1/2); one run at a time (part 2/2);")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

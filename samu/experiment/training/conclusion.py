@@ -191,14 +191,15 @@ def _where_samu_loses(best, everything) -> list[str]:
 
 
 def _concurrency(doc) -> list[str]:
-    """A line on the runs that shared the devices: how many at once, and the throughput that
-    gained over one run at a time, per task (its phases and parts together)."""
+    """A line on the runs that shared the devices: how many at once (per part, for a merged
+    study whose parts ran differently), and the throughput that gained over one run at a time,
+    per task (its phases and the parts that shared a device together)."""
     if not isinstance(doc, dict):
         return []
-    spreads = [doc["concurrency"]] if "concurrency" in doc else [
-        p["concurrency"] for p in doc.get("parts", []) if "concurrency" in p]
+    spreads = [("", doc["concurrency"])] if "concurrency" in doc else [
+        (p.get("part", ""), p["concurrency"]) for p in doc.get("parts", []) if "concurrency" in p]
     totals = {}  # per task (a task's sweep, widenings and seeds together) over the parts
-    for c in spreads:
+    for _, c in spreads:
         for p in c["phases"]:
             if c["workers"] > 1 and p.get("wall_s"):
                 key = "recall curves" if p["phase"].startswith("recall") else p["phase"].split()[0]
@@ -207,8 +208,17 @@ def _concurrency(doc) -> list[str]:
     cells = [f"{key} {solo / wall:.1f}×" for key, (solo, wall) in totals.items()]
     if not cells:
         return []
-    first = spreads[0]
-    return [f"**Runs at once**: {first['workers']} worker processes on "
-            f"{', '.join(first['devices'])}; training throughput against one run at a time "
-            f"(the runs' steps at their speed alone, over the wall time with set-up and "
-            f"evaluation): {', '.join(cells)}."]
+    by_setting = {}  # (workers, devices) -> the parts that ran so
+    for part, c in spreads:
+        by_setting.setdefault((c["workers"], tuple(c["devices"])), []).append(part)
+    settings = []
+    for (workers, devices), parts in by_setting.items():
+        how = (f"{workers} worker processes on {', '.join(devices)}" if workers > 1
+               else "one run at a time")
+        named = [p for p in parts if p]
+        if named and len(by_setting) > 1:
+            how += f" (part{'s' if len(named) > 1 else ''} {', '.join(named)})"
+        settings.append(how)
+    return [f"**Runs at once**: {'; '.join(settings)}; where runs shared a device, training "
+            f"throughput against one run at a time (the runs' steps at their speed alone, over "
+            f"the wall time with set-up and evaluation): {', '.join(cells)}."]

@@ -575,27 +575,38 @@ def _best_rate(records: list[dict]) -> float:
     return pick(finite, key=lambda r: r["value"])["lr"]  # a tie: the lowest rate, as pandas
 
 
+def edge_beyond(value: dict, best: float, higher_is_better: bool) -> float | None:
+    """The end of a sweep (``value``: the metric by rate, two rates or more) where its best
+    rate ``best`` sits and strictly beats its neighbour, so a better rate may lie beyond it;
+    None when the best is inside or only ties the rate next to it (a saturated or a flat sweep:
+    a rate inside does as well)."""
+    ordered = sorted(value)
+    if len(ordered) < 2 or best not in (ordered[0], ordered[-1]):
+        return None
+    va = value[best]
+    vb = value[ordered[1] if best == ordered[0] else ordered[-2]]
+    if not math.isfinite(va):
+        return None
+    if not math.isfinite(vb) or (va > vb if higher_is_better else va < vb):
+        return best
+    return None
+
+
 def widened_rate(rates: list[float], records: list[dict]) -> float | None:
     """The next rate of a first_seed sweep: one step of the sweep's ratio beyond its lowest or
-    highest rate where the best run sits there and beats its neighbour, else None (the best is
-    inside, or the edge only ties)."""
+    highest rate where the best run sits there and beats its neighbour (edge_beyond), else
+    None."""
     ordered = sorted(rates)
     if len(ordered) < 2:
         return None
-    best = _best_rate(records)
-    value = {r["lr"]: r["value"] for r in records}
-    higher_is_better = records[0]["metric"] == "accuracy"
-
-    def beats(a, b):  # strictly better: a tie (a saturated or a flat sweep) widens nothing
-        va, vb = value.get(a, math.nan), value.get(b, math.nan)
-        if not math.isfinite(va):
-            return False
-        return not math.isfinite(vb) or (va > vb if higher_is_better else va < vb)
-    if best == ordered[0] and beats(ordered[0], ordered[1]):
+    value = dict.fromkeys(ordered, math.nan)
+    value.update((r["lr"], r["value"]) for r in records if r["lr"] in value)
+    edge = edge_beyond(value, _best_rate(records), records[0]["metric"] == "accuracy")
+    if edge is None:
+        return None
+    if edge == ordered[0]:
         return ordered[0] / (ordered[1] / ordered[0])
-    if best == ordered[-1] and beats(ordered[-1], ordered[-2]):
-        return ordered[-1] * (ordered[-1] / ordered[-2])
-    return None
+    return ordered[-1] * (ordered[-1] / ordered[-2])
 
 
 def run_recall_curves(study: Study, device, progress_log=None, bar=True,
@@ -635,7 +646,8 @@ def recall_curve_frame(doc):
         best = means.idxmax() if means.notna().any() else means.index[0]
         rates = sorted(means.index)
         rows.append({"curve": curve, "x": int(x), "mixer": mixer, "accuracy": means[best],
-                     "lr": best, "at_edge": len(rates) > 2 and best in (rates[0], rates[-1])})
+                     "lr": best, "at_edge": len(rates) > 2
+                     and edge_beyond(means.to_dict(), best, True) is not None})
     return pd.DataFrame(rows)
 
 
@@ -764,7 +776,7 @@ def learning_rate_choice(doc):
     accuracy, lowest bits per character) over the seeds that ran at every rate (all of them on
     a grid; the first seed of a first_seed sweep, whose other seeds ran at its best only), the
     rates swept, and ``at_edge``: the best is the lowest or the highest rate of a sweep of three
-    or more, so a better one may lie outside it."""
+    or more and beats the rate next to it (edge_beyond), so a better one may lie outside it."""
     import pandas as pd
     df = frame(doc)
     rows = []
@@ -782,7 +794,8 @@ def learning_rate_choice(doc):
         rows.append({"task": task, "seq_len": length, "mixer": mixer, "lr": best,
                      "swept": rates,
                      # Of two rates the best is always one end: flagged from three on.
-                     "at_edge": len(rates) > 2 and best in (rates[0], rates[-1]),
+                     "at_edge": len(rates) > 2 and edge_beyond(
+                         means.to_dict(), best, part["metric"].iloc[0] == "accuracy") is not None,
                      "mean_by_lr": {float(k): float(v) for k, v in means.items()}})
     return pd.DataFrame(rows)
 
