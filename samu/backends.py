@@ -1,7 +1,7 @@
 """Backend registry: which implementations each mixer has and what their names mean.
 
 A backend name is a sequence of words from ``VOCABULARY``; ``explain(name)`` spells it out and
-``describe()`` prints every backend of both mixers (``explanations()`` returns them).  Which backend ``auto`` picks is
+``describe()`` prints every backend of every mixer (``explanations()`` returns them).  Which backend ``auto`` picks is
 ``samu.dispatch``'s business.  ``REGISTRY`` fills itself on its first read; where the Triton
 backends could not be loaded (no triton, or no numpy for Triton's interpreter),
 ``triton_unavailable()`` says why, and so does every error that asks for one.
@@ -13,10 +13,11 @@ import threading
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Callable
 
-from . import _runtime
+from . import _runtime, mixers
 
 
 VOCABULARY = {
@@ -45,12 +46,9 @@ VOCABULARY = {
                  "stays under 3 units, for one more GEMM and more launches",
 }
 
-# Used on CUDA when there is no calibration file for the GPU (the gemm family was fastest at
-# every shape measured on the H200: docs/PERFORMANCE.md), and under the interpreter.
-DEFAULTS = {
-    "rglru": "gemm_fused_hierarchical_chunk8",
-    "samu": "fused_controller_hierarchical_chunk16",
-}
+# Used on CUDA when there is no calibration file for the GPU, and under the interpreter: each
+# mixer's spec says which (samu.mixers).
+DEFAULTS = mixers.View(lambda spec: spec.default_backend)
 
 
 # Backends that existed and were removed, with the reason.  A calibration file written before
@@ -82,8 +80,8 @@ class _Registry(Mapping):
     """{mixer: {name: Backend}}, filled on its first read: registering imports the kernels,
     which ``import samu`` does not, so that samu imports without triton and quickly."""
 
-    def __init__(self, mixers):
-        self._mixers = {mixer: {} for mixer in mixers}
+    def __init__(self, names):
+        self._mixers = {mixer: {} for mixer in names}
 
     def __getitem__(self, mixer):
         if not _registered:
@@ -107,7 +105,7 @@ class _Registry(Mapping):
         return f"REGISTRY({ {m: list(named) for m, named in self._mixers.items()} })"
 
 
-REGISTRY: Mapping[str, dict[str, Backend]] = _Registry(("rglru", "samu"))
+REGISTRY: Mapping[str, dict[str, Backend]] = _Registry(mixers.MIXERS)
 # The same tables without the filling read, for the per-call paths that register first.
 REGISTERED: dict[str, dict[str, Backend]] = REGISTRY._mixers
 
@@ -144,7 +142,7 @@ def explain(name: str) -> str:
 def available(mixer: str) -> list[str]:
     _ensure_registered()
     if mixer not in REGISTRY:
-        raise ValueError(f"unknown mixer {mixer!r}; choose 'rglru' or 'samu'")
+        mixers.get(mixer)  # names the mixers there are
     return list(REGISTRY[mixer])
 
 
@@ -157,7 +155,7 @@ def explanations() -> dict[str, dict[str, str]]:
 
 
 def describe(file=None) -> None:
-    """Print every backend of both mixers, and what each word of its name means."""
+    """Print every backend of every mixer, and what each word of its name means."""
     _ensure_registered()
     lines = [] if _triton_unavailable is None else [
         f"Triton backends unavailable: {_triton_unavailable}; only the reference backends run"]
@@ -221,10 +219,9 @@ def _check_configuration(mixer: str, config) -> None:
     """TypeError naming ``backend`` and what it accepts, unless ``config`` is a Triton
     configuration of the mixer (checked before any cache sees it: a dict or list is
     unhashable)."""
-    if mixer not in _CONFIGURATION_MODULES:
-        raise ValueError(f"unknown mixer {mixer!r}; choose 'rglru' or 'samu'")
+    mixers.get(mixer)  # an unknown mixer is refused, naming the mixers there are
     _ensure_registered()
-    classes = tuple(m.CONFIGS[0].__class__ for m in _CONFIGURATION_MODULES[mixer])
+    classes = tuple(m.CONFIGS[0].__class__ for m in _CONFIGURATION_MODULES.get(mixer, ()))
     if classes and isinstance(config, classes):
         return
     accepted = f"'auto' or a name from samu.backends.available({mixer!r})"
@@ -238,6 +235,12 @@ def _check_configuration(mixer: str, config) -> None:
                      f"{_unavailable_line()}")
     raise TypeError(f"{mixer}: backend must be {accepted}, got {type(config).__name__} "
                     f"{_short_repr(config)}{unloaded}")
+
+
+def kernel_families(mixer: str) -> tuple:
+    """The Triton family modules of ``mixer`` that loaded (none without triton)."""
+    _ensure_registered()
+    return _CONFIGURATION_MODULES.get(mixer, ())
 
 
 def from_config(mixer: str, config) -> Backend:
@@ -261,7 +264,7 @@ _registration_lock = threading.RLock()
 # Why the Triton backends could not be loaded, once registration tried (None: they loaded).
 _triton_unavailable: str | None = None
 # mixer -> the modules whose configuration class a backend passed in may be (filled with them).
-_CONFIGURATION_MODULES: dict[str, tuple] = {"rglru": (), "samu": ()}
+_CONFIGURATION_MODULES: dict[str, tuple] = {}
 
 
 def _reference_run(reference, scan: str):
@@ -300,22 +303,51 @@ def _ensure_registered() -> None:
 
 
 def _register_all() -> str | None:
-    """Register every backend; the reason the Triton backends could not be, or None."""
+    """Register every mixer's backends; the reason the Triton backends could not be, or None."""
+    unavailable = None
+    for spec in mixers.MIXERS.values():
+        unavailable = _register_mixer(spec) or unavailable
+    return unavailable
+
+
+def _register_mixer(spec) -> str | None:
+    """A mixer's reference backends (one per scan) and its Triton families' configurations;
+    why the families could not be imported, or None."""
     from .ops.recurrence import SCANS
-    from .ops.rglru.naive import rglru_reference
-    from .ops.samu.naive import samu_reference
-    for mixer, fn in (("rglru", rglru_reference), ("samu", samu_reference)):
-        for scan in SCANS:
-            register(Backend(f"reference_{scan}", mixer, "reference", _reference_run(fn, scan),
-                             materialized_state_sized_transition=True))
+    REGISTRY._mixers.setdefault(spec.name, {})
+    reference = spec.load("reference")
+    for scan in SCANS:
+        register(Backend(f"reference_{scan}", spec.name, "reference",
+                         _reference_run(reference, scan),
+                         materialized_state_sized_transition=True))
     try:
-        from .ops.rglru import gemm as rglru_gemm
-        from .ops.samu import chunk as samu_chunk
+        families = tuple(mixers.load(path) for path in spec.kernel_families)
     except ImportError as exc:  # the reference backends still work; say why the rest do not
         return _reason_triton_failed(exc)
-    for module in (samu_chunk, rglru_gemm):
-        _CONFIGURATION_MODULES[module.MIXER] = (module,)
+    _CONFIGURATION_MODULES[spec.name] = families
+    for module in families:
         for config in module.CONFIGS:
-            register(Backend(config.name, module.MIXER, "triton", module.run_with(config),
+            register(Backend(config.name, spec.name, "triton", module.run_with(config),
                              config=config))
     return None
+
+
+@contextmanager
+def registered_mixer(spec):
+    """A mixer (samu.mixers.MixerSpec) in the registry for the ``with`` block, its backends
+    registered beside the others; both leave when the block does.  For trying a new mixer
+    before its line is in samu.mixers.MIXERS, and for tests."""
+    if spec.name in mixers.MIXERS:
+        raise ValueError(f"mixer {spec.name!r} is registered already")
+    _ensure_registered()
+    mixers.MIXERS[spec.name] = spec
+    try:
+        reason = _register_mixer(spec)
+        if reason is not None:
+            raise RuntimeError(f"{spec.name}: its kernel families could not be loaded: {reason}")
+        yield spec
+    finally:
+        mixers.MIXERS.pop(spec.name, None)
+        REGISTRY._mixers.pop(spec.name, None)
+        _CONFIGURATION_MODULES.pop(spec.name, None)
+        _backend_of_configuration.cache_clear()

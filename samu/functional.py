@@ -5,17 +5,15 @@ backend, so every backend refuses the same inputs with the same words.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 
-from . import backends, dispatch
+from . import backends, dispatch, mixers
 
 
-PARAMETER_NAMES = {
-    "rglru": ("gate_x_weight", "gate_x_bias", "gate_a_weight", "gate_a_bias", "a_param"),
-    "samu": ("ctrl_weight", "ctrl_bias", "a_param", "log_temp", "skip"),
-}
+PARAMETER_NAMES = mixers.View(lambda spec: spec.parameter_names)
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
@@ -68,14 +66,6 @@ def check_parameters(mixer: str, x: torch.Tensor, params: dict[str, torch.Tensor
             raise ValueError(f"{mixer}: parameter {name} is on {p.device} but x is on {x.device}")
         if not p.is_floating_point():
             raise TypeError(f"{mixer}: parameter {name} must be floating point, got {p.dtype}")
-
-
-def _rglru_width(gate_x_weight: torch.Tensor) -> tuple[int, int]:
-    if gate_x_weight.dim() != 3 or gate_x_weight.shape[1] != gate_x_weight.shape[2]:
-        raise ValueError("rglru: gate_x_weight must have shape [heads, bw, bw], got "
-                         f"{tuple(gate_x_weight.shape)}")
-    heads, bw, _ = gate_x_weight.shape
-    return heads, heads * bw
 
 
 def autocast_input(x: torch.Tensor) -> torch.Tensor:
@@ -254,30 +244,36 @@ STATE_DOC = """
     return_backend=True.  Every output is differentiable, the states included."""
 
 
+def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
+        initial_state=None, output_final_state: bool = False, cu_seqlens=None,
+        cp_context=None):
+    """Any registered mixer's functional form (samu.mixers): its parameters in the spec's
+    order, the shapes checked by its spec; samu.rglru and samu.samu are this with named
+    parameters."""
+    spec = mixers.get(mixer)
+    mixers.check_count(mixer, params)
+    named = dict(zip(spec.parameter_names, params))
+    if cp_context is not None:  # this rank's slice of a sequence split over ranks
+        from .distributed import context_parallel
+        return context_parallel(mixer, x, named, cp_context=cp_context, backend=backend,
+                                return_backend=return_backend, initial_state=initial_state,
+                                output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+    check_tensors(mixer, named)
+    check_input(x, spec.check_shapes(named), mixer)
+    y, final, name = _run(mixer, x, named, backend, initial_state, cu_seqlens,
+                          output_final_state)
+    return _result(y, final, name, output_final_state, return_backend)
+
+
 def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, backend="auto",
           return_backend: bool = False, initial_state=None, output_final_state: bool = False,
           cu_seqlens=None, cp_context=None):
     """Functional RG-LRU (SPEC sections 2 and 3; cp_context: samu.distributed).
     """
-    params = dict(gate_x_weight=gate_x_weight, gate_x_bias=gate_x_bias,
-                  gate_a_weight=gate_a_weight, gate_a_bias=gate_a_bias, a_param=a_param)
-    if cp_context is not None:  # this rank's slice of a sequence split over ranks
-        from .distributed import context_parallel
-        return context_parallel("rglru", x, params, cp_context=cp_context, backend=backend,
-                                return_backend=return_backend, initial_state=initial_state,
-                                output_final_state=output_final_state, cu_seqlens=cu_seqlens)
-    check_tensors("rglru", params)
-    heads, width = _rglru_width(gate_x_weight)
-    check_input(x, width, "rglru")
-    for name in ("gate_x_bias", "gate_a_bias", "a_param"):
-        if params[name].shape != (width,):
-            raise ValueError(f"rglru: {name} must have shape [{width}], got "
-                             f"{tuple(params[name].shape)}")
-    if gate_a_weight.shape != gate_x_weight.shape:
-        raise ValueError("rglru: gate_a_weight and gate_x_weight must have the same shape")
-    y, final, name = _run("rglru", x, params, backend, initial_state, cu_seqlens,
-                          output_final_state)
-    return _result(y, final, name, output_final_state, return_backend)
+    return mix("rglru", x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
+               backend=backend, return_backend=return_backend, initial_state=initial_state,
+               output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+               cp_context=cp_context)
 
 
 def samu(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend="auto",
@@ -285,28 +281,22 @@ def samu(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend="auto",
          cu_seqlens=None, cp_context=None):
     """Functional SAMU (SPEC sections 2 and 3; cp_context: samu.distributed).
     """
-    params = dict(ctrl_weight=ctrl_weight, ctrl_bias=ctrl_bias, a_param=a_param,
-                  log_temp=log_temp, skip=skip)
-    if cp_context is not None:  # this rank's slice of a sequence split over ranks
-        from .distributed import context_parallel
-        return context_parallel("samu", x, params, cp_context=cp_context, backend=backend,
-                                return_backend=return_backend, initial_state=initial_state,
-                                output_final_state=output_final_state, cu_seqlens=cu_seqlens)
-    check_tensors("samu", params)
-    if ctrl_weight.dim() != 2 or ctrl_weight.shape[0] != 2:
-        raise ValueError("samu: ctrl_weight must have shape [2, D], got "
-                         f"{tuple(ctrl_weight.shape)}")
-    width = ctrl_weight.shape[1]
-    check_input(x, width, "samu")
-    expected = {"ctrl_bias": (2,), "a_param": (width,), "log_temp": (), "skip": ()}
-    for name, shape in expected.items():
-        if tuple(params[name].shape) != shape:
-            raise ValueError(f"samu: {name} must have shape {list(shape)}, got "
-                             f"{list(params[name].shape)}")
-    y, final, name = _run("samu", x, params, backend, initial_state, cu_seqlens,
-                          output_final_state)
-    return _result(y, final, name, output_final_state, return_backend)
+    return mix("samu", x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend=backend,
+               return_backend=return_backend, initial_state=initial_state,
+               output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+               cp_context=cp_context)
+
 
 rglru.__doc__ += STATE_DOC
 samu.__doc__ += STATE_DOC
-FUNCTIONS = {"rglru": rglru, "samu": samu}
+mix.__doc__ += STATE_DOC
+
+
+def _function(spec):
+    if spec.function is not None:
+        return spec.load("function")
+    return functools.partial(mix, spec.name)
+
+
+# {mixer: its functional form}: the named one where the spec has it, else mix for that mixer.
+FUNCTIONS = mixers.View(_function)

@@ -1,4 +1,4 @@
-"""The two mixers as nn.Modules (SPEC section 3).
+"""The mixers as nn.Modules (SPEC section 3).
 
 A state_dict is the contract: parameter names and shapes are those of SPEC section 2.
 """
@@ -10,7 +10,7 @@ import math
 import torch
 from torch import nn
 
-from . import _runtime, backends, dispatch
+from . import _runtime, backends, dispatch, mixers
 from .functional import (FUNCTIONS, PARAMETER_NAMES, autocast_input, check_input,
                          check_parameters, check_positive_int, check_sequences)
 
@@ -19,15 +19,12 @@ NUM_HEADS = 16
 
 
 def parameter_count(mixer: str, width: int, num_heads: int = NUM_HEADS) -> int:
-    if mixer == "rglru":
-        return 2 * width * width // num_heads + 3 * width
-    if mixer == "samu":
-        return 3 * width + 4
-    raise ValueError(f"unknown mixer {mixer!r}")
+    """Parameters of one mixer of ``width`` (num_heads: RG-LRU's gate blocks), by its spec."""
+    return mixers.get(mixer).parameter_count(width, num_heads)
 
 
 def dynamic_control_values_per_token(mixer: str, width: int) -> int:
-    return {"rglru": 2 * width, "samu": 2}[mixer]
+    return mixers.get(mixer).dynamic_control_values_per_token(width)
 
 
 def init_a_param(a_param: torch.Tensor, generator=None) -> None:
@@ -38,7 +35,11 @@ def init_a_param(a_param: torch.Tensor, generator=None) -> None:
         a_param.copy_(sp + torch.log(-torch.expm1(-sp)))  # inverse softplus
 
 
-class _Mixer(nn.Module):
+class Mixer(nn.Module):
+    """The base of every mixer's module: its width and backend, forward through the mixer's
+    functional form (samu.mixers), and step.  A subclass sets ``mixer`` to its spec's name,
+    creates the spec's parameters as attributes, and gives them in the spec's order in
+    ``_parameters_in_order``, and their initialisation in ``reset_parameters``."""
     mixer = ""
 
     def __init__(self, width: int, backend: str):
@@ -124,7 +125,7 @@ class _Mixer(nn.Module):
         return True  # "auto" picks a Triton backend here, and a configuration is one
 
 
-class RGLRU(_Mixer):
+class RGLRU(Mixer):
     """Real-Gated Linear Recurrent Unit (Griffin/Hawk, as in recurrentgemma) with block-diagonal
     gates: gx, ga = sigmoid(block-diagonal products of x); log a = -8 ga softplus(a_param);
     h_t = a_t h_{t-1} + sqrt(1 - a_t^2) gx_t x_t; y = h (docs/SPEC.md section 2).
@@ -175,7 +176,7 @@ class RGLRU(_Mixer):
                 self.a_param)
 
 
-class SAMU(_Mixer):
+class SAMU(Mixer):
     """Scalar-gated mixer: two per-token FP32 controller scalars shared by every channel.
     z_t = ctrl_weight x_t + ctrl_bias; r, g = sigmoid(z); log a = -8 exp(log_temp) r
     softplus(a_param); h_t = a_t h_{t-1} + sqrt(1 - a_t^2) g_t x_t; y = h + skip x
@@ -217,7 +218,8 @@ class SAMU(_Mixer):
         return self.ctrl_weight, self.ctrl_bias, self.a_param, self.log_temp, self.skip
 
 
-MODULES = {"rglru": RGLRU, "samu": SAMU}
+# {mixer: its nn.Module class}, from the registry (samu.mixers).
+MODULES = mixers.View(lambda spec: spec.load("module"))
 
 
 # One docstring serves both modules' forward: help(samu.SAMU.forward) and help(samu.RGLRU.forward).
@@ -251,4 +253,4 @@ other than the mixer's, an empty batch or length, an unsupported dtype or device
 tensor too large to address, an initial state of the wrong shape or device, or cu_seqlens
 that are not FlashAttention's offsets of this row.
 """
-_Mixer.forward.__doc__ = FORWARD_DOC
+Mixer.forward.__doc__ = FORWARD_DOC

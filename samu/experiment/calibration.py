@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..shapes import Shape
 from .. import backends, calibration_file, dispatch, paths
+from .. import mixers as mixers_
 from . import protocol, schema
 from .legality import check_legality, make_inputs, oracle, outputs, relative_errors
 
@@ -20,13 +21,13 @@ def ranking_key(entries: list[dict]) -> str:
     return "median_ms"
 
 
-def calibrate_shape(shape, device, mixers=("rglru", "samu"), candidates: dict | None = None,
+def calibrate_shape(shape, device, mixers=None, candidates: dict | None = None,
                     reps: int = 10, seed: int = 0, progress=None) -> dict:
     """For each mixer: legality of every candidate, the forward+backward median and, on a GPU,
     the GPU time (CUDA-graph replay) of the legal ones, ranked (ranking_key) and the choice.
     Reference backends are recorded as illegal without timing."""
     result = {}
-    for mixer in mixers:
+    for mixer in mixers if mixers is not None else mixers_.names():
         names = candidates[mixer] if candidates else backends.available(mixer)
         x, params, dy = make_inputs(mixer, shape, device, seed)
         want = oracle(mixer, x, params, dy)

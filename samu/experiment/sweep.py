@@ -12,6 +12,7 @@ import statistics
 import torch
 
 from .. import backends, dispatch
+from .. import mixers as mixers_
 from ..shapes import Shape
 from . import protocol
 from .legality import make_inputs
@@ -31,13 +32,13 @@ def time_backend(mixer: str, name: str, x, params: dict, dy, samples: int) -> di
             "median_ms": statistics.median(times)}
 
 
-def sweep_shape(shape, device, mixers=("rglru", "samu"), samples: int = 5,
+def sweep_shape(shape, device, mixers=None, samples: int = 5,
                 names: dict | None = None, progress=None) -> list[dict]:
     """One row per (mixer, backend) at this shape; ``auto`` marks the backend that
     ``backend="auto"`` resolves to for a BF16 x of this shape on this device."""
     shape = Shape(*shape)
     rows = []
-    for mixer in mixers:
+    for mixer in mixers if mixers is not None else mixers_.names():
         x, params, dy = make_inputs(mixer, shape, device)
         auto = dispatch.resolve(mixer, x, "auto").name
         for name in (names or {}).get(mixer) or triton_backends(mixer):

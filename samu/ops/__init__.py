@@ -1,4 +1,4 @@
-"""The two mixers' implementations, one folder each: ``naive.py`` (the pure-PyTorch reference),
+"""The mixers' implementations, one folder each: ``naive.py`` (the pure-PyTorch reference),
 ``backward.py`` (the hand-derived backward formulas) and the chunked Triton kernels with their
 autograd Function (``samu/chunk.py``; ``rglru/gemm.py``, whose gate products run in cuBLAS); ``recurrence.py`` is the PyTorch recurrence both share and
 ``common/`` the Triton pieces both share.  Importing this package imports no Triton."""
@@ -7,5 +7,4 @@ from .rglru.naive import rglru_reference
 from .samu.backward import samu_backward
 from .samu.naive import samu_reference
 
-REFERENCES = {"rglru": rglru_reference, "samu": samu_reference}
-BACKWARDS = {"rglru": rglru_backward, "samu": samu_backward}
+__all__ = ["rglru_backward", "rglru_reference", "samu_backward", "samu_reference"]

@@ -29,9 +29,7 @@ def _family(mixer: str, backend: str):
     """(module with forward / backward / residual_specs, configuration) of a registered name."""
     backends._ensure_registered()
     config = backends.REGISTRY[mixer][backend].config
-    from .rglru import gemm as rglru_gemm
-    from .samu import chunk as samu_chunk
-    for module in (samu_chunk, rglru_gemm):
+    for module in backends.kernel_families(mixer):
         if isinstance(config, module.CONFIGS[0].__class__):
             return module, config
     raise ValueError(f"{mixer}: backend {backend!r} is not a Triton backend")

@@ -1,0 +1,135 @@
+"""The mixers samu knows, each defined once: a ``MixerSpec`` in ``samu/mixers/<name>.py`` and a
+line in ``MIXERS``.  Every layer (backends, functional form, modules, legality, protocol,
+report, calibration) loops over this table instead of naming mixers.
+
+A spec names its implementations by dotted path ("package.module:attribute"), loaded on first
+use, so that importing samu imports neither the kernels nor triton, and this package sits
+below everything that implements a mixer.  ``samu.backends.registered_mixer(spec)`` adds a
+mixer for the length of a ``with`` block (a new mixer tried out, a test's toy one)."""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Callable
+
+
+
+@dataclass(frozen=True)
+class MixerSpec:
+    """What makes a mixer a mixer, and where its implementations live.
+
+    name: the key everywhere (backend registry, calibration and result files).
+    label: its name in tables and figures.
+    parameter_names: the functional form's parameters in order, the state_dict's names.
+    check_shapes: {name: tensor} in that order -> the width D, or ValueError naming the
+        parameter whose shape is wrong (every parameter is a tensor by then).
+    parameter_count: (width, num_heads) -> parameters of one mixer (num_heads ignored by a
+        mixer without heads).
+    dynamic_control_values_per_token: width -> the input-dependent gate values per token.
+    reference: path of the pure-PyTorch reference, ``fn(x, *params, scan=, initial_state=,
+        cu_seqlens=, output_final_state=)`` as in samu.ops.<mixer>.naive.
+    module: path of its torch.nn.Module class (``cls(width, backend=...)``, with
+        ``reset_parameters(generator=None)``).
+    function: path of its named functional form; None: ``samu.functional.mix`` serves it.
+    backward: path of its hand-derived backward formulas (tests hold them to autograd).
+    kernel_families: paths of its Triton families; each module has MIXER, CONFIGS and
+        run_with(config) (samu.ops.common.family).
+    default_backend: what ``auto`` runs on CUDA without a calibrated choice, and under
+        Triton's interpreter.
+    """
+    name: str
+    label: str
+    parameter_names: tuple[str, ...]
+    check_shapes: Callable[[dict], int]
+    parameter_count: Callable[[int, int], int]
+    dynamic_control_values_per_token: Callable[[int], int]
+    reference: str
+    module: str
+    function: str | None = None
+    backward: str | None = None
+    kernel_families: tuple[str, ...] = ()
+    default_backend: str = "reference_chunked"
+
+    def load(self, field: str):
+        """The object that field ``field`` names (e.g. ``spec.load("reference")``)."""
+        return load(getattr(self, field))
+
+
+def load(path: str):
+    """The attribute ``path`` ("package.module:attribute") names."""
+    module, _, attribute = path.partition(":")
+    found = importlib.import_module(module)
+    return getattr(found, attribute) if attribute else found
+
+
+def get(mixer) -> MixerSpec:
+    """The spec of ``mixer``, or ValueError listing the mixers there are."""
+    spec = MIXERS.get(mixer) if isinstance(mixer, str) else None
+    if spec is None:
+        raise ValueError(f"unknown mixer {mixer!r}; choose one of {names()}")
+    return spec
+
+
+def names() -> list[str]:
+    return list(MIXERS)
+
+
+def check_count(mixer: str, params) -> None:
+    """TypeError when a functional call passes another number of parameters than the spec's."""
+    want = get(mixer).parameter_names
+    if len(params) != len(want):
+        raise TypeError(f"{mixer}: takes {len(want)} parameters ({', '.join(want)}), got "
+                        f"{len(params)}")
+
+
+class View(Mapping):
+    """{mixer: what ``pick(spec)`` gives} over the current MIXERS, read when looked up: the
+    tables other layers keep by mixer (FUNCTIONS, MODULES, DEFAULTS) follow the registry."""
+
+    def __init__(self, pick: Callable[[MixerSpec], object]):
+        self._pick = pick
+        self._picked: dict[int, tuple] = {}  # id(spec) -> (spec, value): lookups are per call
+
+    def __getitem__(self, mixer):
+        spec = MIXERS.get(mixer)
+        if spec is None:
+            raise KeyError(mixer)
+        picked = self._picked.get(id(spec))
+        if picked is None or picked[0] is not spec:
+            picked = self._picked[id(spec)] = (spec, self._pick(spec))
+        return picked[1]
+
+    def __iter__(self):
+        return iter(list(MIXERS))
+
+    def __len__(self):
+        return len(MIXERS)
+
+    def __repr__(self):
+        return f"{ {m: self[m] for m in self} }"
+
+
+def shape_of(params: dict, name: str) -> tuple:
+    return tuple(params[name].shape)
+
+
+def check_shape(mixer: str, params: dict, name: str, want: tuple) -> None:
+    """ValueError naming ``name`` unless its shape is ``want``."""
+    if shape_of(params, name) != tuple(want):
+        raise ValueError(f"{mixer}: {name} must have shape {list(want)}, got "
+                         f"{list(shape_of(params, name))}")
+
+
+def _builtin() -> dict[str, MixerSpec]:
+    from .rglru import SPEC as RGLRU
+    from .samu import SPEC as SAMU
+    return {spec.name: spec for spec in (RGLRU, SAMU)}
+
+
+# The table.  Its order is the order of tables, figures and the protocol's rotation.
+MIXERS: dict[str, MixerSpec] = _builtin()
+
+
+__all__ = ["MixerSpec", "MIXERS", "View", "get", "names", "load", "check_count",
+           "check_shape"]

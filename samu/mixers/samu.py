@@ -1,0 +1,31 @@
+"""SAMU's identity: two per-token scalars from an FP32 controller, shared by every channel."""
+from __future__ import annotations
+
+from . import MixerSpec, check_shape
+
+
+def check_shapes(params: dict) -> int:
+    w = params["ctrl_weight"]
+    if w.dim() != 2 or w.shape[0] != 2:
+        raise ValueError(f"samu: ctrl_weight must have shape [2, D], got {tuple(w.shape)}")
+    width = w.shape[1]
+    for name, shape in {"ctrl_bias": (2,), "a_param": (width,), "log_temp": (),
+                        "skip": ()}.items():
+        check_shape("samu", params, name, shape)
+    return width
+
+
+SPEC = MixerSpec(
+    name="samu",
+    label="SAMU",
+    parameter_names=("ctrl_weight", "ctrl_bias", "a_param", "log_temp", "skip"),
+    check_shapes=check_shapes,
+    parameter_count=lambda width, num_heads: 3 * width + 4,
+    dynamic_control_values_per_token=lambda width: 2,
+    reference="samu.ops.samu.naive:samu_reference",
+    module="samu.modules:SAMU",
+    function="samu.functional:samu",
+    backward="samu.ops.samu.backward:samu_backward",
+    kernel_families=("samu.ops.samu.chunk",),
+    default_backend="fused_controller_hierarchical_chunk16",
+)

@@ -1,0 +1,132 @@
+"""The mixer registry: every layer takes its mixers from samu.mixers, so a third mixer is a spec
+and a module.  The toy here is a diagonal recurrence with a per-channel constant decay,
+h_t = a h_{t-1} + sqrt(1 - a^2) x_t, a = exp(-softplus(decay)); y = h."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from samu import backends, dispatch, functional, mixers, modules
+from samu.experiment import legality
+from samu.ops.recurrence import carry_dtype, transition
+from samu.ops.sequences import scan_sequences, with_final_state
+
+
+def toy_reference(x, decay, scan="chunked", initial_state=None, cu_seqlens=None,
+                  output_final_state=False):
+    def scan_inputs(reset):
+        cdt = carry_dtype(x)
+        log_a = (-F.softplus(decay.to(cdt))).expand(x.shape).contiguous()
+        a, m = transition(log_a, reset)
+        return log_a, a, m * x.to(cdt)
+    h, seqs = scan_sequences(x, scan_inputs, scan, initial_state, cu_seqlens)
+    return with_final_state(h.to(x.dtype), h, seqs, output_final_state)
+
+
+def toy_by_loop(x, decay):
+    """The same recurrence, one token at a time in float64."""
+    a = torch.exp(-F.softplus(decay.double()))
+    h = torch.zeros(x.shape[0], x.shape[2], dtype=torch.float64)
+    ys = []
+    for t in range(x.shape[1]):
+        h = x[:, t].double() if t == 0 else a * h + torch.sqrt(1 - a * a) * x[:, t].double()
+        ys.append(h)
+    return torch.stack(ys, 1)
+
+
+class ToyDecay(modules.Mixer):
+    mixer = "toy"
+
+    def __init__(self, width, backend="auto", device=None):
+        super().__init__(width, backend)
+        self.decay = nn.Parameter(torch.empty(width, device=device))
+        self.reset_parameters()
+
+    def reset_parameters(self, generator=None):
+        with torch.no_grad():
+            self.decay.uniform_(-2.0, 2.0, generator=generator)
+
+    def _parameters_in_order(self):
+        return (self.decay,)
+
+
+def toy_shapes(params):
+    decay = params["decay"]
+    if decay.dim() != 1:
+        raise ValueError(f"toy: decay must have shape [D], got {list(decay.shape)}")
+    return decay.shape[0]
+
+
+TOY = mixers.MixerSpec(
+    name="toy", label="Toy decay", parameter_names=("decay",), check_shapes=toy_shapes,
+    parameter_count=lambda width, num_heads: width,
+    dynamic_control_values_per_token=lambda width: 0,
+    reference=f"{__name__}:toy_reference", module=f"{__name__}:ToyDecay")
+
+
+@pytest.fixture
+def toy():
+    with backends.registered_mixer(TOY) as spec:
+        yield spec
+
+
+def test_the_table_lists_both_mixers_and_every_layer_follows_it():
+    assert mixers.names() == ["rglru", "samu"]
+    assert list(functional.PARAMETER_NAMES) == list(modules.MODULES) == mixers.names()
+    assert set(backends.REGISTRY) == set(mixers.names())
+    assert functional.FUNCTIONS["samu"] is functional.samu
+    with pytest.raises(ValueError, match="unknown mixer 'toy'; choose one of"):
+        backends.available("toy")
+
+
+def test_a_toy_mixer_runs_through_dispatch_and_equals_its_loop(toy):
+    assert "toy" in mixers.names() and "toy" in backends.REGISTRY
+    assert backends.available("toy") == ["reference_sequential", "reference_chunked"]
+    module = ToyDecay(8)
+    x = torch.randn(2, 37, 8)
+    y = module(x)
+    assert module.last_backend == dispatch.resolve("toy", x).name == "reference_chunked"
+    torch.testing.assert_close(y.double(), toy_by_loop(x, module.decay.detach()),
+                               rtol=1e-5, atol=1e-5)
+    # The generic functional form, with the state keywords every mixer has.
+    y2, final = functional.FUNCTIONS["toy"](x, module.decay, output_final_state=True)
+    torch.testing.assert_close(y2, y)
+    torch.testing.assert_close(final, y[:, -1].float())
+    assert modules.parameter_count("toy", 8) == module.num_parameters == 8
+
+
+def test_a_toy_mixer_refuses_bad_input_in_the_common_words(toy):
+    decay = torch.zeros(8)
+    with pytest.raises(ValueError, match="toy: x has width 4 but the mixer's width is 8"):
+        functional.mix("toy", torch.randn(1, 3, 4), decay)
+    with pytest.raises(ValueError, match=r"toy: decay must have shape \[D\]"):
+        functional.mix("toy", torch.randn(1, 3, 8), decay[None])
+    with pytest.raises(TypeError, match=r"toy: takes 1 parameters \(decay\), got 2"):
+        functional.mix("toy", torch.randn(1, 3, 8), decay, decay)
+
+
+def test_a_toy_mixer_is_legal_against_its_float64_oracle(toy):
+    entry = legality.check_legality("toy", "reference_chunked", (2, 300, 16), "cpu")
+    assert entry["legal"] is False  # a reference materialises the transition: never chosen
+    assert entry["reason"] == "materialises a state-sized transition"
+    assert set(entry["errors"]) == {"y", "x", "decay"}
+    assert all(err <= entry["bounds"][name] for name, err in entry["errors"].items())
+    # With state and packed sequences, as every mixer is checked.
+    x, params, dy = legality.make_inputs("toy", (1, 40, 16), "cpu")
+    state = legality.make_state((1, 40, 16), "cpu", cu_seqlens=[0, 7, 40])
+    got = legality.outputs("toy", "reference_chunked", x, params, dy, state)
+    want = legality.oracle("toy", x, params, dy, state)
+    errs = legality.relative_errors(got, want)
+    assert set(errs) == {"y", "final_state", "x", "decay", "initial_state"}
+    assert max(errs.values()) < 1e-2
+
+
+def test_after_the_block_the_toy_is_gone():
+    with backends.registered_mixer(TOY):
+        assert "toy" in backends.REGISTRY
+    assert "toy" not in mixers.MIXERS and "toy" not in backends.REGISTRY
+    with pytest.raises(ValueError, match="unknown mixer"):
+        functional.mix("toy", torch.randn(1, 3, 8), torch.zeros(8))
+    with pytest.raises(ValueError, match="registered already"):
+        with backends.registered_mixer(mixers.get("samu")):
+            pass
