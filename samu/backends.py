@@ -75,6 +75,15 @@ class Backend:
     def description(self) -> str:
         return explain(self.name)
 
+    @property
+    def settings(self) -> str | None:
+        """A Triton backend's launch settings, as a digest (samu.ops.common.family); None for a
+        reference.  Calibration records it beside the name."""
+        if self.config is None:
+            return None
+        from .ops.common.family import settings_digest
+        return settings_digest(self.config)
+
 
 class _Registry(Mapping):
     """{mixer: {name: Backend}}, filled on its first read: registering imports the kernels,
@@ -324,6 +333,9 @@ def _register_mixer(spec) -> str | None:
         families = tuple(mixers.load(path) for path in spec.kernel_families)
     except ImportError as exc:  # the reference backends still work; say why the rest do not
         return _reason_triton_failed(exc)
+    from .ops.common.family import check_family
+    for module in families:
+        check_family(module)
     _CONFIGURATION_MODULES[spec.name] = families
     for module in families:
         for config in module.CONFIGS:

@@ -151,13 +151,14 @@ def _checked_choice(entry, registry: dict, where: str, mixer: str, retired=()):
         registered(name, "ranking name")
     if not isinstance(recorded, list):
         raise CalibrationFileError(f"{where}: 'backends' must be a list of objects")
-    legal = {}
+    legal, settings = {}, {}
     for i, item in enumerate(recorded):
         if not isinstance(item, dict):
             raise CalibrationFileError(f"{where}: backends[{i}] must be an object, got "
                                        f"{type(item).__name__}")
         registered(item.get("backend"), f"backends[{i}].backend")
         legal[item["backend"]] = item.get("legal") is True
+        settings[item["backend"]] = item.get("settings")
 
     chosen = entry["chosen"]
     if chosen is not None and not isinstance(chosen, str):
@@ -176,4 +177,11 @@ def _checked_choice(entry, registry: dict, where: str, mixer: str, retired=()):
         state = "records it as illegal" if chosen in legal else "does not record it"
         raise CalibrationFileError(f"{where}: chosen {chosen!r} is not legal here: the entry's "
                                    f"'backends' list {state} (legal: true is required)")
+    # Recorded launch settings (files written before they were recorded have none) must be the
+    # registered configuration's: a timing of other launches says nothing of these.
+    if settings.get(chosen) is not None and settings[chosen] != names[chosen].settings:
+        raise CalibrationFileError(f"{where}: chosen {chosen!r} was calibrated with launch "
+                                   f"settings {settings[chosen]}, and its registered "
+                                   f"configuration's are {names[chosen].settings}: recalibrate "
+                                   "this shape (make reproduce)")
     return chosen

@@ -154,8 +154,15 @@ def _unknown_in_backends(doc):
     _samu_entry(doc)["backends"].append({"backend": "fused_warp", "legal": False})
 
 
+def _other_settings(doc):
+    _samu_entry(doc)["backends"][0]["settings"] = "0123456789ab"
+
+
 # (how the file is broken, what the message must name besides the file)
 BROKEN = {
+    "chosen under other launch settings": (
+        _other_settings, ["shape 1x8x16", "mixer samu", "calibrated with launch settings "
+                          "0123456789ab", "recalibrate"]),
     "unknown chosen": (_set("chosen", "bogus_backend"),
                        ["shape 1x8x16", "mixer samu", "'bogus_backend' is not a registered"]),
     "empty chosen": (_set("chosen", ""), ["shape 1x8x16", "mixer samu",
@@ -321,3 +328,38 @@ def test_a_backend_of_the_wrong_type_is_refused_naming_backend(mixer, value):
         FUNCTIONS[mixer](x, *module._parameters_in_order(), backend=value)
     with pytest.raises(TypeError, match=_refusal(mixer)):
         dispatch.resolve(mixer, x, value)
+
+
+def test_a_choice_recorded_with_its_current_settings_is_taken(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    doc = _calibration_doc()
+    chosen = _samu_entry(doc)["backends"][0]
+    current = backends.REGISTRY["samu"][chosen["backend"]]
+    chosen["settings"] = current.settings
+    _write(doc)
+    assert dispatch.calibrated_choice("samu", (1, 8, 16), "test-gpu") == current.name
+
+
+def test_launch_settings_tell_configurations_of_one_name_apart():
+    import dataclasses
+    from samu.ops.common.family import settings_digest
+    config = backends.REGISTRY["samu"]["fused_controller_hierarchical_chunk16"].config
+    other = dataclasses.replace(config, backward=dataclasses.replace(config.backward, warps=8))
+    assert other.name == config.name
+    assert settings_digest(other) != settings_digest(config)
+    assert settings_digest(dataclasses.replace(other, backward=config.backward)) == \
+        settings_digest(config)
+    assert backends.REGISTRY["samu"]["reference_chunked"].settings is None
+
+
+def test_every_kernel_family_implements_the_interface():
+    from samu.ops.common import family
+    for mixer in backends.REGISTRY:
+        for module in backends.kernel_families(mixer):
+            family.check_family(module)
+            assert isinstance(module, family.KernelFamily) and module.MIXER == mixer
+    import types
+    with pytest.raises(TypeError, match="lacks .*forward"):
+        family.check_family(types.SimpleNamespace(__name__="half_a_family", MIXER="samu",
+                                                  CONFIGS=(), KERNELS={}, FEATURES={},
+                                                  LAUNCHES={}, run_with=None))

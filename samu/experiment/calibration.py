@@ -43,6 +43,7 @@ def calibrate_shape(shape, device, mixers=None, candidates: dict | None = None,
                                 "materialized_state_sized_transition": True})
                 continue
             entry = check_legality(mixer, name, shape, device, seed, want, eager)
+            entry["settings"] = backends.REGISTRY[mixer][name].settings
             if entry["legal"]:
                 module, xg = protocol.module_with(mixer, name, x, params)
                 samples = protocol.warm_samples(module, xg, dy, reps)

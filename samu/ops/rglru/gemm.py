@@ -815,12 +815,12 @@ def run_with(config: GemmConfig):
 
 # The backward kernel's launch per chunk: capped registers buy resident programs (it is
 # latency-bound), and at chunk 8 more, shorter spans cut the last wave (docs/PERFORMANCE.md).
-BACKWARD = {8: dict(backward=Launch(2, 1, registers=96), backward_programs_per_sm=64),
+LAUNCHES = {8: dict(backward=Launch(2, 1, registers=96), backward_programs_per_sm=64),
             16: dict(backward=Launch(2, 1, registers=128)),
             32: {}}
 
 # Chunk 64 is left out: its [64, BN] tiles spill in every kernel (sm_90a, 2 warps, 1 channel per
 # thread); chunk 32's backward spills a little.
 # The recomputing configurations trade GPU time for memory: chunk 32's tiles are the slowest.
-CONFIGS = (tuple(GemmConfig(chunk, **BACKWARD[chunk]) for chunk in (8, 16, 32))
-           + tuple(GemmConfig(chunk, recompute=True, **BACKWARD[chunk]) for chunk in (8, 16)))
+CONFIGS = (tuple(GemmConfig(chunk, **LAUNCHES[chunk]) for chunk in (8, 16, 32))
+           + tuple(GemmConfig(chunk, recompute=True, **LAUNCHES[chunk]) for chunk in (8, 16)))
