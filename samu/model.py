@@ -40,10 +40,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from .functional import check_cu_seqlens, check_input, check_positive_int
-from .modules import NUM_HEADS, RGLRU, SAMU, parameter_count
+from . import mixers as mixers_
+from .modules import NUM_HEADS, parameter_count
+from .modules import build as build_mixer
 from .ops.sequences import sequence_index
 
-MIXERS = ("attention", "rglru", "samu")
+MIXERS = ("attention", *mixers_.names())  # the yardstick and the registered mixers
+
+
+def mixer_names() -> tuple:
+    """The mixers a model can hold now: attention and every registered one (samu.mixers)."""
+    return ("attention", *mixers_.names())
 NORMS = ("rmsnorm", "layernorm")
 # How a recurrent mixer sits in its residual block: alone, or inside Griffin's recurrent block.
 RECURRENT_BLOCKS = ("bare", "griffin")
@@ -136,8 +143,9 @@ class ModelConfig:
     conv_width: int = CONV_WIDTH
 
     def __post_init__(self):
-        if self.mixer not in MIXERS:
-            raise ValueError(f"model: unknown mixer {self.mixer!r}; choose one of {list(MIXERS)}")
+        if self.mixer not in mixer_names():
+            raise ValueError(f"model: unknown mixer {self.mixer!r}; choose one of "
+                             f"{list(mixer_names())}")
         if self.norm not in NORMS:
             raise ValueError(f"model: unknown norm {self.norm!r}; choose one of {list(NORMS)}")
         if self.recurrent_block not in RECURRENT_BLOCKS:
@@ -425,8 +433,9 @@ class RecurrentBlock(nn.Module):
                  conv_width: int = CONV_WIDTH, num_heads: int = NUM_HEADS, backend="auto",
                  final_w_init_variance_scale: float = 1.0):
         super().__init__()
-        if mixer not in ("rglru", "samu"):
-            raise ValueError(f"griffin: unknown mixer {mixer!r}; choose 'rglru' or 'samu'")
+        if mixer not in mixers_.MIXERS:
+            raise ValueError(f"griffin: unknown mixer {mixer!r}; choose one of "
+                             f"{mixers_.names()}")
         check_positive_int("griffin", "width", width)
         if lru_width is not None:
             check_positive_int("griffin", "lru_width", lru_width)
@@ -436,8 +445,7 @@ class RecurrentBlock(nn.Module):
         self.linear_y = nn.Linear(width, self.lru_width)
         self.linear_x = nn.Linear(width, self.lru_width)
         self.conv_1d = Conv1D(self.lru_width, conv_width)
-        self.mixer = (RGLRU(self.lru_width, num_heads=num_heads, backend=backend)
-                      if mixer == "rglru" else SAMU(self.lru_width, backend=backend))
+        self.mixer = build_mixer(mixer, self.lru_width, num_heads, backend)
         self.linear_out = nn.Linear(self.lru_width, width)
         self.reset_parameters()
 
@@ -532,10 +540,9 @@ def make_mixer(config: ModelConfig) -> nn.Module:
         return RecurrentBlock(config.mixer, config.width, config.recurrent_width,
                               config.conv_width, config.resolved_rglru_heads, config.backend,
                               final_w_init_variance_scale=2.0 / config.layers)
-    if config.mixer == "rglru":
-        return RGLRU(config.width, num_heads=config.resolved_rglru_heads, backend=config.backend)
-    if config.mixer == "samu":
-        return SAMU(config.width, backend=config.backend)
+    if config.mixer != "attention":
+        return build_mixer(config.mixer, config.width, config.resolved_rglru_heads,
+                           config.backend)
     return CausalSelfAttention(config.width, config.resolved_attention_heads,
                                config.attention_head_dim)
 

@@ -27,6 +27,14 @@ def dynamic_control_values_per_token(mixer: str, width: int) -> int:
     return mixers.get(mixer).dynamic_control_values_per_token(width)
 
 
+def build(mixer: str, width: int, num_heads: int = NUM_HEADS, backend="auto", **kwargs):
+    """A module of ``mixer`` at ``width``; num_heads reaches a mixer with heads only."""
+    spec = mixers.get(mixer)
+    if spec.has_heads:
+        kwargs["num_heads"] = num_heads
+    return MODULES[mixer](width, backend=backend, **kwargs)
+
+
 def init_a_param(a_param: torch.Tensor, generator=None) -> None:
     """softplus(a_param) = -0.5 log U, U uniform on [0.9^2, 0.999^2]."""
     with torch.no_grad():

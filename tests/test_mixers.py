@@ -130,3 +130,15 @@ def test_after_the_block_the_toy_is_gone():
     with pytest.raises(ValueError, match="registered already"):
         with backends.registered_mixer(mixers.get("samu")):
             pass
+
+
+def test_a_toy_mixer_trains_inside_griffins_block(toy):
+    from samu.model import ModelConfig, SequenceModel
+    config = ModelConfig(mixer="toy", vocab_size=16, width=16, layers=1,
+                         recurrent_block="griffin")
+    model = SequenceModel(config)
+    assert type(model.blocks[0].mixer.mixer).__name__ == "ToyDecay"
+    tokens = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(0))
+    loss = F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+    loss.backward()
+    assert model.blocks[0].mixer.mixer.decay.grad.abs().sum() > 0

@@ -37,6 +37,7 @@ class MixerSpec:
         run_with(config) (samu.ops.common.family).
     default_backend: what ``auto`` runs on CUDA without a calibrated choice, and under
         Triton's interpreter.
+    has_heads: the module takes ``num_heads`` (RG-LRU's gate blocks).
     """
     name: str
     label: str
@@ -50,6 +51,7 @@ class MixerSpec:
     backward: str | None = None
     kernel_families: tuple[str, ...] = ()
     default_backend: str = "reference_chunked"
+    has_heads: bool = False
 
     def load(self, field: str):
         """The object that field ``field`` names (e.g. ``spec.load("reference")``)."""

@@ -33,4 +33,5 @@ SPEC = MixerSpec(
     kernel_families=("samu.ops.rglru.gemm",),
     # The gemm family was fastest at every shape measured on the H200 (docs/PERFORMANCE.md).
     default_backend="gemm_fused_hierarchical_chunk8",
+    has_heads=True,
 )

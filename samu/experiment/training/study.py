@@ -172,10 +172,10 @@ class Study:
     speed_steps: int = 20
 
     def __post_init__(self):
-        unknown = set(self.mixers) - set(model_.MIXERS)
+        unknown = set(self.mixers) - set(model_.mixer_names())
         if unknown:
             raise ParameterError(f"study: unknown mixers {sorted(unknown)}; choose from "
-                                 f"{list(model_.MIXERS)}")
+                                 f"{list(model_.mixer_names())}")
         unknown = set(self.tasks) - set(TASKS)
         if unknown:
             raise ParameterError(f"study: unknown tasks {sorted(unknown)}; choose from "
