@@ -86,7 +86,7 @@ def _capturing(t: torch.Tensor) -> bool:
 def _values_checkable(t: torch.Tensor) -> bool:
     """Reading cu_seqlens' values needs a host sync, which a CUDA-graph capture forbids and a
     traced graph cannot hold: a compiled graph reads them when it runs instead
-    (samu::check_cu_seqlens, samu.ops.library); a capture checks only the shape, dtype and
+    (samu::check_cu_seqlens, samu.custom_ops); a capture checks only the shape, dtype and
     device."""
     if torch.compiler.is_compiling():
         return False
@@ -196,7 +196,7 @@ class _Traced(NamedTuple):
 def _compiled_choice(mixer: str, shape: tuple, dtype: torch.dtype, is_cuda: bool,
                      backend: str) -> str:
     """The backend name ``resolve`` picks, taken once while torch.compile traces: a constant
-    of the graph, which then holds the Triton path as custom ops (samu.ops.library)."""
+    of the graph, which then holds the Triton path as custom ops (samu.custom_ops)."""
     return dispatch.resolve(mixer, _Traced(shape, dtype, is_cuda), backend).name
 
 
@@ -218,12 +218,12 @@ def _run_compiled(mixer: str, x, params: dict, backend, state: dict):
         backends.check_name(mixer, backend)
         name = backend
     chosen = backends.REGISTRY[mixer][name]
-    from .ops import library
+    from . import custom_ops
     if state.get("cu_seqlens") is not None:  # its values, checked when the graph runs
-        state = dict(state, cu_seqlens=library.checked_cu_seqlens(mixer, x, state["cu_seqlens"]))
+        state = dict(state, cu_seqlens=custom_ops.checked_cu_seqlens(mixer, x, state["cu_seqlens"]))
     if chosen.kind != "triton":
         return (*chosen.run(x, *params.values(), **state), name)
-    return (*library.run(mixer, name, x, params.values(), **state), name)
+    return (*custom_ops.run(mixer, name, x, params.values(), **state), name)
 
 
 def _result(y, final, name, output_final_state: bool, return_backend: bool):

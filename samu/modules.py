@@ -56,6 +56,8 @@ class Mixer(nn.Module):
         backends.check_name(self.mixer, backend)
         self.width = width
         self.backend = backend
+        # Looked up once here: the first look-up imports, which torch.compile cannot trace.
+        self._function = FUNCTIONS[self.mixer]
         self.last_backend: str | None = None  # the backend that ran in the last forward
 
     @property
@@ -75,7 +77,7 @@ class Mixer(nn.Module):
     def forward(self, x, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
                 cp_context=None):
         # Attributes, not self.parameters(): the generator costs ~15 us of host time per call.
-        out = FUNCTIONS[self.mixer](x, *self._parameters_in_order(), backend=self.backend,
+        out = self._function(x, *self._parameters_in_order(), backend=self.backend,
                                     return_backend=True, initial_state=initial_state,
                                     output_final_state=output_final_state,
                                     cu_seqlens=cu_seqlens, cp_context=cp_context)
@@ -112,7 +114,7 @@ class Mixer(nn.Module):
         """Whether step takes its one-launch kernel: the forward would run a Triton backend on
         x_t, and autograd would record nothing."""
         if torch.compiler.is_compiling():
-            return False  # compiled graphs take the forward's custom ops (samu.ops.library)
+            return False  # compiled graphs take the forward's custom ops (samu.custom_ops)
         if x_t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
             return False  # float64, the oracle's: the reference
         if not x_t.is_cuda:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from samu import model as M
-from samu.modules import parameter_count
+from samu.modules import SAMU, parameter_count
 
 REF = "reference_chunked"
 
@@ -430,7 +430,7 @@ def test_griffin_configuration():
     block = M.build(cfg).blocks[1].mixer
     assert isinstance(block, M.RecurrentBlock) and block.lru_width == 128
     assert block.conv_width == 3 and block.mixer.num_heads == 2
-    assert isinstance(M.build(config("samu")).blocks[0].mixer, M.SAMU)  # bare
+    assert isinstance(M.build(config("samu")).blocks[0].mixer, SAMU)  # bare
     # attention ignores the block but its matched heads follow it: the Griffin block of RG-LRU
     # at width 256 (4 heads) has about 3.5 D^2 parameters, 7 heads of 32 channels
     matched = M.ModelConfig(vocab_size=8, mixer="attention", recurrent_block="griffin")

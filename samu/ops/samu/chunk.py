@@ -439,7 +439,7 @@ def forward(x, params, sequences, config: SamuConfig):
     w, bias, a_param, log_temp, skip = [fp32_contiguous(p) for p in params]
     seq, h0 = sequences.seq_index, sequences.initial_state
     flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial)
-    # Apart, not cut from one buffer: a custom op's outputs may not alias (samu.ops.library).
+    # Apart, not cut from one buffer: a custom op's outputs may not alias (samu.custom_ops).
     residuals = [torch.empty(shape, device=x.device, dtype=torch.float32)
                  for shape in _residual_shapes(batch, length, width, n_chunks)]
     r, g, r_sum, rate, h_in = residuals

@@ -6,7 +6,7 @@ import torch
 import samu
 from samu import backends
 from samu.modules import MODULES
-from samu.ops import library
+from samu import custom_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -105,7 +105,7 @@ def test_eager_calls_do_not_go_through_the_ops(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("an eager call reached the custom op")
 
-    monkeypatch.setattr(library, "run", refuse)
+    monkeypatch.setattr(custom_ops, "run", refuse)
     module = _module("samu", FAMILIES[0][1])
     module(torch.randn(1, 9, 32, device=DEVICE), output_final_state=True)
 
