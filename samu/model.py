@@ -43,7 +43,7 @@ from .functional import check_cu_seqlens, check_input, check_positive_int
 from . import mixers as mixers_
 from .modules import NUM_HEADS, parameter_count
 from .modules import build as build_mixer
-from .ops.sequences import sequence_index
+from .ops.layout import sequence_index
 
 MIXERS = ("attention", *mixers_.names())  # the yardstick and the registered mixers
 

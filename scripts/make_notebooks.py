@@ -70,7 +70,8 @@ Every identity below is checked numerically in an `assert` cell, in float64.""")
     params("length = 200\nwidth = 32\nbatch = 2\nseed = 0"),
     code(SETUP + '''
 import pandas as pd
-from samu.ops import BACKWARDS, REFERENCES, recurrence
+from samu.mixers import BACKWARDS, REFERENCES
+from samu.ops import recurrence
 torch.manual_seed(seed)
 gen = torch.Generator().manual_seed(seed)
 a = torch.rand(batch, length, width, generator=gen, dtype=torch.float64)
@@ -178,26 +179,26 @@ start stores $+\infty$ there, whose decay is 0.)
 **The backward.** The adjoint is cut at the same place, $\delta_t = \bar y_t + [t\text{ ends}]\,\overline{h^{\text{final}}} + [t+1\text{ does not start}]\,a_{t+1}\delta_{t+1}$,
 the gradient reaching $\log a_s$ at a start uses $h^0$ as the previous state ($a_s h^0$), and the initial state receives
 $$\overline{h^0} = a_s\,\delta_s .$$"""),
-    code('''from samu.ops import sequences
+    code('''from samu.ops import layout as packing
 offsets = [0, 3, 4, min(11, length - 1), length] if length > 12 else [0, length]
 cu = torch.tensor(offsets)
-layout = sequences.layout(1, length, "cpu", cu)
-h0 = torch.randn(layout.count, width, generator=gen, dtype=torch.float64)
-entering = sequences.entering_state(layout, h0, width, torch.float64)
+seqs = packing.layout(1, length, "cpu", cu)
+h0 = torch.randn(seqs.count, width, generator=gen, dtype=torch.float64)
+entering = packing.dense_entering_state(seqs, h0, width, torch.float64)
 a1, u1 = a[:1], u[:1]
 # the sequential scan replaces the entering state; the chunked one folds the starts into its inputs
-want = recurrence.scan_sequential(a1, u1, layout.starts, entering)
+want = recurrence.scan_sequential(a1, u1, seqs.starts, entering)
 for chunk in (1, 2, 5, 16):
-    got = recurrence.scan_chunked(a1, u1, layout.starts, entering, chunk=chunk)
+    got = recurrence.scan_chunked(a1, u1, seqs.starts, entering, chunk=chunk)
     assert torch.allclose(got, want, rtol=1e-13, atol=1e-14), chunk
 # each packed sequence equals the same tokens scanned alone from its initial state
 for n, (lo, hi) in enumerate(zip(offsets, offsets[1:])):
-    alone = recurrence.scan_sequential(a1[:, lo:hi], u1[:, lo:hi], layout.starts[:, lo:hi],
-                                       h0[n].expand(1, hi - lo, width) * layout.starts[:, lo:hi, None])
+    alone = recurrence.scan_sequential(a1[:, lo:hi], u1[:, lo:hi], seqs.starts[:, lo:hi],
+                                       h0[n].expand(1, hi - lo, width) * seqs.starts[:, lo:hi, None])
     assert torch.allclose(want[:, lo:hi], alone, rtol=1e-13)
 # a folded start makes its chunk's decay 0: nothing from before it survives
-a_fold, _ = recurrence.fold_starts(a1, u1, layout.starts, entering)
-assert (a_fold[layout.starts] == 0).all()
+a_fold, _ = recurrence.fold_starts(a1, u1, seqs.starts, entering)
+assert (a_fold[seqs.starts] == 0).all()
 print("starts folded into the inputs = states replaced at the starts; packed = one by one: OK")'''),
     code('''# The backward's state algebra against autograd on the references (float64).
 rows = []
@@ -213,13 +214,13 @@ for mixer in ("rglru", "samu"):
     (y * dy[:1]).sum().add((final * d_final).sum()).backward()
     inputs = (samu.ops.rglru.naive.rglru_scan_inputs if mixer == "rglru"
               else samu.ops.samu.naive.samu_scan_inputs)(x, *ps[:4 if mixer == "samu" else 5],
-                                                          reset=torch.zeros_like(layout.starts))
+                                                          reset=torch.zeros_like(seqs.starts))
     a_ = inputs[1]
     # delta: dy, plus the final state's gradient at each end; nothing crosses a start backwards
     g = dy[:1].clone()
-    g[layout.ends] += d_final
-    delta = recurrence.reverse_scan(a_, g, "sequential", layout.starts)
-    manual = a_[layout.starts] * delta[layout.starts]
+    g[seqs.ends] += d_final
+    delta = recurrence.reverse_scan(a_, g, "sequential", seqs.starts)
+    manual = a_[seqs.starts] * delta[seqs.starts]
     rel = ((manual - h0_.grad).norm() / h0_.grad.norm()).item()
     rows.append({"mixer": mixer, "d initial_state = a_s delta_s, vs autograd": rel})
     assert rel < 1e-12, (mixer, rel)

@@ -9,7 +9,7 @@ from torch import nn
 from samu import backends, dispatch, functional, mixers, modules
 from samu.experiment import legality
 from samu.ops.recurrence import carry_dtype, transition
-from samu.ops.sequences import scan_sequences, with_final_state
+from samu.ops.layout import scan_sequences, with_final_state
 
 
 def toy_reference(x, decay, scan="chunked", initial_state=None, cu_seqlens=None,

@@ -112,6 +112,11 @@ class View(Mapping):
         return f"{ {m: self[m] for m in self} }"
 
 
+# Every mixer's pure-PyTorch reference and hand-derived backward formulas, by name.
+REFERENCES = View(lambda spec: spec.load("reference"))
+BACKWARDS = View(lambda spec: spec.load("backward"))
+
+
 def shape_of(params: dict, name: str) -> tuple:
     return tuple(params[name].shape)
 
@@ -133,5 +138,5 @@ def _builtin() -> dict[str, MixerSpec]:
 MIXERS: dict[str, MixerSpec] = _builtin()
 
 
-__all__ = ["MixerSpec", "MIXERS", "View", "get", "names", "load", "check_count",
-           "check_shape"]
+__all__ = ["MixerSpec", "MIXERS", "REFERENCES", "BACKWARDS", "View", "get", "names", "load",
+           "check_count", "check_shape"]

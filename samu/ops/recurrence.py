@@ -9,7 +9,7 @@ h_t = a_t * h_{t-1} + u_t with h_{-1} = 0, in two formulations that check each o
   sqrt(L) <= C < 2 sqrt(L): 2C Python steps, and under torch.compile's symbolic lengths one
   graph serves every length between two powers of four.
 
-Where a sequence starts (``starts``, [B, L] bool; samu.ops.sequences), the state entering the token
+Where a sequence starts (``starts``, [B, L] bool; samu.ops.layout), the state entering the token
 is replaced by ``entering`` (h0, or 0 where the state resets).  The sequential scan does exactly
 that; the chunked scan folds it into the inputs instead, a_s -> 0 and u_s -> u_s + a_s entering_s,
 so that its chunks and carries are those of a scan from zero.

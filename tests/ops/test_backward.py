@@ -3,15 +3,10 @@ import pytest
 import torch
 
 from samu.functional import PARAMETER_NAMES
-from samu.mixers import View
+from samu.mixers import BACKWARDS, REFERENCES
 from samu.ops import recurrence
 
 from test_recurrence import _params
-
-
-# Every registered mixer's reference and backward formulas, by name.
-REFERENCES = View(lambda spec: spec.load("reference"))
-BACKWARDS = View(lambda spec: spec.load("backward"))
 
 
 @pytest.mark.parametrize("mixer", ["rglru", "samu"])

@@ -3,13 +3,9 @@ import pytest
 import torch
 
 from samu.modules import MODULES
-from samu.mixers import View
+from samu.mixers import REFERENCES
 from samu.ops import recurrence
 from samu.ops.rglru import naive as rglru_naive
-
-
-# Every registered mixer's reference, by name.
-REFERENCES = View(lambda spec: spec.load("reference"))
 
 
 def _params(mixer, width, seed):

@@ -12,7 +12,7 @@ from samu import backends
 from samu.experiment import legality
 from samu.functional import FUNCTIONS
 from samu.modules import MODULES
-from samu.ops import sequences
+from samu.ops import layout as packing
 from samu.ops.common import carry
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -206,10 +206,10 @@ def test_initial_state_gradient_is_a_times_dh_at_the_first_token():
 
 
 def test_sequence_layout():
-    layout = sequences.layout(1, 7, "cpu", torch.tensor([0, 2, 3, 7]))
-    assert layout.starts.tolist() == [[True, False, True, True, False, False, False]]
-    assert layout.ends.tolist() == [[False, True, True, False, False, False, True]]
-    assert layout.index.tolist() == [[0, 0, 1, 2, 2, 2, 2]] and layout.count == 3
+    seqs = packing.layout(1, 7, "cpu", torch.tensor([0, 2, 3, 7]))
+    assert seqs.starts.tolist() == [[True, False, True, True, False, False, False]]
+    assert seqs.ends.tolist() == [[False, True, True, False, False, False, True]]
+    assert seqs.index.tolist() == [[0, 0, 1, 2, 2, 2, 2]] and seqs.count == 3
 
 
 BAD_CU_SEQLENS = [
@@ -319,11 +319,11 @@ def test_sequence_index_stays_within_the_sequences(offsets):
     """Offsets that were never checked (a CUDA-graph capture) still give every token a
     sequence in [0, N): no kernel indexes a state row that does not exist."""
     cu = torch.tensor(offsets, device=DEVICE)
-    index = sequences.sequence_index(cu, 20)
+    index = packing.sequence_index(cu, 20)
     assert index.min().item() >= 0 and index.max().item() < len(offsets) - 1
     assert index.tolist() == sorted(index.tolist())
     valid = torch.tensor([0, 3, 4, 11, 20], device=DEVICE)
-    assert sequences.sequence_index(valid, 20).tolist() == (
+    assert packing.sequence_index(valid, 20).tolist() == (
         [0] * 3 + [1] + [2] * 7 + [3] * 9)
 
 

@@ -1,6 +1,6 @@
 """Sequence starts and ends inside the scan kernels: initial states, packed rows, final states.
 
-The algebra is samu.ops.sequences'.  In a kernel, each tile row (token) knows its sequence, and
+The algebra is samu.ops.layout'.  In a kernel, each tile row (token) knows its sequence, and
 whether it starts or ends one (``row_sequences``).  The forward folds every start into the scan
 inputs, a_s -> 0 and u_s -> u_s + a_s h0 (``fold_starts``), so the chunk summaries and the carry
 are those of a scan from zero: a chunk holding a start has decay 0, and nothing crosses it.  The
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..sequences import sequence_index
+from ..layout import sequence_index
 from .launching import aligned
 
 

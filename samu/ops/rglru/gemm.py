@@ -17,7 +17,7 @@ memory is then y and dx (1 each), one group's G (2 / groups), the saved entering
 (2 / T) and one group's decays, adjoint ends and carries (6 / (T groups)): 2.94 at T = 8 with
 4 groups, for one more GEMM (6 bytes per element) and four times the launches.
 
-Initial states, packed sequences (cu_seqlens) and final states follow samu.ops.sequences, as in
+Initial states, packed sequences (cu_seqlens) and final states follow samu.ops.layout, as in
 samu.ops.samu.chunk: the forward folds each sequence start into the scan inputs (a_s -> 0,
 u_s -> u_s + a_s h0), so that a chunk holding one has decay 0 and the carry needs nothing else;
 the backward cuts the adjoint there, adds the final state's gradient at each end and writes
@@ -87,7 +87,7 @@ def _columns(col0, DG: tl.constexpr, BN: tl.constexpr, V: tl.constexpr):
 @triton.jit
 def _state_columns(cols, col_ok, D: tl.constexpr):
     """The columns of the [N, D] state rows (h0, final state, their gradients): D, out of range,
-    on a tile's padding lanes, whose channels belong to the next group (samu.ops.sequences'
+    on a tile's padding lanes, whose channels belong to the next group (samu.ops.layout'
     loads and stores mask cols < D)."""
     return tl.where(col_ok, cols, D)
 

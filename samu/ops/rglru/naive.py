@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..recurrence import GATE_SCALE, carry_dtype, transition
-from ..sequences import scan_sequences, with_final_state
+from ..layout import scan_sequences, with_final_state
 
 
 def block_diagonal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -45,7 +45,7 @@ def rglru_reference(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a
                     scan: str = "chunked", initial_state=None, cu_seqlens=None,
                     output_final_state: bool = False):
     """RG-LRU: the scan of rglru_scan_inputs; y = h.  The state keywords are SPEC section 3's
-    (samu.ops.sequences); with output_final_state returns (y, final state)."""
+    (samu.ops.layout); with output_final_state returns (y, final state)."""
     h, seqs = scan_sequences(
         x, lambda reset: rglru_scan_inputs(x, gate_x_weight, gate_x_bias, gate_a_weight,
                                            gate_a_bias, a_param, reset),

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..recurrence import GATE_SCALE, carry_dtype, transition
-from ..sequences import scan_sequences, with_final_state
+from ..layout import scan_sequences, with_final_state
 
 
 def samu_controller(x, ctrl_weight, ctrl_bias):
@@ -36,7 +36,7 @@ def samu_scan_inputs(x, ctrl_weight, ctrl_bias, a_param, log_temp, reset=None):
 def samu_reference(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, scan: str = "chunked",
                    initial_state=None, cu_seqlens=None, output_final_state: bool = False):
     """SAMU: the scan of samu_scan_inputs; y = h + skip x.  The state keywords are SPEC
-    section 3's (samu.ops.sequences); with output_final_state returns (y, final state)."""
+    section 3's (samu.ops.layout); with output_final_state returns (y, final state)."""
     h, seqs = scan_sequences(
         x, lambda reset: samu_scan_inputs(x, ctrl_weight, ctrl_bias, a_param, log_temp, reset),
         scan, initial_state, cu_seqlens)

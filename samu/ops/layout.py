@@ -51,7 +51,7 @@ def layout(batch: int, length: int, device, cu_seqlens: torch.Tensor | None = No
     return Sequences(starts, ends, index, int(cu_seqlens.numel()) - 1)
 
 
-def entering_state(seqs: Sequences, initial_state: torch.Tensor | None, width: int, dtype):
+def dense_entering_state(seqs: Sequences, initial_state: torch.Tensor | None, width: int, dtype):
     """[B, L, D]: the state entering each token where a sequence starts (h0[n], or 0 where the
     state resets), zero elsewhere.  The reference's formulation only: the kernels read h0 at the
     start tokens."""
@@ -77,7 +77,7 @@ def scan_sequences(x, scan_inputs, scan: str, initial_state=None, cu_seqlens=Non
     batch, length, width = x.shape
     seqs = layout(batch, length, x.device, cu_seqlens)
     _, a, u = scan_inputs(reset_tokens(seqs, initial_state))
-    h = run_scan(a, u, scan, seqs.starts, entering_state(seqs, initial_state, width, u.dtype))
+    h = run_scan(a, u, scan, seqs.starts, dense_entering_state(seqs, initial_state, width, u.dtype))
     return h, seqs
 
 
