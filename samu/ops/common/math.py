@@ -12,9 +12,8 @@ import triton.language as tl
 from ..._runtime import INTERPRETING
 
 
-# One MUFU instruction each on the GPU; the interpreter runs no PTX and takes Triton's own ops.
+# Compile-time switches: each kernel keeps only its GPU (PTX) or its interpreter branch.
 FAST_MATH = tl.constexpr(not INTERPRETING)
-
 INTERPRETER = tl.constexpr(INTERPRETING)
 
 LOG2_E = tl.constexpr(1.4426950408889634)

@@ -1,0 +1,277 @@
+"""The README's results block, rendered from the committed data files, and the other figures the
+README quotes from data and device logs.
+
+``python -m samu.experiment.readme --write`` rewrites the block between RESULTS_BEGIN and
+RESULTS_END in README.md (and the per-row table in docs/LAB.md); ``--check`` exits 1 where either
+differs from what the data files give.  tests/experiment/test_readme.py runs the check.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+
+from .. import paths
+from ..shapes import Shape
+from . import pipeline, protocol, report, schema, training
+
+RESULTS_BEGIN = "<!-- results:begin (python -m samu.experiment.readme --write) -->"
+RESULTS_END = "<!-- results:end -->"
+ROWS_BEGIN = "<!-- result-rows:begin (python -m samu.experiment.readme --write) -->"
+ROWS_END = "<!-- result-rows:end -->"
+README = paths.REPO_ROOT / "README.md"
+LAB = paths.REPO_ROOT / "docs" / "LAB.md"
+DASH = "—"
+# The device logs behind `make reproduce`'s time on the H200: the one commit whose two commands
+# ran every default GPU shape and logged their wall time ("t=<s>").
+REPRODUCE_LOGS = ("docs/sweeps/2026-12-01_c06f5ab_reproduce_seed_shapes.log",
+                  "docs/sweeps/2026-12-01_c06f5ab_reproduce_three_shapes.log")
+
+
+def _results(data_dir: Path, slug: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """(result document, its frame, the published H800 result's frame), each file validated."""
+    doc = schema.read_valid_json(data_dir / "results" / f"{slug}.json", "result")
+    published = schema.read_valid_json(
+        data_dir / "reference" / paths.PUBLISHED_H800_FILE.name, "result")
+    return doc, report.frame(doc), report.frame(published, report.PUBLISHED_SOURCE)
+
+
+def _ms(value: float, digits: int = 3) -> str:
+    return DASH if pd.isna(value) else f"{value:.{digits}f} ms"
+
+
+def _times(value: float, digits: int = 1) -> str:
+    return DASH if pd.isna(value) else f"{value:.{digits}f}"
+
+
+def speed_table(data_dir: Path, slug: str = report.COMMITTED_SLUG) -> str:
+    """SAMU's speed-up over RG-LRU at `make reproduce`'s default GPU shapes (medians with their
+    spread, and GPU time), beside the published H800 result's, and each mixer's GPU time against
+    the floor."""
+    doc, df, published = _results(data_dir, slug)
+    sp = report.speedups(pd.concat([published, df], ignore_index=True))
+    ours = sp[sp["source"] != report.PUBLISHED_SOURCE].set_index("shape")
+    theirs = sp[sp["source"] == report.PUBLISHED_SOURCE].set_index("shape")["speedup"]
+    rows = df.set_index(["shape", "mixer"])
+    env = doc["environment"]
+    bandwidth = df.loc[~df["cpu"], "copy_TBps"].median()
+    gpu = env["gpu"].removeprefix("NVIDIA ")
+    caption = (
+        f"Speed on the {env['gpu']} (torch {env['torch']}, triton {env['triton']}; "
+        f"`data/results/{slug}.json`): SAMU's speed-up over RG-LRU at its calibrated backend "
+        f"(RG-LRU time / SAMU time) for the complete mixer's forward+backward, beside the "
+        f"published H800 result's; each mixer's GPU time and its multiple of the floor "
+        f"({protocol.FLOOR_BYTES_PER_ELEMENT} bytes per element at {bandwidth:.2f} TB/s, the "
+        f"GPU's measured copy bandwidth).")
+    lines = [_wrap(caption), "",
+             f"| shape (B, L, D) | speed-up, published H800 | {gpu} median (10th-90th pct.) "
+             f"| {gpu} GPU time | SAMU GPU time (× floor) | RG-LRU GPU time (× floor) |",
+             "|---|---|---|---|---|---|"]
+    for key in pipeline.GPU_SHAPES:
+        shape = Shape.parse(key).label
+        if shape not in ours.index:
+            continue
+        s, r = rows.loc[(shape, "samu")], rows.loc[(shape, "rglru")]
+        median = ours.loc[shape]
+        lines.append(
+            f"| {shape} | {_times(theirs.get(shape, float('nan')), 2)} "
+            f"| {median['speedup']:.2f} ({median['low']:.2f}-{median['high']:.2f}) "
+            f"| {_times(r['gpu_time_ms'] / s['gpu_time_ms'], 2)} "
+            f"| {_ms(s['gpu_time_ms'])} ({_times(s['gpu_time_times_floor'])}) "
+            f"| {_ms(r['gpu_time_ms'])} ({_times(r['gpu_time_times_floor'])}) |")
+    return "\n".join(lines)
+
+
+def _wrap(paragraph: str) -> str:
+    """A paragraph in lines of at most 100 characters, as the rest of the README."""
+    return textwrap.fill(paragraph, width=100, break_long_words=False, break_on_hyphens=False)
+
+
+def _cell(stats: pd.Series, bold: bool) -> str:
+    text = f"{stats['mean']:.3f}"
+    if f"{stats['min']:.3f}" != f"{stats['max']:.3f}":
+        text += f" ({stats['min']:.3f}-{stats['max']:.3f})"
+    return f"**{text}**" if bold else text
+
+
+def training_table(data_dir: Path, slug: str = report.COMMITTED_SLUG) -> str:
+    """The training study's scores: each mixer's mean at its best learning rate with the range
+    over seeds (training.summary), the best mean of a row in bold, and the GPU time per step."""
+    doc = schema.read_valid_json(data_dir / "training" / f"{slug}.json", "training")
+    study, env = doc["study"], doc["environment"]
+    mixers = list(study["mixers"])
+    summary = training.summary(doc).set_index(["task", "seq_len", "mixer"])
+    runs = training.frame(doc)
+    check = training.sanity(doc)
+    block = " (Griffin block)" if study.get("recurrent_block") == "griffin" else ""
+    names = [training.MIXER_NAMES[m] + ("" if m == "attention" else block) for m in mixers]
+    steps = ", ".join(f"{training.TASK_NAMES[t].split(' (')[0]} {c['steps']}"
+                      for t, c in study["train"].items())
+    sanity = " and ".join(f"{c['accuracy']:.3f} on {training.TASK_NAMES[t]} at L = "
+                          f"{c['seq_len']}" for t, c in check["checks"].items())
+    caption = (
+        f"What each mixer learns (`make train` on the {env['gpu']}, `data/training/{slug}.json`: "
+        f"{len(doc['runs'])} runs and {len(doc.get('recall_curves', []))} recall-curve runs; "
+        f"width {study['width']}, {study['layers']} layers; steps: {steps}): mean over "
+        f"{len(study['seeds'])} seeds at each mixer's best learning rate, the range over seeds "
+        f"in brackets, the best mean of a row in bold. The yardstick "
+        f"{'passes' if check['passed'] else 'fails'} its sanity bar ({check['bar']:.2f}): "
+        f"attention scores {sanity}.")
+    lines = [_wrap(caption)]
+    lines += ["", "| task | " + " | ".join(names) + " |", "|---" * (len(mixers) + 1) + "|"]
+    for (task, length), part in summary.groupby(level=["task", "seq_len"], sort=False):
+        part = part.droplevel(["task", "seq_len"])
+        accuracy = training.METRICS[task] == "accuracy"
+        best = part["mean"].idxmax() if accuracy else part["mean"].idxmin()
+        label = f"{training.TASK_NAMES[task]}, L = {length}"
+        label += "" if accuracy else ", bits per character"
+        lines.append(f"| {label} | " + " | ".join(_cell(part.loc[m], m == best)
+                                                  for m in mixers) + " |")
+    gpu = runs.groupby("mixer")["gpu_ms_per_step"].median()
+    lines.append("| GPU time per training step (median over all runs) | "
+                 + " | ".join(_ms(gpu.get(m, float("nan")), 2) for m in mixers) + " |")
+    return "\n".join(lines)
+
+
+def results_tables(data_dir=None) -> str:
+    """The README's results block (without its markers): the speed table and the training
+    study's, from ``data_dir`` (default: the repository's data/)."""
+    data_dir = Path(data_dir) if data_dir is not None else paths.REPO_ROOT / "data"
+    return speed_table(data_dir) + "\n\n" + training_table(data_dir) + "\n"
+
+
+def result_rows_table(data_dir=None, slug: str = report.COMMITTED_SLUG) -> str:
+    """docs/LAB.md's table: every row of the results beside the published H800 time, with its
+    floor multiples, the public pipeline, host cost, peak memory and the commit it ran at."""
+    data_dir = Path(data_dir) if data_dir is not None else paths.REPO_ROOT / "data"
+    doc, df, published = _results(data_dir, slug)
+    published = published.set_index(["shape", "mixer"])["forward_backward_ms"]
+    commits = {Shape.of(k).label: e.get("git_commit", "")[:7]
+               for k, e in doc.get("shape_environments", {}).items()}
+    lines = ["| shape | mixer | backend (calibrated) | published H800 | median | × floor "
+             "| GPU time | × floor | public pipeline | host / Linear | peak Δ (units) | code |",
+             "|---" * 12 + "|"]
+    order = {key: i for i, key in enumerate(pipeline.GPU_SHAPES)}  # then the other shapes
+    df = df.sort_values("shape_tuple", kind="stable", key=lambda c: c.map(
+        lambda s: order.get(Shape.of(s).key, len(order))))
+    for r in df.itertuples():
+        peer = (DASH if pd.isna(r.peer_forward_backward_ms) else
+                f"{r.peer_forward_backward_ms:.2f} ms ({r.speedup_vs_peer:.1f}×)")
+        lines.append(
+            f"| {r.shape} | {r.mixer} | `{r.backend}` "
+            f"| {_ms(published.get((r.shape, r.mixer), float('nan')), 2)} "
+            f"| {_ms(r.forward_backward_ms)} | {r.times_floor:.0f} | {_ms(r.gpu_time_ms)} "
+            f"| {_times(r.gpu_time_times_floor)} | {peer} | {_times(r.host_ratio_to_linear)} "
+            f"| {r.peak_allocated_delta_units:.2f} | `{commits.get(r.shape, '')}` |")
+    return "\n".join(lines) + "\n"
+
+
+# --- figures quoted outside the blocks --------------------------------------------------------
+
+WALL = re.compile(r"(?:\bwall=|^t=)(\d+)\b", re.MULTILINE)
+
+
+def command_seconds(path) -> list[int]:
+    """The wall time of each command a device log records ("rc=0 wall=371", "t=492 rc=0")."""
+    return [int(v) for v in WALL.findall(Path(path).read_text(errors="replace"))]
+
+
+def training_part_seconds(repo_root=None, slug: str = report.COMMITTED_SLUG) -> list[list[int]]:
+    """Per part of the committed training study, the wall time of each `make train PART=k`
+    command that made it: the logs docs/sweeps/*_<commit>_gpu_training/make_train_part<k>*.txt
+    of the commit each part's environment names (a part cut short and gone on with has two)."""
+    root = Path(repo_root) if repo_root is not None else paths.REPO_ROOT
+    doc = schema.read_valid_json(root / "data" / "training" / f"{slug}.json", "training")
+    out = []
+    for part in doc["parts"]:
+        k = part["part"].split("/")[0]
+        commit = part["environment"]["git_commit"][:7]
+        logs = sorted(root.glob(f"docs/sweeps/*_{commit}_gpu_training/make_train_part{k}*.txt"))
+        out.append([s for log in logs for s in command_seconds(log)])
+    return out
+
+
+def _minutes(seconds: float) -> str:
+    return f"about {round(seconds / 60)} min"
+
+
+def facts(repo_root=None) -> dict[str, str]:
+    """Each figure the README quotes outside its results block, as the README writes it."""
+    root = Path(repo_root) if repo_root is not None else paths.REPO_ROOT
+    _, _, published = _results(root / "data", report.COMMITTED_SLUG)
+    sp = report.speedups(published)["speedup"]
+    parts = training_part_seconds(root)
+    reproduce = [s for log in REPRODUCE_LOGS for s in command_seconds(root / log)]
+    cells = sum(1 for nb in sorted((root / "notebooks").glob("*.ipynb"))
+                for cell in schema.read_json(nb)["cells"] if cell["cell_type"] == "code")
+    return {
+        "published speed-ups": f"{sp.min():.2f} to {sp.max():.2f}",
+        "make train, H200": (f"{_minutes(sum(map(sum, parts)))} in {len(parts)} parts: "
+                             + ", ".join(" + ".join(f"{s} s" for s in p) for p in parts)),
+        "make reproduce, H200": (f"{_minutes(sum(reproduce))} for the {len(pipeline.GPU_SHAPES)} "
+                                 f"default shapes, in {len(reproduce)} commands: "
+                                 + " and ".join(f"{s} s" for s in reproduce)),
+        "notebook cells": f"{cells} notebook cells",
+    }
+
+
+# --- the blocks in their files -----------------------------------------------------------------
+
+def _span(text: str, begin: str, end: str) -> tuple[int, int]:
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start or text.count(begin) != 1 or text.count(end) != 1:
+        raise ValueError(f"expected one {begin!r} followed by one {end!r}")
+    return start + len(begin) + 1, stop
+
+
+def block(text: str, begin: str = RESULTS_BEGIN, end: str = RESULTS_END) -> str:
+    """What stands between the markers (one line break after the first marker is theirs)."""
+    start, stop = _span(text, begin, end)
+    return text[start:stop]
+
+
+def with_block(text: str, rendered: str, begin: str = RESULTS_BEGIN,
+               end: str = RESULTS_END) -> str:
+    start, stop = _span(text, begin, end)
+    return text[:start] + rendered + text[stop:]
+
+
+def targets(data_dir=None) -> list[tuple[Path, str, str, str]]:
+    """(file, begin marker, end marker, rendered block) of every generated block."""
+    return [(README, RESULTS_BEGIN, RESULTS_END, results_tables(data_dir)),
+            (LAB, ROWS_BEGIN, ROWS_END, result_rows_table(data_dir))]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--write", action="store_true", help="rewrite the blocks in place")
+    action.add_argument("--check", action="store_true",
+                        help="exit 1 where a block differs from the data files")
+    args = parser.parse_args(argv)
+    if not (args.write or args.check):
+        print(results_tables(), end="")
+        return 0
+    stale = []
+    for path, begin, end, rendered in targets():
+        text = path.read_text()
+        try:
+            current = block(text, begin, end)
+        except ValueError as exc:
+            raise SystemExit(f"{paths.relative(path)}: {exc}") from None
+        if current == rendered:
+            continue
+        stale.append(paths.relative(path))
+        if args.write:
+            new = with_block(text, rendered, begin, end)
+            schema.atomic_write(path, lambda tmp: tmp.write_text(new))
+    for name in stale:
+        print(f"{name}: {'rewritten' if args.write else 'differs from the data files'}")
+    return 1 if stale and args.check else 0
+
+if __name__ == "__main__":
+    sys.exit(main())

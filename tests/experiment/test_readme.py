@@ -1,0 +1,166 @@
+"""README.md's figures against the files they come from: its results block (and docs/LAB.md's
+table of result rows) is what samu.experiment.readme renders from the committed data, and every
+other number in it is a figure readme.facts computes from data and device logs, the count of
+tests pytest collects, or one of the few figures listed here."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from samu import paths
+from samu.experiment import pipeline, readme
+
+ROOT = paths.REPO_ROOT
+DATA = ROOT / "data"  # the committed files, whatever SAMU_DATA_DIR names
+COUNT = re.compile(r"On a CPU pytest collects (\d+) tests")
+NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w)")
+# Figures the README quotes with no data file or log behind them, each with where it was
+# measured, and the numbers that describe the project rather than a measurement.
+NOT_FROM_DATA = {
+    "about 6-7 min on a fresh clone": "make test's CPU time, bash .ci/run on the 2-core machine",
+    "6 min 39 s": "make test on the H200 at 3370e00 (pytest 270 s, nbval 121 s)",
+    "about 35 s": "make train with notebook 05's CPU defaults",
+    "CPU (2 cores,": "the CPU machine those times were measured on",
+    "one worker a core up to 16": "the Makefile's cap on pytest-xdist workers",
+}
+
+
+def readme_text() -> str:
+    return readme.README.read_text()
+
+
+def prose(text: str) -> str:
+    """The text a reader reads as sentences and tables: without the generated block, code,
+    link targets and HTML comments."""
+    start, stop = readme._span(text, readme.RESULTS_BEGIN, readme.RESULTS_END)
+    text = text[:start] + text[stop:]
+    text = re.sub(r"```.*?```", " ", text, flags=re.DOTALL)
+    text = re.sub(r"`[^`]*`", " ", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.DOTALL)
+    return re.sub(r"\s+", " ", text)  # a phrase reads the same wherever a line breaks it
+
+
+def test_the_results_block_is_rendered_from_the_committed_data():
+    assert readme.block(readme_text()) == readme.results_tables(DATA)
+
+
+def test_the_lab_log_result_rows_are_rendered_from_the_committed_data():
+    lab = readme.LAB.read_text()
+    assert readme.block(lab, readme.ROWS_BEGIN, readme.ROWS_END) == readme.result_rows_table(DATA)
+
+
+def _copy_of_the_data(dest):
+    for name in ("results/nvidia-h200.json", "reference/h800_pcie_published_result.json",
+                 "training/nvidia-h200.json"):
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(DATA / name, dest / name)
+    return dest
+
+
+def _edit(path, change):
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+def test_the_block_changes_with_the_data(tmp_path):
+    data = _copy_of_the_data(tmp_path)
+    assert readme.results_tables(data) == readme.results_tables(DATA)
+
+    def slower_samu(doc):
+        row = next(r for r in doc["rows"] if r["architecture"] == "samu"
+                   and r["shape"] == {"batch": 4, "length": 2048, "width": 2048})
+        row["gpu_time_ms"] = 0.5
+
+    def worse_attention(doc):
+        for run in doc["runs"]:
+            if (run["task"], run["seq_len"], run["mixer"]) == ("mqar", 256, "attention"):
+                run["value"] = 0.25
+
+    _edit(data / "results" / "nvidia-h200.json", slower_samu)
+    _edit(data / "training" / "nvidia-h200.json", worse_attention)
+    rendered = readme.results_tables(data)
+    # 0.512 ms of RG-LRU GPU time over SAMU's 0.5 ms; SAMU best at MQAR L = 256 now.
+    assert "| (4, 2048, 2048) | 1.33 | 1.48 (1.15-2.14) | 1.02 | 0.500 ms (" in rendered
+    assert "| 0.250 | 0.795 (0.740-0.826) | **0.904 (0.786-0.967)** |" in rendered
+    assert "fails its sanity bar (0.95): attention scores 0.250" in " ".join(rendered.split())
+
+
+def test_the_figures_quoted_outside_the_block_come_from_the_data():
+    text = prose(readme_text())
+    for name, figure in readme.facts().items():
+        assert figure in text, f"README does not say {name} as the data give it: {figure!r}"
+
+
+def test_every_other_number_in_the_readme_is_accounted_for():
+    """A number added to README.md outside its block fails here until it is rendered from data,
+    computed by readme.facts, or listed in NOT_FROM_DATA with where it was measured."""
+    text = prose(readme_text())
+    for phrase in [*readme.facts().values(), *NOT_FROM_DATA]:
+        assert phrase in text, f"README no longer says {phrase!r}: drop it from the lists"
+        text = text.replace(phrase, " ")
+    text = COUNT.sub(" ", text)
+    assert NUMBER.findall(text) == []
+
+
+def test_the_makefile_caps_the_test_workers_as_the_readme_says():
+    assert "min(16, os.cpu_count() or 1)" in (ROOT / "Makefile").read_text()
+
+
+def test_every_part_of_the_training_study_has_its_logged_commands():
+    parts = readme.training_part_seconds()
+    assert len(parts) == 3 and all(parts)
+
+
+def test_the_reproduce_logs_ran_every_default_gpu_shape_once_each():
+    shapes = []
+    for log in readme.REPRODUCE_LOGS:
+        text = (ROOT / log).read_text(errors="replace")
+        assert len(readme.command_seconds(ROOT / log)) == 1 and "rc=0" in text
+        shapes += sorted(set(re.findall(r"01_correctness (\d+x\d+x\d+)", text)))
+    assert sorted(shapes) == sorted(pipeline.GPU_SHAPES)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="under CUDA the kernel tests add GPU sizes; the README counts a CPU's")
+def test_the_test_count_is_what_pytest_collects():
+    match = COUNT.search(prose(readme_text()))
+    assert match, "README states how many tests pytest collects on a CPU"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
+                          "-p", "no:cacheprovider", "tests"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    collected = re.search(r"^(\d+) tests? collected", out.stdout, re.MULTILINE)
+    assert collected, out.stdout[-2000:] + out.stderr[-2000:]
+    assert match.group(1) == collected.group(1)
+
+
+@pytest.mark.parametrize("path", [readme.README, readme.LAB], ids=["README", "LAB"])
+def test_every_relative_link_names_a_file_that_exists(path):
+    targets = re.findall(r"\]\(([^)#]+)\)", path.read_text())
+    assert targets
+    missing = [t for t in targets if "://" not in t and not (path.parent / t).exists()]
+    assert missing == []
+
+
+def test_write_renders_stale_blocks_and_check_finds_none_left(tmp_path, monkeypatch, capsys):
+    for name in ("README", "LAB"):
+        copy = tmp_path / f"{name}.md"
+        copy.write_text(getattr(readme, name).read_text())
+        monkeypatch.setattr(readme, name, copy)
+    assert readme.main(["--check"]) == 0
+    stale = readme.with_block(readme.README.read_text(), "old figures\n")
+    readme.README.write_text(stale)
+    assert readme.main(["--check"]) == 1
+    assert "differs from the data files" in capsys.readouterr().out
+    assert readme.main(["--write"]) == 0
+    assert readme.block(readme.README.read_text()) == readme.results_tables(DATA)
+    rendered = readme.results_tables(DATA)
+    assert readme.README.read_text().replace(rendered, "") == stale.replace("old figures\n", "")
+    assert readme.main(["--check"]) == 0
