@@ -259,7 +259,9 @@ def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
                                 return_backend=return_backend, initial_state=initial_state,
                                 output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     check_tensors(mixer, named)
-    check_input(x, spec.check_shapes(named), mixer)
+    width = spec.width_of(named)
+    check_input(x, width, mixer)
+    spec.check_shapes(named, width)
     y, final, name = _run(mixer, x, named, backend, initial_state, cu_seqlens,
                           output_final_state)
     return _result(y, final, name, output_final_state, return_backend)

@@ -50,7 +50,7 @@ class ToyDecay(modules.Mixer):
         return (self.decay,)
 
 
-def toy_shapes(params):
+def toy_width(params):
     decay = params["decay"]
     if decay.dim() != 1:
         raise ValueError(f"toy: decay must have shape [D], got {list(decay.shape)}")
@@ -58,7 +58,8 @@ def toy_shapes(params):
 
 
 TOY = mixers.MixerSpec(
-    name="toy", label="Toy decay", parameter_names=("decay",), check_shapes=toy_shapes,
+    name="toy", label="Toy decay", parameter_names=("decay",), width_of=toy_width,
+    check_shapes=lambda params, width: None,
     parameter_count=lambda width, num_heads: width,
     dynamic_control_values_per_token=lambda width: 0,
     reference=f"{__name__}:toy_reference", module=f"{__name__}:ToyDecay")

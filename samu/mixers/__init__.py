@@ -22,8 +22,10 @@ class MixerSpec:
     name: the key everywhere (backend registry, calibration and result files).
     label: its name in tables and figures.
     parameter_names: the functional form's parameters in order, the state_dict's names.
-    check_shapes: {name: tensor} in that order -> the width D, or ValueError naming the
-        parameter whose shape is wrong (every parameter is a tensor by then).
+    width_of: {name: tensor} in that order -> the width D, from the parameter that fixes it
+        (ValueError naming it when its shape is wrong); x is checked against it next.
+    check_shapes: ({name: tensor}, width) -> None, or ValueError naming the parameter whose
+        shape is wrong (every parameter is a tensor by then).
     parameter_count: (width, num_heads) -> parameters of one mixer (num_heads ignored by a
         mixer without heads).
     dynamic_control_values_per_token: width -> the input-dependent gate values per token.
@@ -42,7 +44,8 @@ class MixerSpec:
     name: str
     label: str
     parameter_names: tuple[str, ...]
-    check_shapes: Callable[[dict], int]
+    width_of: Callable[[dict], int]
+    check_shapes: Callable[[dict, int], None]
     parameter_count: Callable[[int, int], int]
     dynamic_control_values_per_token: Callable[[int], int]
     reference: str

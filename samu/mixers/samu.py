@@ -4,21 +4,24 @@ from __future__ import annotations
 from . import MixerSpec, check_shape
 
 
-def check_shapes(params: dict) -> int:
+def width_of(params: dict) -> int:
     w = params["ctrl_weight"]
     if w.dim() != 2 or w.shape[0] != 2:
         raise ValueError(f"samu: ctrl_weight must have shape [2, D], got {tuple(w.shape)}")
-    width = w.shape[1]
+    return w.shape[1]
+
+
+def check_shapes(params: dict, width: int) -> None:
     for name, shape in {"ctrl_bias": (2,), "a_param": (width,), "log_temp": (),
                         "skip": ()}.items():
         check_shape("samu", params, name, shape)
-    return width
 
 
 SPEC = MixerSpec(
     name="samu",
     label="SAMU",
     parameter_names=("ctrl_weight", "ctrl_bias", "a_param", "log_temp", "skip"),
+    width_of=width_of,
     check_shapes=check_shapes,
     parameter_count=lambda width, num_heads: 3 * width + 4,
     dynamic_control_values_per_token=lambda width: 2,
