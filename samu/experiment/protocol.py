@@ -244,6 +244,12 @@ def measure_memory(module, x, dy) -> dict:
                            base_alloc, base_res)))
 
 
+def phase_stats(rounds_: list[dict]) -> dict:
+    """Each phase's summary over the samples of every round."""
+    return {phase: summarize([s for rd in rounds_ for s in rd[f"{phase}_ms"]])
+            for phase in ("forward", "backward", "forward_backward")}
+
+
 def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rounds=ROUNDS,
                samples=SAMPLES, progress=None) -> list[dict]:
     """Both mixers at one shape, AB/BA counterbalanced: round r runs RG-LRU first when
@@ -288,8 +294,7 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
             "controller": "fp32_fused_coords" if mixer == "samu" else None,
             "device": str(device),  # what labels the result: its GPU, floor and memory
         }
-        for phase in ("forward", "backward", "forward_backward"):
-            row[phase] = summarize([s for rd in rounds_ for s in rd[f"{phase}_ms"]])
+        row.update(phase_stats(rounds_))
         row["rounds"] = rounds_
         row.update(measure_memory(module, x, dy))
         n_params = parameter_count(mixer, width)
@@ -303,10 +308,8 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
         row["host"] = host_cost_us(module, width, device)
         if mixer in peers:
             peer = {"pipeline": peers[mixer].last_backend, "fla_core": peers_.fla_version(),
-                    "materialized_state_sized_transition": True}
-            for phase in ("forward", "backward", "forward_backward"):
-                peer[phase] = summarize([s for rd in peer_rounds[mixer]
-                                         for s in rd[f"{phase}_ms"]])
+                    "materialized_state_sized_transition": True,
+                    **phase_stats(peer_rounds[mixer])}
             peer["rounds"] = peer_rounds[mixer]
             peer["gpu_time_ms"] = graph_replay_ms(peers[mixer], x, dy)
             peer["host"] = host_cost_us(peers[mixer], width, device)

@@ -32,6 +32,11 @@ _stats = {
     "properties": {"samples_ms": _samples, "median_ms": _number, "mean_ms": _number,
                    "std_ms": _number, "minimum_ms": _number, "maximum_ms": _number},
 }
+_rounds = {"type": "array", "minItems": ROUNDS, "maxItems": ROUNDS, "items": {
+    "type": "object",
+    "required": ["round", "order_index", "forward_ms", "backward_ms", "forward_backward_ms"],
+    "properties": {"round": _count, "order_index": _count, "forward_ms": _round_samples,
+                   "backward_ms": _round_samples, "forward_backward_ms": _round_samples}}}
 _row = {
     "type": "object",
     "required": ["shape", "architecture", "backend", "controller", "forward", "backward",
@@ -48,13 +53,7 @@ _row = {
         "backend": {"type": "string"},
         "controller": {"type": ["string", "null"]},
         "forward": _stats, "backward": _stats, "forward_backward": _stats,
-        "rounds": {"type": "array", "minItems": ROUNDS, "maxItems": ROUNDS, "items": {
-            "type": "object",
-            "required": ["round", "order_index", "forward_ms", "backward_ms",
-                         "forward_backward_ms"],
-            "properties": {"round": _count, "order_index": _count, "forward_ms": _round_samples,
-                           "backward_ms": _round_samples,
-                           "forward_backward_ms": _round_samples}}},
+        "rounds": _rounds,
         **{k: {"type": "integer"} for k in ("peak_allocated_delta_bytes",
                                             "peak_reserved_delta_bytes")},
         **{k: _count for k in ("peak_allocated_bytes", "peak_reserved_bytes",
