@@ -316,8 +316,8 @@ save("03_timing", [
        "forward+backward under BF16 autocast; the six memory figures around one forward+backward. The backend comes "
        "from the calibration file only (notebook 02). Beside the protocol's medians (which include the host): the GPU "
        "time of one forward+backward replayed from a CUDA graph, the public pipelines of `samu.experiment.peers` "
-       "(eager gates or controller, then FLA's `chunk_hgrn`, where fla-core and CUDA are there) timed in the same "
-       "rounds, and the host cost at (1, 128, D) as a ratio to `torch.nn.Linear(D, D)`."),
+       "(eager gates or controller, then FLA's `chunk_hgrn` or `fused_recurrent_hgrn`, where fla-core and CUDA are "
+       "there) timed in the same rounds, and the host cost at (1, 128, D) as a ratio to `torch.nn.Linear(D, D)`."),
     params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nseed = 0"),
     code(SETUP),
     code('''cal_path = paths.calibration_file(slug)
@@ -403,8 +403,9 @@ print(f"{len(doc['rows'])} rows; gpu {env['gpu']}, torch {env['torch']}, triton 
        "multiple of the floor, `achieved_TBps` the floor's 10 bytes per element over the median, memory the peak "
        "allocated delta in units of B·L·D BF16 elements, `speedup_vs_peer` the first public pipeline's median (eager "
        "gates or controller, then FLA's `chunk_hgrn`, same rounds) over samu's, `speedup_vs_<name>` the same for each "
-       "further pipeline the rows hold, and `host_ratio_to_linear` the host cost of a forward+backward at (1, 128, D) "
-       "over `torch.nn.Linear(D, D)`'s in the same run."),
+       "further pipeline the rows hold (FLA's `fused_recurrent_hgrn` as `fla_fused_recurrent_hgrn`), and "
+       "`host_ratio_to_linear` the host cost of a forward+backward at (1, 128, D) over `torch.nn.Linear(D, D)`'s in "
+       "the same run."),
     code('''pd.set_option("display.width", 200)
 if df["cpu"].any():
     print(f"{report.CPU_NOTE}: floor, bandwidth and memory are NaN.")

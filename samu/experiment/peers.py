@@ -1,7 +1,7 @@
 """The public pipelines timed beside samu by the same protocol (docs/SPEC.md section 8), in a
 registry: eager PyTorch gates (RG-LRU) or controller (SAMU) under autocast, then one of FLA's
 scans of h_t = exp(g_t) h_{t-1} + x_t (fla-core, an optional dependency): ``chunk_hgrn``
-(chunked, the first and headline peer).
+(chunked, the first and headline peer) or ``fused_recurrent_hgrn`` (sequential).
 
 The eager part is the reference's own preparation (``samu.ops.<mixer>.naive``), so each peer
 computes the same function; unlike samu's kernels it writes the state-sized log a and u.
@@ -90,6 +90,8 @@ def fla_peer(name: str, op: str, label: str) -> PeerSpec:
 
 PEERS: tuple[PeerSpec, ...] = (
     fla_peer(schema.SINGLE_PEER, "chunk_hgrn", "eager + FLA chunk_hgrn"),
+    fla_peer("fla_fused_recurrent_hgrn", "fused_recurrent_hgrn",
+             "eager + FLA fused_recurrent_hgrn"),
 )
 
 

@@ -101,8 +101,9 @@ def test_public_pipeline_computes_the_same_mixer(mixer, name):
     assert ((got.double() - want).norm() / want.norm()).item() < 2e-2
 
 
-def test_the_first_peer_is_fla_chunk_hgrn():
-    assert peers.PEERS[0].name == schema.SINGLE_PEER
+def test_the_first_peer_is_fla_chunk_hgrn_and_the_second_its_sequential_scan():
+    assert [spec.name for spec in peers.PEERS] == [schema.SINGLE_PEER,
+                                                   "fla_fused_recurrent_hgrn"]
     assert all(spec.mixers == ("rglru", "samu") for spec in peers.PEERS)
     assert peers.pipeline_name("rglru", "chunk_hgrn") == "eager_gates_then_fla_chunk_hgrn"
     assert peers.pipeline_name("samu", "chunk_hgrn") == "eager_controller_then_fla_chunk_hgrn"
