@@ -316,9 +316,9 @@ save("03_timing", [
        "is even); per round and mixer, warm-up first, then 5 CUDA-event samples each of forward, backward and "
        "forward+backward under BF16 autocast; the six memory figures around one forward+backward. The backend comes "
        "from the calibration file only (notebook 02). Beside the protocol's medians (which include the host): the GPU "
-       "time of one forward+backward replayed from a CUDA graph, the best public pipeline (eager gates or controller, "
-       "then FLA's `chunk_hgrn`, where fla-core is installed) timed in the same rounds, and the host cost at "
-       "(1, 128, D) as a ratio to `torch.nn.Linear(D, D)`."),
+       "time of one forward+backward replayed from a CUDA graph, the public pipelines of `samu.experiment.peers` "
+       "(eager gates or controller, then FLA's `chunk_hgrn` or `fused_recurrent_hgrn`, where fla-core and CUDA are "
+       "there) timed in the same rounds, and the host cost at (1, 128, D) as a ratio to `torch.nn.Linear(D, D)`."),
     params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nseed = 0"),
     code(SETUP),
     code('''cal_path = paths.calibration_file(slug)
@@ -354,9 +354,9 @@ pd.DataFrame([{"mixer": r["architecture"], "backend": r["backend"],
                "gpu_time_ms": r.get("gpu_time_ms"), "gpu_time_times_floor": r.get("gpu_time_times_floor"),
                "peak_alloc_delta_MB": r["peak_allocated_delta_bytes"] / 2**20 if device == "cuda" else float("nan"),
                "speedup_vs_rglru": r.get("speedup_vs_rglru"),
-               # eager gates or controller, then FLA's chunk_hgrn, in the same rounds
-               "public_pipeline_ms": (r.get("peer") or {}).get("forward_backward", {}).get("median_ms"),
-               "speedup_vs_public_pipeline": r.get("speedup_vs_peer"),
+               # each public pipeline timed in the same rounds: its median and samu's speedup over it
+               **{f"{name}_ms": p["forward_backward"]["median_ms"] for name, p in r["peers"].items()},
+               **{f"speedup_vs_{name}": p["speedup"] for name, p in r["peers"].items()},
                # a synchronised forward+backward at (1, 128, D) against torch.nn.Linear(D, D)
                "host_ratio_to_linear": (r.get("host") or {}).get("ratio_to_linear")} for r in rows])'''),
     md("## Packed sequences beside the same tokens\n\nAt a batch-1 shape: 8 sequences of random lengths packed in the row "
@@ -402,9 +402,11 @@ print(f"{len(doc['rows'])} rows; gpu {env['gpu']}, torch {env['torch']}, triton 
     md("## Summary\n\nMedians in ms; `times_floor` is the forward+backward median over the floor, `gpu_time_ms` one "
        "forward+backward replayed from a CUDA graph (the kernels' own time, no host) and `gpu_time_times_floor` its "
        "multiple of the floor, `achieved_TBps` the floor's 10 bytes per element over the median, memory the peak "
-       "allocated delta in units of B·L·D BF16 elements, `speedup_vs_peer` the public pipeline's median (eager gates "
-       "or controller, then FLA's `chunk_hgrn`, same rounds) over samu's, and `host_ratio_to_linear` the host cost "
-       "of a forward+backward at (1, 128, D) over `torch.nn.Linear(D, D)`'s in the same run."),
+       "allocated delta in units of B·L·D BF16 elements, `speedup_vs_peer` the first public pipeline's median (eager "
+       "gates or controller, then FLA's `chunk_hgrn`, same rounds) over samu's, `speedup_vs_<name>` the same for each "
+       "further pipeline the rows hold (FLA's `fused_recurrent_hgrn` as `fla_fused_recurrent_hgrn`), and "
+       "`host_ratio_to_linear` the host cost of a forward+backward at (1, 128, D) over `torch.nn.Linear(D, D)`'s in "
+       "the same run."),
     code('''pd.set_option("display.width", 200)
 if df["cpu"].any():
     print(f"{report.CPU_NOTE}: floor, bandwidth and memory are NaN.")

@@ -1,19 +1,38 @@
-"""The best public pipeline beside samu, timed by the same protocol (docs/SPEC.md section 8):
-eager PyTorch gates (RG-LRU) or controller (SAMU) under autocast, then FLA's ``chunk_hgrn``
-(h_t = exp(g_t) h_{t-1} + x_t, fla-core, an optional dependency).
+"""The public pipelines timed beside samu by the same protocol (docs/SPEC.md section 8), in a
+registry: eager PyTorch gates (RG-LRU) or controller (SAMU) under autocast, then one of FLA's
+scans of h_t = exp(g_t) h_{t-1} + x_t (fla-core, an optional dependency): ``chunk_hgrn``
+(chunked, the first and headline peer) or ``fused_recurrent_hgrn`` (sequential).
 
-The eager part is the reference's own preparation (``samu.ops.<mixer>.naive``), so the peer
+The eager part is the reference's own preparation (``samu.ops.<mixer>.naive``), so each peer
 computes the same function; unlike samu's kernels it writes the state-sized log a and u.
 """
 from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from torch import nn
 
 from ..ops.rglru.naive import rglru_scan_inputs
 from ..ops.samu.naive import samu_scan_inputs
+from . import schema
 
-PIPELINES = {"rglru": "eager_gates_then_fla_chunk_hgrn",
-             "samu": "eager_controller_then_fla_chunk_hgrn"}
+MIXERS = ("rglru", "samu")
+PREPARATION = {"rglru": "eager_gates", "samu": "eager_controller"}
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    """One public pipeline: ``name`` keys its entry in a result row's ``peers``; ``build(module)``
+    returns a module-like peer on the module's parameters whose ``last_backend`` names the
+    pipeline, where ``available(module)`` holds."""
+    name: str
+    mixers: tuple[str, ...]
+    label: str
+    available: Callable[[nn.Module], bool]
+    build: Callable[[nn.Module], nn.Module]
+    materialized_state_sized_transition: bool = True
 
 
 def fla_version() -> str | None:
@@ -26,33 +45,67 @@ def fla_version() -> str | None:
         return None
 
 
-class FlaPipeline(nn.Module):
-    """A samu module's parameters run through the public pipeline; module-like, so the timing
-    protocol samples it as it samples samu's modules."""
+def fla_hgrn(op: str):
+    """``fla.ops.hgrn.<op>``, or None where fla-core (or that op) is missing."""
+    try:
+        return getattr(importlib.import_module("fla.ops.hgrn"), op)
+    except Exception:
+        return None
 
-    def __init__(self, module: nn.Module):
+
+def pipeline_name(mixer: str, op: str) -> str:
+    return f"{PREPARATION[mixer]}_then_fla_{op}"
+
+
+class FlaPipeline(nn.Module):
+    """A samu module's parameters run through eager preparation and an FLA scan; module-like, so
+    the timing protocol samples it as it samples samu's modules."""
+
+    def __init__(self, module: nn.Module, op: str):
         super().__init__()
-        from fla.ops.hgrn import chunk_hgrn
-        self._chunk_hgrn = chunk_hgrn
+        self._scan = fla_hgrn(op)
         self.inner = module
         self.mixer = module.mixer
-        self.last_backend = PIPELINES[module.mixer]
+        self.last_backend = pipeline_name(module.mixer, op)
 
     def forward(self, x):
         p = self.inner
         if self.mixer == "rglru":
             log_a, _, u = rglru_scan_inputs(x, p.gate_x_weight, p.gate_x_bias, p.gate_a_weight,
                                             p.gate_a_bias, p.a_param)
-            h, _ = self._chunk_hgrn(u, log_a)
+            h, _ = self._scan(u, log_a)
             return h.to(x.dtype)
         log_a, _, u = samu_scan_inputs(x, p.ctrl_weight, p.ctrl_bias, p.a_param, p.log_temp)
-        h, _ = self._chunk_hgrn(u, log_a)
+        h, _ = self._scan(u, log_a)
         return (h + p.skip * x.to(h.dtype)).to(x.dtype)
 
 
-def peer_of(module: nn.Module) -> FlaPipeline | None:
-    """The public pipeline on the module's parameters, or None where fla-core is missing or
-    cannot run here (it needs CUDA)."""
-    if fla_version() is None or not next(module.parameters()).is_cuda:
-        return None
-    return FlaPipeline(module)
+def fla_peer(name: str, op: str, label: str) -> PeerSpec:
+    """A peer of both mixers through ``fla.ops.hgrn.<op>``; it needs CUDA (FLA's kernels are
+    Triton's), so CUDA is checked first and a CPU run never imports fla."""
+    def available(module: nn.Module) -> bool:
+        return next(module.parameters()).is_cuda and fla_hgrn(op) is not None
+    return PeerSpec(name, MIXERS, label, available, lambda module: FlaPipeline(module, op))
+
+
+PEERS: tuple[PeerSpec, ...] = (
+    fla_peer(schema.SINGLE_PEER, "chunk_hgrn", "eager + FLA chunk_hgrn"),
+    fla_peer("fla_fused_recurrent_hgrn", "fused_recurrent_hgrn",
+             "eager + FLA fused_recurrent_hgrn"),
+)
+
+
+def peers_of(module: nn.Module, registry: Sequence[PeerSpec] = PEERS
+             ) -> dict[str, tuple[PeerSpec, nn.Module]]:
+    """Every peer of the registry that serves the module's mixer and can run here, by name, with
+    its spec, in the registry's order."""
+    names = [spec.name for spec in registry]
+    if len(set(names)) != len(names):
+        raise ValueError(f"peer names repeat in the registry: {names}")
+    return {spec.name: (spec, spec.build(module)) for spec in registry
+            if module.mixer in spec.mixers and spec.available(module)}
+
+
+def label(name: str, registry: Sequence[PeerSpec] = PEERS) -> str:
+    """A peer's label for tables and figures; its name where the registry does not hold it."""
+    return next((spec.label for spec in registry if spec.name == name), name)

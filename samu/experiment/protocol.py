@@ -244,10 +244,17 @@ def measure_memory(module, x, dy) -> dict:
                            base_alloc, base_res)))
 
 
+def phase_stats(rounds_: list[dict]) -> dict:
+    """Each phase's summary over the samples of every round."""
+    return {phase: summarize([s for rd in rounds_ for s in rd[f"{phase}_ms"]])
+            for phase in ("forward", "backward", "forward_backward")}
+
+
 def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rounds=ROUNDS,
-               samples=SAMPLES, progress=None) -> list[dict]:
+               samples=SAMPLES, progress=None, peers=peers_.PEERS) -> list[dict]:
     """Both mixers at one shape, AB/BA counterbalanced: round r runs RG-LRU first when
-    (r + shape_index) is even.  Returns one result row per mixer."""
+    (r + shape_index) is even, each mixer followed by every peer of ``peers`` (a registry of
+    peers_.PeerSpec) that serves it and can run here.  Returns one result row per mixer."""
     device = torch.device(device)
     batch, length, width = shape
     gen = torch.Generator().manual_seed(seed)
@@ -255,10 +262,10 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
     x.requires_grad_()
     dy = torch.randn(batch, length, width, generator=gen).to(device, torch.bfloat16)
     modules = {m: build_module(m, width, chosen[m], device, seed) for m in ("rglru", "samu")}
-    # The public pipeline on the same parameters, timed right after each mixer in every round.
-    peers = {m: p for m, p in ((m, peers_.peer_of(mod)) for m, mod in modules.items()) if p}
+    # The public pipelines on the same parameters, timed right after their mixer in every round.
+    peer_of = {m: peers_.peers_of(mod, peers) for m, mod in modules.items()}
     per_round = {m: [] for m in modules}
-    peer_rounds = {m: [] for m in peers}
+    peer_rounds = {m: {name: [] for name in peer_of[m]} for m in modules}
 
     def run_phases(module, label):
         for _ in range(warmup_count(device)):
@@ -275,9 +282,9 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
         for position, mixer in enumerate(order):
             per_round[mixer].append({"round": r, "order_index": position,
                                      **run_phases(modules[mixer], mixer)})
-            if mixer in peers:
-                peer_rounds[mixer].append({"round": r, "order_index": position,
-                                           **run_phases(peers[mixer], f"{mixer} peer")})
+            for name, (_, peer) in peer_of[mixer].items():
+                peer_rounds[mixer][name].append({"round": r, "order_index": position,
+                                                 **run_phases(peer, f"{mixer} {name}")})
     rows = []
     for mixer, module in modules.items():
         rounds_ = per_round[mixer]
@@ -288,8 +295,7 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
             "controller": "fp32_fused_coords" if mixer == "samu" else None,
             "device": str(device),  # what labels the result: its GPU, floor and memory
         }
-        for phase in ("forward", "backward", "forward_backward"):
-            row[phase] = summarize([s for rd in rounds_ for s in rd[f"{phase}_ms"]])
+        row.update(phase_stats(rounds_))
         row["rounds"] = rounds_
         row.update(measure_memory(module, x, dy))
         n_params = parameter_count(mixer, width)
@@ -301,18 +307,18 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
             backends.REGISTRY[mixer][module.last_backend].materialized_state_sized_transition)
         row["gpu_time_ms"] = graph_replay_ms(module, x, dy)
         row["host"] = host_cost_us(module, width, device)
-        if mixer in peers:
-            peer = {"pipeline": peers[mixer].last_backend, "fla_core": peers_.fla_version(),
-                    "materialized_state_sized_transition": True}
-            for phase in ("forward", "backward", "forward_backward"):
-                peer[phase] = summarize([s for rd in peer_rounds[mixer]
-                                         for s in rd[f"{phase}_ms"]])
-            peer["rounds"] = peer_rounds[mixer]
-            peer["gpu_time_ms"] = graph_replay_ms(peers[mixer], x, dy)
-            peer["host"] = host_cost_us(peers[mixer], width, device)
-            row["peer"] = peer
-            row["speedup_vs_peer"] = (peer["forward_backward"]["median_ms"]
-                                      / row["forward_backward"]["median_ms"])
+        row["peers"] = {}
+        for name, (spec, peer) in peer_of[mixer].items():
+            entry = {"pipeline": peer.last_backend, "fla_core": peers_.fla_version(),
+                     "materialized_state_sized_transition":
+                         spec.materialized_state_sized_transition,
+                     **phase_stats(peer_rounds[mixer][name]),
+                     "rounds": peer_rounds[mixer][name],
+                     "gpu_time_ms": graph_replay_ms(peer, x, dy),
+                     "host": host_cost_us(peer, width, device)}
+            entry["speedup"] = (entry["forward_backward"]["median_ms"]
+                                / row["forward_backward"]["median_ms"])
+            row["peers"][name] = entry
         rows.append(row)
     return rows
 

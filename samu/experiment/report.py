@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..shapes import Shape
 from .. import dispatch, paths
-from . import protocol, schema
+from . import peers as peers_, protocol, schema
 
 SHAPE_ORDER_KEY = lambda s: (s[1], s[2], s[0])  # noqa: E731  length, width, batch
 
@@ -26,6 +26,9 @@ CPU_LABEL = "CPU (Triton interpreter)"
 CPU_NOTE = "CPU (Triton interpreter): timings are no GPU result"
 PUBLISHED_SOURCE = "published H800 PCIe"
 MIXER_NAMES = {"rglru": "RG-LRU", "samu": "SAMU"}
+# The peer of the headline column speedup_vs_peer: eager gates or controller, then FLA's
+# chunk_hgrn.  Every other peer a row holds gets a column of its own (summary_table).
+HEADLINE_PEER = peers_.PEERS[0].name
 
 # The memory bandwidth in NVIDIA's H800 PCIe datasheet (NVIDIA H800 Tensor Core GPU datasheet,
 # H800 PCIe 80 GB): 2.0 TB/s.  The published H800 rows are judged against it (SPEC section 8).
@@ -190,6 +193,10 @@ def frame(doc: dict, source: str | None = None) -> pd.DataFrame:
                                            protocol.FORWARD_FLOOR_BYTES_PER_ELEMENT)
                          if not cpu else nan)
         flops = flops_per_element(row["architecture"], shape.width)
+        timed_peers = {name: {"forward_backward_ms": _or_nan(p["forward_backward"]["median_ms"]),
+                              "gpu_time_ms": _or_nan(p.get("gpu_time_ms")),
+                              "speedup": _or_nan(p.get("speedup"))}
+                       for name, p in (row.get("peers") or {}).items()}
         records.append({
             "source": source if source not in (None, CPU_SLUG) else machine_label(env, source),
             "machine": machine_label(env, source), "cpu": cpu,
@@ -208,12 +215,10 @@ def frame(doc: dict, source: str | None = None) -> pd.DataFrame:
             # The kernels' own time: one forward+backward replayed from a CUDA graph (no host).
             "gpu_time_ms": _or_nan(row.get("gpu_time_ms")),
             "gpu_time_times_floor": _or_nan(row.get("gpu_time_ms")) / floor,
-            # The best public pipeline (eager gates or controller, then FLA's chunk_hgrn), timed
-            # in the same rounds: its median, GPU time, and samu's speedup over it.
-            "peer_forward_backward_ms": _or_nan((row.get("peer") or {}).get(
-                "forward_backward", {}).get("median_ms")),
-            "peer_gpu_time_ms": _or_nan((row.get("peer") or {}).get("gpu_time_ms")),
-            "speedup_vs_peer": _or_nan(row.get("speedup_vs_peer")),
+            # The public pipelines timed in the same rounds, by name: each one's median, GPU
+            # time, and samu's speedup over it; the headline peer's speedup also on its own.
+            "peers": timed_peers,
+            "speedup_vs_peer": timed_peers.get(HEADLINE_PEER, {}).get("speedup", nan),
             # Host cost of a synchronised forward+backward at (1, 128, D) against nn.Linear(D, D).
             "host_ratio_to_linear": _or_nan((row.get("host") or {}).get("ratio_to_linear")),
             "flops_per_element": flops,
@@ -225,13 +230,23 @@ def frame(doc: dict, source: str | None = None) -> pd.DataFrame:
         lambda v: SHAPE_ORDER_KEY(v) if isinstance(v, tuple) else v)).reset_index(drop=True)
 
 
-def floor_multiples(df: pd.DataFrame) -> pd.DataFrame:
+def peer_names(df: pd.DataFrame, registry=peers_.PEERS) -> list[str]:
+    """The peers timed in a frame's rows, in the registry's order, then any other in the order
+    met."""
+    order = [spec.name for spec in registry]
+    met = dict.fromkeys(name for timed in df["peers"] for name in timed)
+    return sorted(met, key=lambda name: order.index(name) if name in order else len(order))
+
+
+def floor_multiples(df: pd.DataFrame, registry=peers_.PEERS) -> pd.DataFrame:
     """Long form of each GPU row's forward+backward as multiples of its floor: the protocol's
-    median, the GPU time (CUDA-graph replay) and the public pipeline's median, where measured."""
+    median, the GPU time (CUDA-graph replay) and each public pipeline's median, where measured;
+    a peer's series is named by its label in the registry."""
     records = []
     for r in df[~df["cpu"]].itertuples():
         for label, ms in (("median", r.forward_backward_ms), ("GPU time", r.gpu_time_ms),
-                          ("public pipeline median", r.peer_forward_backward_ms)):
+                          *((f"{peers_.label(name, registry)} median", timed["forward_backward_ms"])
+                            for name, timed in r.peers.items())):
             if not math.isnan(ms) and not math.isnan(r.floor_ms):
                 records.append({"shape": r.shape, "shape_tuple": r.shape_tuple,
                                 "series": f"{r.mixer} {label}", "times_floor": ms / r.floor_ms})
@@ -257,13 +272,20 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["source", "shape", "speedup", "low", "high", "cpu"])
 
 
-def summary_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The summary columns; floor, bandwidth and memory are NaN on CPU rows."""
+def summary_table(df: pd.DataFrame, registry=peers_.PEERS) -> pd.DataFrame:
+    """The summary columns; floor, bandwidth and memory are NaN on CPU rows.  speedup_vs_peer is
+    over the headline peer, speedup_vs_<name> over each other peer the rows hold."""
     cols = ["source", "shape", "mixer", "backend", "forward_ms", "backward_ms",
             "forward_backward_ms", "times_floor", "gpu_time_ms", "gpu_time_times_floor",
             "achieved_TBps", "peak_allocated_delta_units", "speedup_vs_peer",
             "host_ratio_to_linear"]
-    return df[cols].round(4)
+    table = df[cols].copy()
+    at = cols.index("speedup_vs_peer") + 1
+    for name in (n for n in peer_names(df, registry) if n != HEADLINE_PEER):
+        table.insert(at, f"speedup_vs_{name}",
+                     [timed.get(name, {}).get("speedup", math.nan) for timed in df["peers"]])
+        at += 1
+    return table.round(4)
 
 
 def published_comparison(df: pd.DataFrame, published_df: pd.DataFrame) -> pd.DataFrame:
@@ -326,7 +348,7 @@ def _shape_order(both: pd.DataFrame) -> list[str]:
     return [Shape.of(t).label for t in tuples]
 
 
-def figures(df: pd.DataFrame, published_df: pd.DataFrame) -> dict:
+def figures(df: pd.DataFrame, published_df: pd.DataFrame, registry=peers_.PEERS) -> dict:
     """The figures, matplotlib Figures (no pyplot, so nothing is left open): time per
     shape, SAMU's speedup with its spread, peak memory, and the roofline."""
     import seaborn as sns
@@ -373,7 +395,7 @@ def figures(df: pd.DataFrame, published_df: pd.DataFrame) -> dict:
         both, "forward_backward_ms", "forward+backward median (ms, log scale)",
         f"Complete mixer time per shape\n{beside}{cpu_line}", log=True)
 
-    floors = floor_multiples(df)
+    floors = floor_multiples(df, registry)
     if floors["series"].str.endswith("GPU time").any():  # results from before GPU time: none
         fig = Figure(figsize=(10, 4.8))
         ax = fig.subplots()
@@ -387,8 +409,8 @@ def figures(df: pd.DataFrame, published_df: pd.DataFrame) -> dict:
         ax.set_xlabel("shape (batch, length, width)")
         ax.set_ylabel("multiple of the 10-byte floor (log scale)")
         ax.set_title(f"Forward+backward on {machines}: protocol median (host included), GPU time "
-                     "(CUDA-graph replay),\nand the public pipeline (eager gates or controller, "
-                     "then FLA chunk_hgrn)", fontsize=11)
+                     "(CUDA-graph replay),\nand the public pipelines (eager gates or controller, "
+                     "then an FLA scan)", fontsize=11)
         ax.tick_params(axis="x", labelrotation=20)
         _legend_outside(ax)
         out["floor_multiples"] = fig
@@ -517,8 +539,9 @@ def save_figure(fig, path) -> Path:
                                                              bbox_inches="tight"))
 
 
-def draw_figures(df: pd.DataFrame, published_df: pd.DataFrame, slug: str) -> list[Path]:
+def draw_figures(df: pd.DataFrame, published_df: pd.DataFrame, slug: str,
+                 registry=peers_.PEERS) -> list[Path]:
     """The figures written atomically into data/figures/<slug>_<name>.png."""
     folder = paths.figures_dir()
     return [save_figure(fig, folder / f"{slug}_{name}.png")
-            for name, fig in figures(df, published_df).items()]
+            for name, fig in figures(df, published_df, registry).items()]

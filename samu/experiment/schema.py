@@ -32,6 +32,28 @@ _stats = {
     "properties": {"samples_ms": _samples, "median_ms": _number, "mean_ms": _number,
                    "std_ms": _number, "minimum_ms": _number, "maximum_ms": _number},
 }
+_rounds = {"type": "array", "minItems": ROUNDS, "maxItems": ROUNDS, "items": {
+    "type": "object",
+    "required": ["round", "order_index", "forward_ms", "backward_ms", "forward_backward_ms"],
+    "properties": {"round": _count, "order_index": _count, "forward_ms": _round_samples,
+                   "backward_ms": _round_samples, "forward_backward_ms": _round_samples}}}
+_maybe_number = {"type": ["number", "null"]}  # null: not measured on this device
+# A public pipeline timed beside the row's mixer in the same rounds (samu.experiment.peers);
+# speedup is its forward+backward median over the row's.
+_peer = {
+    "type": "object",
+    "required": ["pipeline", "forward", "backward", "forward_backward", "rounds", "speedup",
+                 "materialized_state_sized_transition"],
+    "properties": {"pipeline": {"type": "string"}, "fla_core": {"type": ["string", "null"]},
+                   "forward": _stats, "backward": _stats, "forward_backward": _stats,
+                   "rounds": _rounds, "gpu_time_ms": _maybe_number,
+                   "host": {"type": ["object", "null"]}, "speedup": _number,
+                   "materialized_state_sized_transition": {"type": "boolean"}},
+}
+PEER_NAME = "^[a-z][a-z0-9_]*$"  # a name that can stand in a column's name
+# Rows written before there were several peers held one, this one, as "peer", with its speedup
+# beside it as "speedup_vs_peer"; read_valid_json turns them into "peers".
+SINGLE_PEER = "fla_chunk_hgrn"
 _row = {
     "type": "object",
     "required": ["shape", "architecture", "backend", "controller", "forward", "backward",
@@ -48,13 +70,7 @@ _row = {
         "backend": {"type": "string"},
         "controller": {"type": ["string", "null"]},
         "forward": _stats, "backward": _stats, "forward_backward": _stats,
-        "rounds": {"type": "array", "minItems": ROUNDS, "maxItems": ROUNDS, "items": {
-            "type": "object",
-            "required": ["round", "order_index", "forward_ms", "backward_ms",
-                         "forward_backward_ms"],
-            "properties": {"round": _count, "order_index": _count, "forward_ms": _round_samples,
-                           "backward_ms": _round_samples,
-                           "forward_backward_ms": _round_samples}}},
+        "rounds": _rounds,
         **{k: {"type": "integer"} for k in ("peak_allocated_delta_bytes",
                                             "peak_reserved_delta_bytes")},
         **{k: _count for k in ("peak_allocated_bytes", "peak_reserved_bytes",
@@ -62,6 +78,8 @@ _row = {
                                "parameters", "parameter_bytes",
                                "dynamic_control_values_per_token")},
         "materialized_state_sized_transition": {"type": "boolean"},
+        "peers": {"type": "object", "propertyNames": {"pattern": PEER_NAME},
+                  "additionalProperties": _peer},
     },
 }
 _environment = {"type": "object", "required": ["torch", "cuda", "gpu"]}
@@ -163,7 +181,6 @@ TRAINING_SCHEMA = {
                                                                "minimum": 1}}}]}},
     },
 }
-_maybe_number = {"type": ["number", "null"]}  # null: not measured on this device
 # Packed sequences, decode steps and torch.compile (samu.experiment.features).
 _timed = {"type": "object", "required": ["forward_backward_median_ms", "gpu_time_ms"],
           "properties": {"forward_backward_median_ms": _number, "gpu_time_ms": _maybe_number}}
@@ -296,9 +313,24 @@ class ResultFileError(ValueError):
         super().__init__(f"{self.path}: {problem}")
 
 
+def with_peers(doc: dict) -> dict:
+    """A result document whose rows hold their public pipelines as "peers": a row of the single
+    peer form ("peer", "speedup_vs_peer") is turned in place into {SINGLE_PEER: that peer, with
+    its speedup}."""
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, dict) and isinstance(row.get("peer"), dict) and "peers" not in row:
+            peer = row.pop("peer")
+            if "speedup_vs_peer" in row:  # else the schema names the missing speedup
+                peer["speedup"] = row.pop("speedup_vs_peer")
+            row["peers"] = {SINGLE_PEER: peer}
+    return doc
+
+
 def read_valid_json(path, kind: str = "result") -> dict:
-    """The document in ``path``, validated against the ``kind`` schema; ResultFileError names the
-    file when it is not JSON (truncated, say) or not a valid document."""
+    """The document in ``path``, validated against the ``kind`` schema (a result document in
+    its current form, with_peers); ResultFileError names the file when it is not JSON (truncated,
+    say) or not a valid document."""
     try:
         doc = read_json(path)
     except json.JSONDecodeError as exc:
@@ -307,6 +339,8 @@ def read_valid_json(path, kind: str = "result") -> dict:
     except UnicodeDecodeError as exc:
         raise ResultFileError(path, f"not valid JSON (not UTF-8 text: {exc.reason})") from exc
     try:
+        if kind == "result":
+            with_peers(doc)
         validate(doc, kind)
     except jsonschema.ValidationError as exc:
         raise ResultFileError(path, f"not a valid {kind} document: {exc.message} (at "

@@ -3,7 +3,7 @@ import statistics
 import pytest
 import torch
 
-from samu.experiment import protocol, schema
+from samu.experiment import peers, protocol, schema
 
 
 @pytest.mark.parametrize("shape, floor", [((4, 2048, 2048), 0.040), ((1, 8192, 2560), 0.050),
@@ -80,19 +80,62 @@ def test_host_cost_is_a_ratio_to_a_linear_layer():
     assert cost["ratio_to_linear"] == pytest.approx(cost["mixer_us"] / cost["linear_us"])
 
 
+@pytest.mark.parametrize("name", [spec.name for spec in peers.PEERS])
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
-def test_public_pipeline_computes_the_same_mixer(mixer):
-    """Eager gates or controller then FLA's chunk_hgrn: the reference's function, on a GPU with
+def test_public_pipeline_computes_the_same_mixer(mixer, name):
+    """Eager gates or controller then an FLA scan: the reference's function, on a GPU with
     fla-core; elsewhere no peer is built."""
-    from samu.experiment import legality, peers
+    from samu.experiment import legality
     module = protocol.build_module(mixer, 64, "auto", DEVICE)
-    peer = peers.peer_of(module)
+    registry = [spec for spec in peers.PEERS if spec.name == name]
+    built = peers.peers_of(module, registry)
     if not CUDA or peers.fla_version() is None:
-        assert peer is None
+        assert built == {}
         return
+    _, peer = built[name]
     x = torch.randn(1, 300, 64, device=DEVICE, dtype=torch.bfloat16)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         got = peer(x)
     params = {n: p.detach() for n, p in module.named_parameters()}
     want = legality.oracle(mixer, x, params, torch.zeros_like(x))["y"]
     assert ((got.double() - want).norm() / want.norm()).item() < 2e-2
+
+
+def test_the_first_peer_is_fla_chunk_hgrn_and_the_second_its_sequential_scan():
+    assert [spec.name for spec in peers.PEERS] == [schema.SINGLE_PEER,
+                                                   "fla_fused_recurrent_hgrn"]
+    assert all(spec.mixers == ("rglru", "samu") for spec in peers.PEERS)
+    assert peers.pipeline_name("rglru", "chunk_hgrn") == "eager_gates_then_fla_chunk_hgrn"
+    assert peers.pipeline_name("samu", "chunk_hgrn") == "eager_controller_then_fla_chunk_hgrn"
+
+
+def toy_peer(mixer="samu", name="toy"):
+    """A peer that runs anywhere: the mixer's own module, serving one mixer."""
+    return peers.PeerSpec(name, (mixer,), "toy pipeline", available=lambda module: True,
+                          build=lambda module: module, materialized_state_sized_transition=False)
+
+
+def test_a_registered_peer_is_timed_beside_its_mixer_only():
+    registry = (*peers.PEERS, toy_peer("samu"))
+    chosen = {"rglru": "reference_chunked", "samu": "reference_chunked"}
+    rows = protocol.time_shape((1, 8, 16), 1, chosen, "cpu", peers=registry)
+    schema.validate(protocol.result_document(rows))
+    by = {r["architecture"]: r for r in rows}
+    assert by["rglru"]["peers"] == {}  # the FLA peers need CUDA; the toy serves SAMU only
+    assert list(by["samu"]["peers"]) == ["toy"]
+    toy = by["samu"]["peers"]["toy"]
+    assert toy["pipeline"] == "reference_chunked"
+    assert toy["materialized_state_sized_transition"] is False
+    assert [rd["order_index"] for rd in toy["rounds"]] == \
+        [rd["order_index"] for rd in by["samu"]["rounds"]]
+    assert toy["forward_backward"]["samples_ms"] == \
+        toy["rounds"][0]["forward_backward_ms"] + toy["rounds"][1]["forward_backward_ms"]
+    assert toy["speedup"] == pytest.approx(toy["forward_backward"]["median_ms"]
+                                           / by["samu"]["forward_backward"]["median_ms"])
+    assert toy["gpu_time_ms"] is None and toy["host"] is None  # a CPU has neither
+
+
+def test_peer_names_must_not_repeat():
+    module = protocol.build_module("samu", 16, "reference_chunked", "cpu")
+    with pytest.raises(ValueError, match="repeat"):
+        peers.peers_of(module, (toy_peer(), toy_peer()))

@@ -1,9 +1,10 @@
+import math
 import copy
 
 import pytest
 
 from samu import dispatch, paths
-from samu.experiment import protocol, report, schema
+from samu.experiment import peers, protocol, report, schema
 
 
 def published_frame():
@@ -244,24 +245,33 @@ def test_vocabulary_seed_means_random_seeds_only():
             assert phrase not in text.lower(), (name, phrase)
 
 
-def test_floor_multiples_figure_shows_median_gpu_time_and_public_pipeline(tmp_path):
-    """GPU rows with a CUDA-graph time and a public-pipeline median get a figure of all three as
-    multiples of the floor; CPU rows get none."""
+def test_floor_multiples_figure_shows_median_gpu_time_and_public_pipelines(tmp_path):
+    """GPU rows with a CUDA-graph time and public-pipeline medians get a figure of them all as
+    multiples of the floor, a series per peer; CPU rows get none."""
     doc = report.published_h800_document()
+    first, second = report.HEADLINE_PEER, "other_scan"  # the second one no registry holds
     rows = []
     for row in doc["rows"]:
-        row = dict(row, gpu_time_ms=row["forward_backward"]["median_ms"] / 3,
-                   peer={"forward_backward": {"median_ms": row["forward_backward"]["median_ms"] * 2}},
-                   speedup_vs_peer=2.0)
+        fb = row["forward_backward"]["median_ms"]
+        row = dict(row, gpu_time_ms=fb / 3,
+                   peers={first: {"forward_backward": {"median_ms": fb * 2}, "speedup": 2.0},
+                          second: {"forward_backward": {"median_ms": fb * 5}, "speedup": 5.0}})
         rows.append(row)
     h200 = dict(doc, rows=rows, environment=dict(doc["environment"], gpu="NVIDIA H200"))
     df = report.frame(h200)
+    assert (df["speedup_vs_peer"] == 2.0).all()  # the headline is the first peer
     floors = report.floor_multiples(df)
+    labels = [f"{peers.PEERS[0].label} median", "other_scan median"]
     assert set(floors["series"]) == {f"{m} {s}" for m in ("rglru", "samu")
-                                     for s in ("median", "GPU time", "public pipeline median")}
+                                     for s in ("median", "GPU time", *labels)}
     median = floors[floors["series"] == "samu median"]["times_floor"].to_numpy()
     gpu = floors[floors["series"] == "samu GPU time"]["times_floor"].to_numpy()
-    assert (abs(gpu * 3 - median) < 1e-9).all()
+    second_peer = floors[floors["series"] == f"samu {labels[1]}"]["times_floor"].to_numpy()
+    assert (abs(gpu * 3 - median) < 1e-9).all() and (abs(second_peer - 5 * median) < 1e-9).all()
+    table = report.summary_table(df)
+    assert list(table.columns[table.columns.get_loc("speedup_vs_peer"):][:3]) == [
+        "speedup_vs_peer", f"speedup_vs_{second}", "host_ratio_to_linear"]
+    assert (table[f"speedup_vs_{second}"] == 5.0).all()
     assert "floor_multiples" in report.figures(df, report.frame(doc, report.PUBLISHED_SOURCE))
     cpu = report.frame(dict(h200, environment=dict(doc["environment"], gpu="cpu")), "cpu")
     assert report.floor_multiples(cpu).empty
@@ -322,3 +332,39 @@ def test_a_result_file_that_fails_the_schema_is_named(tmp_path, monkeypatch, bre
     assert str(broken) in message and "not a valid result document" in message
     assert words in message, message
     assert not paths.results_file("test-gpu").exists()  # nothing combined, nothing written
+
+
+def test_a_registered_peer_appears_in_the_report(tmp_path, monkeypatch):
+    """A toy second peer, in a registry passed to the protocol, is timed on the CPU, read back
+    from the result file, and gets its own column in the summary and its own series."""
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    toy = peers.PeerSpec("toy", ("samu",), "toy pipeline", available=lambda module: True,
+                         build=lambda module: module)
+    registry = (*peers.PEERS, toy)
+    chosen = {"rglru": "reference_chunked", "samu": "reference_chunked"}
+    rows = protocol.time_shape((1, 8, 16), 0, chosen, "cpu", peers=registry)
+    protocol.write_shape_result("test-gpu", (1, 8, 16), rows)
+    df = report.frame(report.combine("test-gpu", write=False))
+    assert report.peer_names(df, registry) == ["toy"]
+    table = report.summary_table(df, registry).set_index("mixer")
+    want = next(r for r in rows if r["architecture"] == "samu")["peers"]["toy"]["speedup"]
+    assert table.loc["samu", "speedup_vs_toy"] == pytest.approx(want, abs=1e-4)
+    assert math.isnan(table.loc["rglru", "speedup_vs_toy"])  # the toy serves SAMU only
+    assert math.isnan(table.loc["samu", "speedup_vs_peer"])  # no FLA on a CPU
+    gpu = report.frame(as_gpu(report.combine("test-gpu", write=False)))
+    assert "samu toy pipeline median" in set(report.floor_multiples(gpu, registry)["series"])
+    assert "samu toy median" in set(report.floor_multiples(gpu)["series"])  # no label: its name
+
+
+def test_the_committed_single_peer_rows_keep_their_headline():
+    """The committed files hold the single-peer form; the report reads its speedup as today's."""
+    raw = {(tuple(r["shape"].values()), r["architecture"]): r.get("speedup_vs_peer", math.nan)
+           for p in sorted(paths.results_dir(report.COMMITTED_SLUG).glob("*.json"))
+           for r in schema.read_json(p)["rows"]}
+    df = report.frame(report.combine(report.COMMITTED_SLUG, write=False))
+    got = {(tuple(s), m): v for s, m, v in zip(df["shape_tuple"], df["mixer"],
+                                               df["speedup_vs_peer"])}
+    assert got.keys() == raw.keys() and sum(math.isfinite(v) for v in got.values()) == 14
+    for key, value in raw.items():
+        assert got[key] == pytest.approx(value, nan_ok=True), key
+    assert report.peer_names(df) == [schema.SINGLE_PEER]

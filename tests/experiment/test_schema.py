@@ -116,3 +116,65 @@ def test_temporaries_and_locks_are_git_ignored(tmp_path):
     done = subprocess.run(["git", "check-ignore", "--no-index", *relative],
                           cwd=paths.REPO_ROOT, capture_output=True, text=True)
     assert done.stdout.split() == relative, done.stderr
+
+
+COMMITTED_SHAPE_FILE = paths.REPO_ROOT / "data" / "results" / "nvidia-h200" / "4x2048x2048.json"
+
+
+def test_a_committed_single_peer_file_reads_as_peers():
+    """Files written before there were several peers hold one as "peer" with "speedup_vs_peer"
+    beside it; read, each row holds it under peers[SINGLE_PEER] with its speedup."""
+    raw = schema.read_json(COMMITTED_SHAPE_FILE)
+    assert all("peer" in row and "peers" not in row for row in raw["rows"])
+    doc = schema.read_valid_json(COMMITTED_SHAPE_FILE)
+    for old, new in zip(raw["rows"], doc["rows"]):
+        assert "peer" not in new and "speedup_vs_peer" not in new
+        assert list(new["peers"]) == [schema.SINGLE_PEER]
+        entry = new["peers"][schema.SINGLE_PEER]
+        assert entry == {**old["peer"], "speedup": old["speedup_vs_peer"]}
+        assert entry["pipeline"].endswith("_then_fla_chunk_hgrn")
+        assert {k: v for k, v in new.items() if k != "peers"} == {
+            k: v for k, v in old.items() if k not in ("peer", "speedup_vs_peer")}
+    assert schema.read_json(COMMITTED_SHAPE_FILE) == raw  # reading rewrites nothing
+
+
+def test_rows_without_a_peer_stay_without():
+    path = COMMITTED_SHAPE_FILE.with_name("2x4097x512.json")  # timed before there was a peer
+    assert all("peer" not in row for row in schema.read_json(path)["rows"])
+    assert all("peers" not in row for row in schema.read_valid_json(path)["rows"])
+
+
+@pytest.fixture
+def with_a_peer(seed):
+    """The published H800 document with the committed H200 peer entry in its first row."""
+    entry = schema.read_valid_json(COMMITTED_SHAPE_FILE)["rows"][0]["peers"][schema.SINGLE_PEER]
+    doc = copy.deepcopy(seed)
+    doc["rows"][0]["peers"] = {"toy": copy.deepcopy(entry)}
+    schema.validate(doc)
+    return doc
+
+
+@pytest.mark.parametrize("breakage, words", [
+    (lambda peer: peer.pop("speedup"), "'speedup' is a required property"),
+    (lambda peer: peer["forward_backward"].pop("median_ms"), "'median_ms' is a required"),
+    (lambda peer: peer.update(gpu_time_ms="fast"), "'fast' is not of type"),
+    (lambda peer: peer["rounds"].pop(), "is too short"),
+], ids=["no speedup", "no median", "a GPU time that is no number", "one round"])
+def test_a_malformed_peer_entry_is_refused_naming_it(with_a_peer, tmp_path, breakage, words):
+    breakage(with_a_peer["rows"][0]["peers"]["toy"])
+    with pytest.raises(jsonschema.ValidationError) as caught:
+        schema.validate(with_a_peer)
+    assert caught.value.json_path.startswith("$.rows[0].peers.toy"), caught.value.json_path
+    path = tmp_path / "1x1x1.json"
+    path.write_text(json.dumps(with_a_peer))
+    with pytest.raises(schema.ResultFileError) as caught:
+        schema.read_valid_json(path)
+    message = str(caught.value)
+    assert words in message and "$.rows[0].peers.toy" in message, message
+
+
+def test_a_peer_name_that_cannot_name_a_column_is_refused(with_a_peer):
+    peers = with_a_peer["rows"][0]["peers"]
+    peers["eager + FLA"] = peers.pop("toy")
+    with pytest.raises(jsonschema.ValidationError, match="'eager \\+ FLA' does not match"):
+        schema.validate(with_a_peer)
