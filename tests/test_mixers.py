@@ -1,6 +1,8 @@
 """The mixer registry: every layer takes its mixers from samu.mixers, so a third mixer is a spec
 and a module.  The toy here is a diagonal recurrence with a per-channel constant decay,
 h_t = a h_{t-1} + sqrt(1 - a^2) x_t, a = exp(-softplus(decay)); y = h."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -143,3 +145,28 @@ def test_a_toy_mixer_trains_inside_griffins_block(toy):
     loss = F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
     loss.backward()
     assert model.blocks[0].mixer.mixer.decay.grad.abs().sum() > 0
+
+
+def test_a_toy_mixer_goes_through_the_protocol_and_the_report(toy, tmp_path, monkeypatch):
+    """Three mixers timed in one process, each round starting one further along, their rows
+    written, validated, combined and reported."""
+    from samu import paths
+    from samu.experiment import protocol, report
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    chosen = {"rglru": "reference_chunked", "samu": "reference_chunked",
+              "toy": "reference_chunked"}
+    rows = protocol.time_shape((1, 8, 16), 1, chosen, "cpu", peers=())
+    assert [r["architecture"] for r in rows] == ["rglru", "samu", "toy"]
+    toy_row = rows[2]
+    # Round r starts at mixer (r + 1) mod 3: samu, toy, rglru; then toy, rglru, samu.
+    assert [rd["order_index"] for rd in toy_row["rounds"]] == [1, 0]
+    assert [rd["order_index"] for rd in rows[0]["rounds"]] == [2, 1]
+    assert toy_row["parameters"] == 16 and toy_row["dynamic_control_values_per_token"] == 0
+    protocol.write_shape_result("test-gpu", (1, 8, 16), rows)
+    df = report.frame(report.combine("test-gpu", write=False))
+    assert set(df["mixer"]) == {"rglru", "samu", "toy"}
+    assert report.MIXER_NAMES["toy"] == "Toy decay"
+    table = report.summary_table(df).set_index("mixer")
+    assert table.loc["toy", "forward_backward_ms"] > 0 and table.loc["toy", "backend"] == \
+        "reference_chunked"
+    assert math.isnan(report.flops_per_element("toy", 16))  # the toy's spec counts none

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import torch
 
 from ..shapes import Shape
-from .. import backends, dispatch, paths
+from .. import backends, dispatch, mixers, paths
 from ..modules import MODULES, dynamic_control_values_per_token, parameter_count
 from . import peers as peers_
 from . import schema
@@ -252,16 +252,19 @@ def phase_stats(rounds_: list[dict]) -> dict:
 
 def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rounds=ROUNDS,
                samples=SAMPLES, progress=None, peers=peers_.PEERS) -> list[dict]:
-    """Both mixers at one shape, AB/BA counterbalanced: round r runs RG-LRU first when
-    (r + shape_index) is even, each mixer followed by every peer of ``peers`` (a registry of
-    peers_.PeerSpec) that serves it and can run here.  Returns one result row per mixer."""
+    """The mixers of ``chosen`` ({mixer: backend}, in the registry's order) at one shape,
+    counterbalanced: round r starts at mixer (r + shape_index) mod their count and goes round
+    (for the two mixers, AB/BA: RG-LRU first when r + shape_index is even), each mixer followed
+    by every peer of ``peers`` (a registry of peers_.PeerSpec) that serves it and can run here.
+    Returns one result row per mixer."""
     device = torch.device(device)
     batch, length, width = shape
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, length, width, generator=gen).to(device, torch.bfloat16)
     x.requires_grad_()
     dy = torch.randn(batch, length, width, generator=gen).to(device, torch.bfloat16)
-    modules = {m: build_module(m, width, chosen[m], device, seed) for m in ("rglru", "samu")}
+    names = [m for m in mixers.names() if m in chosen]
+    modules = {m: build_module(m, width, chosen[m], device, seed) for m in names}
     # The public pipelines on the same parameters, timed right after their mixer in every round.
     peer_of = {m: peers_.peers_of(mod, peers) for m, mod in modules.items()}
     per_round = {m: [] for m in modules}
@@ -278,7 +281,8 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
         return phases
 
     for r in range(rounds):
-        order = ["rglru", "samu"] if (r + shape_index) % 2 == 0 else ["samu", "rglru"]
+        first = (r + shape_index) % len(names)
+        order = names[first:] + names[:first]
         for position, mixer in enumerate(order):
             per_round[mixer].append({"round": r, "order_index": position,
                                      **run_phases(modules[mixer], mixer)})

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..shapes import Shape
-from .. import dispatch, paths
+from .. import dispatch, mixers, paths
 from . import peers as peers_, protocol, schema
 
 SHAPE_ORDER_KEY = lambda s: (s[1], s[2], s[0])  # noqa: E731  length, width, batch
@@ -25,7 +25,7 @@ CPU_SLUG = "cpu"  # dispatch.gpu_slug() without CUDA
 CPU_LABEL = "CPU (Triton interpreter)"
 CPU_NOTE = "CPU (Triton interpreter): timings are no GPU result"
 PUBLISHED_SOURCE = "published H800 PCIe"
-MIXER_NAMES = {"rglru": "RG-LRU", "samu": "SAMU"}
+MIXER_NAMES = mixers.View(lambda spec: spec.label)
 # The peer of the headline column speedup_vs_peer: eager gates or controller, then FLA's
 # chunk_hgrn.  Every other peer a row holds gets a column of its own (summary_table).
 HEADLINE_PEER = peers_.PEERS[0].name
@@ -48,23 +48,16 @@ COMPUTE_CEILINGS = {
                     ("FP32 without tensor cores, datasheet", 67e12)],
 }
 
-# FLOPs per element of [B, L, D], forward+backward, from docs/PERFORMANCE.md, "The two numbers":
-# SAMU ~40 forward (exp, sqrt, scan) + ~80 backward; RG-LRU 8 bw forward (its gates) + ~28 bw
-# backward, with bw = D / heads the block width (36 bw = 4608 at bw = 128: the "~4600 FLOPs per
-# element at D = 2048" there), plus its scans, which that table does not count apart and which
-# are taken here as SAMU's 120.  Result rows do not record the head count; the published result
-# and this project's timing use 16 heads.
-SAMU_FLOPS_PER_ELEMENT = 40 + 80
-RGLRU_FLOPS_PER_BLOCK_WIDTH = 8 + 28
-RGLRU_SCAN_FLOPS_PER_ELEMENT = SAMU_FLOPS_PER_ELEMENT
+# Result rows do not record the head count; the published result and this project's timing use
+# 16 heads.
 RGLRU_HEADS = 16
 
 
 def flops_per_element(mixer: str, width: int, num_heads: int = RGLRU_HEADS) -> float:
-    """Forward+backward FLOPs per element of [B, L, D] (docs/PERFORMANCE.md's counts)."""
-    if mixer == "samu":
-        return float(SAMU_FLOPS_PER_ELEMENT)
-    return float(RGLRU_FLOPS_PER_BLOCK_WIDTH * width / num_heads + RGLRU_SCAN_FLOPS_PER_ELEMENT)
+    """Forward+backward FLOPs per element of [B, L, D], the mixer spec's count (samu.mixers);
+    NaN where the spec has none."""
+    count = mixers.get(mixer).flops_per_element
+    return math.nan if count is None else count(width, num_heads)
 
 
 def shape_of(row: dict) -> Shape:
@@ -366,7 +359,7 @@ def figures(df: pd.DataFrame, published_df: pd.DataFrame, registry=peers_.PEERS)
     out = {}
 
     # Mixer by colour; the published rows in a lighter shade of it.
-    base = dict(zip(MIXER_NAMES, sns.color_palette("deep", 2)))
+    base = dict(zip(MIXER_NAMES, sns.color_palette("deep", len(MIXER_NAMES))))
     palette = {}
     for series, source, mixer in zip(both["series"], both["source"], both["mixer"]):
         rgb = base[mixer]
@@ -463,7 +456,7 @@ def _roofline(both: pd.DataFrame, beside: str):
     ax = fig.subplots()
     ax.set_xscale("log")
     ax.set_yscale("log")
-    colours = dict(zip(MIXER_NAMES, sns.color_palette("deep", 2)))
+    colours = dict(zip(MIXER_NAMES, sns.color_palette("deep", len(MIXER_NAMES))))
     markers = ["o", "s", "^", "D", "v", "P"]
     machines = list(dict.fromkeys(rows["machine"]))
     marker_of = {m: markers[i % len(markers)] for i, m in enumerate(machines)}
@@ -510,7 +503,7 @@ def _roofline(both: pd.DataFrame, beside: str):
     _plain_log_ticks(ax.xaxis, x_lo, x_hi)
     _plain_log_ticks(ax.yaxis, y_lo, y_hi)
     handles = ([Line2D([], [], ls="none", marker="o", color=colours[m], label=MIXER_NAMES[m])
-                for m in MIXER_NAMES]
+                for m in MIXER_NAMES if m in set(rows["mixer"])]
                + [Line2D([], [], ls="none", marker=marker_of[m], color="white",
                          markeredgecolor="black", label=m) for m in machines]
                + ceiling_handles)

@@ -16,11 +16,17 @@ from typing import Callable
 
 import jsonschema
 
+from .. import mixers
+
 SCHEMA_VERSION = 1
 SAMPLES_PER_ROUND = 5
 ROUNDS = 2
 
 _number = {"type": "number"}
+# The registered mixers (samu.mixers), filled in again before each validation: a mixer added
+# with samu.backends.registered_mixer validates like the others.
+_MIXERS: list = []
+_MODEL_MIXERS: list = []  # the training study's: attention and the registered mixers
 _count = {"type": "integer", "minimum": 0}
 _samples = {"type": "array", "items": _number, "minItems": SAMPLES_PER_ROUND * ROUNDS,
             "maxItems": SAMPLES_PER_ROUND * ROUNDS}
@@ -66,7 +72,7 @@ _row = {
         "shape": {"type": "object", "required": ["batch", "length", "width"],
                   "properties": {k: {"type": "integer", "minimum": 1}
                                  for k in ("batch", "length", "width")}},
-        "architecture": {"enum": ["rglru", "samu"]},
+        "architecture": {"enum": _MIXERS},
         "backend": {"type": "string"},
         "controller": {"type": ["string", "null"]},
         "forward": _stats, "backward": _stats, "forward_backward": _stats,
@@ -124,7 +130,7 @@ _training_run = {
                  "steps_completed", "stopped_by_time", "diverged", "backend"],
     "properties": {
         "task": {"enum": ["mqar", "copy", "lm"]},
-        "mixer": {"enum": ["attention", "rglru", "samu"]},
+        "mixer": {"enum": _MODEL_MIXERS},
         "seed": {"type": "integer"},
         "seq_len": {"type": "integer", "minimum": 1},
         "parameters": {"type": "integer", "minimum": 1},
@@ -239,6 +245,8 @@ SCHEMAS = {"result": RESULT_SCHEMA, "calibration": CALIBRATION_SCHEMA,
 
 def validate(doc: dict, kind: str = "result") -> None:
     """Raise jsonschema.ValidationError naming the first problem."""
+    _MIXERS[:] = mixers.names()
+    _MODEL_MIXERS[:] = ["attention", *mixers.names()]
     jsonschema.validate(doc, SCHEMAS[kind])
 
 

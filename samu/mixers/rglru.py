@@ -4,6 +4,17 @@ from __future__ import annotations
 from . import MixerSpec
 
 
+# docs/PERFORMANCE.md, "The two numbers": 8 bw forward (its gates) + ~28 bw backward, bw = D /
+# heads the block width (36 bw = 4608 at bw = 128: the "~4600 FLOPs per element at D = 2048"
+# there), plus its scans, which that table does not count apart, taken as SAMU's 120.
+FLOPS_PER_BLOCK_WIDTH = 8 + 28
+SCAN_FLOPS_PER_ELEMENT = 40 + 80
+
+
+def flops_per_element(width: int, num_heads: int) -> float:
+    return float(FLOPS_PER_BLOCK_WIDTH * width / num_heads + SCAN_FLOPS_PER_ELEMENT)
+
+
 def width_of(params: dict) -> int:
     w = params["gate_x_weight"]
     if w.dim() != 3 or w.shape[1] != w.shape[2]:
@@ -37,4 +48,5 @@ SPEC = MixerSpec(
     # The gemm family was fastest at every shape measured on the H200 (docs/PERFORMANCE.md).
     default_backend="gemm_fused_hierarchical_chunk8",
     has_heads=True,
+    flops_per_element=flops_per_element,
 )

@@ -4,6 +4,9 @@ from __future__ import annotations
 from . import MixerSpec, check_shape
 
 
+FLOPS_PER_ELEMENT = 40 + 80
+
+
 def width_of(params: dict) -> int:
     w = params["ctrl_weight"]
     if w.dim() != 2 or w.shape[0] != 2:
@@ -31,4 +34,6 @@ SPEC = MixerSpec(
     backward="samu.ops.samu.backward:samu_backward",
     kernel_families=("samu.ops.samu.chunk",),
     default_backend="fused_controller_hierarchical_chunk16",
+    # docs/PERFORMANCE.md, "The two numbers": ~40 forward (exp, sqrt, scan) + ~80 backward.
+    flops_per_element=lambda width, num_heads: float(FLOPS_PER_ELEMENT),
 )
