@@ -159,8 +159,9 @@ def result_rows_table(data_dir=None, slug: str = report.COMMITTED_SLUG) -> str:
     df = df.sort_values("shape_tuple", kind="stable", key=lambda c: c.map(
         lambda s: order.get(Shape.of(s).key, len(order))))
     for r in df.itertuples():
-        peer = (DASH if pd.isna(r.peer_forward_backward_ms) else
-                f"{r.peer_forward_backward_ms:.2f} ms ({r.speedup_vs_peer:.1f}×)")
+        headline = r.peers.get(report.HEADLINE_PEER, {})
+        peer_ms = headline.get("forward_backward_ms", float("nan"))
+        peer = (DASH if pd.isna(peer_ms) else f"{peer_ms:.2f} ms ({r.speedup_vs_peer:.1f}×)")
         lines.append(
             f"| {r.shape} | {r.mixer} | `{r.backend}` "
             f"| {_ms(published.get((r.shape, r.mixer), float('nan')), 2)} "

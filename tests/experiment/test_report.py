@@ -234,7 +234,7 @@ def test_vocabulary_seed_means_random_seeds_only():
               "seed_df", "seed_doc", "than_seed", "seed h800", "seed nvidia", "seed parameters",
               "seed control")
     texts = {p.name: p.read_text() for p in (
-        paths.REPO_ROOT / "samu" / "experiment" / "report.py",
+        *sorted((paths.REPO_ROOT / "samu" / "experiment" / "report").glob("*.py")),
         paths.REPO_ROOT / "samu" / "experiment" / "pipeline.py",
         paths.REPO_ROOT / "scripts" / "make_notebooks.py")}
     for nb in sorted((paths.REPO_ROOT / "notebooks").glob("*.ipynb")):

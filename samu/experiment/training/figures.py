@@ -32,7 +32,7 @@ def figures(doc: dict) -> dict:
 
     from matplotlib.ticker import FuncFormatter
 
-    from ..report import _plain_log_ticks
+    from ..report import plain_log_ticks
 
     sns.set_theme(style="whitegrid", context="notebook")
     # Each (task, length, mixer) at its best learning rate; the document keeps every run.
@@ -135,7 +135,7 @@ def figures(doc: dict) -> dict:
         if math.isfinite(lo) and math.isfinite(hi) and lo > 0 and hi / lo >= 5:
             ax.set_xscale("log")  # speeds an order of magnitude apart
             ax.set_xlim(lo / 1.3, hi * 1.3)
-            _plain_log_ticks(ax.xaxis, lo / 1.3, hi * 1.3)
+            plain_log_ticks(ax.xaxis, lo / 1.3, hi * 1.3)
         ax.xaxis.set_major_formatter(FuncFormatter(
             (lambda v, _: f"{v:,.3g}") if timed == "train_wall_s" else (lambda v, _: f"{v:,.0f}")))
         ax.tick_params(axis="x", labelrotation=20)
