@@ -73,7 +73,7 @@ def test_backend_is_legal_at_extreme_decay(name, a_param_value):
 
 def test_chunk_sizes_agree():
     """The configurations compute the same function: in FP32 they agree to rounding."""
-    x, params, dy = _inputs((2, 75, 24), 3, seed=5, dtype=torch.float32)
+    x, params, dy = _inputs((2, 41, 24), 3, seed=5, dtype=torch.float32)  # 2-6 chunks each
     outs = [legality.outputs("rglru", name, x, params, dy) for name in NAMES]
     want = legality.oracle("rglru", x, params, dy)
     for got in outs:
@@ -154,7 +154,7 @@ def test_head_groups_compute_the_same_function(heads):
     """Groups of 1, 2 or 4 heads and all heads at once agree to rounding in FP32, and the
     grouped run is legal against the float64 oracle."""
     import dataclasses
-    x, params, dy = _inputs((2, 37, 80), heads, seed=heads)
+    x, params, dy = _inputs((2, 21, 80), heads, seed=heads)  # 3 chunks, the last short
     base = next(config for config in gemm.CONFIGS if config.recompute)
     runs = {}
     for units in (0.125, 0.25, 0.5, 2.0):
