@@ -72,6 +72,8 @@ def main(argv=None) -> int:
     parser.add_argument("--mixers", nargs="+", default=["rglru", "samu"], choices=list(NAMES))
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--backends", nargs="+", help="only these backends (default: all)")
+    parser.add_argument("--heads", type=int, default=None,
+                        help="gate blocks of a mixer with heads (default: the modules')")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = parse_shapes(args.shapes)
@@ -93,7 +95,9 @@ def main(argv=None) -> int:
             bar.set_postfix_str(text)
             bar.update()
         for shape in shapes:
-            found = sweep.sweep_shape(shape, device, args.mixers, args.samples, names, progress)
+            heads = {} if args.heads is None else {"num_heads": args.heads}
+            found = sweep.sweep_shape(shape, device, args.mixers, args.samples, names, progress,
+                                      **heads)
             for row in found:
                 bar.write(line(row))
             rows += found

@@ -6,6 +6,7 @@ import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..modules import NUM_HEADS
 from ..shapes import Shape
 from .. import backends, calibration_file, dispatch, paths
 from .. import mixers as mixers_
@@ -22,14 +23,17 @@ def ranking_key(entries: list[dict]) -> str:
 
 
 def calibrate_shape(shape, device, mixers=None, candidates: dict | None = None,
-                    reps: int = 10, seed: int = 0, progress=None) -> dict:
+                    reps: int = 10, seed: int = 0, progress=None,
+                    num_heads: int = NUM_HEADS) -> dict:
     """For each mixer: legality of every candidate, the forward+backward median and, on a GPU,
     the GPU time (CUDA-graph replay) of the legal ones, ranked (ranking_key) and the choice.
-    Reference backends are recorded as illegal without timing."""
+    Reference backends are recorded as illegal without timing.  A mixer with heads is
+    calibrated at ``num_heads`` (recorded in its entry)."""
     result = {}
     for mixer in mixers if mixers is not None else mixers_.names():
         names = candidates[mixer] if candidates else backends.available(mixer)
-        x, params, dy = make_inputs(mixer, shape, device, seed)
+        has_heads = mixers_.get(mixer).has_heads
+        x, params, dy = make_inputs(mixer, shape, device, seed, num_heads=num_heads)
         want = oracle(mixer, x, params, dy)
         eager = relative_errors(outputs(mixer, "reference_chunked", x, params, dy), want)
         entries = []
@@ -42,7 +46,8 @@ def calibrate_shape(shape, device, mixers=None, candidates: dict | None = None,
                                 "reason": "materialises a state-sized transition",
                                 "materialized_state_sized_transition": True})
                 continue
-            entry = check_legality(mixer, name, shape, device, seed, want, eager)
+            entry = check_legality(mixer, name, shape, device, seed, want, eager,
+                                   inputs=(x, params, dy))
             entry["settings"] = backends.REGISTRY[mixer][name].settings
             if entry["legal"]:
                 module, xg = protocol.module_with(mixer, name, x, params)
@@ -60,6 +65,7 @@ def calibrate_shape(shape, device, mixers=None, candidates: dict | None = None,
             "ranking": [e["backend"] for e in legal],
             "chosen": legal[0]["backend"] if legal else None,
             "ranked_by": key,
+            **({"num_heads": num_heads} if has_heads else {}),
             "backends": entries,
         }
     return result
@@ -88,3 +94,45 @@ def merge_calibration(slug: str, shape, result: dict, environment: dict,
         schema.write_json_atomic(path, doc, kind="calibration")
     dispatch.forget_calibration()
     return doc
+
+
+def main(argv=None) -> int:
+    """Calibrate shapes into this device's calibration file, one shape at a time (each merged
+    as it finishes, so a run cut short keeps what it measured)."""
+    import argparse
+
+    import torch
+
+    from .pipeline import parse_shapes
+    parser = argparse.ArgumentParser(prog="python -m samu.experiment.calibration",
+                                     description=main.__doc__.splitlines()[0])
+    parser.add_argument("shapes", nargs="+", help="BxLxD shapes")
+    parser.add_argument("--mixers", nargs="+", choices=mixers_.names(), default=None)
+    parser.add_argument("--heads", type=int, default=NUM_HEADS,
+                        help=f"gate blocks of a mixer with heads (default {NUM_HEADS})")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--backends", nargs="+", help="only these backends (default: all)")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    slug = dispatch.gpu_slug() if device.type == "cuda" else "cpu"
+    environment = protocol.environment(device)
+    candidates = None
+    if args.backends:
+        candidates = {m: [n for n in backends.available(m) if n in args.backends]
+                      for m in args.mixers or mixers_.names()}
+    for shape in parse_shapes(args.shapes):
+        result = calibrate_shape(shape, device, args.mixers, candidates, reps=args.reps,
+                                 num_heads=args.heads)
+        merge_calibration(slug, shape, result, environment)
+        for mixer, entry in result.items():
+            times = {e["backend"]: e.get(entry["ranked_by"]) for e in entry["backends"]
+                     if e["legal"]}
+            ranking = ", ".join(f"{name} {times[name]:.3f}" for name in entry["ranking"])
+            print(f"{shape.key} {mixer}: chosen {entry['chosen']} (by {entry['ranked_by']}, "
+                  f"ms: {ranking})", flush=True)
+    print("wrote", paths.relative(paths.calibration_file(slug)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

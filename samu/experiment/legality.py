@@ -13,7 +13,7 @@ import torch
 
 from .. import backends
 from ..functional import FUNCTIONS, PARAMETER_NAMES
-from ..modules import MODULES
+from ..modules import NUM_HEADS, build
 
 
 ERROR_SLACK = 1e-3
@@ -25,11 +25,13 @@ ERROR_FACTOR = 2.0
 SEQUENTIAL_ORACLE_MAX_LENGTH = 256
 
 
-def make_inputs(mixer: str, shape, device, seed: int = 0, dtype=torch.bfloat16):
-    """Parameters from the module's initialisation with a fixed seed; x, dy standard normal."""
+def make_inputs(mixer: str, shape, device, seed: int = 0, dtype=torch.bfloat16,
+                num_heads: int = NUM_HEADS):
+    """Parameters from the module's initialisation with a fixed seed (num_heads: RG-LRU's gate
+    blocks); x, dy standard normal."""
     batch, length, width = shape
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    module = MODULES[mixer](width)
+    module = build(mixer, width, num_heads)
     module.reset_parameters(generator=gen)
     params = {n: p.detach().to(device) for n, p in module.named_parameters()}
     x = torch.randn(batch, length, width, generator=gen).to(device=device, dtype=dtype)

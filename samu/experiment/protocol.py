@@ -13,7 +13,8 @@ import torch
 
 from ..shapes import Shape
 from .. import backends, dispatch, mixers, paths
-from ..modules import MODULES, dynamic_control_values_per_token, parameter_count
+from ..modules import (MODULES, NUM_HEADS, build, dynamic_control_values_per_token,
+                       parameter_count)
 from . import peers as peers_
 from . import schema
 
@@ -194,8 +195,11 @@ def build_module(mixer: str, width: int, backend: str, device, seed: int = 0):
 
 
 def module_with(mixer: str, backend: str, x, params: dict):
-    """A module of one backend holding the given parameters, and a fresh leaf copy of x."""
-    module = MODULES[mixer](x.shape[-1], backend=backend).to(x.device)
+    """A module of one backend holding the given parameters (at their head count), and a fresh
+    leaf copy of x."""
+    spec = mixers.get(mixer)
+    heads = spec.heads_of(params) if spec.has_heads else NUM_HEADS
+    module = build(mixer, x.shape[-1], heads, backend=backend).to(x.device)
     with torch.no_grad():
         for name, p in module.named_parameters():
             p.copy_(params[name])

@@ -13,6 +13,7 @@ import torch
 
 from .. import backends, dispatch
 from .. import mixers as mixers_
+from ..modules import NUM_HEADS
 from ..shapes import Shape
 from . import protocol
 from .legality import make_inputs
@@ -33,13 +34,15 @@ def time_backend(mixer: str, name: str, x, params: dict, dy, samples: int) -> di
 
 
 def sweep_shape(shape, device, mixers=None, samples: int = 5,
-                names: dict | None = None, progress=None) -> list[dict]:
-    """One row per (mixer, backend) at this shape; ``auto`` marks the backend that
-    ``backend="auto"`` resolves to for a BF16 x of this shape on this device."""
+                names: dict | None = None, progress=None, num_heads: int = NUM_HEADS) -> list[dict]:
+    """One row per (mixer, backend) at this shape (a mixer with heads at ``num_heads``, in its
+    rows); ``auto`` marks the backend that ``backend="auto"`` resolves to for a BF16 x of this
+    shape on this device."""
     shape = Shape(*shape)
     rows = []
     for mixer in mixers if mixers is not None else mixers_.names():
-        x, params, dy = make_inputs(mixer, shape, device)
+        heads = {"num_heads": num_heads} if mixers_.get(mixer).has_heads else {}
+        x, params, dy = make_inputs(mixer, shape, device, num_heads=num_heads)
         auto = dispatch.resolve(mixer, x, "auto").name
         for name in (names or {}).get(mixer) or triton_backends(mixer):
             if progress:
@@ -49,7 +52,7 @@ def sweep_shape(shape, device, mixers=None, samples: int = 5,
                 error = None
             except torch.cuda.OutOfMemoryError as exc:  # a result: the backend does not fit
                 timing, error = {"gpu_time_ms": None, "median_ms": None}, str(exc)[:200]
-            rows.append({"shape": list(shape), "mixer": mixer, "backend": name,
+            rows.append({"shape": list(shape), "mixer": mixer, "backend": name, **heads,
                          "auto": name == auto, **timing, "error": error})
         del x, params, dy
     return rows
@@ -61,12 +64,15 @@ def auto_ratios(rows: list[dict], key: str = "gpu_time_ms") -> list[dict]:
     groups: dict = {}
     for row in rows:
         if row[key] is not None:
-            groups.setdefault((tuple(row["shape"]), row["mixer"]), []).append(row)
+            group = (tuple(row["shape"]), row["mixer"], row.get("num_heads"))
+            groups.setdefault(group, []).append(row)
     out = []
-    for (shape, mixer), group in groups.items():
+    for (shape, mixer, heads), group in groups.items():
         best = min(group, key=lambda r: r[key])
         chosen = [r for r in group if r["auto"]]
-        out.append({"shape": list(shape), "mixer": mixer, "fastest": best["backend"],
+        out.append({"shape": list(shape), "mixer": mixer,
+                    **({"num_heads": heads} if heads is not None else {}),
+                    "fastest": best["backend"],
                     "fastest_ms": best[key],
                     "auto": chosen[0]["backend"] if chosen else None,
                     "auto_ms": chosen[0][key] if chosen else None,

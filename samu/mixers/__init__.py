@@ -40,6 +40,7 @@ class MixerSpec:
     default_backend: what ``auto`` runs on CUDA without a calibrated choice, and under
         Triton's interpreter.
     has_heads: the module takes ``num_heads`` (RG-LRU's gate blocks).
+    heads_of: {name: tensor} -> the head count they hold (a mixer with heads).
     flops_per_element: (width, num_heads) -> forward+backward FLOPs per element of [B, L, D],
         for the report's roofline (docs/PERFORMANCE.md's counts); None: not counted.
     """
@@ -57,6 +58,7 @@ class MixerSpec:
     kernel_families: tuple[str, ...] = ()
     default_backend: str = "reference_chunked"
     has_heads: bool = False
+    heads_of: Callable[[dict], int] | None = None
     flops_per_element: Callable[[int, int], float] | None = None
 
     def load(self, field: str):

@@ -48,5 +48,6 @@ SPEC = MixerSpec(
     # The gemm family was fastest at every shape measured on the H200 (docs/PERFORMANCE.md).
     default_backend="gemm_fused_hierarchical_chunk8",
     has_heads=True,
+    heads_of=lambda params: params["gate_x_weight"].shape[0],
     flops_per_element=flops_per_element,
 )

@@ -230,3 +230,22 @@ def test_merge_refuses_to_build_on_a_broken_file(tmp_path):
     with pytest.raises(dispatch.CalibrationFileError, match="shape key 'axbxc'"):
         calibration.merge_calibration("g", (1, 9, 16), _legal_result(), {"gpu": "G"}, path=path)
     assert path.read_bytes() == before
+
+
+def test_inputs_take_the_head_count():
+    _, params, _ = legality.make_inputs("rglru", (1, 4, 16), "cpu", num_heads=2)
+    assert params["gate_x_weight"].shape == (2, 8, 8)
+
+
+def test_the_command_calibrates_each_shape_at_its_head_count(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    device = _triton_device()
+    name = backends.DEFAULTS["rglru"]
+    assert calibration.main(["1x8x16", "--mixers", "rglru", "--heads", "2", "--reps", "1",
+                             "--backends", name]) == 0
+    slug = dispatch.gpu_slug() if device == "cuda" else "cpu"
+    doc = schema.read_json(paths.calibration_file(slug))
+    entry = doc["shapes"]["1x8x16"]["rglru"]
+    assert entry["chosen"] == name and entry["num_heads"] == 2
+    assert [e["backend"] for e in entry["backends"]] == [name]
+    assert f"1x8x16 rglru: chosen {name}" in capsys.readouterr().out

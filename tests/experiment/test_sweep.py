@@ -48,3 +48,14 @@ def test_sweep_times_the_named_backends_and_marks_autos_choice():
     doc["rows"][0]["auto"] = "yes"
     with pytest.raises(Exception):
         schema.validate(doc, "sweep")
+
+
+def test_a_sweep_at_another_head_count_keeps_it_in_its_rows():
+    shape = (1, 8, 16)
+    name = sweep.triton_backends("rglru")[0]
+    rows = sweep.sweep_shape(shape, DEVICE, ("rglru",), samples=1, names={"rglru": [name]},
+                             num_heads=2)
+    assert [(r["backend"], r["num_heads"]) for r in rows] == [(name, 2)]
+    four = [dict(r, num_heads=4, median_ms=r["median_ms"] / 2) for r in rows]
+    ratios = sweep.auto_ratios(rows + four, "median_ms")  # one group per head count
+    assert sorted(r["num_heads"] for r in ratios) == [2, 4]
