@@ -25,8 +25,6 @@ VOCABULARY = {
     "sequential": "one Python step per token (the float64 oracle's formulation)",
     "chunked": "chunks of about sqrt(L) tokens scanned in parallel, then the chunk carries",
     "fused": "one Triton kernel per phase does all the elementwise work of that phase",
-    "gates": "(retired) RG-LRU's block-diagonal gate products inside the scan kernels with "
-             "tl.dot, recomputed in the backward",
     "controller": "SAMU's FP32 controller z = W x + b is reduced over the full width inside the "
                   "chunk-summary kernel, which also writes the per-token scalars r, g",
     "hierarchical": "three phases: per-chunk summaries (decay, local end state), a scan over "
@@ -49,17 +47,6 @@ VOCABULARY = {
 # Used on CUDA when there is no calibration file for the GPU, and under the interpreter: each
 # mixer's spec says which (samu.mixers).
 DEFAULTS = mixers.View(lambda spec: spec.default_backend)
-
-
-# Backends that existed and were removed, with the reason.  A calibration file written before
-# their removal still loads: their entries are skipped, never chosen (samu.calibration_file).
-RETIRED_FUSED_GATES = ("RG-LRU's fused_gates family (gate products inside the scan kernels with "
-                       "tl.dot) was retired: the gemm family was faster at every shape measured "
-                       "on the H200 (docs/PERFORMANCE.md)")
-RETIRED = {"rglru": {f"fused_gates_hierarchical_{tail}": RETIRED_FUSED_GATES
-                     for tail in ("chunk16", "chunk32", "chunk64", "chunk16_block32",
-                                  "chunk32_block32")},
-           "samu": {}}
 
 
 @dataclass(frozen=True)
@@ -196,9 +183,6 @@ def check_name(mixer: str, name) -> None:
     if name == "auto":
         return
     _ensure_registered()
-    if name in RETIRED.get(mixer, ()):
-        raise ValueError(f"{mixer}: backend {name!r} no longer exists: {RETIRED[mixer][name]}; "
-                         f"choose 'auto' or one of {available(mixer)}")
     if name in REGISTERED.get(mixer, ()):
         return
     if _triton_unavailable is not None and _names_a_triton_backend(name):

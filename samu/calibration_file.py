@@ -92,11 +92,9 @@ def parse_shape_key(key, path) -> tuple[int, int, int]:
         raise CalibrationFileError(f"{path}: shape key {key!r}: {exc}") from None
 
 
-def choices(doc, path, registry: dict, retired: dict | None = None) -> dict:
+def choices(doc, path, registry: dict) -> dict:
     """{(mixer, (B, L, D)): chosen backend or None} of a calibration document, after checking
     every entry against ``registry`` ({mixer: {name: Backend}}, every backend registered).
-    Names in ``retired`` ({mixer: {name: reason}}) are accepted and skipped: where one was
-    chosen, the choice is the entry's best-ranked backend that still exists and was legal.
 
     A chosen backend must be a registered Triton backend of its mixer that the entry's own
     ``backends`` list records as legal; null means "no calibrated choice" (the default runs)."""
@@ -121,12 +119,11 @@ def choices(doc, path, registry: dict, retired: dict | None = None) -> dict:
                                        f"{{mixer: entry}}, got {type(mixers).__name__}")
         for mixer, entry in mixers.items():
             out[(mixer, shape)] = _checked_choice(entry, registry, f"{path}: shape {key}, "
-                                                  f"mixer {mixer}", mixer,
-                                                  (retired or {}).get(mixer, {}))
+                                                  f"mixer {mixer}", mixer)
     return out
 
 
-def _checked_choice(entry, registry: dict, where: str, mixer: str, retired=()):
+def _checked_choice(entry, registry: dict, where: str, mixer: str):
     if mixer not in registry:
         raise CalibrationFileError(f"{where}: unknown mixer; choose one of {sorted(registry)}")
     names = registry[mixer]
@@ -138,8 +135,6 @@ def _checked_choice(entry, registry: dict, where: str, mixer: str, retired=()):
         raise CalibrationFileError(f"{where}: the entry lacks {', '.join(map(repr, missing))}")
 
     def registered(name, field):
-        if isinstance(name, str) and name in retired:
-            return
         if not isinstance(name, str) or name not in names:
             raise CalibrationFileError(f"{where}: {field} {name!r} is not a registered backend "
                                        f"of {mixer}; registered: {sorted(names)}")
@@ -164,8 +159,6 @@ def _checked_choice(entry, registry: dict, where: str, mixer: str, retired=()):
     if chosen is not None and not isinstance(chosen, str):
         raise CalibrationFileError(f"{where}: 'chosen' must be a backend name or null, got "
                                    f"{type(chosen).__name__} {chosen!r}")
-    if chosen in retired:
-        chosen = next((n for n in ranking if n not in retired and legal.get(n)), None)
     if chosen is None:
         return None
     registered(chosen, "chosen")  # "" included: an empty choice is no way to say "none"

@@ -129,7 +129,7 @@ def check_calibration(doc: dict, path) -> dict:
     """{(mixer, (B, L, D)): chosen backend or None} of a calibration document, every entry
     checked against the registered backends (CalibrationFileError names the file and entry)."""
     _ensure_registered()
-    return calibration_file.choices(doc, path, REGISTRY, backends.RETIRED)
+    return calibration_file.choices(doc, path, REGISTRY)
 
 
 def _load_choices(path: str) -> dict:

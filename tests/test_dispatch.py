@@ -376,34 +376,20 @@ def test_an_uncalibrated_shape_takes_the_nearest_calibrated_choice(tmp_path, mon
         dispatch.set_calibration_dir(None)
 
 
-def test_a_retired_backend_is_refused_by_name_with_its_reason():
-    retired = next(iter(backends.RETIRED["rglru"]))
-    with pytest.raises(ValueError, match="no longer exists: RG-LRU's fused_gates family"):
-        samu.RGLRU(32, 2, backend=retired)
-    assert retired not in backends.available("rglru")
-
-
-def test_a_file_written_before_a_retirement_still_loads_without_choosing_it(tmp_path):
-    """Entries may name retired backends; where one was chosen, the best-ranked backend that
-    still exists and was legal there is the choice, and none when there is no such backend."""
-    retired = sorted(backends.RETIRED["rglru"])
-    gemm8, gemm16 = "gemm_fused_hierarchical_chunk8", "gemm_fused_hierarchical_chunk16"
-
-    def entry(ranking, legal):
-        return {"ranking": ranking, "chosen": ranking[0],
-                "backends": [{"backend": n, "legal": n in legal} for n in ranking]}
-    doc = {"gpu": "test", "environment": {}, "shapes": {
-        "1x4096x2560": {"rglru": entry([retired[0], gemm16, gemm8], {retired[0], gemm8})},
-        "1x4096x512": {"rglru": entry([retired[1], retired[0]], set(retired))}}}
+def test_a_file_naming_a_backend_that_no_longer_exists_is_refused_naming_it(tmp_path):
+    """A file calibrated before a backend was removed is refused, not read around: its
+    choices were ranked among backends that no longer run (recalibrate)."""
+    gemm8 = "gemm_fused_hierarchical_chunk8"
+    gone = "fused_gates_hierarchical_chunk16"
+    doc = {"gpu": "test", "environment": {}, "shapes": {"1x4096x2560": {"rglru": {
+        "ranking": [gone, gemm8], "chosen": gone,
+        "backends": [{"backend": gone, "legal": True}, {"backend": gemm8, "legal": True}]}}}}
     (tmp_path / "test-gpu.json").write_text(json.dumps(doc))
     dispatch.set_calibration_dir(tmp_path)
     try:
-        assert dispatch.calibrated_choice("rglru", (1, 4096, 2560), "test-gpu") == gemm8
-        assert dispatch.calibrated_choice("rglru", (1, 4096, 512), "test-gpu") == gemm8  # nearest
-        doc["shapes"]["1x4096x2560"]["rglru"]["ranking"].append("fused_gates_no_such_thing")
-        (tmp_path / "test-gpu.json").write_text(json.dumps(doc))
-        dispatch.forget_calibration()
-        with pytest.raises(dispatch.CalibrationFileError, match="not a registered backend"):
+        with pytest.raises(dispatch.CalibrationFileError,
+                           match=f"1x4096x2560, mixer rglru: ranking name '{gone}' is not a "
+                                 "registered backend"):
             dispatch.calibrated_choice("rglru", (1, 4096, 2560), "test-gpu")
     finally:
         dispatch.set_calibration_dir(None)
