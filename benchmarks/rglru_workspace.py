@@ -2,7 +2,7 @@
 each workspace size: the GPU time of a forward+backward (CUDA-graph replay), its median (CUDA
 events, host included) and its peak memory in SPEC's units (B L D BF16 elements).
 
-    python scripts/rglru_workspace.py 1x32768x2048 4x2048x2048 --chunks 8 16
+    python benchmarks/rglru_workspace.py 1x32768x2048 4x2048x2048 --chunks 8 16
 
 Recomputing, the heads run in groups whose G fits the workspace (samu.ops.rglru.gemm.GemmConfig):
 2 units is one group of every head, smaller workspaces mean more groups, each a gate GEMM and

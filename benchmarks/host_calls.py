@@ -4,8 +4,8 @@ Python calls, the calls into torch (built-in methods) and the launches of one ca
 of the same stubbed call is printed beside them.  The counts are exact and repeat from run to
 run; the wall time is this machine's, noisy, and not the GPU host's.
 
-    python scripts/host_calls.py                      # both mixers at (1, 64, 256)
-    python scripts/host_calls.py --width 2048 --length 128
+    python benchmarks/host_calls.py                      # both mixers at (1, 64, 256)
+    python benchmarks/host_calls.py --width 2048 --length 128
 
 Run it with another tree's samu first on PYTHONPATH to compare two trees."""
 from __future__ import annotations

@@ -14,9 +14,9 @@ call and its backward there, and checks y, the final states, dx, every parameter
 with SPEC section 4's rule (2 x the eager reference's error + 1e-3, all finite).  It exits 1 if
 any output is not legal.
 
-    python scripts/bench_context_parallel.py                       # L = 2^17..2^20, D = 2048
-    python scripts/bench_context_parallel.py --check               # legality, P = 2, 4, 8
-    python scripts/bench_context_parallel.py --device cpu --lengths 64 --ranks 2 --width 16
+    python benchmarks/bench_context_parallel.py                       # L = 2^17..2^20, D = 2048
+    python benchmarks/bench_context_parallel.py --check               # legality, P = 2, 4, 8
+    python benchmarks/bench_context_parallel.py --device cpu --lengths 64 --ranks 2 --width 16
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ Triton launch through the JIT path, the compiled kernel's runner, its C launcher
 library's launching.launch, per small torch op, and per whole forward / forward+backward call,
 beside the GPU time of the same call.
 
-    python scripts/host_overhead.py 4x2048x2048 [--profile] [--cprofile]"""
+    python benchmarks/host_overhead.py 4x2048x2048 [--profile] [--cprofile]"""
 import sys
 import time
 

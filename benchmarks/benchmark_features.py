@@ -1,8 +1,8 @@
 """Time packed sequences, decode steps and torch.compile for both mixers (samu.experiment.features)
 and write data/features/<gpu>.json and data/figures/<gpu>_features.png.
 
-    python scripts/benchmark_features.py                      # the GPU configuration
-    python scripts/benchmark_features.py --length 64 --width 32 --batches 1 2 --compile-shape 1 16 32
+    python benchmarks/benchmark_features.py                      # the GPU configuration
+    python benchmarks/benchmark_features.py --length 64 --width 32 --batches 1 2 --compile-shape 1 16 32
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 the look-back with the two-level carry over repeated calls (normwise, FP32), then GPU time per
 call, replayed from a CUDA graph, by plan and segment length.
 
-    python scripts/bench_carry.py                      # (1, 4096, 2048) and four more shapes
-    python scripts/bench_carry.py 1x4096x2048 --calls=200
+    python benchmarks/bench_carry.py                      # (1, 4096, 2048) and four more shapes
+    python benchmarks/bench_carry.py 1x4096x2048 --calls=200
 
 Shapes are (batch, chunks, width): chunk 8 at L = 32768 is 4096 chunks.  Both decay forms run:
 SAMU's sums of r with a per-channel rate, and RG-LRU's per-channel decays; the chunk a third of

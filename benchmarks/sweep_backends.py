@@ -1,8 +1,8 @@
 """Time every Triton backend at given shapes beside auto's choice (samu.experiment.sweep) and write
 data/sweeps/<gpu>_<name>.json and data/figures/<gpu>_sweep_<name>.png.
 
-    python scripts/sweep_backends.py --name outside 2x4096x3072 1x65536x1024
-    python scripts/sweep_backends.py --name tiny --mixers samu 1x16x32     # interpreter, CPU
+    python benchmarks/sweep_backends.py --name outside 2x4096x3072 1x65536x1024
+    python benchmarks/sweep_backends.py 1x16x32 --name tiny --mixers samu     # interpreter, CPU
 
 With no calibration entry for a shape, auto takes the choice calibrated at the nearest shape
 (samu.dispatch.nearest_entry): at shapes outside the file, the figure shows how far that choice

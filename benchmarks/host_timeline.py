@@ -2,7 +2,7 @@
 CUDA): when each top-level host operation and each kernel started and how long it ran, relative
 to the sample's start.  Shows where the GPU waits for the host at small shapes.
 
-    python scripts/host_timeline.py 4x2048x2048 [samu|rglru]"""
+    python benchmarks/host_timeline.py 4x2048x2048 [samu|rglru]"""
 import sys
 
 import torch

@@ -1,10 +1,10 @@
 """A backend's configuration against variants of it on a GPU: forward+backward GPU time replayed
 from a CUDA graph, and with --legality each variant's errors against the float64 oracle.
 
-    python scripts/compare_configs.py samu 1x32768x2048 4x2048x2048 --set partial_dx=True --legality
-    python scripts/compare_configs.py samu 1x32768x2048 --backends=chunk8 \\
+    python benchmarks/compare_configs.py samu 1x32768x2048 4x2048x2048 --set partial_dx=True --legality
+    python benchmarks/compare_configs.py samu 1x32768x2048 --backends=chunk8 \\
         --set "backward=Launch(2, 2, 128)" --set "carry=CarryPlan(lookback=True)"
-    python scripts/compare_configs.py rglru 1x32768x2048 --set "carry=CarryPlan(lookback=True)"
+    python benchmarks/compare_configs.py rglru 1x32768x2048 --set "carry=CarryPlan(lookback=True)"
 
 Each --set is one variant: field=value of the backend's frozen configuration, the value a
 Python expression over Launch (the mixer's) and CarryPlan.  --legality adds every

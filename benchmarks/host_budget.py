@@ -7,7 +7,7 @@ forward+backward at a length where the GPU work is negligible, against
   real      the mixer as the protocol runs it;
   backward  the time inside the Function's backward body, against the whole y.backward().
 
-    python scripts/host_budget.py [--width 2048] [--length 128]"""
+    python benchmarks/host_budget.py [--width 2048] [--length 128]"""
 from __future__ import annotations
 
 import argparse

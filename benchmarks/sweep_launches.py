@@ -2,9 +2,9 @@
 forward+backward median (CUDA events, calibration's sampler) and its legality against the float64
 oracle.
 
-    python scripts/sweep_launches.py 1x32768x2048 1x8192x2560
-    python scripts/sweep_launches.py 1x32768x2048 --backends=chunk8,chunk16 --roles=output
-    python scripts/sweep_launches.py 1x32768x2048 --roles=backward --registers=96,128
+    python benchmarks/sweep_launches.py 1x32768x2048 1x8192x2560
+    python benchmarks/sweep_launches.py 1x32768x2048 --backends=chunk8,chunk16 --roles=output
+    python benchmarks/sweep_launches.py 1x32768x2048 --roles=backward --registers=96,128
 
 --registers adds each setting with those register caps (Triton's maxnreg) beside it uncapped.
 
