@@ -59,7 +59,7 @@ lab: $(SETUP)
 	$(PYTHON) -m jupyterlab --ServerApp.root_dir="$(CURDIR)" $(LAB_ROOT_FLAG) $(LAB_ARGS)
 
 notebooks: $(SETUP)
-	$(PYTHON) scripts/make_notebooks.py
+	$(PYTHON) tools/make_notebooks.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -98,3 +98,9 @@ def runs_dir(slug: str) -> Path:
 def training_file(slug: str) -> Path:
     """The training study's result document of a GPU (notebook 05, `make train`)."""
     return DATA / "training" / f"{slug}.json"
+
+
+def benchmarks_file(slug: str, benchmark: str) -> Path:
+    """The rows a benchmark (benchmarks/<benchmark>.py) appends on a GPU, one JSON line each
+    (samu.experiment.benchmark_rows)."""
+    return DATA / "benchmarks" / slug / f"{benchmark}.jsonl"

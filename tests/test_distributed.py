@@ -11,8 +11,6 @@ tests here compare them with what this process computes over the whole sequence.
 """
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
 import socket
 import time
@@ -22,7 +20,6 @@ import torch
 import torch.multiprocessing as mp
 
 import distributed_workers as workers
-from samu import paths
 from samu.distributed import (build_cp_context, incoming_state, log_decay,
                               outgoing_cotangent, slice_layout)
 
@@ -250,18 +247,3 @@ def test_context_needs_torch_distributed():
     with pytest.raises(RuntimeError, match="init_process_group"):
         build_cp_context()
 
-
-def test_benchmark_runs_on_the_cpu(tmp_path):
-    path = paths.REPO_ROOT / "scripts" / "bench_context_parallel.py"
-    spec = importlib.util.spec_from_file_location("bench_context_parallel", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    out = tmp_path / "cp.json"
-    assert bench.main(["--device", "cpu", "--lengths", "64", "--ranks", "2", "--width", "16",
-                       "--repeats", "1", "--backend", "reference_chunked",
-                       "--out", str(out)]) == 0
-    doc = json.loads(out.read_text())
-    assert doc["environment"]["gpu"] == "cpu"
-    row = doc["rows"][0]
-    assert {row["mixer"] for row in doc["rows"]} == {"rglru", "samu"}
-    assert len(row["rank_ms"]) == 2 and row["one_call_at_slice_ms"] > 0

@@ -85,7 +85,7 @@ def _ignored(path) -> bool:
 
 def _outputs(slug):
     """Every file `make train` and `make reproduce` write for one slug, named by the code's
-    own path functions (at the shape and figure names a CPU run uses)."""
+    own path functions (at the shape and figure names a CPU run uses), and a benchmark's rows."""
     from samu import paths
     from samu.experiment import pipeline, training
 
@@ -96,6 +96,7 @@ def _outputs(slug):
     out += [training.figure_path(slug, name) for name in training.FIGURE_NAMES]
     out += pipeline.executed_paths(training.NOTEBOOK, paths.runs_dir(slug)).values()
     out += pipeline.executed_paths("04_report", paths.runs_dir(slug)).values()
+    out.append(paths.benchmarks_file(slug, "sweep_backends"))
     for name in pipeline.PER_SHAPE:
         out += pipeline.executed_paths(name, paths.runs_dir(slug) / shape).values()
     return out
@@ -124,7 +125,7 @@ ABSOLUTE_PATH = re.compile(r"""(?:^|(?<=[\s"'(=,:;\[{<>`|]))(?:~|/[\w.+-]+)/[\w.
 # Folders that name a machine wherever they appear, and Windows' drive paths.
 MACHINE_FOLDERS = re.compile(r"/(?:root|home|tmp|work|usr|opt|var|srv|mnt|Users)/"
                              r"|site-packages|dist-packages|\b[A-Za-z]:\\(?:Users|Windows)\b")
-TEXT_SUFFIXES = (".ipynb", ".json", ".txt", ".md")
+TEXT_SUFFIXES = (".ipynb", ".json", ".jsonl", ".txt", ".md")
 
 
 def machine_paths(text: str) -> list[str]:
@@ -200,6 +201,9 @@ def test_committed_data_and_notebooks_name_no_machine_folder():
         text = path.read_text(encoding="utf-8")
         if name.endswith((".ipynb", ".json")):
             pieces = _strings(json.loads(text))
+        elif name.endswith(".jsonl"):  # the benchmarks' rows, a document a line
+            pieces = [p for line in text.splitlines() if line.strip()
+                      for p in _strings(json.loads(line))]
         else:
             pieces = [("", text)]
         found += [f"{name}{where}: {hit!r}" for where, piece in pieces

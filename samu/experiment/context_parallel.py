@@ -1,4 +1,4 @@
-"""Context parallelism's cost on one GPU (scripts/bench_context_parallel.py writes the file):
+"""Context parallelism's cost on one GPU (benchmarks/bench_context_parallel.py writes the file):
 each rank's share of a forward+backward against one call at L / P and one at L, as a frame and
 a figure for notebook 04."""
 from __future__ import annotations
@@ -33,7 +33,7 @@ def load(slug: str | None = None) -> tuple[dict, Path]:
             if path.is_file():
                 return schema.read_json(path), path
     raise FileNotFoundError(f"no context-parallel timings for {' or '.join(slugs)}: run "
-                            "scripts/bench_context_parallel.py on that GPU")
+                            "benchmarks/bench_context_parallel.py on that GPU")
 
 
 def frame(doc: dict) -> pd.DataFrame:

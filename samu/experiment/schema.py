@@ -238,9 +238,36 @@ SWEEP_SCHEMA = {
                                            "auto_over_fastest"]}},
     },
 }
+# One measurement of a benchmark (samu.experiment.benchmark_rows): a JSON line.  A value is a
+# number, a boolean, null (not measured here) or "inf"/"nan" as _finite writes them.
+_name = {"type": "string", "pattern": "^[a-z][a-z0-9_]*$"}
+BENCHMARK_ROW_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "samu benchmark row",
+    "type": "object",
+    "required": ["format", "benchmark", "gpu", "commit", "mixer", "configuration", "shape",
+                 "values", "units", "environment"],
+    "properties": {
+        "format": {"const": 1},
+        "benchmark": _name,
+        "gpu": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]*$"},
+        "commit": {"type": ["string", "null"]},
+        "mixer": {"anyOf": [{"enum": _MIXERS}, {"type": "null"}]},
+        "configuration": {"type": "object"},
+        "shape": {"type": "object", "minProperties": 1,
+                  "additionalProperties": {"type": "integer", "minimum": 1}},
+        "values": {"type": "object", "minProperties": 1, "propertyNames": _name,
+                   "additionalProperties": {"anyOf": [
+                       {"type": ["number", "boolean", "null"]},
+                       {"enum": ["inf", "-inf", "nan"]}]}},
+        "units": {"type": "object", "additionalProperties": {"type": "string", "minLength": 1}},
+        "environment": _environment,
+    },
+}
 SCHEMAS = {"result": RESULT_SCHEMA, "calibration": CALIBRATION_SCHEMA,
            "correctness": CORRECTNESS_SCHEMA, "training": TRAINING_SCHEMA,
-           "features": FEATURES_SCHEMA, "sweep": SWEEP_SCHEMA}
+           "features": FEATURES_SCHEMA, "sweep": SWEEP_SCHEMA,
+           "benchmark_row": BENCHMARK_ROW_SCHEMA}
 
 
 def validate(doc: dict, kind: str = "result") -> None:

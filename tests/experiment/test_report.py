@@ -236,7 +236,7 @@ def test_vocabulary_seed_means_random_seeds_only():
     texts = {p.name: p.read_text() for p in (
         *sorted((paths.REPO_ROOT / "samu" / "experiment" / "report").glob("*.py")),
         paths.REPO_ROOT / "samu" / "experiment" / "pipeline.py",
-        paths.REPO_ROOT / "scripts" / "make_notebooks.py")}
+        paths.REPO_ROOT / "tools" / "make_notebooks.py")}
     for nb in sorted((paths.REPO_ROOT / "notebooks").glob("*.ipynb")):
         cells = json.loads(nb.read_text())["cells"]
         texts[nb.name] = "\n".join("".join(c["source"]) for c in cells)

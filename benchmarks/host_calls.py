@@ -4,10 +4,12 @@ Python calls, the calls into torch (built-in methods) and the launches of one ca
 of the same stubbed call is printed beside them.  The counts are exact and repeat from run to
 run; the wall time is this machine's, noisy, and not the GPU host's.
 
-    python scripts/host_calls.py                      # both mixers at (1, 64, 256)
-    python scripts/host_calls.py --width 2048 --length 128
+    python benchmarks/host_calls.py                      # both mixers at (1, 64, 256)
+    python benchmarks/host_calls.py --width 2048 --length 128
 
-Run it with another tree's samu first on PYTHONPATH to compare two trees."""
+Run it with another tree's samu first on PYTHONPATH to compare two trees.  Each mixer's counts
+are also a row of data/benchmarks/cpu/host_calls.jsonl (samu.experiment.benchmark_rows): the
+tensors are the CPU's, whatever the machine."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +21,7 @@ import torch
 
 import samu
 from samu import dispatch
-from samu.experiment import protocol
+from samu.experiment import benchmark_rows, protocol
 from samu.ops.common import launching
 
 BACKENDS = {"samu": "fused_controller_hierarchical_chunk8",
@@ -46,7 +48,8 @@ class StubbedLaunches:
         launching.launch, dispatch._check_triton_input = self._saved
 
 
-def count(mixer: str, shape: tuple[int, int, int], calls: int = 100) -> dict:
+def count(mixer: str, shape: tuple[int, int, int], calls: int = 100, warmup: int = 20,
+          repeats: int = 7) -> dict:
     module = protocol.build_module(mixer, shape[2], BACKENDS[mixer], "cpu")
     x = torch.randn(*shape, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
@@ -57,7 +60,7 @@ def count(mixer: str, shape: tuple[int, int, int], calls: int = 100) -> dict:
         module(x).backward(dy)
 
     with StubbedLaunches() as stub:
-        for _ in range(20):
+        for _ in range(warmup):
             step()
         stub.launches = 0
         profiler = cProfile.Profile()
@@ -70,7 +73,7 @@ def count(mixer: str, shape: tuple[int, int, int], calls: int = 100) -> dict:
         builtin = sum(entry[1] for key, entry in stats.items() if key[0] == "~")
         total = sum(entry[1] for entry in stats.values())
         best = []
-        for _ in range(7):
+        for _ in range(repeats):
             start = time.perf_counter()
             for _ in range(calls):
                 step()
@@ -79,21 +82,29 @@ def count(mixer: str, shape: tuple[int, int, int], calls: int = 100) -> dict:
             "launches": launches, "best_us": min(best)}
 
 
-def main():
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--length", type=int, default=64)
-    args = parser.parse_args()
+    parser.add_argument("--calls", type=int, default=100, help="calls counted and timed")
+    parser.add_argument("--repeats", type=int, default=7, help="timings of --calls calls")
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     shape = (1, args.length, args.width)
+    table = benchmark_rows.BenchmarkRows("host_calls", "cpu")
     print(f"samu from {samu.__file__}; shape {shape}; launches stubbed, CPU tensors")
     for mixer in BACKENDS:
-        c = count(mixer, shape)
+        c = count(mixer, shape, args.calls, min(20, args.calls), args.repeats)
         print(f"{mixer} ({BACKENDS[mixer]}): {c['python_calls']:.0f} Python calls, "
               f"{c['builtin_calls']:.0f} built-in calls, {c['launches']:.0f} launches per "
               f"forward+backward; best {c['best_us']:.1f} us of this machine's wall time",
               flush=True)
+        config = benchmark_rows.configuration(mixer, BACKENDS[mixer], launches="stubbed")
+        table.add(mixer, config, shape, c, {"python_calls": "count", "builtin_calls": "count",
+                                            "launches": "count", "best_us": "us"})
+    print(table.summary())
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -3,14 +3,17 @@ Triton launch through the JIT path, the compiled kernel's runner, its C launcher
 library's launching.launch, per small torch op, and per whole forward / forward+backward call,
 beside the GPU time of the same call.
 
-    python scripts/host_overhead.py 4x2048x2048 [--profile] [--cprofile]"""
+    python benchmarks/host_overhead.py 4x2048x2048 [--profile] [--cprofile]
+
+The per-launch, per-op and per-call figures are also rows of
+data/benchmarks/<gpu>/host_overhead.jsonl (samu.experiment.benchmark_rows)."""
 import sys
 import time
 
 import torch
 import triton
 
-from samu.experiment import legality, protocol
+from samu.experiment import benchmark_rows, legality, protocol
 from samu.ops.common import launching
 from samu.ops.samu import chunk as samu_chunk
 
@@ -32,6 +35,15 @@ def cpu_us(fn, n=200, synchronise_each=False):
 
 shape = tuple(map(int, next((a for a in sys.argv[1:] if "x" in a), "4x2048x2048").split("x")))
 B, L, D = shape
+table = benchmark_rows.BenchmarkRows("host_overhead", "cuda")
+
+
+def launch_row(path, us):
+    """A row of one launch of SAMU's output kernel by ``path``."""
+    table.add("samu", {"kernel": "_samu_output_kernel", "launch_path": path}, shape,
+              {"host_us_per_launch": us}, {"host_us_per_launch": "us"})
+
+
 x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
 y = torch.empty_like(x)
 T = 8
@@ -50,9 +62,11 @@ flags = dict(PACKED=False, HAS_INITIAL=False, HAS_FINAL=False, WALKED_CARRY=Fals
 kernel = samu_chunk._samu_output_kernel
 compiled = kernel[grid](*args, T=T, **meta, **flags)
 full = [*args, T, meta["BD"], meta["V"], *flags.values()]
-print(f"{shape}: Triton launch via JIT "
-      f"{cpu_us(lambda: kernel[grid](*args, T=T, **meta, **flags)):.1f} us,"
-      f" via compiled launcher {cpu_us(lambda: compiled[(*grid, 1)](*full)):.1f} us")
+jit_us = cpu_us(lambda: kernel[grid](*args, T=T, **meta, **flags))
+launcher_us = cpu_us(lambda: compiled[(*grid, 1)](*full))
+print(f"{shape}: Triton launch via JIT {jit_us:.1f} us, via compiled launcher {launcher_us:.1f} us")
+launch_row("JIT", jit_us)
+launch_row("compiled launcher", launcher_us)
 # The compiled kernel's runner looks the device and stream up and builds launch metadata on every
 # call; its C launcher itself takes them as arguments.
 try:
@@ -63,15 +77,21 @@ try:
 
     def direct():
         run(g3[0], g3[1], g3[2], stream, function, packed, None, None, None, *full)
-    print(f"{shape}: compiled C launcher called directly {cpu_us(direct):.1f} us")
+    direct_us = cpu_us(direct)
+    print(f"{shape}: compiled C launcher called directly {direct_us:.1f} us")
+    launch_row("C launcher", direct_us)
 except Exception as exc:  # another Triton's launcher signature: not a result
     print(f"direct launcher call unavailable: {type(exc).__name__}: {exc}")
 launching.launch(kernel, grid, *args, T=T, **meta, **flags)  # compiles and caches
-print(f"{shape}: the library's launching.launch "
-      f"{cpu_us(lambda: launching.launch(kernel, grid, *args, T=T, **meta, **flags)):.1f} us")
-print(f"torch.empty {cpu_us(lambda: torch.empty(B, nc, D, device='cuda')):.1f} us, "
-      f"sum(0) {cpu_us(lambda: h_in.sum(0)):.1f} us, "
-      f"float().contiguous() {cpu_us(lambda: p.float().contiguous()):.1f} us")
+library_us = cpu_us(lambda: launching.launch(kernel, grid, *args, T=T, **meta, **flags))
+print(f"{shape}: the library's launching.launch {library_us:.1f} us")
+launch_row("launching.launch", library_us)
+ops = {"torch.empty": cpu_us(lambda: torch.empty(B, nc, D, device='cuda')),
+       "sum(0)": cpu_us(lambda: h_in.sum(0)),
+       "float().contiguous()": cpu_us(lambda: p.float().contiguous())}
+print(", ".join(f"{op} {us:.1f} us" for op, us in ops.items()))
+for op, us in ops.items():  # of no mixer: the op's own tensors are (B, L / 8, D) or (D,)
+    table.add(None, {"op": op}, shape, {"host_us_per_call": us}, {"host_us_per_call": "us"})
 for mixer in ("samu", "rglru"):
     inputs = legality.make_inputs(mixer, shape, "cuda")
     backend = protocol.build_module(mixer, D, "auto", "cuda")
@@ -87,9 +107,13 @@ for mixer in ("samu", "rglru"):
 
     forward_us = cpu_us(forward, 50)
     gpu = protocol.time_forward_backward(mixer, backend.last_backend, *inputs, reps=11)
+    forward_backward_us = cpu_us(forward_backward, 50)
     print(f"{mixer} ({backend.last_backend}): CPU per forward {forward_us:.0f} us, "
-          f"per forward+backward {cpu_us(forward_backward, 50):.0f} us; "
+          f"per forward+backward {forward_backward_us:.0f} us; "
           f"event median forward+backward {sorted(gpu)[5] * 1e3:.0f} us")
+    table.add(mixer, benchmark_rows.configuration(mixer, backend.last_backend), shape,
+              {"host_forward_us": forward_us, "host_forward_backward_us": forward_backward_us,
+               "event_median_forward_backward_us": sorted(gpu)[5] * 1e3})
 
 # At a tiny length the GPU work is negligible, so a synchronised call's wall time is host time.
 for mixer in ("samu", "rglru"):
@@ -108,10 +132,18 @@ for mixer in ("samu", "rglru"):
         fwd().backward(inputs[2])
 
     forward_wall = cpu_us(fwd, 100, synchronise_each=True)  # also sets module.last_backend
+    walls = {"synchronised_forward_us": forward_wall,
+             "synchronised_forward_backward_us": cpu_us(fwd_bwd, 100, True),
+             "empty_synchronise_us": cpu_us(lambda: None, 100, True),
+             "protocol_sample_us": sorted(protocol.sample(module, xg, inputs[2],
+                                                          "forward_backward")
+                                          for _ in range(21))[10] * 1e3}
     print(f"{tiny} {mixer} ({module.last_backend}): host wall per synchronised forward "
-          f"{forward_wall:.0f} us, forward+backward {cpu_us(fwd_bwd, 100, True):.0f} us, "
-          f"empty synchronise {cpu_us(lambda: None, 100, True):.0f} us, "
-          f"protocol sample {sorted(protocol.sample(module, xg, inputs[2], 'forward_backward') for _ in range(21))[10] * 1e3:.0f} us")
+          f"{forward_wall:.0f} us, forward+backward {walls['synchronised_forward_backward_us']:.0f}"
+          f" us, empty synchronise {walls['empty_synchronise_us']:.0f} us, "
+          f"protocol sample {walls['protocol_sample_us']:.0f} us")
+    table.add(mixer, benchmark_rows.configuration(mixer, module.last_backend), tiny, walls)
+print(table.summary())
 
 # The host functions that take the time, for the SAMU backend above.
 if "--profile" in sys.argv:

@@ -1,4 +1,4 @@
-"""scripts/make_notebooks.py keeps the notebooks' cells as one reviewable file: what it writes
+"""tools/make_notebooks.py keeps the notebooks' cells as one reviewable file: what it writes
 is what is committed, so that neither drifts from the other."""
 import os
 import subprocess
@@ -9,7 +9,7 @@ from samu import paths
 
 def test_the_generator_writes_the_committed_notebooks(tmp_path):
     env = dict(os.environ, SAMU_NOTEBOOKS_OUT=str(tmp_path))
-    subprocess.run([sys.executable, str(paths.REPO_ROOT / "scripts" / "make_notebooks.py")],
+    subprocess.run([sys.executable, str(paths.REPO_ROOT / "tools" / "make_notebooks.py")],
                    env=env, check=True, capture_output=True)
     committed = sorted(p.name for p in (paths.REPO_ROOT / "notebooks").glob("*.ipynb"))
     assert sorted(p.name for p in tmp_path.glob("*.ipynb")) == committed

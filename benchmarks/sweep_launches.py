@@ -2,17 +2,19 @@
 forward+backward median (CUDA events, calibration's sampler) and its legality against the float64
 oracle.
 
-    python scripts/sweep_launches.py 1x32768x2048 1x8192x2560
-    python scripts/sweep_launches.py 1x32768x2048 --backends=chunk8,chunk16 --roles=output
-    python scripts/sweep_launches.py 1x32768x2048 --roles=backward --registers=96,128
+    python benchmarks/sweep_launches.py 1x32768x2048 1x8192x2560
+    python benchmarks/sweep_launches.py 1x32768x2048 --backends=chunk8,chunk16 --roles=output
+    python benchmarks/sweep_launches.py 1x32768x2048 --roles=backward --registers=96,128
 
 --registers adds each setting with those register caps (Triton's maxnreg) beside it uncapped.
 
 One kernel role at a time (warps, channels per thread) with the others at their defaults, for
 every backend.  Each setting is a frozen
 configuration passed in as the backend (samu.backends.from_config), so nothing global changes.
-Prints one line per setting and the best per role; the winners become the configurations'
-defaults in samu/ops/<mixer>/chunk.py by hand, with the figures in docs/PERFORMANCE.md."""
+Prints one line per setting and the best per role, and appends each setting as a row of
+data/benchmarks/<gpu>/sweep_launches.jsonl (samu.experiment.benchmark_rows); the winners become
+the configurations' defaults in samu/ops/<mixer>/chunk.py by hand, with the figures in
+docs/PERFORMANCE.md."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +25,7 @@ import time
 
 import torch
 
-from samu.experiment import legality, protocol
+from samu.experiment import benchmark_rows, legality, protocol
 from samu.ops.samu import chunk as samu_chunk
 
 # (warps, channels per thread)
@@ -70,6 +72,7 @@ def main():
     backends_wanted, roles_wanted = _option("backends"), _option("roles")
     caps = [None] + [int(c) for c in _option("registers") or []]
     shapes = [a for a in sys.argv[1:] if not a.startswith("--")]
+    table = benchmark_rows.BenchmarkRows("sweep_launches", "cuda")
     for arg in shapes or ["1x32768x2048"]:
         shape = tuple(map(int, arg.split("x")))
         floor = protocol.floor_ms(shape, protocol.COPY_BANDWIDTH["nvidia-h200"])
@@ -91,6 +94,13 @@ def main():
                         tried = dataclasses.replace(config, **{role: launch})
                         key = (name, role, warps, vector) + ((cap,) if cap else ())
                         results.append((key, *_try(mixer, tried, shape, inputs, want, eager)))
+                        median, legal, err = results[-1][1:]
+                        table.add(mixer, benchmark_rows.configuration(mixer, tried, role=role),
+                                  shape,
+                                  {"median_ms": median, "times_floor": median / floor,
+                                   "legal": legal, "max_error": err},
+                                  {"times_floor": "ratio", "legal": "bool",
+                                   "max_error": "relative error"})
             for key, median, legal, err in results:
                 print(f"{shape} {mixer} {key}: {median:.4f} ms (x{median / floor:.1f} floor) "
                       f"legal={legal} max_err={err:.2e}", flush=True)
@@ -102,6 +112,7 @@ def main():
             print(f"BEST {shape} {mixer}: {best[0]} {best[1]:.4f} ms", flush=True)
             del want, inputs
             torch.cuda.empty_cache()
+    print(table.summary())
 
 
 def _try(mixer, backend, shape, inputs, want, eager):

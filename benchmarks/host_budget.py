@@ -7,7 +7,10 @@ forward+backward at a length where the GPU work is negligible, against
   real      the mixer as the protocol runs it;
   backward  the time inside the Function's backward body, against the whole y.backward().
 
-    python scripts/host_budget.py [--width 2048] [--length 128]"""
+    python benchmarks/host_budget.py [--width 2048] [--length 128]
+
+Each mixer's figures are also a row of data/benchmarks/<gpu>/host_budget.jsonl
+(samu.experiment.benchmark_rows)."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +18,7 @@ import time
 
 import torch
 
-from samu.experiment import legality, protocol
+from samu.experiment import benchmark_rows, legality, protocol
 from samu.ops.common import launching
 from samu.ops.rglru import gemm as rglru_gemm
 from samu.ops.samu import chunk as samu_chunk
@@ -55,7 +58,10 @@ def main():
     parser.add_argument("--length", type=int, default=128)
     args = parser.parse_args()
     shape = (1, args.length, args.width)
-    print(f"shape {shape}; empty synchronise {wall_us(lambda: None):.1f} us")
+    table = benchmark_rows.BenchmarkRows("host_budget", "cuda")
+    empty = wall_us(lambda: None)
+    print(f"shape {shape}; empty synchronise {empty:.1f} us")
+    table.add(None, {"operation": "empty synchronise"}, shape, {"host_wall_us": empty})
     for mixer in ("samu", "rglru"):
         inputs = legality.make_inputs(mixer, shape, "cuda")
         module = protocol.build_module(mixer, args.width, "auto", "cuda")
@@ -132,11 +138,20 @@ def main():
             stubbed = wall_us(protocol_fb)
         finally:
             launching.launch = original_launch
+        null = wall_us(null_fb)
         print(f"{mixer} ({module.last_backend}): protocol forward+backward {real:.0f} us, "
               f"no-grad forward {fwd:.0f} us, launches stubbed {stubbed:.0f} us, "
-              f"null Function {wall_us(null_fb):.0f} us", flush=True)
+              f"null Function {null:.0f} us", flush=True)
         print(f"    medians per forward+backward, no synchronise inside: {breakdown}; "
               f"{counts[-1]} launches", flush=True)
+        values = {"protocol_forward_backward_us": real, "no_grad_forward_us": fwd,
+                  "launches_stubbed_us": stubbed, "null_function_us": null,
+                  **{k.replace(".", "_").replace("()", "").replace(" ", "_") + "_us": v
+                     for k, v in median.items()},
+                  "launch_count": counts[-1]}
+        table.add(mixer, benchmark_rows.configuration(mixer, module.last_backend), shape,
+                  values, {"launch_count": "count"})
+    print(table.summary())
 
 
 if __name__ == "__main__":

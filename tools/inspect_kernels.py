@@ -2,9 +2,9 @@
 speed before any timing: the layouts Triton chose, registers, spills and the count of
 shared-memory, barrier, shuffle and special-function instructions in its SASS.
 
-    python scripts/inspect_kernels.py samu                # every SAMU kernel at its launch configs
-    python scripts/inspect_kernels.py rglru --width 2560  # RG-LRU kernels at D = 2560 (bw = 160)
-    python scripts/inspect_kernels.py --ptx-digest out.txt  # one hash per kernel configuration
+    python tools/inspect_kernels.py samu                # every SAMU kernel at its launch configs
+    python tools/inspect_kernels.py rglru --width 2560  # RG-LRU kernels at D = 2560 (bw = 160)
+    python tools/inspect_kernels.py --ptx-digest out.txt  # one hash per kernel configuration
 
 The digest compiles every kernel of every backend (and the shared carry and reduction kernels)
 at widths 2048 and 2560 and hashes its PTX with debug line information removed: two trees whose

@@ -1,8 +1,9 @@
 """Time packed sequences, decode steps and torch.compile for both mixers (samu.experiment.features)
-and write data/features/<gpu>.json and data/figures/<gpu>_features.png.
+and write data/features/<gpu>.json and data/figures/<gpu>_features.png; each timing is also a row
+of data/benchmarks/<gpu>/benchmark_features.jsonl (samu.experiment.benchmark_rows).
 
-    python scripts/benchmark_features.py                      # the GPU configuration
-    python scripts/benchmark_features.py --length 64 --width 32 --batches 1 2 --compile-shape 1 16 32
+    python benchmarks/benchmark_features.py                      # the GPU configuration
+    python benchmarks/benchmark_features.py --length 64 --width 32 --batches 1 2 --compile-shape 1 16 32
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from samu import dispatch, paths
-from samu.experiment import features, protocol, schema
+from samu.experiment import benchmark_rows, features, protocol, schema
 
 
 def draw(doc: dict, path) -> None:
@@ -66,6 +67,28 @@ def draw(doc: dict, path) -> None:
     plt.close(fig)
 
 
+def append_rows(doc: dict, width: int, table) -> None:
+    """One row per packing variant, decode batch and compiled shape of ``doc``."""
+    for row in doc["packing"]:
+        for variant in ("packed", "unpacked", "one_by_one"):
+            config = benchmark_rows.configuration(row["mixer"], row["backend"], feature="packing",
+                                                  variant=variant,
+                                                  sequences=len(row["lengths"]))
+            table.add(row["mixer"], config, row["shape"], row[variant])
+    for row in doc["decode"]:  # a decode step is a call of length 1
+        config = benchmark_rows.configuration(row["mixer"], row["backend"], feature="decode step")
+        values = {k: row[k] for k in ("host_us_per_step", "gpu_us_per_step", "one_launch",
+                                      "linear_forward_backward_us", "step_over_linear")}
+        table.add(row["mixer"], config, (row["batch"], 1, width), values,
+                  {"host_us_per_step": "us", "gpu_us_per_step": "us", "one_launch": "bool",
+                   "step_over_linear": "ratio"})
+    for row in doc["compile"]:
+        config = benchmark_rows.configuration(row["mixer"], row["backend"],
+                                              feature="residual block")
+        values = {k: v for k, v in row.items() if k.endswith(("_ms", "_s"))}
+        table.add(row["mixer"], config, row["shape"], values)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=32768)
@@ -99,7 +122,10 @@ def main(argv=None) -> int:
     schema.write_json_atomic(out, doc, kind="features")
     figure = paths.DATA / "figures" / f"{slug}_features.png"
     draw(doc, figure)
+    table = benchmark_rows.BenchmarkRows("benchmark_features", device)
+    append_rows(doc, args.width, table)
     print("wrote", out, "and", figure)
+    print(table.summary())
     for row in doc["packing"]:
         print(row["mixer"], {v: row[v] for v in ("packed", "unpacked", "one_by_one")})
     for row in doc["decode"]:

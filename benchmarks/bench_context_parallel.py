@@ -6,7 +6,9 @@ summary stacked with stand-ins of the other ranks', whose values do not change t
 slice from the composed entering state, the adjoint at its slice start, and its slice's backward
 with the later ranks' cotangent: the code path of a real call without the collectives.  Each is
 timed with CUDA events (the host clock on a CPU), median of --repeats after a warm-up, and
-written to data/context_parallel/<gpu-slug>.json with the environment.
+written to data/context_parallel/<gpu-slug>.json with the environment; each (mixer, length,
+ranks) is also a row of data/benchmarks/<gpu-slug>/bench_context_parallel.jsonl
+(samu.experiment.benchmark_rows).
 
 --check spawns P processes (gloo) on one GPU, each holding its slice, runs the context-parallel
 call and its backward there, and checks y, the final states, dx, every parameter's gradient
@@ -14,9 +16,9 @@ call and its backward there, and checks y, the final states, dx, every parameter
 with SPEC section 4's rule (2 x the eager reference's error + 1e-3, all finite).  It exits 1 if
 any output is not legal.
 
-    python scripts/bench_context_parallel.py                       # L = 2^17..2^20, D = 2048
-    python scripts/bench_context_parallel.py --check               # legality, P = 2, 4, 8
-    python scripts/bench_context_parallel.py --device cpu --lengths 64 --ranks 2 --width 16
+    python benchmarks/bench_context_parallel.py                       # L = 2^17..2^20, D = 2048
+    python benchmarks/bench_context_parallel.py --check               # legality, P = 2, 4, 8
+    python benchmarks/bench_context_parallel.py --device cpu --lengths 64 --ranks 2 --width 16
 """
 from __future__ import annotations
 
@@ -111,8 +113,10 @@ def rank_share(mixer, layout, x, params, dy, backend, world: int):
 
 def benchmark(args, device) -> dict:
     from samu import distributed as cp
+    from samu.experiment import benchmark_rows
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows = []
+    table = benchmark_rows.BenchmarkRows("bench_context_parallel", device)
     for mixer in args.mixers:
         for length in args.lengths:
             x, params, dy = make_inputs(mixer, length, args.width, device, dtype)
@@ -139,6 +143,14 @@ def benchmark(args, device) -> dict:
                        "slowest_rank_over_slice_call": slowest / slice_ms,
                        "speedup_over_one_call": full_ms / slowest}
                 rows.append(row)
+                ratios = ("slowest_rank_over_slice_call", "speedup_over_one_call")
+                values = {k: row[k] for k in ("one_call_at_length_ms", "one_call_at_slice_ms",
+                                              "slowest_rank_ms", *ratios)}
+                values.update({f"rank_{r}_ms": ms for r, ms in enumerate(rank_ms)})
+                config = benchmark_rows.configuration(mixer, args.backend, ranks=world,
+                                                      dtype=row["dtype"])
+                table.add(mixer, config, (1, length, args.width), values,
+                          dict.fromkeys(ratios, "ratio"))
                 print(f"{mixer} L={length} P={world}: one call {full_ms:.3f} ms, at L/P "
                       f"{slice_ms:.3f} ms, ranks {[round(t, 3) for t in rank_ms]} ms "
                       f"(slowest / L/P call {slowest / slice_ms:.2f}, one call / slowest "
@@ -146,6 +158,7 @@ def benchmark(args, device) -> dict:
             del x, dy
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+    print(table.summary())
     return {"rows": rows}
 
 

@@ -1,5 +1,5 @@
 """Writes notebooks/*.ipynb (without outputs).  The notebooks are the source users open; this
-script only keeps their cells reviewable as one Python file.  Run: python scripts/make_notebooks.py"""
+script only keeps their cells reviewable as one Python file.  Run: python tools/make_notebooks.py"""
 import os
 from pathlib import Path
 
@@ -362,7 +362,7 @@ pd.DataFrame([{"mixer": r["architecture"], "backend": r["backend"],
     md("## Packed sequences beside the same tokens\n\nAt a batch-1 shape: 8 sequences of random lengths packed in the row "
        "(`cu_seqlens`), the same tokens as one plain row, and one call per sequence, each timed by the protocol's "
        "forward+backward samples and, on a GPU, replayed from a CUDA graph (`samu.experiment.features`; "
-       "`scripts/benchmark_features.py` writes the H200's figures to `data/features/`)."),
+       "`benchmarks/benchmark_features.py` writes the H200's figures to `data/features/`)."),
     code('''if batch == 1 and length >= 8:
     samples = 10 if device == "cuda" else 1
     packing = [features.time_packing(m, chosen[m], length, width, device, count=8, samples=samples)
@@ -427,7 +427,7 @@ comparison'''),
 else:
     for name, fig in report.figures(df, published_df).items():
         display(Image(data=report.png_bytes(fig)))'''),
-    md("## Context parallelism on one GPU\n\n`samu.distributed` splits a sequence over the ranks of a `torch.distributed` group: each rank runs a summary pass over its slice, one `all_gather` of 2 × B × D FP32 values, its slice from the composed entering state, and in backward the same in reverse. `scripts/bench_context_parallel.py` times each rank's share of a forward+backward in turn on one GPU (the collectives simulated) against one plain call at L / P and one at L, at D = 2048 (`--check` runs P processes on the GPU over gloo and checks them against the float64 oracle). Below: the slowest rank's share over the call at L / P (the target is 1.3x at L = 2^18), and what P GPUs gain over one call at L. The committed H200 timings are shown where this machine has none."),
+    md("## Context parallelism on one GPU\n\n`samu.distributed` splits a sequence over the ranks of a `torch.distributed` group: each rank runs a summary pass over its slice, one `all_gather` of 2 × B × D FP32 values, its slice from the composed entering state, and in backward the same in reverse. `benchmarks/bench_context_parallel.py` times each rank's share of a forward+backward in turn on one GPU (the collectives simulated) against one plain call at L / P and one at L, at D = 2048 (`--check` runs P processes on the GPU over gloo and checks them against the float64 oracle). Below: the slowest rank's share over the call at L / P (the target is 1.3x at L = 2^18), and what P GPUs gain over one call at L. The committed H200 timings are shown where this machine has none."),
     code('''from samu.experiment import context_parallel
 try:
     cp_doc, cp_path = context_parallel.load(slug if slug != "cpu" else None)

@@ -2,23 +2,32 @@
 the look-back with the two-level carry over repeated calls (normwise, FP32), then GPU time per
 call, replayed from a CUDA graph, by plan and segment length.
 
-    python scripts/bench_carry.py                      # (1, 4096, 2048) and four more shapes
-    python scripts/bench_carry.py 1x4096x2048 --calls=200
+    python benchmarks/bench_carry.py                      # (1, 4096, 2048) and four more shapes
+    python benchmarks/bench_carry.py 1x4096x2048 --calls=200
 
 Shapes are (batch, chunks, width): chunk 8 at L = 32768 is 4096 chunks.  Both decay forms run:
 SAMU's sums of r with a per-channel rate, and RG-LRU's per-channel decays; the chunk a third of
 the way along each row holds a packed start.  The look-back plans cut every row into segments
-(two_level_from=2), whatever its length."""
+(two_level_from=2), whatever its length.  Each agreement and each time is also a row of
+data/benchmarks/<gpu>/bench_carry.jsonl (samu.experiment.benchmark_rows), its shape (batch, chunks,
+width) and its mixer the one whose decay form ran."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
 
+from samu.experiment import benchmark_rows
 from samu.ops.common import carry
 
 SHAPES = ["1x4096x2048", "1x2048x2048", "1x4096x1024", "2x1024x3072", "1x1024x4096"]
 SEGMENTS = (16, 32, 64, 128, 256)
+
+
+def plan_configuration(plan: carry.CarryPlan, **extra) -> dict:
+    return {"plan": "look-back" if plan.lookback else "two-level", **dataclasses.asdict(plan),
+            **extra}
 
 
 def summaries(batch, n_chunks, width, scalar, device="cuda"):
@@ -58,9 +67,12 @@ def main():
     calls = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--calls=")), 100)
     shapes = [a for a in sys.argv[1:] if not a.startswith("--")] or SHAPES
     two_level = carry.CarryPlan()
+    table = benchmark_rows.BenchmarkRows("bench_carry", "cuda")
     for text in shapes:
         batch, n_chunks, width = map(int, text.split("x"))
+        shape = {"batch": batch, "chunks": n_chunks, "width": width}
         for scalar in (True, False):
+            mixer = "samu" if scalar else "rglru"  # sums of r are SAMU's, decays RG-LRU's
             args, extra = summaries(batch, n_chunks, width, scalar)
             line = f"({batch}, {n_chunks}, {width}) {'sums of r' if scalar else 'decays'}:"
             for reverse in (False, True):
@@ -69,15 +81,22 @@ def main():
                 worst = max(((carry.chunk_carry(*args, reverse=reverse, plan=plan, **extra)
                               - want).norm() / want.norm()).item() for _ in range(calls))
                 line += f" look-back {'reverse' if reverse else 'forward'} worst {worst:.1e};"
+                table.add(mixer, plan_configuration(plan, reverse=reverse, calls=calls), shape,
+                          {"worst_error": worst}, {"worst_error": "normwise relative error"})
             print(line, flush=True)
-            times = [f"two-level {replay_ms(lambda: carry.chunk_carry(*args, reverse=False, plan=two_level, **extra)):.4f}"]
+            ms = replay_ms(lambda: carry.chunk_carry(*args, reverse=False, plan=two_level,
+                                                     **extra))
+            table.add(mixer, plan_configuration(two_level), shape, {"gpu_time_ms": ms})
+            times = [f"two-level {ms:.4f}"]
             for seg in SEGMENTS:
                 if n_chunks // seg >= 2:
                     plan = carry.CarryPlan(two_level_from=2, segment_chunks=seg, lookback=True)
                     ms = replay_ms(lambda: carry.chunk_carry(*args, reverse=False, plan=plan,
                                                              **extra))
                     times.append(f"look-back/{seg} {ms:.4f}")
+                    table.add(mixer, plan_configuration(plan), shape, {"gpu_time_ms": ms})
             print("    ms per call: " + "  ".join(times), flush=True)
+    print(table.summary())
 
 
 if __name__ == "__main__":

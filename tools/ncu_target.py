@@ -1,5 +1,5 @@
 """One forward+backward of a mixer backend between cudaProfilerStart/Stop, after warm-up, for
-Nsight Compute (`ncu --profile-from-start off ... python scripts/ncu_target.py samu 1x32768x2048
+Nsight Compute (`ncu --profile-from-start off ... python tools/ncu_target.py samu 1x32768x2048
 fused_controller_hierarchical_chunk8`)."""
 import sys
 

@@ -1,8 +1,11 @@
 """Time every Triton backend at given shapes beside auto's choice (samu.experiment.sweep) and write
 data/sweeps/<gpu>_<name>.json and data/figures/<gpu>_sweep_<name>.png.
 
-    python scripts/sweep_backends.py --name outside 2x4096x3072 1x65536x1024
-    python scripts/sweep_backends.py --name tiny --mixers samu 1x16x32     # interpreter, CPU
+    python benchmarks/sweep_backends.py --name outside 2x4096x3072 1x65536x1024
+    python benchmarks/sweep_backends.py 1x16x32 --name tiny --mixers samu     # interpreter, CPU
+
+Each (mixer, backend, shape) is also a row of data/benchmarks/<gpu>/sweep_backends.jsonl
+(samu.experiment.benchmark_rows).
 
 With no calibration entry for a shape, auto takes the choice calibrated at the nearest shape
 (samu.dispatch.nearest_entry): at shapes outside the file, the figure shows how far that choice
@@ -15,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from samu import dispatch, paths
-from samu.experiment import protocol, schema, sweep
+from samu.experiment import benchmark_rows, protocol, schema, sweep
 from samu.experiment.pipeline import parse_shapes
 
 NAMES = {"rglru": "RG-LRU", "samu": "SAMU"}
@@ -89,6 +92,7 @@ def main(argv=None) -> int:
     key = "gpu_time_ms" if device.type == "cuda" else "median_ms"
     out = paths.DATA / "sweeps" / f"{slug}_{args.name}.json"
     rows = []
+    table = benchmark_rows.BenchmarkRows("sweep_backends", device)
     work = sum(len((names or {}).get(m) or sweep.triton_backends(m)) for m in args.mixers)
     with tqdm(total=work * len(shapes), desc="sweep") as bar:
         def progress(text):
@@ -100,6 +104,11 @@ def main(argv=None) -> int:
                                       **heads)
             for row in found:
                 bar.write(line(row))
+                config = benchmark_rows.configuration(row["mixer"], row["backend"],
+                                                      sweep=args.name)
+                values = {"gpu_time_ms": row["gpu_time_ms"], "median_ms": row["median_ms"],
+                          "chosen_by_auto": row["auto"]}
+                table.add(row["mixer"], config, row["shape"], values, {"chosen_by_auto": "bool"})
             rows += found
             # Written after every shape: a run cut short keeps what it measured.
             doc = {"environment": protocol.environment(),
@@ -109,6 +118,7 @@ def main(argv=None) -> int:
     figure = paths.DATA / "figures" / f"{slug}_sweep_{args.name}.png"
     draw(doc, figure)
     print("wrote", out, "and", figure)
+    print(table.summary())
     for row in doc["auto"]:
         ratio = row["auto_over_fastest"]
         print(f"{'x'.join(map(str, row['shape'])):>14} {row['mixer']:5} auto {row['auto']} / "

@@ -2,13 +2,16 @@
 CUDA): when each top-level host operation and each kernel started and how long it ran, relative
 to the sample's start.  Shows where the GPU waits for the host at small shapes.
 
-    python scripts/host_timeline.py 4x2048x2048 [samu|rglru]"""
+    python benchmarks/host_timeline.py 4x2048x2048 [samu|rglru]
+
+The sample's totals (event time, kernels, their GPU time, the timeline's span) are also a row of
+data/benchmarks/<gpu>/host_timeline.jsonl (samu.experiment.benchmark_rows)."""
 import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from samu.experiment import legality, protocol
+from samu.experiment import benchmark_rows, legality, protocol
 
 shape = tuple(map(int, next((a for a in sys.argv[1:] if "x" in a), "4x2048x2048").split("x")))
 mixer = next((a for a in sys.argv[1:] if a in ("samu", "rglru")), "samu")
@@ -28,3 +31,11 @@ for e in sorted(events, key=lambda e: e.time_range.start):
     gpu = e.device_type == torch.autograd.DeviceType.CUDA
     print(f"{'GPU' if gpu else 'CPU'} {e.time_range.start - t0:8.1f} us  "
           f"{e.time_range.elapsed_us():7.1f} us  {e.name[:70]}")
+kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+table = benchmark_rows.BenchmarkRows("host_timeline", "cuda")
+table.add(mixer, benchmark_rows.configuration(mixer, module.last_backend), shape,
+          {"event_time_us": event_ms * 1e3, "kernels": len(kernels),
+           "kernel_time_us": sum(e.time_range.elapsed_us() for e in kernels),
+           "span_us": max(e.time_range.end for e in events) - t0},
+          {"kernels": "count"})
+print(table.summary())

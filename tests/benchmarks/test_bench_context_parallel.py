@@ -1,0 +1,31 @@
+"""benchmarks/bench_context_parallel.py on a CPU, at a tiny size: its JSON file and its rows."""
+import json
+
+from samu.experiment import benchmark_rows
+
+
+def test_benchmark_runs_on_the_cpu_and_appends_a_row_per_measurement(tmp_path, load_benchmark,
+                                                                      rows_folder):
+    bench = load_benchmark("bench_context_parallel")
+    out = tmp_path / "cp.json"
+    assert bench.main(["--device", "cpu", "--lengths", "64", "--ranks", "2", "--width", "16",
+                       "--repeats", "1", "--backend", "reference_chunked",
+                       "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["environment"]["gpu"] == "cpu"
+    row = doc["rows"][0]
+    assert {row["mixer"] for row in doc["rows"]} == {"rglru", "samu"}
+    assert len(row["rank_ms"]) == 2 and row["one_call_at_slice_ms"] > 0
+    rows = benchmark_rows.read_rows(rows_folder / "bench_context_parallel.jsonl")
+    assert [(r["mixer"], r["gpu"], r["commit"]) for r in rows] == \
+        [(d["mixer"], "cpu", "0123abc") for d in doc["rows"]]
+    for line, timed in zip(rows, doc["rows"]):
+        assert line["shape"] == {"batch": 1, "length": 64, "width": 16}
+        assert line["configuration"] == {"backend": "reference_chunked", "ranks": 2,
+                                         "dtype": "float32"}
+        values = line["values"]
+        assert [values["rank_0_ms"], values["rank_1_ms"]] == timed["rank_ms"]
+        assert values["slowest_rank_ms"] == max(timed["rank_ms"])
+        assert values["one_call_at_length_ms"] == timed["one_call_at_length_ms"]
+        assert line["units"]["speedup_over_one_call"] == "ratio"
+        assert line["units"]["rank_1_ms"] == "ms"
