@@ -104,8 +104,9 @@ def main(argv=None) -> int:
                                       **heads)
             for row in found:
                 bar.write(line(row))
+                extra = {"num_heads": row["num_heads"]} if "num_heads" in row else {}
                 config = benchmark_rows.configuration(row["mixer"], row["backend"],
-                                                      sweep=args.name)
+                                                      sweep=args.name, **extra)
                 values = {"gpu_time_ms": row["gpu_time_ms"], "median_ms": row["median_ms"],
                           "chosen_by_auto": row["auto"]}
                 table.add(row["mixer"], config, row["shape"], values, {"chosen_by_auto": "bool"})

@@ -16,7 +16,7 @@ from ..._runtime import INTERPRETING
 class Launcher:
     """kernel[grid](*args, **meta), after the first call through the compiled kernel's C
     launcher itself: Triton's JIT path binds and keys every argument on every call, host time
-    that the small shapes feel (scripts/host_overhead.py on the H200's host: 27.1 us per launch
+    that the small shapes feel (benchmarks/host_overhead.py on the H200's host: 27.1 us per launch
     through the JIT, 13.3 us through the compiled kernel's runner, 7.5 us calling its C launcher
     directly).  The C launcher is called as the runner would call it, with the current stream,
     while no launch hook is set (a profiler such as proton sets them); with one set, the
