@@ -236,6 +236,13 @@ def kernel_families(mixer: str) -> tuple:
     return _CONFIGURATION_MODULES.get(mixer, ())
 
 
+def family_of(mixer: str, config):
+    """The Triton family module of ``mixer`` whose configurations ``config`` is one of, or None."""
+    _ensure_registered()
+    return next((m for m in _CONFIGURATION_MODULES.get(mixer, ())
+                 if isinstance(config, m.CONFIGS[0].__class__)), None)
+
+
 def from_config(mixer: str, config) -> Backend:
     """The backend of a Triton configuration passed in instead of a name (a sweep's, say:
     ``dataclasses.replace(backends.REGISTRY["samu"][name].config, output=Launch(4, 2))``).  It
@@ -246,9 +253,8 @@ def from_config(mixer: str, config) -> Backend:
 
 @lru_cache(maxsize=None)
 def _backend_of_configuration(mixer: str, config) -> Backend:
-    module = next(m for m in _CONFIGURATION_MODULES[mixer]
-                  if isinstance(config, m.CONFIGS[0].__class__))
-    return Backend(config.name, mixer, "triton", module.run_with(config), config=config)
+    return Backend(config.name, mixer, "triton", family_of(mixer, config).run_with(config),
+                   config=config)
 
 
 _registered = False

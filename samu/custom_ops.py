@@ -29,10 +29,10 @@ def _family(mixer: str, backend: str):
     """(module with forward / backward / residual_specs, configuration) of a registered name."""
     backends._ensure_registered()
     config = backends.REGISTRY[mixer][backend].config
-    for module in backends.kernel_families(mixer):
-        if isinstance(config, module.CONFIGS[0].__class__):
-            return module, config
-    raise ValueError(f"{mixer}: backend {backend!r} is not a Triton backend")
+    module = backends.family_of(mixer, config)
+    if module is None:
+        raise ValueError(f"{mixer}: backend {backend!r} is not a Triton backend")
+    return module, config
 
 
 def _count(x: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):

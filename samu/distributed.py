@@ -64,19 +64,15 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .functional import FUNCTIONS, SUPPORTED_DTYPES, autocast_input, check_offsets_increase
-from .ops.recurrence import GATE_SCALE, carry_dtype
-from .ops.rglru.naive import block_diagonal
+from . import backends, mixers
+from .ops.recurrence import carry_dtype
 
 __all__ = ["CPContext", "SliceLayout", "build_cp_context", "context_parallel", "log_decay",
            "slice_layout", "slice_summary", "incoming_state", "run_slice", "head_adjoint",
            "outgoing_cotangent", "with_end_cotangent"]
-
-# The log-decay sum runs over chunks of tokens of at most this many elements.
-LOG_DECAY_CHUNK_ELEMENTS = 2**24
 
 # One row of the call's metadata, all_gathered before anything else (positions in the row).
 _STATUS, _PACKED, _BATCH, _LENGTH, _WIDTH, _DTYPE, _HAS_INITIAL, _NEEDS_GRAD, \
@@ -309,51 +305,18 @@ def build_cp_context(group=None, cu_seqlens=None, *, local_length: int | None = 
 
 # --- the per-mixer log decay: sum over the slice of log a, as the reference computes it -------
 
-def _token_chunks(x: torch.Tensor):
-    step = max(1, LOG_DECAY_CHUNK_ELEMENTS // (x.shape[0] * x.shape[2]))
-    for t in range(0, x.shape[1], step):
-        yield x[:, t:t + step]
-
-
-def rglru_log_decay(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
-    """[B, D] in the carry dtype: sum_t log a_t = -8 softplus(a_param) sum_t ga_t, ga the
-    a-gate of samu.ops.rglru.naive (its operand dtypes), over chunks of tokens."""
-    cdt = carry_dtype(x)
-    if cdt == torch.float64:
-        weight = gate_a_weight.double()
-    elif x.dtype in (torch.bfloat16, torch.float16):  # autocast: low-precision operands
-        weight = gate_a_weight.to(x.dtype)
-    else:
-        weight = gate_a_weight.float()
-    operand = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else cdt
-    bias = gate_a_bias.to(cdt)
-    total = torch.zeros(x.shape[0], x.shape[2], dtype=cdt, device=x.device)
-    for xc in _token_chunks(x):
-        total += torch.sigmoid(block_diagonal(xc.to(operand), weight, bias).to(cdt)).sum(1)
-    return -GATE_SCALE * total * F.softplus(a_param.to(cdt))
-
-
-def samu_log_decay(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip):
-    """[B, D] in the carry dtype: sum_t log a_t = -8 exp(log_temp) softplus(a_param) sum_t r_t,
-    r = sigmoid(ctrl_weight[0] x + ctrl_bias[0]) as in samu.ops.samu.naive."""
-    cdt = carry_dtype(x)
-    weight, bias = ctrl_weight[0].to(cdt), ctrl_bias[0].to(cdt)
-    total = torch.zeros(x.shape[0], dtype=cdt, device=x.device)
-    for xc in _token_chunks(x):
-        total += torch.sigmoid(xc.to(cdt) @ weight + bias).sum(1)
-    scale = GATE_SCALE * torch.exp(log_temp.to(cdt))
-    return -scale * total[:, None] * F.softplus(a_param.to(cdt))
-
-
-LOG_DECAY = {"rglru": rglru_log_decay, "samu": samu_log_decay}
 
 
 def log_decay(mixer: str, x, params) -> torch.Tensor:
     """sum over x's tokens of log a, [B, D] in the carry dtype: log A of a slice that no
     sequence starts in.  ``params`` in the functional form's order.  Autocast stays off, as
     for the reference: the dtypes are the reference's own."""
+    spec = mixers.get(mixer)
+    if spec.log_decay is None:
+        raise NotImplementedError(f"{mixer}: its spec gives no log_decay (samu.mixers), which "
+                                  "context parallelism needs on a reference backend")
     with torch.autocast(x.device.type, enabled=False):
-        return LOG_DECAY[mixer](x, *params)
+        return spec.load("log_decay")(x, *params)
 
 
 # --- the local pieces of the algorithm, one rank's share (also what the benchmark times) -------
@@ -373,11 +336,7 @@ def kernel_phases(mixer: str, x, backend):
     chosen = dispatch.resolve(mixer, x, backend)
     if chosen.kind != "triton" or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return None
-    if mixer == "samu":
-        from .ops.samu import chunk as module
-    else:
-        from .ops.rglru import gemm as module
-    return module, chosen.config
+    return backends.family_of(mixer, chosen.config), chosen.config
 
 
 def _local_cu(layout: SliceLayout, device, begin: int = 0) -> torch.Tensor:

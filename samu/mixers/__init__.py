@@ -39,6 +39,8 @@ class MixerSpec:
         run_with(config) (samu.ops.common.family).
     default_backend: what ``auto`` runs on CUDA without a calibrated choice, and under
         Triton's interpreter.
+    log_decay: path of ``fn(x, *params) -> [B, D]``, the sum of log a over x's tokens in the
+        reference's dtypes (a slice's decay, for context parallelism); None: not given.
     has_heads: the module takes ``num_heads`` (RG-LRU's gate blocks).
     heads_of: {name: tensor} -> the head count they hold (a mixer with heads).
     flops_per_element: (width, num_heads) -> forward+backward FLOPs per element of [B, L, D],
@@ -56,6 +58,7 @@ class MixerSpec:
     function: str | None = None
     backward: str | None = None
     kernel_families: tuple[str, ...] = ()
+    log_decay: str | None = None
     default_backend: str = "reference_chunked"
     has_heads: bool = False
     heads_of: Callable[[dict], int] | None = None

@@ -41,6 +41,7 @@ SPEC = MixerSpec(
     parameter_count=lambda width, num_heads: 2 * width * width // num_heads + 3 * width,
     dynamic_control_values_per_token=lambda width: 2 * width,
     reference="samu.ops.rglru.naive:rglru_reference",
+    log_decay="samu.ops.rglru.naive:log_decay",
     module="samu.modules:RGLRU",
     function="samu.functional:rglru",
     backward="samu.ops.rglru.backward:rglru_backward",

@@ -29,6 +29,7 @@ SPEC = MixerSpec(
     parameter_count=lambda width, num_heads: 3 * width + 4,
     dynamic_control_values_per_token=lambda width: 2,
     reference="samu.ops.samu.naive:samu_reference",
+    log_decay="samu.ops.samu.naive:log_decay",
     module="samu.modules:SAMU",
     function="samu.functional:samu",
     backward="samu.ops.samu.backward:samu_backward",

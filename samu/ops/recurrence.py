@@ -54,6 +54,18 @@ def bounded_sqrt_denominator(v: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(torch.clamp(4.0 * v, min=SQRT_GRAD_FLOOR))
 
 
+# A slice's log-decay sum (the mixers' log_decay) runs over chunks of tokens of at most this many
+# elements, so that its gates never take a [B, L, D] buffer of the carry dtype.
+LOG_DECAY_CHUNK_ELEMENTS = 2**24
+
+
+def token_chunks(x: torch.Tensor):
+    """x's tokens in runs of at most LOG_DECAY_CHUNK_ELEMENTS elements."""
+    step = max(1, LOG_DECAY_CHUNK_ELEMENTS // (x.shape[0] * x.shape[2]))
+    for t in range(0, x.shape[1], step):
+        yield x[:, t:t + step]
+
+
 def carry_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..recurrence import GATE_SCALE, carry_dtype, transition
+from ..recurrence import GATE_SCALE, carry_dtype, token_chunks, transition
 from ..layout import scan_sequences, with_final_state
 
 
@@ -51,3 +51,22 @@ def rglru_reference(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a
                                            gate_a_bias, a_param, reset),
         scan, initial_state, cu_seqlens)
     return with_final_state(h.to(x.dtype), h, seqs, output_final_state)
+
+
+def log_decay(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
+    """[B, D] in the carry dtype: sum_t log a_t = -8 softplus(a_param) sum_t ga_t, ga the
+    a-gate of rglru_reference (its operand dtypes), over runs of tokens: log A of a slice that
+    no sequence starts in (samu.distributed)."""
+    cdt = carry_dtype(x)
+    if cdt == torch.float64:
+        weight = gate_a_weight.double()
+    elif x.dtype in (torch.bfloat16, torch.float16):  # autocast: low-precision operands
+        weight = gate_a_weight.to(x.dtype)
+    else:
+        weight = gate_a_weight.float()
+    operand = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else cdt
+    bias = gate_a_bias.to(cdt)
+    total = torch.zeros(x.shape[0], x.shape[2], dtype=cdt, device=x.device)
+    for xc in token_chunks(x):
+        total += torch.sigmoid(block_diagonal(xc.to(operand), weight, bias).to(cdt)).sum(1)
+    return -GATE_SCALE * total * F.softplus(a_param.to(cdt))

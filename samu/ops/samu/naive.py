@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..recurrence import GATE_SCALE, carry_dtype, transition
+from ..recurrence import GATE_SCALE, carry_dtype, token_chunks, transition
 from ..layout import scan_sequences, with_final_state
 
 
@@ -42,3 +42,16 @@ def samu_reference(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, scan: str
         scan, initial_state, cu_seqlens)
     y = (h + skip.to(h.dtype) * x.to(h.dtype)).to(x.dtype)
     return with_final_state(y, h, seqs, output_final_state)
+
+
+def log_decay(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip):
+    """[B, D] in the carry dtype: sum_t log a_t = -8 exp(log_temp) softplus(a_param) sum_t r_t,
+    r = sigmoid(ctrl_weight[0] x + ctrl_bias[0]) as in samu_reference: log A of a slice that no
+    sequence starts in (samu.distributed)."""
+    cdt = carry_dtype(x)
+    weight, bias = ctrl_weight[0].to(cdt), ctrl_bias[0].to(cdt)
+    total = torch.zeros(x.shape[0], dtype=cdt, device=x.device)
+    for xc in token_chunks(x):
+        total += torch.sigmoid(xc.to(cdt) @ weight + bias).sum(1)
+    scale = GATE_SCALE * torch.exp(log_temp.to(cdt))
+    return -scale * total[:, None] * F.softplus(a_param.to(cdt))
