@@ -40,6 +40,25 @@ def wall_us(fn, n=200):
     return sorted(samples)[n // 2] * 1e6
 
 
+def profile_calls(fn, title: str, calls: int = 50, top: int = 25) -> None:
+    """The functions with the most own time over ``calls`` synchronised calls of fn, per call
+    (cProfile's own overhead included: read the ranking, not the sum)."""
+    import cProfile
+    import pstats
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        fn()
+        torch.cuda.synchronize()
+    profile.disable()
+    stats = pstats.Stats(profile).stats
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    print(f"  {title}: own time per call (us), calls per call, function")
+    for (path, line, name), (_, count, own, _, _) in rows:
+        print(f"    {own / calls * 1e6:8.1f} {count / calls:6.1f}  {path.rsplit('/', 2)[-1]}:"
+              f"{line} {name}")
+
+
 class Null(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, *params):
@@ -56,12 +75,30 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--profile", action="store_true",
+                        help="also print each mixer's costliest functions (cProfile, stubbed "
+                             "and live)")
     args = parser.parse_args()
     shape = (1, args.length, args.width)
     table = benchmark_rows.BenchmarkRows("host_budget", "cuda")
     empty = wall_us(lambda: None)
     print(f"shape {shape}; empty synchronise {empty:.1f} us")
     table.add(None, {"operation": "empty synchronise"}, shape, {"host_wall_us": empty})
+    # The yardstick of the host targets, in the same run: a Linear's forward+backward.
+    linear = torch.nn.Linear(args.width, args.width, device="cuda")
+    xl = torch.randn(shape, device="cuda", requires_grad=True)
+    dyl = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+    def linear_fb():
+        xl.grad = None
+        linear.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = linear(xl)
+        y.backward(dyl)
+    linear_us = wall_us(linear_fb)
+    print(f"torch.nn.Linear({args.width}, {args.width}) forward+backward {linear_us:.0f} us")
+    table.add(None, {"operation": "torch.nn.Linear forward+backward"}, shape,
+              {"host_wall_us": linear_us})
     for mixer in ("samu", "rglru"):
         inputs = legality.make_inputs(mixer, shape, "cuda")
         module = protocol.build_module(mixer, args.width, "auto", "cuda")
@@ -136,21 +173,26 @@ def main():
         launching.launch = stub
         try:
             stubbed = wall_us(protocol_fb)
+            if args.profile:
+                profile_calls(protocol_fb, f"{mixer}, launches stubbed")
         finally:
             launching.launch = original_launch
+        if args.profile:
+            profile_calls(protocol_fb, f"{mixer}, launches live")
         null = wall_us(null_fb)
         print(f"{mixer} ({module.last_backend}): protocol forward+backward {real:.0f} us, "
               f"no-grad forward {fwd:.0f} us, launches stubbed {stubbed:.0f} us, "
               f"null Function {null:.0f} us", flush=True)
         print(f"    medians per forward+backward, no synchronise inside: {breakdown}; "
-              f"{counts[-1]} launches", flush=True)
+              f"{counts[-1]} launches; protocol over the Linear {real / linear_us:.2f}x",
+              flush=True)
         values = {"protocol_forward_backward_us": real, "no_grad_forward_us": fwd,
                   "launches_stubbed_us": stubbed, "null_function_us": null,
                   **{k.replace(".", "_").replace("()", "").replace(" ", "_") + "_us": v
                      for k, v in median.items()},
-                  "launch_count": counts[-1]}
+                  "launch_count": counts[-1], "over_linear": real / linear_us}
         table.add(mixer, benchmark_rows.configuration(mixer, module.last_backend), shape,
-                  values, {"launch_count": "count"})
+                  values, {"launch_count": "count", "over_linear": "ratio"})
     print(table.summary())
 
 
