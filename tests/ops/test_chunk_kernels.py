@@ -32,8 +32,8 @@ def _chunk(mixer, name):
 # every backend over two chunks (so its carries run); the defaults also at odd lengths, B > 1,
 # widths that are not powers of two, and length 1
 CASES = [(m, n, (1, _chunk(m, n) + 5, 48)) for m in ("samu", "rglru") for n in _triton(m)]
-CASES += [("samu", backends.DEFAULTS["samu"], s) for s in [(2, 37, 48), (1, 1, 16), (3, 100, 80)]]
-CASES += [("rglru", backends.DEFAULTS["rglru"], s) for s in [(2, 37, 48), (1, 1, 16), (1, 70, 96)]]
+CASES += [("samu", backends.DEFAULTS["samu"], s) for s in [(2, 37, 48), (1, 1, 16), (3, 37, 80)]]
+CASES += [("rglru", backends.DEFAULTS["rglru"], s) for s in [(2, 37, 48), (1, 1, 16), (1, 37, 96)]]
 # SAMU walks its carries inside the kernels up to walked_carry_chunks chunks: every SAMU backend
 # also with chunk_carry's launches, and the default past the walk's limit.
 CASES += [("samu", dataclasses.replace(backends.REGISTRY["samu"][n].config,
@@ -45,14 +45,15 @@ CASES += [("samu", backends.DEFAULTS["samu"],
 
 
 # Both defaults with long-row carries cut into two-chunk segments: in two levels, and by the
-# look-back (SAMU's carries as chunk_carry gives them, not walked).
+# look-back (SAMU's carries as chunk_carry gives them, not walked).  Six chunks, the last one
+# partial: three segments (test_carry_plans_match_a_sequential_carry takes many more).
 LONG_ROW_PLANS = (carry.CarryPlan(two_level_from=4, segment_chunks=2),
                   carry.CarryPlan(two_level_from=4, segment_chunks=2, lookback=True))
 for _mixer in ("samu", "rglru"):
     _config = backends.REGISTRY[_mixer][backends.DEFAULTS[_mixer]].config
     _walk = dict(walked_carry_chunks=0) if _mixer == "samu" else {}
     CASES += [(_mixer, dataclasses.replace(_config, carry=plan, **_walk),
-               (2, 9 * _config.chunk + 3, 48)) for plan in LONG_ROW_PLANS]
+               (2, 5 * _config.chunk + 3, 48)) for plan in LONG_ROW_PLANS]
 
 
 # The backward's pass 2 from the partial dx that pass 1 wrote, for every SAMU backend, also
@@ -198,10 +199,20 @@ CARRY_PLANS = {"one_level": carry.CarryPlan(),
                "lookback_summaries": carry.CarryPlan(**_SHORT, lookback=True, publish_every=0)}
 
 
-@pytest.mark.parametrize("plan", CARRY_PLANS)
-@pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("scalar_decay", [False, True])
-@pytest.mark.parametrize("starts", [False, True])
+# Every plan with each of reverse, scalar_decay and starts; on a GPU every combination, under the
+# interpreter (slow) half of them for each plan: those where every two of the three take all four
+# pairs of values, the plans taking the two halves by turns.
+CARRY_CASES = [(plan, reverse, scalar_decay, starts)
+               for i, plan in enumerate(CARRY_PLANS)
+               for reverse in (False, True) for scalar_decay in (False, True)
+               for starts in (False, True)
+               if torch.cuda.is_available() or (reverse + scalar_decay + starts + i) % 2 == 0]
+
+
+@pytest.mark.parametrize("plan, reverse, scalar_decay, starts", CARRY_CASES,
+                         ids=[f"{p}-{'reverse' if r else 'forward'}-"
+                              f"{'scalar_decay' if d else 'channel_decay'}-"
+                              f"{'starts' if t else 'no_starts'}" for p, r, d, t in CARRY_CASES])
 def test_carry_plans_match_a_sequential_carry(plan, reverse, scalar_decay, starts):
     """chunk_carry by each plan against a Python loop over the chunk summaries, in both
     directions, with per-channel decays (RG-LRU) and with decays rebuilt from sums of r and a
@@ -325,7 +336,10 @@ def test_carve_cuts_aligned_disjoint_pieces():
 # Slow decay (a near 1: softplus(a_param) of 1e-13 at -30) and fast decay (a near 0); training
 # drives a_param to both ends, initialisation stays in between.
 EXTREME_A_PARAM = [-30.0, -17.0, -12.0, -8.0, 10.0, 30.0]
-EXTREME_CASES = [(m, n, a) for m in ("samu", "rglru") for n in _triton(m) for a in EXTREME_A_PARAM]
+# Every value at every chunk.  A recomputing RG-LRU backend computes the decays as the saving one
+# of its chunk does: under the interpreter (slow) it takes the two ends only.
+EXTREME_CASES = [(m, n, a) for m in ("samu", "rglru") for n in _triton(m) for a in EXTREME_A_PARAM
+                 if DEVICE == "cuda" or "recompute" not in n or a in (-30.0, 30.0)]
 
 
 def _inputs_with(mixer, backend, a_param_value=None, seed=7, width=32, heads=2, batch=1):
@@ -347,10 +361,15 @@ def _inputs_with(mixer, backend, a_param_value=None, seed=7, width=32, heads=2, 
 # and the Griffin 7B preset's 176 on the GPU; small ones for the interpreter.
 HEAD_LAYOUTS = ([(2560, 10), (2816, 16), (3072, 16), (2560, 16)] if DEVICE == "cuda"
                 else [(40, 10), (48, 3), (24, 1)])
+# On a GPU every backend at every layout.  Under the interpreter (slow) every backend at 10 heads
+# and the other two layouts by turns, each with saving and recomputing backends
+# (test_rglru_gemm.py takes five more layouts).
+HEAD_CASES = [(backend, width, heads) for k, (width, heads) in enumerate(HEAD_LAYOUTS)
+              for j, backend in enumerate(_triton("rglru"))
+              if DEVICE == "cuda" or k == 0 or (j + k) % 2 == 1]
 
 
-@pytest.mark.parametrize("width, heads", HEAD_LAYOUTS)
-@pytest.mark.parametrize("backend", _triton("rglru"))
+@pytest.mark.parametrize("backend, width, heads", HEAD_CASES)
 def test_rglru_backend_is_legal_at_any_head_count(backend, width, heads):
     x, params, dy = _inputs_with("rglru", backend, width=width, heads=heads, batch=2)
     entry = legality.check_legality("rglru", backend, inputs=(x, params, dy))

@@ -158,7 +158,13 @@ def test_packed_equals_sequences_one_by_one(mixer, name):
                 assert _close(hp.grad[n:n + 1], hn.grad, 1e-4), n
 
 
-@pytest.mark.parametrize("mixer, name", BACKENDS)
+# Module.step takes one kernel per mixer whatever the Triton backend: the chunk-32 backends would
+# repeat the chunk-8 ones' steps (their final states inside a chunk: the prefill test above).
+STEP_BACKENDS = [(m, n) for m, n in BACKENDS
+                 if n == "reference_chunked" or _chunk(m, n) != 32 or torch.cuda.is_available()]
+
+
+@pytest.mark.parametrize("mixer, name", STEP_BACKENDS)
 def test_steps_equal_the_full_forward(mixer, name):
     """A loop of step from no state equals one forward; so does a prefill then steps."""
     torch.manual_seed(0)
