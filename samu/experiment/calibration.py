@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", nargs="+", help="only these backends (default: all)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    slug = dispatch.gpu_slug() if device.type == "cuda" else "cpu"
+    slug = protocol.device_slug(device)
     environment = protocol.environment(device)
     candidates = None
     if args.backends:
