@@ -111,6 +111,24 @@ def rank_share(mixer, layout, x, params, dy, backend, world: int):
     return phases
 
 
+def gpu_time(step, device) -> float | None:
+    """GPU time of step() by CUDA-graph replay (protocol.graph_replay_time); None on a CPU or
+    where the step cannot be captured."""
+    if device.type != "cuda":
+        return None
+    _, protocol, _ = _modules()
+    return protocol.graph_replay_time(step, device)
+
+
+def print_kernels(title: str, step) -> None:
+    """Per-kernel GPU time of step() (--profile): where a rank's share goes."""
+    _, protocol, _ = _modules()
+    rows = protocol.kernel_times(step)
+    print(f"  {title}: kernel sum {sum(r[1] for r in rows):.3f} ms")
+    for key, ms, launches in rows[:16]:
+        print(f"    {ms:8.4f} ms  x{launches:<5.1f} {key[:90]}")
+
+
 def benchmark(args, device) -> dict:
     from samu import distributed as cp
     from samu.experiment import benchmark_rows
@@ -126,15 +144,21 @@ def benchmark(args, device) -> dict:
                 if length % world:
                     raise SystemExit(f"--lengths {length} does not split over {world} ranks")
                 part = length // world
-                slice_ms = timed(one_call(mixer, x[:, :part], params, dy[:, :part],
-                                          args.backend), device, args.repeats, args.warmup)
-                rank_ms = []
+                plain = one_call(mixer, x[:, :part], params, dy[:, :part], args.backend)
+                slice_ms = timed(plain, device, args.repeats, args.warmup)
+                slice_gpu_ms = gpu_time(plain, device)
+                rank_ms, rank_gpu_ms = [], []
                 for rank in range(world):
                     layout = cp.slice_layout(rank, (part,) * world)
                     lo = rank * part
                     share = rank_share(mixer, layout, x[:, lo:lo + part], params,
                                        dy[:, lo:lo + part], args.backend, world)
                     rank_ms.append(timed(share, device, args.repeats, args.warmup))
+                    rank_gpu_ms.append(gpu_time(share, device))
+                    if args.profile and rank in (0, 1, world - 1):
+                        print_kernels(f"{mixer} L={length} P={world} rank {rank}", share)
+                if args.profile:
+                    print_kernels(f"{mixer} one call at L/P = {part}", plain)
                 slowest = max(rank_ms)
                 row = {"mixer": mixer, "length": length, "width": args.width, "ranks": world,
                        "backend": args.backend, "dtype": str(dtype).replace("torch.", ""),
@@ -142,11 +166,22 @@ def benchmark(args, device) -> dict:
                        "rank_ms": rank_ms, "slowest_rank_ms": slowest,
                        "slowest_rank_over_slice_call": slowest / slice_ms,
                        "speedup_over_one_call": full_ms / slowest}
+                if slice_gpu_ms is not None and None not in rank_gpu_ms:
+                    row.update({"one_call_at_slice_gpu_ms": slice_gpu_ms,
+                                "rank_gpu_ms": rank_gpu_ms,
+                                "slowest_rank_gpu_ms": max(rank_gpu_ms),
+                                "slowest_rank_over_slice_call_gpu":
+                                    max(rank_gpu_ms) / slice_gpu_ms})
                 rows.append(row)
                 ratios = ("slowest_rank_over_slice_call", "speedup_over_one_call")
                 values = {k: row[k] for k in ("one_call_at_length_ms", "one_call_at_slice_ms",
                                               "slowest_rank_ms", *ratios)}
                 values.update({f"rank_{r}_ms": ms for r, ms in enumerate(rank_ms)})
+                if "rank_gpu_ms" in row:
+                    values.update({k: row[k] for k in ("one_call_at_slice_gpu_ms",
+                                                       "slowest_rank_gpu_ms",
+                                                       "slowest_rank_over_slice_call_gpu")})
+                    ratios += ("slowest_rank_over_slice_call_gpu",)
                 config = benchmark_rows.configuration(mixer, args.backend, ranks=world,
                                                       dtype=row["dtype"])
                 table.add(mixer, config, (1, length, args.width), values,
@@ -155,6 +190,10 @@ def benchmark(args, device) -> dict:
                       f"{slice_ms:.3f} ms, ranks {[round(t, 3) for t in rank_ms]} ms "
                       f"(slowest / L/P call {slowest / slice_ms:.2f}, one call / slowest "
                       f"{full_ms / slowest:.2f})", flush=True)
+                if "rank_gpu_ms" in row:
+                    print(f"    GPU time (graph replay): at L/P {slice_gpu_ms:.3f} ms, ranks "
+                          f"{[round(t, 3) for t in rank_gpu_ms]} ms (slowest / L/P call "
+                          f"{row['slowest_rank_over_slice_call_gpu']:.2f})", flush=True)
             del x, dy
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -314,6 +353,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=None,
                         help="calls before timing (default 3 on a GPU, 1 on a CPU)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print each kernel's GPU time in ranks 0, 1 and P - 1 and in "
+                             "the call at L / P (torch.profiler, CUDA only)")
     parser.add_argument("--check", action="store_true",
                         help="legality of the context-parallel path, P processes on one GPU")
     parser.add_argument("--check-length", type=int, default=2**14)
@@ -323,6 +365,8 @@ def main(argv=None) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.warmup is None:
         args.warmup = 3 if device.type == "cuda" else 1
+    if args.profile and device.type != "cuda":
+        parser.error("--profile needs a CUDA device")
     if args.check:
         return check(args, device)
     paths, protocol, schema = _modules()

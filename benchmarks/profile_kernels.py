@@ -8,7 +8,6 @@ import sys
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from samu import backends
 from samu.experiment import benchmark_rows, legality, protocol
@@ -23,21 +22,14 @@ for shape in shapes:
             xg = x.detach().requires_grad_()
             for _ in range(3):
                 protocol.sample(module, xg, dy, "forward_backward")
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    protocol.sample(module, xg, dy, "forward_backward")
-                torch.cuda.synchronize()
             total = 0
             lines = []
-            for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
-                if e.device_time_total <= 0:
-                    continue
-                per = e.device_time_total / 5 / 1e3
+            step = lambda: protocol.sample(module, xg, dy, "forward_backward")  # noqa: E731
+            for key, per, launches in protocol.kernel_times(step, 5):
                 total += per
-                lines.append(f"    {per:8.4f} ms  x{e.count // 5:<3d} {e.key[:70]}")
-                table.add(mixer, benchmark_rows.configuration(mixer, name, kernel=e.key), shape,
-                          {"gpu_time_ms": per, "launches": e.count / 5}, {"launches": "count"})
+                lines.append(f"    {per:8.4f} ms  x{int(launches):<3d} {key[:70]}")
+                table.add(mixer, benchmark_rows.configuration(mixer, name, kernel=key), shape,
+                          {"gpu_time_ms": per, "launches": launches}, {"launches": "count"})
             t0 = time.perf_counter()
             wall = [protocol.sample(module, xg, dy, "forward_backward") for _ in range(5)]
             floor = protocol.floor_ms(shape, 4.22e12)

@@ -156,6 +156,20 @@ def graph_replay_ms(module, x, dy, replays: int = 20) -> float | None:
                              reset=lambda: _clear_grads(module, x))
 
 
+def kernel_times(step, repeats: int = 5) -> list[tuple[str, float, float]]:
+    """(kernel name, GPU ms per call, launches per call) of step() on a GPU, by torch.profiler
+    over ``repeats`` calls (after the caller's warm-up), the longest first."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            step()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total / repeats / 1e3, e.count / repeats)
+            for e in prof.key_averages() if e.device_time_total > 0]
+    return sorted(rows, key=lambda row: -row[1])
+
+
 HOST_SHAPE_LENGTH = 128  # (1, 128, D): the GPU work is negligible, the host sets the time
 
 
