@@ -15,12 +15,13 @@ packed.
 
 Forward, with no serial chain across ranks:
 
-1. each rank computes its summary (A_r, hloc_r).  On a Triton backend, where no sequence starts
-   in the slice: the forward's summary kernel and carry alone (``slice_summary`` of the kernel
-   module: x read once, no y; A_r from the same gates).  Otherwise hloc_r by the mixer under
-   no_grad with ``output_final_state=True`` (over the slice from a zero state, or over its last
-   piece only when a sequence starts inside it) and A_r = exp(sum of log a) from the gates in
-   PyTorch (``log_decay``, the reference's formula; only where no sequence starts in the slice);
+1. each rank computes its summary (A_r, hloc_r).  On a Triton backend: the forward's summary
+   kernel and carry alone (``slice_summary`` of the kernel module: x read once, no y; A_r from
+   the same gates), over the slice from a zero state, or where a sequence starts inside it over
+   its last piece from that start.  On a reference backend hloc_r by the mixer under no_grad
+   with ``output_final_state=True`` over the same tokens, and A_r = exp(sum of log a) from the
+   gates in PyTorch (``log_decay``, the reference's formula; only where no sequence starts in
+   the slice);
 2. one all_gather of the summaries; every rank composes its own entering state in closed form,
    h_in_r = sum_{j<r} (prod_{j<k<r} A_k) hloc_j (a rank where a sequence starts has A = 0 and
    its initial-state rows already in hloc);
@@ -38,9 +39,8 @@ Backward (``_SliceWithCarry``), the same in reverse for the adjoint:
    dx, this rank's parameter gradients and its initial-state rows.
 
 Cost per rank against one single-GPU call on the same slice, on a Triton backend: in the
-forward one summary pass (the gates and one read of x; where a sequence starts in the slice, a
-no-grad forward over its last piece instead; a one-token input check where the slice ends at a
-sequence end), in the backward one adjoint pass over the first piece (the gates, x and dy read
+forward one summary pass (the gates and one read of x, of the last piece only where a sequence
+starts in the slice; a one-token input check where the slice ends at a sequence end), in the backward one adjoint pass over the first piece (the gates, x and dy read
 once; none on a rank that starts at a sequence start).  On a reference backend the summary is
 a forward and the log-decay sum (SAMU: an FP32 copy of x and one D-wide dot per token; RG-LRU:
 the a-gate's block-diagonal product; in chunks of 2^24 elements), and the adjoint a forward and
@@ -382,6 +382,14 @@ def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
         rows0 = _new_rows(layout, initial_state)
         if layout.packed and rows0 is not None:
             rows0 = rows0[-1:]
+        phases = kernel_phases(mixer, x[:, tail:], backend)
+        if phases is not None:  # as above: the summary kernel and carry from the start
+            FUNCTIONS[mixer](x[:, :1], *params, backend=backend)
+            module, config = phases
+            start = None if rows0 is None else rows0.to(torch.float32).contiguous()
+            _, hloc = module.slice_summary(x[:, tail:], params, config, initial_state=start,
+                                           resets=rows0 is None)
+            return torch.stack([zeros, hloc.to(cdt)])
         _, hloc, _ = _call(mixer, x[:, tail:], params, backend, initial_state=rows0)
         return torch.stack([zeros, hloc.to(cdt)])
 

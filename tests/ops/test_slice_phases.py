@@ -55,3 +55,30 @@ def test_reference_backends_take_the_generic_path():
     for mixer in ("samu", "rglru"):
         assert cp.kernel_phases(mixer, x, "reference_chunked") is None
         assert cp.kernel_phases(mixer, x.double(), "auto") is None
+
+
+@pytest.mark.parametrize("with_state", [True, False], ids=["initial_state", "reset"])
+@pytest.mark.parametrize("mixer, name", CASES)
+def test_a_slice_from_a_sequence_start_ends_in_the_final_state(mixer, name, with_state):
+    """slice_summary from a sequence start (the first rank's slice, a packed slice's last
+    piece): h is the reference's final state, from an initial state or from the reset."""
+    shape = (2, 21, 32)
+    x, params, _ = legality.make_inputs(mixer, shape, DEVICE, seed=3)
+    params = list(params.values())
+    gen = torch.Generator().manual_seed(4)
+    h0 = (torch.randn(shape[0], shape[2], generator=gen, dtype=torch.float64).to(DEVICE)
+          if with_state else None)
+
+    def final(x, params, dtype):
+        state = None if h0 is None else h0.to(dtype)
+        _, h, _ = cp._call(mixer, x, params, "reference_chunked", initial_state=state)
+        return h
+    want = final(x.double(), [p.double() for p in params], torch.float64)
+    eager = _relative(final(x, params, torch.float32), want)
+    module, config = cp.kernel_phases(mixer, x, name)
+    _, h = module.slice_summary(x, params, config,
+                                initial_state=None if h0 is None else h0.float(),
+                                resets=h0 is None)
+    assert h.dtype == torch.float32 and h.shape == (shape[0], shape[2])
+    error = _relative(h, want)
+    assert error <= legality.ERROR_FACTOR * eager + legality.ERROR_SLACK, (error, eager)

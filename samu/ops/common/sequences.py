@@ -57,17 +57,39 @@ def state_mask(seq, where, cols, D, N_SEQ):
 
 
 @triton.jit
-def load_at(ptr, seq, where, cols, D, N_SEQ):
-    """The [N, D] state row of each tile row's sequence where ``where`` holds (0 elsewhere)."""
-    return tl.load(ptr + state_offsets(seq, cols, D), mask=state_mask(seq, where, cols, D, N_SEQ),
-                   other=0.0)
+def _row_mask(b, where, cols, D, N_SEQ):
+    """Unpacked: where row b's state element is read or written: a tile row needs it, the
+    column is in the width and b is a row of the [N_SEQ, D] buffer (as a bound on the
+    columns: a scalar condition in a mask fails under Triton's interpreter)."""
+    needed = tl.max(where.to(tl.int32), axis=0) > 0
+    return cols < tl.where(needed & (b >= 0) & (b < N_SEQ), D, 0)
 
 
 @triton.jit
-def store_at(ptr, values, seq, where, cols, D, N_SEQ):
-    """values into the [N, D] state row of each tile row's sequence where ``where`` holds."""
-    tl.store(ptr + state_offsets(seq, cols, D), values,
-             mask=state_mask(seq, where, cols, D, N_SEQ))
+def load_at(ptr, b, seq, where, cols, D, N_SEQ, PACKED: tl.constexpr):
+    """The [N, D] state row of each tile row's sequence where ``where`` holds (0 elsewhere).
+    Unpacked every row is sequence b: one [BD] row, broadcast over the rows.  A [T, BD] gather
+    there would take a layout of its own, and the scan's tile with it: the time axis across
+    warps, through shared memory (5-9x the backward's GPU time on the H200)."""
+    if PACKED:
+        return tl.load(ptr + state_offsets(seq, cols, D),
+                       mask=state_mask(seq, where, cols, D, N_SEQ), other=0.0)
+    else:
+        row = tl.load(ptr + b * D + cols, mask=_row_mask(b, where, cols, D, N_SEQ), other=0.0)
+        return tl.where(where[:, None], row[None, :], 0.0)
+
+
+@triton.jit
+def store_at(ptr, values, b, seq, where, cols, D, N_SEQ, PACKED: tl.constexpr):
+    """values into the [N, D] state row of each tile row's sequence where ``where`` holds.
+    Unpacked, at most one row of a tile holds (a start, or an end): its values, picked within
+    each thread, go to row b as one [BD] store (as in load_at)."""
+    if PACKED:
+        tl.store(ptr + state_offsets(seq, cols, D), values,
+                 mask=state_mask(seq, where, cols, D, N_SEQ))
+    else:
+        row = tl.sum(tl.where(where[:, None], values, 0.0), axis=0)
+        tl.store(ptr + b * D + cols, row, mask=_row_mask(b, where, cols, D, N_SEQ))
 
 
 @triton.jit
@@ -81,10 +103,11 @@ def resets(starts, HAS_INITIAL: tl.constexpr):
 
 
 @triton.jit
-def entering_state(h0_ptr, seq, starts, cols, D, N_SEQ, HAS_INITIAL: tl.constexpr):
+def entering_state(h0_ptr, b, seq, starts, cols, D, N_SEQ, PACKED: tl.constexpr,
+                   HAS_INITIAL: tl.constexpr):
     """The state entering each start: h0 of its sequence, or 0 where the state resets."""
     if HAS_INITIAL:
-        return load_at(h0_ptr, seq, starts, cols, D, N_SEQ)
+        return load_at(h0_ptr, b, seq, starts, cols, D, N_SEQ, PACKED)
     else:
         return 0.0
 
@@ -105,7 +128,7 @@ def adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L, cols, D, N_SEQ,
     if PACKED or HAS_DFINAL:
         seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
         if HAS_DFINAL:
-            dy += load_at(dfinal_ptr, seq, ends, cols, D, N_SEQ)
+            dy += load_at(dfinal_ptr, b, seq, ends, cols, D, N_SEQ, PACKED)
         if PACKED:
             a = tl.where(starts[:, None], 0.0, a)
     return a, dy

@@ -165,8 +165,8 @@ def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b,
     x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
     u = m * gx * x
     if PACKED or HAS_INITIAL:
-        entering = entering_state(h0_ptr, seq, starts, _state_columns(cols, col_ok, D), D,
-                                  N_SEQ, HAS_INITIAL)
+        entering = entering_state(h0_ptr, b, seq, starts, _state_columns(cols, col_ok, D),
+                                  D, N_SEQ, PACKED, HAS_INITIAL)
         a, u = fold_starts(a, u, starts, entering)
     p, h = tl.associative_scan((a, u), 0, affine_combine)
     return p, h, first, ok, cols, local, col_ok, seq, ends
@@ -212,7 +212,8 @@ def _output_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr, s
     h = h + p * h_in[None, :]
     tl.store(y_at, to_element(h, y_ptr), mask=ok)
     if HAS_FINAL:
-        store_at(final_ptr, h, seq, ends, _state_columns(cols, col_ok, D), D, N_SEQ)
+        store_at(final_ptr, h, b, seq, ends, _state_columns(cols, col_ok, D), D, N_SEQ,
+                 PACKED)
 
 
 @triton.jit(do_not_specialize=["N_SEQ"])
@@ -311,7 +312,8 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_par
         if PACKED or HAS_INITIAL:
             # From the folded inputs (a_s h_{s-1} is then 0 at a start), plus a_s h0 at each
             # start (0 where the state resets); the folded a_s = 0 also cuts the adjoint there.
-            entering = entering_state(h0_ptr, seq, starts, state_cols, D, N_SEQ, HAS_INITIAL)
+            entering = entering_state(h0_ptr, b, seq, starts, state_cols, D, N_SEQ, PACKED,
+                                          HAS_INITIAL)
             a_cut, u_fold = fold_starts(a, u, starts, entering)
             a_h_prev = decayed_previous_state(a_cut, u_fold, h_in, T)
             if HAS_INITIAL:
@@ -325,11 +327,11 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_par
         dy = tl.load(_rows_at(dy_ptr, first, latest_first, cols, D), mask=ok,
                      other=0.0).to(tl.float32)
         if HAS_DFINAL:
-            dy += load_at(dfinal_ptr, seq, ends, state_cols, D, N_SEQ)
+            dy += load_at(dfinal_ptr, b, seq, ends, state_cols, D, N_SEQ, PACKED)
         carry = tl.load(carry_ptr + state, mask=col_ok, other=0.0)
         dh = _adjoint_latest_first(a_cut, dy, carry, T)
         if HAS_INITIAL:
-            store_at(dh0_ptr, a * dh, seq, starts, state_cols, D, N_SEQ)
+            store_at(dh0_ptr, a * dh, b, seq, starts, state_cols, D, N_SEQ, PACKED)
         dla = dh * dla_per_dh
         d_gate_x = dh * dgx_per_dh
         d_gate_a = dla * (-8.0 * sp[None, :]) * ga * (1.0 - ga)
@@ -666,10 +668,11 @@ def gradient_columns(width: int) -> dict[str, slice]:
     return named_columns([("gate_x_bias", width), ("gate_a_bias", width), ("a_param", width)])
 
 
-class _ContinuedSlice(NamedTuple):
-    """One call's arguments over a slice that continues a sequence from a zero entering state
-    (its first token an ordinary step, as in a call with an initial state) and holds no start:
-    the kernels' inputs and one group's G workspace and [B, NC, DG] summaries."""
+class _SlicePass(NamedTuple):
+    """One call's arguments over a slice that holds no sequence start after its first token,
+    entering it from a given state (an ordinary step, as in a call with an initial state: zeros
+    for a slice that continues a sequence) or resetting there: the kernels' inputs and one
+    group's G workspace and [B, NC, DG] summaries."""
     x: torch.Tensor
     x_heads: torch.Tensor
     w_cat: torch.Tensor
@@ -684,14 +687,17 @@ class _ContinuedSlice(NamedTuple):
     end: torch.Tensor
 
     @classmethod
-    def of(cls, x, params, config: GemmConfig) -> "_ContinuedSlice":
+    def of(cls, x, params, config: GemmConfig, initial_state=None,
+           resets: bool = False) -> "_SlicePass":
         x = aligned(x)
         gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
         batch, length, width = x.shape
         groups = _groups(config, gate_x_weight)
         f32 = dict(device=x.device, dtype=torch.float32)
         bx, ba, a_param = [fp32_contiguous(p) for p in (gate_x_bias, gate_a_bias, a_param)]
-        sequences = sequence_args(x, torch.zeros(batch, width, **f32), None, False)
+        if not resets and initial_state is None:
+            initial_state = torch.zeros(batch, width, **f32)
+        sequences = sequence_args(x, None if resets else initial_state, None, False)
         gates = torch.empty(groups.per_group, batch * length, 2 * groups.bw, device=x.device,
                             dtype=_gemm_dtype(x.dtype))
         shape = (batch, cdiv(length, config.chunk), groups.width)
@@ -712,12 +718,14 @@ class _ContinuedSlice(NamedTuple):
                          **with_state_keywords(self.meta[role], True), PACKED=False, **flags)
 
 
-def slice_summary(x, params, config: GemmConfig):
-    """(A, h), FP32 [B, D] each, of a slice that continues a sequence and holds no start: its
-    end state is A h_in + h for the state h_in entering it.  Per head group the gate GEMM, the
-    forward's summary kernel and carry, without its output kernel (no y).  The summary kernel
-    folds the first token's a into the entering state, so chunk 0's decay comes from G."""
-    s = _ContinuedSlice.of(x, params, config)
+def slice_summary(x, params, config: GemmConfig, initial_state=None, resets: bool = False):
+    """(A, h), FP32 [B, D] each, of a slice that holds no sequence start after its first token:
+    its end state is A h_in + h for the state h_in entering it.  Per head group the gate GEMM,
+    the forward's summary kernel and carry, without its output kernel (no y).  The summary
+    kernel folds the first token's a into the entering state, so chunk 0's decay comes from G.
+    Where a sequence starts at the first token, h is the end state itself: from
+    ``initial_state`` (FP32 [B, D]), or with ``resets`` from the reset (A is then unused)."""
+    s = _SlicePass.of(x, params, config, initial_state, resets)
     batch, length, width = s.x.shape
     first = min(config.chunk, length)
     A, h = [torch.empty(batch, width, device=s.x.device, dtype=torch.float32) for _ in "Ah"]
@@ -726,7 +734,7 @@ def slice_summary(x, params, config: GemmConfig):
         cols = slice(col0, col0 + s.groups.width)
         _gate_products(s.x_heads, s.w_cat, heads, s.gates)
         s.launch(_summary_kernel, "summary", s.x, col0, inputs=(s.bx, s.ba, s.a_param),
-                 state=s.sequences.initial_state, HAS_INITIAL=True)
+                 state=s.sequences.initial_state, HAS_INITIAL=s.sequences.has_initial)
         h_in = chunk_carry(s.decay, s.end, reverse=False, plan=config.carry)
         h[:, cols] = s.decay[:, -1] * h_in[:, -1] + s.end[:, -1]
         bw = s.groups.bw
@@ -742,7 +750,7 @@ def start_adjoint(x, params, dy, d_end, config: GemmConfig):
     the state entering it, from dy and the cotangent d_end on the slice's end state.  Per head
     group the gate GEMM, the backward's reverse summary and its carry, where a backward through
     the slice would run every kernel."""
-    s = _ContinuedSlice.of(x, params, config)
+    s = _SlicePass.of(x, params, config)
     batch, _, width = s.x.shape
     dy, d_end = aligned(dy), fp32_contiguous(d_end)
     mu = torch.empty(batch, width, device=s.x.device, dtype=torch.float32)

@@ -95,7 +95,8 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_
         a, m, _ = transition(-lam[None, :] * r[:, None], is_first)
         u = m * g[:, None] * x
         if PACKED or HAS_INITIAL:
-            entering = entering_state(h0_ptr, seq, starts, cols, D, N_SEQ, HAS_INITIAL)
+            entering = entering_state(h0_ptr, b, seq, starts, cols, D, N_SEQ, PACKED,
+                                      HAS_INITIAL)
             a, u = fold_starts(a, u, starts, entering)
         _, h = tl.associative_scan((a, u), 0, affine_combine)
         tl.store(end_ptr + (b * NC + k) * D + cols, last_row(h, tl.arange(0, T), T),
@@ -127,7 +128,8 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, r_sum_ptr, end_ptr
     a, m, _ = transition(-lam[None, :] * r[:, None], resets(starts, HAS_INITIAL))
     u = m * g[:, None] * x
     if PACKED or HAS_INITIAL:
-        entering = entering_state(h0_ptr, seq, starts, cols, D, N_SEQ, HAS_INITIAL)
+        entering = entering_state(h0_ptr, b, seq, starts, cols, D, N_SEQ, PACKED,
+                                  HAS_INITIAL)
         a, u = fold_starts(a, u, starts, entering)
     p, h = tl.associative_scan((a, u), 0, affine_combine)
     if WALKED_CARRY:
@@ -137,7 +139,7 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, r_sum_ptr, end_ptr
         h_in = tl.load(h_in_ptr + (b * NC + k) * D + cols, mask=cols < D, other=0.0)
     h = h + p * h_in[None, :]
     if HAS_FINAL:
-        store_at(final_ptr, h, seq, ends, cols, D, N_SEQ)
+        store_at(final_ptr, h, b, seq, ends, cols, D, N_SEQ, PACKED)
     y = h + tl.load(skip_ptr) * x
     tl.store(y_ptr + base + offs, to_element(y, y_ptr), mask=ok)
 
@@ -169,8 +171,8 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, rate_ptr, seq_ptr, dfinal_ptr,
 
 @triton.jit
 def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr,
-                        dfinal_ptr, dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L,
-                        D, NC, N_SEQ, row_units,
+                        dfinal_ptr, dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, L, D,
+                        NC, N_SEQ, row_units,
                         T: tl.constexpr, V: tl.constexpr, NEED_H: tl.constexpr,
                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
                         HAS_DFINAL: tl.constexpr, WALKED_CARRY: tl.constexpr):
@@ -191,18 +193,14 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr,
     else:
         carry = tl.load(carry_ptr + state, mask=cols < D, other=0.0)
     # dh_t = dy_t + a_{t+1} dh_{t+1}; the chunk's last token (row 0) takes the carry (a dh)
-    # instead.  a_{t+1} is the next row's a, moved within the thread; with a state keyword's
-    # loads the row picks no longer fold to register moves (SASS), and a_{t+1} is recomputed.
-    if HAS_INITIAL or HAS_DFINAL:
-        a_next = exp_fast(-lam[None, :] * r_next[:, None])
-        a_next = tl.where((rows == k * T + T - 1)[:, None], 1.0, a_next)
-    else:
-        a_next = shifted_rows(a, 1.0, T)
+    # instead.  a_{t+1} is the next row's a, moved within the thread (the state rows' loads
+    # keep the tile's layout: sequences.load_at).
+    a_next = shifted_rows(a, 1.0, T)
     if PACKED:  # nothing crosses a start backwards
         a_next = tl.where(ends[:, None], 0.0, a_next)
     dy_state = dy
     if HAS_DFINAL:
-        dy_state += load_at(dfinal_ptr, seq, ends, cols, D, N_SEQ)
+        dy_state += load_at(dfinal_ptr, b, seq, ends, cols, D, N_SEQ, PACKED)
     q, w = tl.associative_scan((a_next, dy_state), 0, affine_combine)
     dh = w + q * carry[None, :]
     dla = tl.zeros_like(dh)
@@ -210,14 +208,15 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr,
         h_in = tl.load(h_in_ptr + state, mask=cols < D, other=0.0)
         u = m * gx
         if PACKED or HAS_INITIAL:
-            entering = entering_state(h0_ptr, seq, starts, cols, D, N_SEQ, HAS_INITIAL)
+            entering = entering_state(h0_ptr, b, seq, starts, cols, D, N_SEQ, PACKED,
+                                      HAS_INITIAL)
             a_fold, u_fold = fold_starts(a, u, starts, entering)
             a_h_prev = decayed_previous_state(a_fold, u_fold, h_in, T) + (u_fold - u)
         else:
             a_h_prev = decayed_previous_state(a, u, h_in, T)
         dla = dh * a_h_prev + dh * gx * dm_dlog_a
         if HAS_INITIAL:  # pass 1 only
-            store_at(dh0_ptr, a * dh, seq, starts, cols, D, N_SEQ)
+            store_at(dh0_ptr, a * dh, b, seq, starts, cols, D, N_SEQ, PACKED)
     return base, offs, ok, x, dy, m, dh, dla, lam, log_a
 
 
@@ -246,9 +245,6 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     row_ok = rows < L
     seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
     r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
-    r_next = r  # read only with a state keyword (_samu_chunk_adjoint)
-    if HAS_INITIAL or HAS_DFINAL:
-        r_next = tl.load(r_ptr + b * L + rows + 1, mask=rows + 1 < L, other=0.0)
     g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
     skip = tl.load(skip_ptr)
@@ -261,7 +257,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         cols = d0 + tl.arange(0, BD)
         base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
             x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr, dfinal_ptr,
-            dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC, N_SEQ,
+            dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, N_SEQ,
             row_units, T, V, True, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY)
         dr_part += dla * -lam[None, :]
         dg_part += dh * m * x
@@ -290,7 +286,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         else:
             base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
                 x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr, dfinal_ptr,
-                dh0_ptr, b, k, rows, cols, seq, starts, ends, r, r_next, g, L, D, NC, N_SEQ,
+                dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, N_SEQ,
                 row_units, T, V, False, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY)
             dx = dh * m * g[:, None] + skip * dy
         dx += dz0[:, None] * w0[None, :] + dz1[:, None] * w1[None, :]
@@ -522,16 +518,17 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
             d_skip.view(()), d_h0 if sequences.has_initial else None)
 
 
-def _continued_slice(x, params, config: SamuConfig, *keywords: str):
+def _slice_pass(x, params, config: SamuConfig, initial_state, *keywords: str):
     """(aligned x, sequence arguments, launch meta, r, r_sum, rate, end) of the summary kernel
-    over a slice that continues a sequence from a zero entering state (its first token an
-    ordinary step, as in a call with an initial state) and holds no start."""
+    over a slice that holds no sequence start after its first token.  ``initial_state``: the
+    FP32 [B, D] state entering the first token (an ordinary step from it: zeros for a slice
+    that continues a sequence), or None where a sequence starts there and resets."""
     x = aligned(x)
     batch, length, width = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
     w, bias, a_param, log_temp, _ = [fp32_contiguous(p) for p in params]
-    sequences = sequence_args(x, torch.zeros(batch, width, **f32), None, False)
-    meta = _launch_meta(config, width, _keywords(HAS_INITIAL=True,
+    sequences = sequence_args(x, initial_state, None, False)
+    meta = _launch_meta(config, width, _keywords(HAS_INITIAL=initial_state is not None,
                                                  **{k: True for k in keywords}))
     r, g, r_sum, rate = [torch.empty(shape, **f32)
                          for shape in _residual_shapes(batch, length, width,
@@ -540,11 +537,18 @@ def _continued_slice(x, params, config: SamuConfig, *keywords: str):
     return x, sequences, meta, r, r_sum, rate, end
 
 
-def slice_summary(x, params, config: SamuConfig):
-    """(A, h), FP32 [B, D] each, of a slice that continues a sequence and holds no start: its
-    end state is A h_in + h for the state h_in entering it.  The forward's summary kernel and
-    carry without its output kernel: x read once, no y; A from the chunks' sums of r."""
-    x, _, _, _, r_sum, rate, end = _continued_slice(x, params, config)
+def _zero_state(x) -> torch.Tensor:
+    return torch.zeros(x.shape[0], x.shape[2], device=x.device, dtype=torch.float32)
+
+
+def slice_summary(x, params, config: SamuConfig, initial_state=None, resets: bool = False):
+    """(A, h), FP32 [B, D] each, of a slice that holds no sequence start after its first token:
+    its end state is A h_in + h for the state h_in entering it.  The forward's summary kernel
+    and carry without its output kernel: x read once, no y; A from the chunks' sums of r.
+    Where a sequence starts at the first token, h is the end state itself: from
+    ``initial_state`` (FP32 [B, D]), or with ``resets`` from the reset (A is then unused)."""
+    entering = None if resets else (_zero_state(x) if initial_state is None else initial_state)
+    x, _, _, _, r_sum, rate, end = _slice_pass(x, params, config, entering)
     h_in = chunk_carry(r_sum, end, reverse=False, rate=rate, plan=config.carry)
     h = torch.exp(-rate * r_sum[:, -1:]) * h_in[:, -1] + end[:, -1]
     return torch.exp(-rate * r_sum.sum(1, keepdim=True)), h
@@ -555,7 +559,8 @@ def start_adjoint(x, params, dy, d_end, config: SamuConfig):
     the state entering it, from dy and the cotangent d_end on the slice's end state.  The
     summary kernel (for r), the backward's reverse summary and its carry: x and dy read once
     each, where a backward through the slice would run every kernel."""
-    x, sequences, meta, r, r_sum, rate, _ = _continued_slice(x, params, config, "HAS_DFINAL")
+    x, sequences, meta, r, r_sum, rate, _ = _slice_pass(x, params, config, _zero_state(x),
+                                                        "HAS_DFINAL")
     batch, length, width = x.shape
     n_chunks = r_sum.shape[1]
     end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
