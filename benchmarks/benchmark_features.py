@@ -16,6 +16,9 @@ from samu import dispatch, paths
 from samu.experiment import benchmark_rows, features, protocol, schema
 
 
+PACKING_VARIANTS = ("packed", "unpacked", "one_by_one", "with_states")
+
+
 def draw(doc: dict, path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -24,16 +27,22 @@ def draw(doc: dict, path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     names = {"rglru": "RG-LRU", "samu": "SAMU"}
     ax = axes[0]
-    variants = ("packed", "unpacked", "one_by_one")
+    variants = [v for v in PACKING_VARIANTS if v in doc["packing"][0]]
     on_gpu = doc["packing"][0]["packed"]["gpu_time_ms"] is not None
     key = "gpu_time_ms" if on_gpu else "forward_backward_median_ms"
+    step = len(variants) + 1
     for i, row in enumerate(doc["packing"]):
         values = [row[v][key] for v in variants]
-        ax.bar([i * 4 + k for k in range(3)], values, color=["C0", "C1", "C2"])
-    ax.set_xticks([i * 4 + 1 for i in range(len(doc["packing"]))],
+        ax.bar([i * step + k for k in range(len(variants))], values,
+               color=[f"C{k}" for k in range(len(variants))])
+    ax.set_xticks([i * step + (len(variants) - 1) / 2 for i in range(len(doc["packing"]))],
                   [names[r["mixer"]] for r in doc["packing"]])
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=f"C{k}") for k in range(3)],
-              labels=["packed (cu_seqlens)", "same tokens, one row", "one call per sequence"])
+    labels = {"packed": "packed (cu_seqlens)", "unpacked": "same tokens, one row",
+              "one_by_one": "one call per sequence",
+              "with_states": "one row, initial and final state"}
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=f"C{k}")
+                       for k in range(len(variants))],
+              labels=[labels[v] for v in variants], fontsize=8)
     shape = doc["packing"][0]["shape"]
     ax.set_title(f"{len(doc['packing'][0]['lengths'])} sequences, {shape[1]} tokens, D = "
                  f"{shape[2]}: {'GPU time' if on_gpu else 'median'} (ms)")
@@ -70,7 +79,7 @@ def draw(doc: dict, path) -> None:
 def append_rows(doc: dict, width: int, table) -> None:
     """One row per packing variant, decode batch and compiled shape of ``doc``."""
     for row in doc["packing"]:
-        for variant in ("packed", "unpacked", "one_by_one"):
+        for variant in [v for v in PACKING_VARIANTS if v in row]:
             config = benchmark_rows.configuration(row["mixer"], row["backend"], feature="packing",
                                                   variant=variant,
                                                   sequences=len(row["lengths"]))
@@ -127,7 +136,7 @@ def main(argv=None) -> int:
     print("wrote", out, "and", figure)
     print(table.summary())
     for row in doc["packing"]:
-        print(row["mixer"], {v: row[v] for v in ("packed", "unpacked", "one_by_one")})
+        print(row["mixer"], {v: row[v] for v in PACKING_VARIANTS if v in row})
     for row in doc["decode"]:
         print(row)
     for row in doc["compile"]:

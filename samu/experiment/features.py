@@ -2,8 +2,9 @@
 sampling (samu.experiment.protocol): medians of synchronised forward+backward samples under BF16
 autocast, and the GPU time of one forward+backward replayed from a CUDA graph.
 
-* packing: one row of N sequences with cu_seqlens, beside the same tokens as one plain row and
-  beside one call per sequence;
+* packing: one row of N sequences with cu_seqlens, beside the same tokens as one plain row,
+  beside one call per sequence, and as one row from an initial state with its final state in
+  the loss;
 * decode: microseconds per ``step`` at several batch sizes (host wall time over consecutive
   steps, and the GPU time of a step replayed from a CUDA graph);
 * compile: a residual block around the mixer, eager beside torch.compile (default and
@@ -30,6 +31,33 @@ class WithKeywords(nn.Module):
 
     def forward(self, x):
         return self.mixer(x, **self.keywords)
+
+
+class _FinalStateGradient(torch.autograd.Function):
+    """y unchanged, and in the backward dy[:, -1] as the final state's gradient: a loss that
+    reads the final state, at no cost of its own."""
+
+    @staticmethod
+    def forward(ctx, y, final):
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, dy[:, -1].float()
+
+
+class WithStates(nn.Module):
+    """A mixer from a given initial state (a parameter: its gradient is formed) with its final
+    state in the loss: the kernels' initial-state and final-state-gradient paths."""
+
+    def __init__(self, mixer: nn.Module, initial_state: torch.Tensor):
+        super().__init__()
+        self.mixer = mixer
+        self.initial_state = nn.Parameter(initial_state)
+
+    def forward(self, x):
+        y, final = self.mixer(x, initial_state=self.initial_state, output_final_state=True)
+        return _FinalStateGradient.apply(y, final)
 
 
 class OneByOne(nn.Module):
@@ -76,7 +104,8 @@ def _timed(module, x, dy, samples: int) -> dict:
 
 def time_packing(mixer: str, backend: str, length: int, width: int, device, count: int = 8,
                  seed: int = 0, samples: int = 10) -> dict:
-    """One row of ``count`` packed sequences against the same tokens unpacked and one by one."""
+    """One row of ``count`` packed sequences against the same tokens unpacked and one by one,
+    and unpacked from an initial state with the final state in the loss (``with_states``)."""
     device = torch.device(device)
     module = protocol.build_module(mixer, width, backend, device, seed)
     gen = torch.Generator().manual_seed(seed)
@@ -84,8 +113,9 @@ def time_packing(mixer: str, backend: str, length: int, width: int, device, coun
     dy = torch.randn(1, length, width, generator=gen).to(device, torch.bfloat16)
     offsets = random_offsets(length, count, seed)
     cu = torch.tensor(offsets, dtype=torch.int32, device=device)
+    h0 = torch.randn(1, width, generator=gen).to(device)
     variants = {"packed": WithKeywords(module, cu_seqlens=cu), "unpacked": module,
-                "one_by_one": OneByOne(module, offsets)}
+                "one_by_one": OneByOne(module, offsets), "with_states": WithStates(module, h0)}
     out = {"mixer": mixer, "backend": backend, "shape": [1, length, width],
            "lengths": [b - a for a, b in zip(offsets, offsets[1:])]}
     for name, variant in variants.items():

@@ -203,7 +203,8 @@ FEATURES_SCHEMA = {
                          "one_by_one"],
             "properties": {"lengths": {"type": "array", "items": {"type": "integer",
                                                                     "minimum": 1}},
-                           "packed": _timed, "unpacked": _timed, "one_by_one": _timed}}},
+                           "packed": _timed, "unpacked": _timed, "one_by_one": _timed,
+                           "with_states": _timed}}},
         "decode": {"type": "array", "items": {
             "type": "object", "required": ["mixer", "batch", "host_us_per_step",
                                            "gpu_us_per_step", "backend"],

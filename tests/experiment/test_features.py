@@ -3,6 +3,7 @@ under Triton's interpreter (tests/conftest.py), where no GPU figure exists."""
 import pytest
 import torch
 
+import samu
 from samu import backends
 from samu.experiment import features
 
@@ -28,10 +29,26 @@ def test_a_reference_backend_steps_through_the_forward():
     assert not row["one_launch"] and row["backend"] == "reference_chunked"
 
 
-def test_packing_times_the_three_layouts():
+def test_packing_times_the_layouts_and_the_state_keywords():
     out = features.time_packing("samu", backends.DEFAULTS["samu"], 24, 16, DEVICE, count=3,
                                 samples=1)
     assert sum(out["lengths"]) == 24 and len(out["lengths"]) == 3
-    for name in ("packed", "unpacked", "one_by_one"):
+    for name in ("packed", "unpacked", "one_by_one", "with_states"):
         assert out[name]["forward_backward_median_ms"] > 0
     assert features.random_offsets(24, 3)[0] == 0 and features.random_offsets(24, 3)[-1] == 24
+
+
+def test_with_states_takes_both_state_gradients():
+    """The with_states variant runs the initial-state and final-state-gradient paths: the
+    initial state's gradient equals the reference's with dy[:, -1] on the final state."""
+    torch.manual_seed(0)
+    module = samu.SAMU(8, backend="reference_chunked")
+    x = torch.randn(1, 6, 8, requires_grad=True)
+    h0 = torch.randn(1, 8)
+    wrapped = features.WithStates(module, h0.clone())
+    wrapped(x).sum().backward()
+    state = h0.clone().requires_grad_()
+    y, final = module(x, initial_state=state, output_final_state=True)
+    (y.sum() + final.sum()).backward()
+    assert wrapped.initial_state.grad is not None
+    assert torch.allclose(wrapped.initial_state.grad, state.grad, atol=1e-6)
