@@ -4,7 +4,9 @@ against one call at L / P and one at L, and (--check) its legality against the f
 Timing runs in one process: rank r's share is its summary pass, the simulated all_gather (its
 summary stacked with stand-ins of the other ranks', whose values do not change the work), its
 slice from the composed entering state, the adjoint at its slice start, and its slice's backward
-with the later ranks' cotangent: the code path of a real call without the collectives.  Each is
+with the later ranks' cotangent: the code path of a real call (samu.distributed's phases) with
+the collectives simulated.  Beside the medians, the GPU time of each by CUDA-graph replay;
+--profile prints each kernel's GPU time in a rank's share.  Each is
 timed with CUDA events (the host clock on a CPU), median of --repeats after a warm-up, and
 written to data/context_parallel/<gpu-slug>.json with the environment; each (mixer, length,
 ranks) is also a row of data/benchmarks/<gpu-slug>/bench_context_parallel.jsonl
@@ -83,31 +85,35 @@ def one_call(mixer, x, params, dy, backend):
 
 
 def rank_share(mixer, layout, x, params, dy, backend, world: int):
-    """Rank ``layout.rank``'s work in one forward+backward, the collectives simulated."""
+    """Rank ``layout.rank``'s work in one forward+backward, the collectives simulated: the
+    context-parallel call's own phases (samu.distributed), with a gather that stacks this
+    rank's tensor among fixed stand-ins of the other ranks'."""
     from samu import distributed as cp
     rows, width = x.shape[0], x.shape[2]
     gen = torch.Generator().manual_seed(layout.rank)
     cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
-    others = torch.rand(world, 2, rows, width, generator=gen, dtype=cdt).to(x.device)
-    other_adjoints = torch.randn(world, rows, width, generator=gen, dtype=cdt).to(x.device)
+    others = {n: torch.rand(world, n, generator=gen, dtype=cdt).to(x.device)
+              for n in (2 * rows * width, rows * width + 1)}
+    for stand_in in others.values():
+        stand_in[:, -1] = 0  # an adjoint packet's failure flag: none failed
     zero_states = torch.zeros(rows, width, dtype=cdt, device=x.device)
+
+    def gather(tensor):
+        flat = tensor.flatten()
+        stand_in = others[flat.numel()]
+        return torch.cat([stand_in[:layout.rank], flat[None], stand_in[layout.rank + 1:]])
 
     def phases():
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=x.is_cuda):
-            mine = cp.slice_summary(mixer, layout, x, params, backend)
-            summaries = torch.cat([others[:layout.rank], mine[None], others[layout.rank + 1:]])
+            xg = x.detach().requires_grad_()
+            ps = [p.detach().requires_grad_() for p in params]
+            runner = cp.slice_runner(mixer, layout, xg, ps, backend)
+            mine = cp.slice_summary(mixer, layout, xg, ps, backend, runner=runner)
+            summaries = gather(mine).view(world, 2, rows, width)
             entering = cp.incoming_state(summaries, layout.rank) if layout.continued else None
-            with torch.enable_grad():
-                xg = x.detach().requires_grad_()
-                ps = [p.detach().requires_grad_() for p in params]
-                y, states, _ = cp.run_slice(mixer, layout, xg, ps, backend, entering)
-            adjoints = other_adjoints.clone()
-            if layout.continued:
-                adjoints[layout.rank] = cp.head_adjoint(mixer, layout, xg, ps, backend,
-                                                        entering, dy, zero_states)
-        cotangent = cp.outgoing_cotangent(summaries[:, 0], adjoints, layout.rank)
-        torch.autograd.grad([y, states], [xg, *ps],
-                            [dy, cp.with_end_cotangent(layout, zero_states, cotangent)])
+            call = cp.SliceCall(mixer, backend, layout, gather, summaries[:, 0], runner, [])
+            y, states = cp.run_with_carry(call, entering, xg, None, *ps)
+        torch.autograd.grad([y, states], [xg, *ps], [dy, zero_states])
     return phases
 
 

@@ -70,9 +70,10 @@ from .functional import FUNCTIONS, SUPPORTED_DTYPES, autocast_input, check_offse
 from . import backends, mixers
 from .ops.recurrence import carry_dtype
 
-__all__ = ["CPContext", "SliceLayout", "build_cp_context", "context_parallel", "log_decay",
-           "slice_layout", "slice_summary", "incoming_state", "run_slice", "head_adjoint",
-           "outgoing_cotangent", "with_end_cotangent"]
+__all__ = ["CPContext", "SliceCall", "SliceLayout", "build_cp_context", "context_parallel",
+           "log_decay", "slice_layout", "slice_runner", "slice_summary", "incoming_state",
+           "run_slice", "run_with_carry", "head_adjoint", "outgoing_cotangent",
+           "with_end_cotangent"]
 
 # One row of the call's metadata, all_gathered before anything else (positions in the row).
 _STATUS, _PACKED, _BATCH, _LENGTH, _WIDTH, _DTYPE, _HAS_INITIAL, _NEEDS_GRAD, \
@@ -339,6 +340,22 @@ def kernel_phases(mixer: str, x, backend):
     return backends.family_of(mixer, chosen.config), chosen.config
 
 
+def slice_runner(mixer: str, layout: SliceLayout, x, params, backend="auto"):
+    """The kernel family's SliceRun over this rank's slice (its summary, forward and backward
+    sharing their work), where the slice continues a sequence and holds no start, on a Triton
+    backend whose family has one; else None (the phases run apart).  The kernels check
+    nothing: the mixer checks the inputs on the slice's first token first."""
+    if not layout.carries_through:
+        return None
+    phases = kernel_phases(mixer, x, backend)
+    if phases is None or not hasattr(phases[0], "SliceRun"):
+        return None
+    with torch.no_grad():
+        FUNCTIONS[mixer](x[:, :1], *params, backend=backend)
+    module, config = phases
+    return module.SliceRun(x.detach(), [p.detach() for p in params], config)
+
+
 def _local_cu(layout: SliceLayout, device, begin: int = 0) -> torch.Tensor:
     """The slice's piece offsets from piece ``begin`` on, counted from that piece's start."""
     offsets = layout.piece_offsets[begin:]
@@ -356,14 +373,17 @@ def _new_rows(layout: SliceLayout, initial_state):
 
 
 def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
-                  initial_state=None) -> torch.Tensor:
+                  initial_state=None, runner=None) -> torch.Tensor:
     """[2, rows, D] in the carry dtype: (A, hloc) of the slice, h_out = A * h_in + hloc.  Runs
     without a graph.  Where no later rank reads it (the slice ends at a sequence end), zeros,
-    after the mixer checked the inputs on the slice's first token."""
+    after the mixer checked the inputs on the slice's first token.  ``runner``: the slice's
+    slice_runner, whose summary the forward then reuses."""
     cdt = carry_dtype(x)
     rows = layout.rows or x.shape[0]
     zeros = x.new_zeros(rows, x.shape[2], dtype=cdt)
     with torch.no_grad():
+        if runner is not None and layout.continues:
+            return torch.stack(runner.summary())
         if not layout.continues:
             FUNCTIONS[mixer](x[:, :1], *params, backend=backend)
             return torch.stack([zeros, zeros])
@@ -469,15 +489,41 @@ def with_end_cotangent(layout: SliceLayout, dstates: torch.Tensor, cotangent) ->
 
 # --- the call ----------------------------------------------------------------------------------
 
-class _Call(NamedTuple):
+class SliceCall(NamedTuple):
+    """What a rank's slice needs beside its tensors: ``gather`` takes this rank's flat tensor
+    and returns every rank's, [world, n] in rank order on its device (an all_gather; the
+    benchmark passes stand-ins of the other ranks'); ``runner`` is slice_runner's or None."""
     mixer: str
     backend: object
     layout: SliceLayout
-    group: object
-    world_size: int
-    comm_device: torch.device
+    gather: object
     decays: torch.Tensor  # [world, rows, D]: every rank's A, for the backward
+    runner: object
     names: list  # the backend that ran, filled by the forward
+
+
+def _gatherer(group, world_size: int, comm_device, device):
+    def gather(tensor):
+        return _all_gather(group, tensor.to(comm_device), world_size).to(device)
+    return gather
+
+
+def _backend_name(mixer: str, x, backend) -> str:
+    from . import dispatch
+    return dispatch.resolve(mixer, x, backend).name
+
+
+def _exchange_adjoints(call: SliceCall, mu, failure) -> torch.Tensor:
+    """The cotangent that later ranks put on this slice's end state, from every rank's mu (one
+    gather); raises on every rank where one rank's adjoint failed."""
+    packet = torch.cat([mu.flatten(), mu.new_tensor([float(failure is not None)])])
+    gathered = call.gather(packet)
+    failed = [k for k in range(gathered.shape[0]) if gathered[k, -1] != 0]
+    if failed:
+        raise RuntimeError(f"{call.mixer} (context parallel): the backward's adjoint failed "
+                           f"on rank(s) {failed}") from failure
+    adjoints = gathered[:, :-1].reshape(gathered.shape[0], *mu.shape)
+    return outgoing_cotangent(call.decays.to(mu.device), adjoints, call.layout.rank)
 
 
 def _autocast_state(device_type: str):
@@ -490,8 +536,15 @@ class _SliceWithCarry(torch.autograd.Function):
     with the later ranks' cotangent on its end state."""
 
     @staticmethod
-    def forward(ctx, call: _Call, entering, x, initial_state, *params):
+    def forward(ctx, call: SliceCall, entering, x, initial_state, *params):
         needs = ctx.needs_input_grad
+        ctx.call = call
+        if call.runner is not None:  # the kernels' phases, no graph: the runner keeps theirs
+            y, states = call.runner.forward(entering)
+            call.names.append(_backend_name(call.mixer, x, call.backend))
+            ctx.shapes = [(t.shape, t.dtype) if t is not None else None
+                          for t in (x, initial_state)]
+            return y, states
         with torch.enable_grad():
             x_leaf = x.detach().requires_grad_(needs[2])
             h0_leaf = (None if initial_state is None
@@ -500,7 +553,6 @@ class _SliceWithCarry(torch.autograd.Function):
             y, states, name = run_slice(call.mixer, call.layout, x_leaf, p_leaves, call.backend,
                                         entering, h0_leaf)
         call.names.append(name)
-        ctx.call = call
         ctx.entering = entering
         ctx.graph = (y, states)
         ctx.leaves = (x_leaf, h0_leaf, p_leaves)
@@ -511,6 +563,8 @@ class _SliceWithCarry(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy, dstates):
         call = ctx.call
+        if call.runner is not None:
+            return (None, None, *_SliceWithCarry._runner_backward(ctx, dy, dstates))
         x_leaf, h0_leaf, p_leaves = ctx.leaves
         device = x_leaf.device
         enabled, dtype = ctx.autocast
@@ -524,15 +578,7 @@ class _SliceWithCarry(torch.autograd.Function):
                                       ctx.entering, dy, dstates)
         except Exception as exc:  # reported to every rank instead of leaving them waiting
             mu, failure = torch.zeros_like(call.decays[0]), exc
-        packet = torch.cat([mu.flatten().to(call.comm_device),
-                            mu.new_tensor([float(failure is not None)]).to(call.comm_device)])
-        gathered = _all_gather(call.group, packet, call.world_size)
-        failed = [k for k in range(call.world_size) if gathered[k, -1] != 0]
-        if failed:
-            raise RuntimeError(f"{call.mixer} (context parallel): the backward's adjoint failed "
-                               f"on rank(s) {failed}") from failure
-        adjoints = gathered[:, :-1].reshape(call.world_size, *mu.shape)
-        cotangent = outgoing_cotangent(call.decays, adjoints, call.layout.rank).to(device)
+        cotangent = _exchange_adjoints(call, mu.to(device), failure)
         y, states = ctx.graph
         ctx.graph = None  # the kernels' saved tensors go with it
         leaves = [x_leaf, h0_leaf, *p_leaves]
@@ -548,6 +594,37 @@ class _SliceWithCarry(torch.autograd.Function):
                 g = torch.zeros_like(t)  # initial-state rows this rank does not read
             out.append(g)
         return (None, None, *out)
+
+
+    @staticmethod
+    def _runner_backward(ctx, dy, dstates):
+        """(dx, d initial_state, *d params) by the runner: the adjoint at the slice start
+        leaves mid-way through its backward, which takes the later ranks' cotangent in."""
+        call = ctx.call
+        exchanged = []
+
+        def end_cotangent(mu):
+            exchanged.append(True)
+            return _exchange_adjoints(call, mu, None)
+        try:
+            dx, *d_params = call.runner.backward(dy, dstates, end_cotangent)
+        except Exception as exc:
+            if not exchanged:  # the other ranks wait in the gather: tell them
+                mu = torch.zeros(dstates.shape, device=dstates.device, dtype=torch.float32)
+                _exchange_adjoints(call, mu, exc)
+            raise
+        needs = ctx.needs_input_grad[2:]
+        (x_shape, x_dtype), h0 = ctx.shapes
+        # A slice that carries a sequence through reads no initial-state row: zeros.
+        d_h0 = torch.zeros(h0[0], dtype=h0[1], device=dx.device) if needs[1] else None
+        return [dx if needs[0] else None, d_h0,
+                *[g if n else None for g, n in zip(d_params, needs[2:])]]
+
+
+def run_with_carry(call: SliceCall, entering, x, initial_state, *params):
+    """(y, states) of the slice from ``entering`` with the backward of the module docstring
+    (the adjoint exchange through ``call.gather``)."""
+    return _SliceWithCarry.apply(call, entering, x, initial_state, *params)
 
 
 def _meta_row(mixer, x, initial_state, ctx: CPContext, needs_grad: bool, status: int):
@@ -669,7 +746,7 @@ def context_parallel(mixer: str, x, params: dict, *, cp_context: CPContext, back
     param_list = list(params.values())
     device = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
     comm_device = _comm_device(ctx.group, device)
-    error, status, summary, layout = None, 0, None, None
+    error, status, summary, layout, runner = None, 0, None, None, None
     try:
         _check_local(mixer, x, initial_state, cu_seqlens, ctx, dist.get_rank(ctx.group),
                      dist.get_world_size(ctx.group))
@@ -677,18 +754,22 @@ def context_parallel(mixer: str, x, params: dict, *, cp_context: CPContext, back
         if not ctx.packed:
             lengths = tuple(x.shape[1] if k == ctx.rank else n for k, n in enumerate(lengths))
         layout = slice_layout(ctx.rank, lengths, ctx.sequence_offsets)
-        summary = slice_summary(mixer, layout, x, param_list, backend, initial_state)
+        runner = slice_runner(mixer, layout, x, param_list, backend)
+        summary = slice_summary(mixer, layout, x, param_list, backend, initial_state, runner)
     except Exception as exc:  # reported to every rank below instead of leaving them waiting
         error, status = exc, 1
     meta = _meta_row(mixer, x, initial_state, ctx, needs_grad, status)
     _agree(mixer, ctx, meta, error, comm_device)
-    summaries = _all_gather(ctx.group, summary.to(comm_device), ctx.world_size)
-    entering = incoming_state(summaries, ctx.rank).to(device) if layout.continued else None
+    gather = _gatherer(ctx.group, ctx.world_size, comm_device, device)
+    summaries = gather(summary)
+    entering = incoming_state(summaries, ctx.rank) if layout.continued else None
+    call = SliceCall(mixer, backend, layout, gather, summaries[:, 0], runner, [])
     if needs_grad:
-        call = _Call(mixer, backend, layout, ctx.group, ctx.world_size, comm_device,
-                     summaries[:, 0], [])
-        y, states = _SliceWithCarry.apply(call, entering, x, initial_state, *param_list)
+        y, states = run_with_carry(call, entering, x, initial_state, *param_list)
         name = call.names[0]
+    elif runner is not None:
+        y, states = runner.forward(entering)
+        name = _backend_name(mixer, x, backend)
     else:
         y, states, name = run_slice(mixer, layout, x, param_list, backend, entering,
                                     initial_state)

@@ -82,3 +82,53 @@ def test_a_slice_from_a_sequence_start_ends_in_the_final_state(mixer, name, with
     assert h.dtype == torch.float32 and h.shape == (shape[0], shape[2])
     error = _relative(h, want)
     assert error <= legality.ERROR_FACTOR * eager + legality.ERROR_SLACK, (error, eager)
+
+
+RUN_CASES = [(m, n) for m, n in CASES if hasattr(cp.kernel_phases(m, torch.ones(1, 1, 48), n)[0],
+                                                 "SliceRun")]
+
+
+@pytest.mark.parametrize("mixer, name", RUN_CASES)
+def test_a_slice_run_shares_its_phases_and_matches_the_oracle(mixer, name):
+    """SliceRun: the summary (A, hloc), the forward from an entering state that reuses it, and
+    the backward that hands out mu and takes the later ranks' cotangent g in, against the
+    float64 reference: y, the end state, mu, and dx and every parameter's gradient with d_end
+    + g on the end state."""
+    shape = (2, 29, 48)
+    x, params, dy = legality.make_inputs(mixer, shape, DEVICE, seed=5)
+    params = list(params.values())
+    gen = torch.Generator().manual_seed(6)
+    entering, d_end, g = [torch.randn(shape[0], shape[2], generator=gen,
+                                      dtype=torch.float64).to(DEVICE) for _ in range(3)]
+
+    def reference(x, params, dy, dtype):
+        x = x.detach().requires_grad_()
+        params = [p.detach().requires_grad_() for p in params]
+        _, hloc, _ = cp._call(mixer, x, params, "reference_chunked",
+                              initial_state=torch.zeros_like(entering, dtype=dtype))
+        state = entering.to(dtype).requires_grad_()
+        y, final, _ = cp._call(mixer, x, params, "reference_chunked", initial_state=state)
+        (mu,) = torch.autograd.grad([y, final], [state], [dy, d_end.to(dtype)],
+                                    retain_graph=True)
+        grads = torch.autograd.grad([y, final], [x, *params], [dy, (d_end + g).to(dtype)])
+        a = torch.exp(cp.log_decay(mixer, x.detach(), [p.detach() for p in params]))
+        return [a, hloc, y.detach(), final.detach(), mu, *grads]
+    want = reference(x.double(), [p.double() for p in params], dy.double(), torch.float64)
+    eager = [_relative(e, w) for e, w in zip(reference(x, params, dy, torch.float32), want)]
+
+    module, config = cp.kernel_phases(mixer, x, name)
+    run = module.SliceRun(x, params, config)
+    a, hloc = run.summary()
+    y, final = run.forward(entering.float())
+    handed = []
+
+    def end_cotangent(mu):
+        handed.append(mu.clone())
+        return g.float()
+    grads = run.backward(dy, d_end.float(), end_cotangent)
+    assert len(handed) == 1
+    got = [a, hloc, y, final, handed[0], *grads]
+    names = ["A", "hloc", "y", "final", "mu", "dx"] + [f"d param {k}" for k in range(len(params))]
+    for label, value, w, e in zip(names, got, want, eager):
+        error = _relative(value, w)
+        assert error <= legality.ERROR_FACTOR * e + legality.ERROR_SLACK, (label, error, e)

@@ -425,9 +425,12 @@ def _summaries(x, params, sequences, config: SamuConfig, meta: dict, r, g, r_sum
     return end
 
 
-def forward(x, params, sequences, config: SamuConfig):
+def forward(x, params, sequences, config: SamuConfig, summary=None):
     """(y, final state or None, residuals): the forward's kernels.  The residuals are the
-    tensors the backward needs beside x and the parameters (_residual_shapes)."""
+    tensors the backward needs beside x and the parameters (_residual_shapes).  ``summary``:
+    (r, g, r_sum, rate, end) of the summary kernel over the same x, unpacked, from a zero
+    initial state (_slice_pass): reused instead of running it again, chunk 0's end state
+    moved by its decay times the initial state."""
     x = aligned(x)
     batch, length, width = x.shape
     chunk = config.chunk
@@ -435,13 +438,20 @@ def forward(x, params, sequences, config: SamuConfig):
     w, bias, a_param, log_temp, skip = [fp32_contiguous(p) for p in params]
     seq, h0 = sequences.seq_index, sequences.initial_state
     flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial)
-    # Apart, not cut from one buffer: a custom op's outputs may not alias (samu.custom_ops).
-    residuals = [torch.empty(shape, device=x.device, dtype=torch.float32)
-                 for shape in _residual_shapes(batch, length, width, n_chunks)]
-    r, g, r_sum, rate, h_in = residuals
     meta = _launch_meta(config, width, _keywords(**flags,
                                                  HAS_FINAL=sequences.output_final_state))
-    end = _summaries(x, (w, bias, a_param, log_temp), sequences, config, meta, r, g, r_sum, rate)
+    h_in = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
+    if summary is None:
+        # Apart, not cut from one buffer: a custom op's outputs may not alias (samu.custom_ops).
+        r, g, r_sum, rate = [torch.empty(shape, device=x.device, dtype=torch.float32)
+                             for shape in _residual_shapes(batch, length, width, n_chunks)[:4]]
+        end = _summaries(x, (w, bias, a_param, log_temp), sequences, config, meta, r, g, r_sum,
+                         rate)
+    else:
+        r, g, r_sum, rate, end = summary
+        if sequences.has_initial:  # linear in the entering state: h0 enters chunk 0 decayed
+            end[:, 0] += torch.exp(-rate * r_sum[:, :1]) * h0
+    residuals = (r, g, r_sum, rate, h_in)
     walked = config.walks_carry(n_chunks, x.numel())
     if not walked:
         chunk_carry(r_sum, end, reverse=False, rate=rate, out=h_in, plan=config.carry)
@@ -453,7 +463,7 @@ def forward(x, params, sequences, config: SamuConfig):
                      T=chunk,
                      **meta["output"], **flags, HAS_FINAL=sequences.output_final_state,
                      WALKED_CARRY=walked)
-    return y, (final if sequences.output_final_state else None), tuple(residuals)
+    return y, (final if sequences.output_final_state else None), residuals
 
 
 def residual_specs(config: SamuConfig, batch: int, length: int, width: int, dtype,
@@ -468,9 +478,14 @@ def residual_specs(config: SamuConfig, batch: int, length: int, width: int, dtyp
 WEIGHT_PROGRAMS_PER_SM = 4
 
 
-def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
+def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
+             end_cotangent=None):
     """(dx, d ctrl_weight, d ctrl_bias, d a_param, d log_temp, d skip, d initial_state or
-    None): the backward's kernels.  dy and d_final may be None (no gradient reached them)."""
+    None): the backward's kernels.  dy and d_final may be None (no gradient reached them).
+    ``end_cotangent`` (unpacked only): called once the adjoint carry is known with mu, FP32
+    [B, D], the adjoint leaving the first token for the state entering it; it returns a
+    cotangent to add on the final state (or None), which the rest of the backward takes in
+    (context parallelism: the later ranks' cotangent)."""
     x = aligned(x)
     w, bias, a_param, log_temp, skip = [fp32_contiguous(p) for p in params]
     r, g, r_sum, rate, h_in = residuals
@@ -496,11 +511,21 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
                      end, length, width, n_chunks, sequences.count,
                      meta["reverse_summary_units"], T=chunk,
                      **meta["reverse_summary"], PACKED=sequences.packed, HAS_DFINAL=has_dfinal)
-    walked = config.walks_carry(n_chunks, x.numel())
+    walked = config.walks_carry(n_chunks, x.numel()) and end_cotangent is None
     if walked:  # the backward kernel walks the reverse summaries: its rows go elsewhere
         carry, dsp_part = end, torch.empty(items, width, **f32)
     else:
         carry = chunk_carry(r_sum, end, reverse=True, rate=rate, plan=config.carry)
+        if end_cotangent is not None:
+            extra = end_cotangent(end[:, 0] + torch.exp(-rate * r_sum[:, :1]) * carry[:, 0])
+            if extra is not None:  # linear: it reaches the last chunk's start decayed
+                end[:, -1] += torch.exp(-rate * r_sum[:, -1:]) * extra
+                d_final = fp32_contiguous(extra if not has_dfinal else d_final + extra)
+                has_dfinal = True
+                meta = _launch_meta(config, width, _keywords(
+                    PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
+                    HAS_DFINAL=True))
+                carry = chunk_carry(r_sum, end, reverse=True, rate=rate, plan=config.carry)
         dsp_part = end.view(items, width)  # end is spent: the carry has read it
     dx = torch.empty_like(x)
     d_h0 = sequences.initial_state_gradient()
@@ -519,7 +544,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig):
 
 
 def _slice_pass(x, params, config: SamuConfig, initial_state, *keywords: str):
-    """(aligned x, sequence arguments, launch meta, r, r_sum, rate, end) of the summary kernel
+    """(aligned x, sequence arguments, launch meta, r, g, r_sum, rate, end) of the summary kernel
     over a slice that holds no sequence start after its first token.  ``initial_state``: the
     FP32 [B, D] state entering the first token (an ordinary step from it: zeros for a slice
     that continues a sequence), or None where a sequence starts there and resets."""
@@ -534,7 +559,7 @@ def _slice_pass(x, params, config: SamuConfig, initial_state, *keywords: str):
                          for shape in _residual_shapes(batch, length, width,
                                                        cdiv(length, config.chunk))[:4]]
     end = _summaries(x, (w, bias, a_param, log_temp), sequences, config, meta, r, g, r_sum, rate)
-    return x, sequences, meta, r, r_sum, rate, end
+    return x, sequences, meta, r, g, r_sum, rate, end
 
 
 def _zero_state(x) -> torch.Tensor:
@@ -548,7 +573,12 @@ def slice_summary(x, params, config: SamuConfig, initial_state=None, resets: boo
     Where a sequence starts at the first token, h is the end state itself: from
     ``initial_state`` (FP32 [B, D]), or with ``resets`` from the reset (A is then unused)."""
     entering = None if resets else (_zero_state(x) if initial_state is None else initial_state)
-    x, _, _, _, r_sum, rate, end = _slice_pass(x, params, config, entering)
+    _, _, _, _, _, r_sum, rate, end = _slice_pass(x, params, config, entering)
+    return _end_state(r_sum, rate, end, config)
+
+
+def _end_state(r_sum, rate, end, config: SamuConfig):
+    """(A, h) of a slice from its chunks' sums of r and end states (end is only read)."""
     h_in = chunk_carry(r_sum, end, reverse=False, rate=rate, plan=config.carry)
     h = torch.exp(-rate * r_sum[:, -1:]) * h_in[:, -1] + end[:, -1]
     return torch.exp(-rate * r_sum.sum(1, keepdim=True)), h
@@ -559,8 +589,8 @@ def start_adjoint(x, params, dy, d_end, config: SamuConfig):
     the state entering it, from dy and the cotangent d_end on the slice's end state.  The
     summary kernel (for r), the backward's reverse summary and its carry: x and dy read once
     each, where a backward through the slice would run every kernel."""
-    x, sequences, meta, r, r_sum, rate, _ = _slice_pass(x, params, config, _zero_state(x),
-                                                        "HAS_DFINAL")
+    x, sequences, meta, r, _, r_sum, rate, _ = _slice_pass(x, params, config, _zero_state(x),
+                                                           "HAS_DFINAL")
     batch, length, width = x.shape
     n_chunks = r_sum.shape[1]
     end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
@@ -571,6 +601,45 @@ def start_adjoint(x, params, dy, d_end, config: SamuConfig):
                      **meta["reverse_summary"], PACKED=False, HAS_DFINAL=True)
     carry = chunk_carry(r_sum, end, reverse=True, rate=rate, plan=config.carry)
     return end[:, 0] + torch.exp(-rate * r_sum[:, :1]) * carry[:, 0]
+
+
+class SliceRun:
+    """One rank's slice under context parallelism (samu.distributed) that continues a sequence
+    and holds no start, unpacked: its kernels in three phases that share their work.
+    ``summary`` runs the summary kernel and carry from a zero state; ``forward`` reuses that
+    pass (no second read of x for r, g) from the entering state; ``backward`` hands the adjoint
+    at the slice start out mid-way and takes the later ranks' cotangent in, so that the reverse
+    summary over dy runs once.  Beside one call at the slice: two chunk carries and the
+    collectives."""
+
+    def __init__(self, x, params, config: SamuConfig):
+        self.x, self.params, self.config = aligned(x), list(params), config
+        self._summary = self._saved = None
+
+    def summary(self):
+        """(A, h), FP32 [B, D]: the slice's end state is A h_in + h."""
+        _, _, _, r, g, r_sum, rate, end = _slice_pass(self.x, self.params, self.config,
+                                                      _zero_state(self.x))
+        self._summary = (r, g, r_sum, rate, end)
+        return _end_state(r_sum, rate, end, self.config)
+
+    def forward(self, entering):
+        """(y, final state FP32 [B, D]) from ``entering``, the state entering the slice."""
+        sequences = sequence_args(self.x, fp32_contiguous(entering), None, True)
+        y, final, residuals = forward(self.x, self.params, sequences, self.config,
+                                      summary=self._summary)
+        self._summary = None  # its chunk-0 end state now holds the entering state
+        self._saved = (sequences, residuals)
+        return y, final
+
+    def backward(self, dy, d_final, end_cotangent):
+        """(dx, d ctrl_weight, d ctrl_bias, d a_param, d log_temp, d skip); end_cotangent as
+        backward's.  Once only: the forward's residuals go with it."""
+        sequences, residuals = self._saved
+        self._saved = None
+        grads = backward(self.x, self.params, residuals, dy, d_final, sequences, self.config,
+                         end_cotangent)
+        return grads[:-1]
 
 
 class SamuFunction(torch.autograd.Function):
