@@ -348,12 +348,15 @@ def slice_runner(mixer: str, layout: SliceLayout, x, params, backend="auto"):
     if not layout.carries_through:
         return None
     phases = kernel_phases(mixer, x, backend)
-    if phases is None or not hasattr(phases[0], "SliceRun"):
+    run = None if phases is None else getattr(phases[0], "SliceRun", None)
+    if run is None:
         return None
     with torch.no_grad():
         FUNCTIONS[mixer](x[:, :1], *params, backend=backend)
-    module, config = phases
-    return module.SliceRun(x.detach(), [p.detach() for p in params], config)
+    params = [p.detach() for p in params]
+    if not run.fits(params, phases[1]):
+        return None
+    return run(x.detach(), params, phases[1])
 
 
 def _local_cu(layout: SliceLayout, device, begin: int = 0) -> torch.Tensor:

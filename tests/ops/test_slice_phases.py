@@ -84,8 +84,8 @@ def test_a_slice_from_a_sequence_start_ends_in_the_final_state(mixer, name, with
     assert error <= legality.ERROR_FACTOR * eager + legality.ERROR_SLACK, (error, eager)
 
 
-RUN_CASES = [(m, n) for m, n in CASES if hasattr(cp.kernel_phases(m, torch.ones(1, 1, 48), n)[0],
-                                                 "SliceRun")]
+RUN_CASES = [(m, n) for m, n in CASES
+             if hasattr(cp.kernel_phases(m, torch.ones(1, 1, 48), n)[0], "SliceRun")]
 
 
 @pytest.mark.parametrize("mixer, name", RUN_CASES)
@@ -117,6 +117,9 @@ def test_a_slice_run_shares_its_phases_and_matches_the_oracle(mixer, name):
     eager = [_relative(e, w) for e, w in zip(reference(x, params, dy, torch.float32), want)]
 
     module, config = cp.kernel_phases(mixer, x, name)
+    if not module.SliceRun.fits(params, config):
+        assert cp.slice_runner(mixer, cp.slice_layout(1, (3, 29, 5)), x, params, name) is None
+        return  # the phases run apart (test_slice_phases_match_the_oracle)
     run = module.SliceRun(x, params, config)
     a, hloc = run.summary()
     y, final = run.forward(entering.float())

@@ -514,12 +514,15 @@ def _gate_products(x_heads, w_cat, heads: slice, out: torch.Tensor) -> torch.Ten
     return torch.bmm(x_heads[heads], w_cat[heads], out=out)
 
 
-def forward(x, params, sequences, config: GemmConfig, w_cat=None):
+def forward(x, params, sequences, config: GemmConfig, w_cat=None, summary=None):
     """(y, final state or None, residuals): per head group, the gate GEMM and the forward's
     kernels.  The residuals the backward needs beside x and the parameters: G flat (its
     [H, B L, 2 bw] layout read back from the weights' shape, x's GEMM dtype) unless the
     configuration recomputes it, then the chunks' entering states, each group's [B, NC, DG]
-    FP32 carved from one flat buffer.  w_cat: W_cat when the caller has it."""
+    FP32 carved from one flat buffer.  w_cat: W_cat when the caller has it.  ``summary``:
+    (G, decay, end, chunk 0's whole decay) of the gate GEMM and summary kernel over the same
+    x, unpacked, from a zero initial state, one head group (SliceRun): reused instead of
+    running them again, chunk 0's end state moved by its decay times the initial state."""
     x = aligned(x)
     gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
     batch, length, width = x.shape
@@ -534,10 +537,16 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None):
     flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial)
     meta = tiles(config, groups.bw, width, groups.width)
     f32 = dict(device=x.device, dtype=torch.float32)
-    gates = torch.empty(groups.per_group, tokens, 2 * groups.bw, device=x.device,
-                        dtype=_gemm_dtype(x.dtype))
-    summary_shape = (batch, n_chunks, groups.width)
-    decay, end = carve(torch.empty(carved_size([summary_shape] * 2), **f32), [summary_shape] * 2)
+    if summary is None:
+        gates = torch.empty(groups.per_group, tokens, 2 * groups.bw, device=x.device,
+                            dtype=_gemm_dtype(x.dtype))
+        summary_shape = (batch, n_chunks, groups.width)
+        decay, end = carve(torch.empty(carved_size([summary_shape] * 2), **f32),
+                           [summary_shape] * 2)
+    else:
+        gates, decay, end, first_decay = summary
+        if sequences.has_initial:  # linear in the entering state: h0 enters chunk 0 decayed
+            end[:, 0] += first_decay * h0
     shapes = _entering_state_shapes(groups, batch, n_chunks)
     residual = torch.empty(carved_size(shapes), **f32)
     h_in = carve(residual, shapes)
@@ -549,10 +558,11 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None):
     summary_grid = (batch * n_chunks, cdiv(groups.width, meta["summary"]["BN"]))
     output_grid = (batch * n_chunks, cdiv(groups.width, meta["output"]["BN"]))
     for g, heads, col0 in groups:
-        _gate_products(x_heads, w_cat, heads, gates)
-        launching.launch(_summary_kernel, summary_grid, x, gates, bx, ba, a_param, seq, h0,
-                         decay, end, col0, length, tokens, n_chunks, sequences.count,
-                         **summary_meta, **flags)
+        if summary is None:
+            _gate_products(x_heads, w_cat, heads, gates)
+            launching.launch(_summary_kernel, summary_grid, x, gates, bx, ba, a_param, seq, h0,
+                             decay, end, col0, length, tokens, n_chunks, sequences.count,
+                             **summary_meta, **flags)
         chunk_carry(decay, end, reverse=False, out=h_in[g], plan=config.carry)
         launching.launch(_output_kernel, output_grid, x, gates, y, bx, ba, a_param, h_in[g], seq,
                          h0, final, col0, length, tokens, n_chunks, sequences.count,
@@ -584,14 +594,20 @@ def _spans(config: GemmConfig, groups: _Groups, batch: int, n_chunks: int, col_b
 
 
 def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w_cat=None,
-             overwrite_gates: bool = False):
+             overwrite_gates: bool = False, end_cotangent=None):
     """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param,
     d initial_state or None): per head group, G recomputed (or the saved G), the backward's
     kernels (dG written over G, or into a buffer of its own without gradient_over_gates) and
     GEMMs.  A saved G is overwritten only with overwrite_gates (the caller then refuses a second
     backward through the same graph, which would read dG as G); else it is copied first.  dy
     and d_final may be
-    None (no gradient reached them).  w_cat: W_cat when the caller kept it from the forward."""
+    None (no gradient reached them).  w_cat: W_cat when the caller kept it from the forward.
+    ``end_cotangent`` (unpacked, one head group): called once the adjoint carry is known with
+    mu, FP32 [B, D], the adjoint leaving the first token for the state entering it; it returns
+    a cotangent to add on the final state (or None), which the rest of the backward takes in
+    (context parallelism: the later ranks' cotangent)."""
+    if end_cotangent is not None and (sequences.packed or _groups(config, params[0]).count > 1):
+        raise ValueError("rglru: end_cotangent needs an unpacked call over one head group")
     x = aligned(x)
     gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
     saved_gates = None if config.recompute else residuals[0]
@@ -649,6 +665,15 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
                          **reverse_meta, PACKED=sequences.packed,
                          HAS_DFINAL=has_dfinal)
         chunk_carry(decay, end, reverse=True, out=carry, plan=config.carry)
+        if end_cotangent is not None:
+            # The reverse summary's chunk decays are whole products of a (no start cuts them).
+            extra = end_cotangent(end[:, 0] + decay[:, 0] * carry[:, 0])
+            if extra is not None:  # linear: it reaches the last chunk's start decayed
+                end[:, -1] += decay[:, -1] * extra
+                d_final = fp32_contiguous(extra if not has_dfinal else d_final + extra)
+                has_dfinal = flags["HAS_DFINAL"] = True
+                backward_meta = with_state_keywords(meta["backward"], True)
+                chunk_carry(decay, end, reverse=True, out=carry, plan=config.carry)
         launching.launch(_backward_kernel, (n_parts, col_blocks), x, dy, gates, d_gates, dx, bx, ba,
                          a_param, h_in[g], carry, seq, h0, d_final, d_h0, part, dsp_part, col0,
                          length, tokens, n_chunks, sequences.count, per_span, spans,
@@ -727,9 +752,7 @@ def slice_summary(x, params, config: GemmConfig, initial_state=None, resets: boo
     ``initial_state`` (FP32 [B, D]), or with ``resets`` from the reset (A is then unused)."""
     s = _SlicePass.of(x, params, config, initial_state, resets)
     batch, length, width = s.x.shape
-    first = min(config.chunk, length)
     A, h = [torch.empty(batch, width, device=s.x.device, dtype=torch.float32) for _ in "Ah"]
-    softplus_a = torch.nn.functional.softplus(s.a_param)
     for _, heads, col0 in s.groups:
         cols = slice(col0, col0 + s.groups.width)
         _gate_products(s.x_heads, s.w_cat, heads, s.gates)
@@ -737,12 +760,21 @@ def slice_summary(x, params, config: GemmConfig, initial_state=None, resets: boo
                  state=s.sequences.initial_state, HAS_INITIAL=s.sequences.has_initial)
         h_in = chunk_carry(s.decay, s.end, reverse=False, plan=config.carry)
         h[:, cols] = s.decay[:, -1] * h_in[:, -1] + s.end[:, -1]
-        bw = s.groups.bw
-        ga = s.gates.view(s.groups.per_group, batch, length, 2 * bw)[:, :, :first, bw:]
-        ga_sum = torch.sigmoid(ga.float() + s.ba[cols].view(-1, 1, 1, bw)).sum(2)
-        log_a0 = -GATE_SCALE * ga_sum.transpose(0, 1).reshape(batch, -1) * softplus_a[cols]
-        A[:, cols] = torch.exp(log_a0) * s.decay[:, 1:].prod(1)
+        A[:, cols] = _first_chunk_decay(s, cols, config.chunk) * s.decay[:, 1:].prod(1)
     return A, h
+
+
+def _first_chunk_decay(s: "_SlicePass", cols: slice, chunk: int) -> torch.Tensor:
+    """FP32 [B, DG]: the whole product of a over chunk 0 of one group (whose G is in s.gates),
+    which the summary kernel cuts at the first token (it folds that a into the entering
+    state)."""
+    batch, length, _ = s.x.shape
+    first = min(chunk, length)
+    bw = s.groups.bw
+    ga = s.gates.view(s.groups.per_group, batch, length, 2 * bw)[:, :, :first, bw:]
+    ga_sum = torch.sigmoid(ga.float() + s.ba[cols].view(-1, 1, 1, bw)).sum(2)
+    softplus_a = torch.nn.functional.softplus(s.a_param[cols])
+    return torch.exp(-GATE_SCALE * ga_sum.transpose(0, 1).reshape(batch, -1) * softplus_a)
 
 
 def start_adjoint(x, params, dy, d_end, config: GemmConfig):
@@ -762,6 +794,57 @@ def start_adjoint(x, params, dy, d_end, config: GemmConfig):
         # The reverse summary's chunk 0 decay is its whole product of a (no start cuts it).
         mu[:, col0:col0 + s.groups.width] = s.end[:, 0] + s.decay[:, 0] * carry[:, 0]
     return mu
+
+
+class SliceRun:
+    """One rank's slice under context parallelism (samu.distributed) that continues a sequence
+    and holds no start, unpacked, on a configuration that saves G in one head group: its
+    phases sharing their work.  ``summary`` runs the gate GEMM, the summary kernel and carry
+    from a zero state; ``forward`` reuses G and the chunk summaries from the entering state;
+    ``backward`` hands the adjoint at the slice start out mid-way and takes the later ranks'
+    cotangent in, so that the reverse summary over dy runs once.  Beside one call at the
+    slice: two chunk carries, chunk 0's decay and the collectives."""
+
+    def __init__(self, x, params, config: GemmConfig):
+        self.x, self.params, self.config = aligned(x), list(params), config
+        self._summary = self._saved = self._w_cat = None
+
+    @staticmethod
+    def fits(params, config: GemmConfig) -> bool:
+        """G saved, in one head group: what the phases share."""
+        return not config.recompute and _groups(config, params[0]).count == 1
+
+    def summary(self):
+        """(A, h), FP32 [B, D]: the slice's end state is A h_in + h."""
+        s = _SlicePass.of(self.x, self.params, self.config)
+        ((_, heads, col0),) = list(s.groups)
+        _gate_products(s.x_heads, s.w_cat, heads, s.gates)
+        s.launch(_summary_kernel, "summary", s.x, col0, inputs=(s.bx, s.ba, s.a_param),
+                 state=s.sequences.initial_state, HAS_INITIAL=True)
+        h_in = chunk_carry(s.decay, s.end, reverse=False, plan=self.config.carry)
+        h = s.decay[:, -1] * h_in[:, -1] + s.end[:, -1]
+        first_decay = _first_chunk_decay(s, slice(0, s.groups.width), self.config.chunk)
+        self._summary = (s.gates, s.decay, s.end, first_decay)
+        self._w_cat = s.w_cat
+        return first_decay * s.decay[:, 1:].prod(1), h
+
+    def forward(self, entering):
+        """(y, final state FP32 [B, D]) from ``entering``, the state entering the slice."""
+        sequences = sequence_args(self.x, fp32_contiguous(entering), None, True)
+        y, final, residuals = forward(self.x, self.params, sequences, self.config, self._w_cat,
+                                      summary=self._summary)
+        self._summary = None  # its chunk-0 end state now holds the entering state
+        self._saved = (sequences, residuals)
+        return y, final
+
+    def backward(self, dy, d_final, end_cotangent):
+        """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param);
+        end_cotangent as backward's.  Once only: G is overwritten by its gradient."""
+        sequences, residuals = self._saved
+        self._saved = None
+        grads = backward(self.x, self.params, residuals, dy, d_final, sequences, self.config,
+                         self._w_cat, overwrite_gates=True, end_cotangent=end_cotangent)
+        return grads[:-1]
 
 
 class GemmScanFunction(torch.autograd.Function):

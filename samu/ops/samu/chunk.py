@@ -616,6 +616,11 @@ class SliceRun:
         self.x, self.params, self.config = aligned(x), list(params), config
         self._summary = self._saved = None
 
+    @staticmethod
+    def fits(params, config: SamuConfig) -> bool:
+        """Every SAMU configuration shares its phases."""
+        return True
+
     def summary(self):
         """(A, h), FP32 [B, D]: the slice's end state is A h_in + h."""
         _, _, _, r, g, r_sum, rate, end = _slice_pass(self.x, self.params, self.config,
