@@ -519,7 +519,9 @@ def _backend_name(mixer: str, x, backend) -> str:
 def _exchange_adjoints(call: SliceCall, mu, failure) -> torch.Tensor:
     """The cotangent that later ranks put on this slice's end state, from every rank's mu (one
     gather); raises on every rank where one rank's adjoint failed."""
-    packet = torch.cat([mu.flatten(), mu.new_tensor([float(failure is not None)])])
+    # The flag by a fill, not a copy from the host: a CUDA graph can capture it.
+    flag = torch.full((1,), float(failure is not None), dtype=mu.dtype, device=mu.device)
+    packet = torch.cat([mu.flatten(), flag])
     gathered = call.gather(packet)
     # Read on the host, which a CUDA graph's capture (the benchmark's GPU time) cannot do.
     capturing = gathered.is_cuda and torch.cuda.is_current_stream_capturing()
