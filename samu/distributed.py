@@ -38,10 +38,14 @@ Backward (``_SliceWithCarry``), the same in reverse for the adjoint:
 3. the slice's backward through the kept graph, with g_r added to its end state's cotangent:
    dx, this rank's parameter gradients and its initial-state rows.
 
-Cost per rank against one single-GPU call on the same slice, on a Triton backend: in the
-forward one summary pass (the gates and one read of x, of the last piece only where a sequence
-starts in the slice; a one-token input check where the slice ends at a sequence end), in the backward one adjoint pass over the first piece (the gates, x and dy read
-once; none on a rank that starts at a sequence start).  On a reference backend the summary is
+Cost per rank against one single-GPU call on the same slice, on a Triton backend whose family
+has a SliceRun (``slice_runner``), where the slice carries a sequence through: two chunk carries
+(and RG-LRU's chunk-0 decay), since the forward reuses the summary pass and the backward hands
+mu out mid-way (step 1 of the backward is then its own reverse summary and carry).  Elsewhere on
+a Triton backend: in the forward one summary pass (the gates and one read of x, of the last
+piece only where a sequence starts in the slice; none where the slice ends at a sequence end),
+in the backward one adjoint pass over the first piece (the gates, x and dy read once; none on a
+rank that starts at a sequence start).  On a reference backend the summary is
 a forward and the log-decay sum (SAMU: an FP32 copy of x and one D-wide dot per token; RG-LRU:
 the a-gate's block-diagonal product; in chunks of 2^24 elements), and the adjoint a forward and
 a backward.  Collectives: in the forward an all_gather of 11 int64 (the call's shapes, so that
@@ -66,7 +70,8 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from .functional import FUNCTIONS, SUPPORTED_DTYPES, autocast_input, check_offsets_increase
+from .functional import (FUNCTIONS, SUPPORTED_DTYPES, autocast_input, check_call,
+                         check_offsets_increase)
 from . import backends, mixers
 from .ops.recurrence import carry_dtype
 
@@ -344,7 +349,7 @@ def slice_runner(mixer: str, layout: SliceLayout, x, params, backend="auto"):
     """The kernel family's SliceRun over this rank's slice (its summary, forward and backward
     sharing their work), where the slice continues a sequence and holds no start, on a Triton
     backend whose family has one; else None (the phases run apart).  The kernels check
-    nothing: the mixer checks the inputs on the slice's first token first."""
+    nothing: the mixer's checks run first (functional.check_call)."""
     if not layout.carries_through:
         return None
     phases = kernel_phases(mixer, x, backend)
@@ -352,7 +357,7 @@ def slice_runner(mixer: str, layout: SliceLayout, x, params, backend="auto"):
     if run is None:
         return None
     with torch.no_grad():
-        FUNCTIONS[mixer](x[:, :1], *params, backend=backend)
+        check_call(mixer, x, params, backend)
     params = [p.detach() for p in params]
     if not run.fits(params, phases[1]):
         return None
@@ -379,7 +384,7 @@ def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
                   initial_state=None, runner=None) -> torch.Tensor:
     """[2, rows, D] in the carry dtype: (A, hloc) of the slice, h_out = A * h_in + hloc.  Runs
     without a graph.  Where no later rank reads it (the slice ends at a sequence end), zeros,
-    after the mixer checked the inputs on the slice's first token.  ``runner``: the slice's
+    after the mixer's checks (functional.check_call).  ``runner``: the slice's
     slice_runner, whose summary the forward then reuses."""
     cdt = carry_dtype(x)
     rows = layout.rows or x.shape[0]
@@ -388,12 +393,12 @@ def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
         if runner is not None and layout.continues:
             return torch.stack(runner.summary())
         if not layout.continues:
-            FUNCTIONS[mixer](x[:, :1], *params, backend=backend)
+            check_call(mixer, x, params, backend)
             return torch.stack([zeros, zeros])
         if layout.carries_through:
             phases = kernel_phases(mixer, x, backend)
-            if phases is not None:  # the kernel phases check nothing: the mixer does, on a token
-                FUNCTIONS[mixer](x[:, :1], *params, backend=backend)
+            if phases is not None:  # the kernel phases check nothing: check_call does
+                check_call(mixer, x, params, backend)
                 module, config = phases
                 decay, hloc = module.slice_summary(x, params, config)
                 return torch.stack([decay, hloc])
@@ -407,7 +412,7 @@ def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
             rows0 = rows0[-1:]
         phases = kernel_phases(mixer, x[:, tail:], backend)
         if phases is not None:  # as above: the summary kernel and carry from the start
-            FUNCTIONS[mixer](x[:, :1], *params, backend=backend)
+            check_call(mixer, x, params, backend)
             module, config = phases
             start = None if rows0 is None else rows0.to(torch.float32).contiguous()
             _, hloc = module.slice_summary(x[:, tail:], params, config, initial_state=start,

@@ -258,13 +258,30 @@ def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
         return context_parallel(mixer, x, named, cp_context=cp_context, backend=backend,
                                 return_backend=return_backend, initial_state=initial_state,
                                 output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+    _check_shapes(mixer, spec, x, named)
+    y, final, name = _run(mixer, x, named, backend, initial_state, cu_seqlens,
+                          output_final_state)
+    return _result(y, final, name, output_final_state, return_backend)
+
+
+def _check_shapes(mixer: str, spec, x, named: dict) -> None:
     check_tensors(mixer, named)
     width = spec.width_of(named)
     check_input(x, width, mixer)
     spec.check_shapes(named, width)
-    y, final, name = _run(mixer, x, named, backend, initial_state, cu_seqlens,
-                          output_final_state)
-    return _result(y, final, name, output_final_state, return_backend)
+
+
+def check_call(mixer: str, x, params, backend="auto") -> None:
+    """Raises what a call of the mixer on x (no state keywords) would raise before anything
+    runs: the checks that a caller of the kernels' phases alone, which check nothing, makes
+    first (samu.distributed)."""
+    spec = mixers.get(mixer)
+    mixers.check_count(mixer, params)
+    named = dict(zip(spec.parameter_names, params))
+    _check_shapes(mixer, spec, x, named)
+    x = autocast_input(x)
+    check_parameters(mixer, x, named)
+    dispatch.resolve(mixer, x, backend)
 
 
 def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, backend="auto",

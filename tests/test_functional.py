@@ -233,3 +233,21 @@ def test_triton_backend_refuses_torch_func(monkeypatch, mixer, transform):
     with pytest.raises(RuntimeError, match=r"torch\.func transforms \(vmap/grad/jvp\) are "
                                            r"supported on the reference backends only"):
         TRANSFORMS[transform](module, x)
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_check_call_raises_what_the_call_raises_without_running(mixer):
+    """functional.check_call (what context parallelism runs before the kernels' phases, which
+    check nothing) raises a call's error for a parameter of the wrong width, and nothing for a
+    good call."""
+    from samu.experiment import legality
+    from samu.functional import check_call
+    x, params, _ = legality.make_inputs(mixer, (1, 5, 16), "cpu")
+    good = list(params.values())
+    check_call(mixer, x, good, "reference_chunked")
+    bad = [p[..., :8] if p.dim() and p.shape[-1] == 16 else p for p in good]
+    with pytest.raises(ValueError) as called:
+        FUNCTIONS[mixer](x, *bad, backend="reference_chunked")
+    with pytest.raises(ValueError) as checked:
+        check_call(mixer, x, bad, "reference_chunked")
+    assert str(checked.value) == str(called.value)
