@@ -42,12 +42,18 @@ def frame(doc: dict) -> pd.DataFrame:
     df = pd.DataFrame(doc["rows"])
     keep = ["mixer", "length", "width", "ranks", "one_call_at_length_ms", "one_call_at_slice_ms",
             "slowest_rank_ms", "slowest_rank_over_slice_call", "speedup_over_one_call"]
+    keep += [c for c in GPU_COLUMNS if c in df]  # GPU time, where the run could replay a graph
     return df[keep].sort_values(["mixer", "ranks", "length"]).reset_index(drop=True)
 
 
+GPU_COLUMNS = ("one_call_at_slice_gpu_ms", "slowest_rank_gpu_ms",
+               "slowest_rank_over_slice_call_gpu")
+
+
 def figure(df: pd.DataFrame, label: str = ""):
-    """Left: the slowest rank's share over a plain call at L / P, against L, with the target;
-    right: one call at L over the slowest rank (what P GPUs gain).  A matplotlib Figure."""
+    """Left: the slowest rank's share over a plain call at L / P, against L, with the target
+    (medians; GPU time by graph replay as crosses where the frame has it); right: one call at L
+    over the slowest rank (what P GPUs gain).  A matplotlib Figure."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 4))
@@ -60,11 +66,15 @@ def figure(df: pd.DataFrame, label: str = ""):
                            (right, "speedup_over_one_call")):
             ax.plot(part["length"], part[column], styles.get(mixer, ":"), marker="o",
                     color=color, label=name)
+        gpu = part.get("slowest_rank_over_slice_call_gpu")
+        if gpu is not None and gpu.notna().any():
+            left.plot(part["length"], gpu, ls="none", marker="x", color=color,
+                      label=f"{name}, GPU time")
     left.axhline(TARGET_SHARE_OVER_SLICE_CALL, color="k", lw=0.8, ls=":",
                  label=f"target {TARGET_SHARE_OVER_SLICE_CALL}x")
     left.axhline(1.0, color="grey", lw=0.6)
     right.axhline(1.0, color="grey", lw=0.6)
-    left.set_ylabel("slowest rank's share / one call at L / P")
+    left.set_ylabel("slowest rank's share / one call at L / P (median)")
     right.set_ylabel("one call at L / slowest rank's share")
     for ax in (left, right):
         ax.set_xscale("log", base=2)

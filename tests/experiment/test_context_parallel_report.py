@@ -42,3 +42,15 @@ def test_load_prefers_the_data_folder_then_the_committed_file(tmp_path, monkeypa
     doc, path = context_parallel.load()
     assert path == tmp_path / "context_parallel" / "nvidia-h200.json"
     assert doc["environment"]["gpu"] == "Test GPU"
+
+
+def test_gpu_time_is_drawn_where_the_rows_have_it():
+    doc = _doc()
+    for row in doc["rows"][:4]:  # RG-LRU's rows: GPU time replayed from a graph
+        row.update(one_call_at_slice_gpu_ms=0.5, slowest_rank_gpu_ms=0.6,
+                   slowest_rank_over_slice_call_gpu=1.2)
+    df = context_parallel.frame(doc)
+    assert "slowest_rank_over_slice_call_gpu" in df
+    left, _ = context_parallel.figure(df, "Test GPU").axes
+    crosses = [line for line in left.lines if line.get_marker() == "x"]
+    assert len(crosses) == 2 and all(list(c.get_ydata()) == [1.2, 1.2] for c in crosses)
