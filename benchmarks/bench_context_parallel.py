@@ -379,8 +379,9 @@ def main(argv=None) -> int:
     doc = {"environment": protocol.environment(device),
            "protocol": {"repeats": args.repeats, "warmup": args.warmup,
                         "timer": "CUDA events" if device.type == "cuda" else "host clock",
-                        "share": "summary pass, simulated all_gather, slice forward, adjoint "
-                                 "at the slice start, slice backward"},
+                        "share": "samu.distributed's phases with a simulated gather: summary "
+                                 "pass, slice forward, adjoint at the slice start and slice "
+                                 "backward (one SliceRun where the family shares them)"},
            **benchmark(args, device)}
     out = Path(args.out) if args.out else (paths.DATA / "context_parallel"
                                            / f"{protocol.device_slug(device)}.json")

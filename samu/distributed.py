@@ -70,7 +70,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from .functional import (FUNCTIONS, SUPPORTED_DTYPES, autocast_input, check_call,
+from .functional import (FUNCTIONS, SUPPORTED_DTYPES, _capturing, autocast_input, check_call,
                          check_offsets_increase)
 from . import backends, mixers
 from .ops.recurrence import carry_dtype
@@ -354,13 +354,10 @@ def slice_runner(mixer: str, layout: SliceLayout, x, params, backend="auto"):
         return None
     phases = kernel_phases(mixer, x, backend)
     run = None if phases is None else getattr(phases[0], "SliceRun", None)
-    if run is None:
-        return None
-    with torch.no_grad():
-        check_call(mixer, x, params, backend)
     params = [p.detach() for p in params]
-    if not run.fits(params, phases[1]):
+    if run is None or not run.fits(params, phases[1]):  # slice_summary checks the inputs
         return None
+    check_call(mixer, x, params, backend)
     return run(x.detach(), params, phases[1])
 
 
@@ -393,7 +390,8 @@ def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
         if runner is not None and layout.continues:
             return torch.stack(runner.summary())
         if not layout.continues:
-            check_call(mixer, x, params, backend)
+            if runner is None:  # slice_runner checked them already
+                check_call(mixer, x, params, backend)
             return torch.stack([zeros, zeros])
         if layout.carries_through:
             phases = kernel_phases(mixer, x, backend)
@@ -521,16 +519,18 @@ def _backend_name(mixer: str, x, backend) -> str:
     return dispatch.resolve(mixer, x, backend).name
 
 
-def _exchange_adjoints(call: SliceCall, mu, failure) -> torch.Tensor:
+def _exchange_adjoints(call: SliceCall, mu, failure, gathered_once=None) -> torch.Tensor:
     """The cotangent that later ranks put on this slice's end state, from every rank's mu (one
-    gather); raises on every rank where one rank's adjoint failed."""
+    gather); raises on every rank where one rank's adjoint failed.  ``gathered_once``: a list
+    that records that the gather took place (then no rank waits for this one any more)."""
     # The flag by a fill, not a copy from the host: a CUDA graph can capture it.
     flag = torch.full((1,), float(failure is not None), dtype=mu.dtype, device=mu.device)
     packet = torch.cat([mu.flatten(), flag])
     gathered = call.gather(packet)
+    if gathered_once is not None:
+        gathered_once.append(True)
     # Read on the host, which a CUDA graph's capture (the benchmark's GPU time) cannot do.
-    capturing = gathered.is_cuda and torch.cuda.is_current_stream_capturing()
-    failed = [] if capturing else torch.nonzero(gathered[:, -1]).flatten().tolist()
+    failed = [] if _capturing(gathered) else torch.nonzero(gathered[:, -1]).flatten().tolist()
     if failed:
         raise RuntimeError(f"{call.mixer} (context parallel): the backward's adjoint failed "
                            f"on rank(s) {failed}") from failure
@@ -554,8 +554,8 @@ class _SliceWithCarry(torch.autograd.Function):
         if call.runner is not None:  # the kernels' phases, no graph: the runner keeps theirs
             y, states = call.runner.forward(entering)
             call.names.append(_backend_name(call.mixer, x, call.backend))
-            ctx.shapes = [(t.shape, t.dtype) if t is not None else None
-                          for t in (x, initial_state)]
+            ctx.initial_state = (None if initial_state is None
+                                 else (initial_state.shape, initial_state.dtype))
             return y, states
         with torch.enable_grad():
             x_leaf = x.detach().requires_grad_(needs[2])
@@ -616,8 +616,7 @@ class _SliceWithCarry(torch.autograd.Function):
         exchanged = []
 
         def end_cotangent(mu):
-            exchanged.append(True)
-            return _exchange_adjoints(call, mu, None)
+            return _exchange_adjoints(call, mu, None, exchanged)
         try:
             dx, *d_params = call.runner.backward(dy, dstates, end_cotangent)
         except Exception as exc:
@@ -626,9 +625,9 @@ class _SliceWithCarry(torch.autograd.Function):
                 _exchange_adjoints(call, mu, exc)
             raise
         needs = ctx.needs_input_grad[2:]
-        (x_shape, x_dtype), h0 = ctx.shapes
         # A slice that carries a sequence through reads no initial-state row: zeros.
-        d_h0 = torch.zeros(h0[0], dtype=h0[1], device=dx.device) if needs[1] else None
+        d_h0 = (torch.zeros(ctx.initial_state[0], dtype=ctx.initial_state[1], device=dx.device)
+                if needs[1] else None)
         return [dx if needs[0] else None, d_h0,
                 *[g if n else None for g, n in zip(d_params, needs[2:])]]
 

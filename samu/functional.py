@@ -159,6 +159,17 @@ def check_sequences(mixer: str, x: torch.Tensor, initial_state, cu_seqlens,
                          f"{x.device}")
 
 
+def _resolve(mixer: str, x, backend):
+    """dispatch.resolve's backend, refused under torch.func transforms where it is a kernel."""
+    chosen = dispatch.resolve(mixer, x, backend)
+    if chosen.kind == "triton" and torch._C._are_functorch_transforms_active():
+        # The kernels read raw storage, which torch.func's wrapped tensors do not have.
+        raise RuntimeError(f"{mixer}: torch.func transforms (vmap/grad/jvp) are supported on the "
+                           f"reference backends only, and backend {chosen.name} is a Triton "
+                           "kernel: pass backend='reference_chunked'")
+    return chosen
+
+
 def _run(mixer: str, x, params: dict, backend: str, initial_state=None, cu_seqlens=None,
          output_final_state: bool = False):
     """(y, final state or None, name of the backend that ran)."""
@@ -172,12 +183,7 @@ def _run(mixer: str, x, params: dict, backend: str, initial_state=None, cu_seqle
         state = {}
     if torch.compiler.is_compiling():
         return _run_compiled(mixer, x, params, backend, state)
-    chosen = dispatch.resolve(mixer, x, backend)
-    if chosen.kind == "triton" and torch._C._are_functorch_transforms_active():
-        # The kernels read raw storage, which torch.func's wrapped tensors do not have.
-        raise RuntimeError(f"{mixer}: torch.func transforms (vmap/grad/jvp) are supported on the "
-                           f"reference backends only, and backend {chosen.name} is a Triton "
-                           "kernel: pass backend='reference_chunked'")
+    chosen = _resolve(mixer, x, backend)
     if chosen.kind == "triton" or not torch.is_autocast_enabled(x.device.type):
         # The kernels set every dtype themselves; entering autocast costs ~15 us of host time.
         return (*chosen.run(x, *params.values(), **state), chosen.name)
@@ -281,7 +287,7 @@ def check_call(mixer: str, x, params, backend="auto") -> None:
     _check_shapes(mixer, spec, x, named)
     x = autocast_input(x)
     check_parameters(mixer, x, named)
-    dispatch.resolve(mixer, x, backend)
+    _resolve(mixer, x, backend)
 
 
 def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, backend="auto",

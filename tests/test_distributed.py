@@ -247,3 +247,33 @@ def test_context_needs_torch_distributed():
     with pytest.raises(RuntimeError, match="init_process_group"):
         build_cp_context()
 
+
+
+class _FailingRunner:
+    """A SliceRun whose backward fails before it hands its adjoint out."""
+
+    def forward(self, entering):
+        return entering[:, None, :].expand(-1, 3, -1).clone(), entering.clone()
+
+    def backward(self, dy, d_final, end_cotangent):
+        raise MemoryError("out of memory in the reverse summary")
+
+
+def test_a_runner_that_fails_before_the_exchange_still_joins_it():
+    """The other ranks wait in the adjoint gather: a rank whose backward fails before it
+    hands its adjoint out still gathers (with its failure flag) and raises the group's error."""
+    from samu.distributed import SliceCall, run_with_carry
+    packets = []
+
+    def gather(packet):  # rank 0 of 2; rank 1's packet says it did not fail
+        packets.append(packet.clone())
+        return torch.stack([packet, torch.zeros_like(packet)])
+    layout = slice_layout(0, (3, 3))
+    entering = torch.zeros(1, 4)
+    x = torch.randn(1, 3, 4, requires_grad=True)
+    call = SliceCall("samu", "auto", layout, gather, torch.ones(2, 1, 4), _FailingRunner(), [])
+    y, states = run_with_carry(call, entering, x, None)
+    with pytest.raises(RuntimeError, match=r"adjoint failed on rank\(s\) \[0\]") as raised:
+        (y.sum() + states.sum()).backward()
+    assert len(packets) == 1 and packets[0][-1] == 1
+    assert isinstance(raised.value.__cause__, MemoryError)

@@ -360,7 +360,8 @@ pd.DataFrame([{"mixer": r["architecture"], "backend": r["backend"],
                # a synchronised forward+backward at (1, 128, D) against torch.nn.Linear(D, D)
                "host_ratio_to_linear": (r.get("host") or {}).get("ratio_to_linear")} for r in rows])'''),
     md("## Packed sequences beside the same tokens\n\nAt a batch-1 shape: 8 sequences of random lengths packed in the row "
-       "(`cu_seqlens`), the same tokens as one plain row, and one call per sequence, each timed by the protocol's "
+       "(`cu_seqlens`), the same tokens as one plain row, one call per sequence, and one row from an initial state with "
+       "its final state in the loss (`with_states`), each timed by the protocol's "
        "forward+backward samples and, on a GPU, replayed from a CUDA graph (`samu.experiment.features`; "
        "`benchmarks/benchmark_features.py` writes the H200's figures to `data/features/`)."),
     code('''if batch == 1 and length >= 8:
@@ -370,7 +371,7 @@ pd.DataFrame([{"mixer": r["architecture"], "backend": r["backend"],
     display(pd.DataFrame([{"mixer": p["mixer"], "backend": p["backend"], "variant": v,
                            "forward_backward_median_ms": p[v]["forward_backward_median_ms"],
                            "gpu_time_ms": p[v]["gpu_time_ms"]}
-                          for p in packing for v in ("packed", "unpacked", "one_by_one")]))
+                          for p in packing for v in ("packed", "unpacked", "one_by_one", "with_states")]))
 else:
     print(f"batch {batch}: packing takes batch 1")'''),
 ])

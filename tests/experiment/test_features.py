@@ -38,17 +38,25 @@ def test_packing_times_the_layouts_and_the_state_keywords():
     assert features.random_offsets(24, 3)[0] == 0 and features.random_offsets(24, 3)[-1] == 24
 
 
-def test_with_states_takes_both_state_gradients():
-    """The with_states variant runs the initial-state and final-state-gradient paths: the
-    initial state's gradient equals the reference's with dy[:, -1] on the final state."""
+@pytest.mark.parametrize("backend", ["reference_chunked", backends.DEFAULTS["samu"]])
+def test_with_states_takes_both_state_gradients(backend):
+    """The with_states variant runs the initial-state and final-state-gradient paths (the
+    kernels' on a Triton backend): the initial state's gradient and dx equal the float64
+    reference's with dy[:, -1] on the final state."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
-    module = samu.SAMU(8, backend="reference_chunked")
-    x = torch.randn(1, 6, 8, requires_grad=True)
-    h0 = torch.randn(1, 8)
+    module = samu.SAMU(8, backend=backend).to(device)
+    x = torch.randn(1, 6, 8, device=device, requires_grad=True)
+    h0 = torch.randn(1, 8, device=device)
     wrapped = features.WithStates(module, h0.clone())
     wrapped(x).sum().backward()
-    state = h0.clone().requires_grad_()
-    y, final = module(x, initial_state=state, output_final_state=True)
+    oracle = samu.SAMU(8, backend="reference_chunked").to(device).double()
+    oracle.load_state_dict(module.state_dict())
+    x64 = x.detach().double().requires_grad_()
+    state = h0.double().requires_grad_()
+    y, final = oracle(x64, initial_state=state, output_final_state=True)
     (y.sum() + final.sum()).backward()
     assert wrapped.initial_state.grad is not None
-    assert torch.allclose(wrapped.initial_state.grad, state.grad, atol=1e-6)
+    torch.testing.assert_close(wrapped.initial_state.grad.double(), state.grad, atol=1e-4,
+                               rtol=1e-4)
+    torch.testing.assert_close(x.grad.double(), x64.grad, atol=1e-4, rtol=1e-4)

@@ -135,3 +135,44 @@ def test_a_slice_run_shares_its_phases_and_matches_the_oracle(mixer, name):
     for label, value, w, e in zip(names, got, want, eager):
         error = _relative(value, w)
         assert error <= legality.ERROR_FACTOR * e + legality.ERROR_SLACK, (label, error, e)
+
+
+SHARING_CASES = [c for c in RUN_CASES
+                 if not getattr(backends.REGISTRY[c[0]][c[1]].config, "recompute", False)]
+
+
+@pytest.mark.parametrize("mixer, name", SHARING_CASES[::2])
+def test_end_cotangent_may_give_none_and_is_checked(mixer, name):
+    """A backward whose end_cotangent gives None is the plain backward with its own final-state
+    cotangent (against the float64 reference); one that gives a tensor of the wrong shape is
+    refused before any kernel reads it."""
+    shape = (2, 19, 48)
+    x, params, dy = legality.make_inputs(mixer, shape, DEVICE, seed=7)
+    params = list(params.values())
+    module, config = cp.kernel_phases(mixer, x, name)
+    if not module.SliceRun.fits(params, config):
+        pytest.fail(f"{name} was picked as a configuration whose phases share their work")
+    gen = torch.Generator().manual_seed(8)
+    entering, d_end = [torch.randn(shape[0], shape[2], generator=gen,
+                                   dtype=torch.float64).to(DEVICE) for _ in range(2)]
+
+    def reference(x, params, dy, dtype):
+        x = x.detach().requires_grad_()
+        params = [p.detach().requires_grad_() for p in params]
+        y, final, _ = cp._call(mixer, x, params, "reference_chunked",
+                               initial_state=entering.to(dtype))
+        return torch.autograd.grad([y, final], [x, *params], [dy, d_end.to(dtype)])
+    want = reference(x.double(), [p.double() for p in params], dy.double(), torch.float64)
+    eager = [_relative(e, w) for e, w in zip(reference(x, params, dy, torch.float32), want)]
+    run = module.SliceRun(x, params, config)
+    run.summary()
+    run.forward(entering.float())
+    grads = run.backward(dy, d_end.float(), lambda mu: None)
+    for k, (got, w, e) in enumerate(zip(grads, want, eager)):
+        error = _relative(got, w)
+        assert error <= legality.ERROR_FACTOR * e + legality.ERROR_SLACK, (k, error, e)
+    run = module.SliceRun(x, params, config)
+    run.summary()
+    run.forward(entering.float())
+    with pytest.raises(ValueError, match="end_cotangent must return"):
+        run.backward(dy, d_end.float(), lambda mu: mu[:1])

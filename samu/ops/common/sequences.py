@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ..layout import sequence_index
-from .launching import aligned
+from .launching import aligned, fp32_contiguous
 
 
 @triton.jit
@@ -195,3 +195,20 @@ def sequence_args(x: torch.Tensor, initial_state, cu_seqlens, output_final_state
 
 # SAMU's chunk sum of r where the chunk holds a packed sequence's start: its decay is 0.
 START_MARK = tl.constexpr(float("inf"))
+
+
+def take_end_cotangent(end_cotangent, mu: torch.Tensor):
+    """end_cotangent(mu) of a backward with that hook (context parallelism: the cotangent that
+    later ranks put on this slice's final state), checked to be [B, D] like mu on mu's device,
+    FP32 contiguous; None where it gives none.  A wrong shape would have the kernels read past
+    the [B, D] buffer."""
+    extra = end_cotangent(mu)
+    if extra is None:
+        return None
+    if (not isinstance(extra, torch.Tensor) or tuple(extra.shape) != tuple(mu.shape)
+            or extra.device != mu.device or not extra.is_floating_point()):
+        got = (f"{tuple(extra.shape)} {extra.dtype} on {extra.device}"
+               if isinstance(extra, torch.Tensor) else type(extra).__name__)
+        raise ValueError(f"end_cotangent must return a floating-point tensor of shape "
+                         f"{tuple(mu.shape)} on {mu.device} (or None), got {got}")
+    return fp32_contiguous(extra)

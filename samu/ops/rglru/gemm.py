@@ -61,7 +61,7 @@ from ..common.math import (FAST_MATH, _ptx_approx, exp_fast, one_minus_a_squared
 from ..common.reduce import named_columns, sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
 from ..common.sequences import (adjoint_inputs, entering_state, fold_starts, load_at, resets,
-                                row_sequences, sequence_args, store_at)
+                                row_sequences, sequence_args, store_at, take_end_cotangent)
 from ..recurrence import GATE_SCALE
 
 MIXER = "rglru"
@@ -544,9 +544,11 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None, summary=None):
         decay, end = carve(torch.empty(carved_size([summary_shape] * 2), **f32),
                            [summary_shape] * 2)
     else:
+        if sequences.packed or not sequences.has_initial or groups.count != 1:
+            raise ValueError("rglru: a summary is reused by an unpacked call from an initial "
+                             "state over one head group only")
         gates, decay, end, first_decay = summary
-        if sequences.has_initial:  # linear in the entering state: h0 enters chunk 0 decayed
-            end[:, 0] += first_decay * h0
+        end[:, 0] += first_decay * h0  # linear in it: h0 enters chunk 0 decayed
     shapes = _entering_state_shapes(groups, batch, n_chunks)
     residual = torch.empty(carved_size(shapes), **f32)
     h_in = carve(residual, shapes)
@@ -667,10 +669,10 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
         chunk_carry(decay, end, reverse=True, out=carry, plan=config.carry)
         if end_cotangent is not None:
             # The reverse summary's chunk decays are whole products of a (no start cuts them).
-            extra = end_cotangent(end[:, 0] + decay[:, 0] * carry[:, 0])
+            extra = take_end_cotangent(end_cotangent, _start_adjoint(end, decay, carry))
             if extra is not None:  # linear: it reaches the last chunk's start decayed
                 end[:, -1] += decay[:, -1] * extra
-                d_final = fp32_contiguous(extra if not has_dfinal else d_final + extra)
+                d_final = extra if not has_dfinal else d_final + extra
                 has_dfinal = flags["HAS_DFINAL"] = True
                 backward_meta = with_state_keywords(meta["backward"], True)
                 chunk_carry(decay, end, reverse=True, out=carry, plan=config.carry)
@@ -791,9 +793,14 @@ def start_adjoint(x, params, dy, d_end, config: GemmConfig):
         s.launch(_reverse_summary_kernel, "reverse_summary", dy, col0,
                  inputs=(s.ba, s.a_param), state=d_end, HAS_DFINAL=True)
         carry = chunk_carry(s.decay, s.end, reverse=True, plan=config.carry)
-        # The reverse summary's chunk 0 decay is its whole product of a (no start cuts it).
-        mu[:, col0:col0 + s.groups.width] = s.end[:, 0] + s.decay[:, 0] * carry[:, 0]
+        mu[:, col0:col0 + s.groups.width] = _start_adjoint(s.end, s.decay, carry)
     return mu
+
+
+def _start_adjoint(end, decay, carry):
+    """mu [B, DG]: the adjoint leaving the first token, from one group's reverse summaries and
+    carry (the reverse summary's chunk 0 decay is its whole product of a: no start cuts it)."""
+    return end[:, 0] + decay[:, 0] * carry[:, 0]
 
 
 class SliceRun:
@@ -811,7 +818,7 @@ class SliceRun:
 
     @staticmethod
     def fits(params, config: GemmConfig) -> bool:
-        """G saved, in one head group: what the phases share."""
+        """G saved (then in one head group): what the phases share."""
         return not config.recompute and _groups(config, params[0]).count == 1
 
     def summary(self):

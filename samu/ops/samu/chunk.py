@@ -29,7 +29,8 @@ from ..common.reduce import sum_partials, weight_partials
 from ..common.scan import (affine_combine, decayed_previous_state, last_row, row_offsets,
                            shifted_rows)
 from ..common.sequences import (START_MARK, adjoint_inputs, entering_state, fold_starts, load_at,
-                                resets, row_sequences, sequence_args, store_at)
+                                resets, row_sequences, sequence_args, store_at,
+                                take_end_cotangent)
 
 MIXER = "samu"
 
@@ -448,9 +449,11 @@ def forward(x, params, sequences, config: SamuConfig, summary=None):
         end = _summaries(x, (w, bias, a_param, log_temp), sequences, config, meta, r, g, r_sum,
                          rate)
     else:
+        if sequences.packed or not sequences.has_initial:
+            raise ValueError("samu: a summary is reused by an unpacked call from an initial "
+                             "state only")
         r, g, r_sum, rate, end = summary
-        if sequences.has_initial:  # linear in the entering state: h0 enters chunk 0 decayed
-            end[:, 0] += torch.exp(-rate * r_sum[:, :1]) * h0
+        end[:, 0] += torch.exp(-rate * r_sum[:, :1]) * h0  # linear in it: h0 enters decayed
     residuals = (r, g, r_sum, rate, h_in)
     walked = config.walks_carry(n_chunks, x.numel())
     if not walked:
@@ -486,6 +489,8 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
     [B, D], the adjoint leaving the first token for the state entering it; it returns a
     cotangent to add on the final state (or None), which the rest of the backward takes in
     (context parallelism: the later ranks' cotangent)."""
+    if end_cotangent is not None and sequences.packed:
+        raise ValueError("samu: end_cotangent needs an unpacked call")
     x = aligned(x)
     w, bias, a_param, log_temp, skip = [fp32_contiguous(p) for p in params]
     r, g, r_sum, rate, h_in = residuals
@@ -517,10 +522,10 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
     else:
         carry = chunk_carry(r_sum, end, reverse=True, rate=rate, plan=config.carry)
         if end_cotangent is not None:
-            extra = end_cotangent(end[:, 0] + torch.exp(-rate * r_sum[:, :1]) * carry[:, 0])
+            extra = take_end_cotangent(end_cotangent, _start_adjoint(end, carry, r_sum, rate))
             if extra is not None:  # linear: it reaches the last chunk's start decayed
                 end[:, -1] += torch.exp(-rate * r_sum[:, -1:]) * extra
-                d_final = fp32_contiguous(extra if not has_dfinal else d_final + extra)
+                d_final = extra if not has_dfinal else d_final + extra
                 has_dfinal = True
                 meta = _launch_meta(config, width, _keywords(
                     PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
@@ -600,6 +605,11 @@ def start_adjoint(x, params, dy, d_end, config: SamuConfig):
                      sequences.count, meta["reverse_summary_units"], T=config.chunk,
                      **meta["reverse_summary"], PACKED=False, HAS_DFINAL=True)
     carry = chunk_carry(r_sum, end, reverse=True, rate=rate, plan=config.carry)
+    return _start_adjoint(end, carry, r_sum, rate)
+
+
+def _start_adjoint(end, carry, r_sum, rate):
+    """mu [B, D]: the adjoint leaving the first token, from the reverse summaries and carry."""
     return end[:, 0] + torch.exp(-rate * r_sum[:, :1]) * carry[:, 0]
 
 
