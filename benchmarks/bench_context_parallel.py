@@ -196,6 +196,9 @@ def benchmark(args, device) -> dict:
                       f"{slice_ms:.3f} ms, ranks {[round(t, 3) for t in rank_ms]} ms "
                       f"(slowest / L/P call {slowest / slice_ms:.2f}, one call / slowest "
                       f"{full_ms / slowest:.2f})", flush=True)
+                if device.type == "cuda" and "rank_gpu_ms" not in row:
+                    print("    GPU time: not measured (a call or a rank's share could not be "
+                          "captured in a CUDA graph)", flush=True)
                 if "rank_gpu_ms" in row:
                     print(f"    GPU time (graph replay): at L/P {slice_gpu_ms:.3f} ms, ranks "
                           f"{[round(t, 3) for t in rank_gpu_ms]} ms (slowest / L/P call "
