@@ -22,7 +22,7 @@ NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w)")
 # Figures the README quotes with no data file or log behind them, each with where it was
 # measured, and the numbers that describe the project rather than a measurement.
 NOT_FROM_DATA = {
-    "about 12 min on a fresh clone": "bash .ci/run on the 2-core machine at 3f51ed4: 704 s",
+    "about 8 min on a fresh clone": "bash .ci/run on the 2-core machine at 649684b: 451 s",
     "7 min 35 s": "make test on the H200 at dfa974e (pytest 309 s, nbval 138 s; docs/sweeps/2026-12-03_dfa974e_gpu_make_test.txt)",
     "about 35 s": "make train with notebook 05's CPU defaults",
     "CPU (2 cores,": "the CPU machine those times were measured on",
