@@ -556,6 +556,9 @@ class _SliceWithCarry(torch.autograd.Function):
             call.names.append(_backend_name(call.mixer, x, call.backend))
             ctx.initial_state = (None if initial_state is None
                                  else (initial_state.shape, initial_state.dtype))
+            # Saved, though the runner holds them: autograd then refuses a backward after an
+            # in-place change to x or a parameter instead of using the changed values.
+            ctx.save_for_backward(x, *params)
             return y, states
         with torch.enable_grad():
             x_leaf = x.detach().requires_grad_(needs[2])
@@ -613,6 +616,7 @@ class _SliceWithCarry(torch.autograd.Function):
         """(dx, d initial_state, *d params) by the runner: the adjoint at the slice start
         leaves mid-way through its backward, which takes the later ranks' cotangent in."""
         call = ctx.call
+        ctx.saved_tensors  # noqa: B018 (autograd's check of in-place changes since the forward)
         exchanged = []
 
         def end_cotangent(mu):

@@ -277,3 +277,19 @@ def test_a_runner_that_fails_before_the_exchange_still_joins_it():
         (y.sum() + states.sum()).backward()
     assert len(packets) == 1 and packets[0][-1] == 1
     assert isinstance(raised.value.__cause__, MemoryError)
+
+
+def test_a_runner_refuses_a_backward_after_x_changed_in_place():
+    """The runner path keeps x and the parameters itself; autograd's version check still
+    refuses a backward after x was changed in place (the values the runner holds changed)."""
+    from samu.distributed import SliceCall, run_with_carry
+    layout = slice_layout(1, (3, 3))
+    x = torch.randn(1, 3, 4)
+    call = SliceCall("samu", "auto", layout, lambda t: torch.stack([t, t]),
+                     torch.ones(2, 1, 4), _FailingRunner(), [])
+    leaf = x.clone().requires_grad_()
+    xin = leaf * 1.0  # not a leaf: in-place changes are allowed on it
+    y, states = run_with_carry(call, torch.zeros(1, 4), xin, None)
+    xin.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (y.sum() + states.sum()).backward()
