@@ -25,11 +25,13 @@ any output is not legal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import statistics
 import sys
 import tempfile
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -126,6 +128,35 @@ def gpu_time(step, device) -> float | None:
     return protocol.graph_replay_time(step, device)
 
 
+@contextlib.contextmanager
+def launches_stubbed():
+    """Every Triton launch replaced by nothing (launching.launch, which every kernel goes
+    through): what is left of a call is samu's Python, autograd and the torch ops around the
+    kernels, the host time that bounds the medians at small slices."""
+    from samu.ops.common import launching
+    real = launching.launch
+    launching.launch = lambda *args, **meta: None
+    try:
+        yield
+    finally:
+        launching.launch = real
+
+
+def host_us(step, device, repeats: int) -> float:
+    """Median host wall time of step() with its launches stubbed, synchronised after each call
+    (microseconds); the caller has run it with real launches first (compiled kernels)."""
+    samples = []
+    with launches_stubbed():
+        step()
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            samples.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(samples)
+
+
 def print_kernels(title: str, step) -> None:
     """Per-kernel GPU time of step() (--profile): where a rank's share goes."""
     _, protocol, _ = _modules()
@@ -153,7 +184,8 @@ def benchmark(args, device) -> dict:
                 plain = one_call(mixer, x[:, :part], params, dy[:, :part], args.backend)
                 slice_ms = timed(plain, device, args.repeats, args.warmup)
                 slice_gpu_ms = gpu_time(plain, device)
-                rank_ms, rank_gpu_ms = [], []
+                slice_host = host_us(plain, device, args.repeats) if args.host else None
+                rank_ms, rank_gpu_ms, rank_host = [], [], []
                 for rank in range(world):
                     layout = cp.slice_layout(rank, (part,) * world)
                     lo = rank * part
@@ -161,6 +193,8 @@ def benchmark(args, device) -> dict:
                                        dy[:, lo:lo + part], args.backend, world)
                     rank_ms.append(timed(share, device, args.repeats, args.warmup))
                     rank_gpu_ms.append(gpu_time(share, device))
+                    if args.host:
+                        rank_host.append(host_us(share, device, args.repeats))
                     if args.profile and rank in (0, 1, world - 1):
                         print_kernels(f"{mixer} L={length} P={world} rank {rank}", share)
                 if args.profile:
@@ -172,6 +206,11 @@ def benchmark(args, device) -> dict:
                        "rank_ms": rank_ms, "slowest_rank_ms": slowest,
                        "slowest_rank_over_slice_call": slowest / slice_ms,
                        "speedup_over_one_call": full_ms / slowest}
+                if args.host:
+                    row.update({"one_call_at_slice_host_us": slice_host,
+                                "rank_host_us": rank_host,
+                                "slowest_rank_host_over_slice_call_host":
+                                    max(rank_host) / slice_host})
                 if slice_gpu_ms is not None and None not in rank_gpu_ms:
                     row.update({"one_call_at_slice_gpu_ms": slice_gpu_ms,
                                 "rank_gpu_ms": rank_gpu_ms,
@@ -183,6 +222,12 @@ def benchmark(args, device) -> dict:
                 values = {k: row[k] for k in ("one_call_at_length_ms", "one_call_at_slice_ms",
                                               "slowest_rank_ms", *ratios)}
                 values.update({f"rank_{r}_ms": ms for r, ms in enumerate(rank_ms)})
+                if args.host:
+                    values.update({"one_call_at_slice_host_us": slice_host,
+                                   "slowest_rank_host_us": max(rank_host),
+                                   "slowest_rank_host_over_slice_call_host":
+                                       row["slowest_rank_host_over_slice_call_host"]})
+                    ratios += ("slowest_rank_host_over_slice_call_host",)
                 if "rank_gpu_ms" in row:
                     values.update({k: row[k] for k in ("one_call_at_slice_gpu_ms",
                                                        "slowest_rank_gpu_ms",
@@ -196,6 +241,10 @@ def benchmark(args, device) -> dict:
                       f"{slice_ms:.3f} ms, ranks {[round(t, 3) for t in rank_ms]} ms "
                       f"(slowest / L/P call {slowest / slice_ms:.2f}, one call / slowest "
                       f"{full_ms / slowest:.2f})", flush=True)
+                if args.host:
+                    print(f"    host time, launches stubbed: at L/P {slice_host:.0f} us, ranks "
+                          f"{[round(t) for t in rank_host]} us (slowest / L/P call "
+                          f"{row['slowest_rank_host_over_slice_call_host']:.2f})", flush=True)
                 if device.type == "cuda" and "rank_gpu_ms" not in row:
                     print("    GPU time: not measured (a call or a rank's share could not be "
                           "captured in a CUDA graph)", flush=True)
@@ -362,6 +411,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=None,
                         help="calls before timing (default 3 on a GPU, 1 on a CPU)")
+    parser.add_argument("--host", action="store_true",
+                        help="also time the host alone: each call and share with its Triton "
+                             "launches stubbed (samu's Python, autograd and the torch ops)")
     parser.add_argument("--profile", action="store_true",
                         help="also print each kernel's GPU time in ranks 0, 1 and P - 1 and in "
                              "the call at L / P (torch.profiler, CUDA only)")

@@ -29,3 +29,24 @@ def test_benchmark_runs_on_the_cpu_and_appends_a_row_per_measurement(tmp_path, l
         assert values["one_call_at_length_ms"] == timed["one_call_at_length_ms"]
         assert line["units"]["speedup_over_one_call"] == "ratio"
         assert line["units"]["rank_1_ms"] == "ms"
+
+
+def test_host_time_with_launches_stubbed(tmp_path, load_benchmark, rows_folder):
+    """--host times each call and rank's share with its Triton launches stubbed (the Triton
+    backend under the interpreter, so that there are launches to stub), and restores them."""
+    from samu.ops.common import launching
+    bench = load_benchmark("bench_context_parallel")
+    real = launching.launch
+    out = tmp_path / "cp.json"
+    assert bench.main(["--device", "cpu", "--lengths", "32", "--ranks", "2", "--width", "16",
+                       "--repeats", "1", "--mixers", "samu", "--host",
+                       "--backend", "fused_controller_hierarchical_chunk8",
+                       "--out", str(out)]) == 0
+    assert launching.launch is real
+    row = json.loads(out.read_text())["rows"][0]
+    assert len(row["rank_host_us"]) == 2 and row["one_call_at_slice_host_us"] > 0
+    assert row["slowest_rank_host_over_slice_call_host"] == \
+        max(row["rank_host_us"]) / row["one_call_at_slice_host_us"]
+    (line,) = benchmark_rows.read_rows(rows_folder / "bench_context_parallel.jsonl")
+    assert line["units"]["one_call_at_slice_host_us"] == "us"
+    assert line["units"]["slowest_rank_host_over_slice_call_host"] == "ratio"
