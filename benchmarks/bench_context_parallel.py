@@ -101,9 +101,8 @@ def rank_share(mixer, layout, x, params, dy, backend, world: int):
     zero_states = torch.zeros(rows, width, dtype=cdt, device=x.device)
 
     def gather(tensor):
-        flat = tensor.flatten()
-        stand_in = others[flat.numel()]
-        return torch.cat([stand_in[:layout.rank], flat[None], stand_in[layout.rank + 1:]])
+        stand_in = others[tensor.numel()].view(world, *tensor.shape)
+        return torch.cat([stand_in[:layout.rank], tensor[None], stand_in[layout.rank + 1:]])
 
     def phases():
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=x.is_cuda):
@@ -111,7 +110,7 @@ def rank_share(mixer, layout, x, params, dy, backend, world: int):
             ps = [p.detach().requires_grad_() for p in params]
             runner = cp.slice_runner(mixer, layout, xg, ps, backend)
             mine = cp.slice_summary(mixer, layout, xg, ps, backend, runner=runner)
-            summaries = gather(mine).view(world, 2, rows, width)
+            summaries = gather(mine)
             entering = cp.incoming_state(summaries, layout.rank) if layout.continued else None
             call = cp.SliceCall(mixer, backend, layout, gather, summaries[:, 0], runner, [])
             y, states = cp.run_with_carry(call, entering, xg, None, *ps)

@@ -496,9 +496,9 @@ def with_end_cotangent(layout: SliceLayout, dstates: torch.Tensor, cotangent) ->
 # --- the call ----------------------------------------------------------------------------------
 
 class SliceCall(NamedTuple):
-    """What a rank's slice needs beside its tensors: ``gather`` takes this rank's flat tensor
-    and returns every rank's, [world, n] in rank order on its device (an all_gather; the
-    benchmark passes stand-ins of the other ranks'); ``runner`` is slice_runner's or None."""
+    """What a rank's slice needs beside its tensors: ``gather`` takes this rank's tensor and
+    returns every rank's stacked in rank order, [world, *shape] on its device (an all_gather;
+    the benchmark passes stand-ins of the other ranks'); ``runner`` is slice_runner's or None."""
     mixer: str
     backend: object
     layout: SliceLayout

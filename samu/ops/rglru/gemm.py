@@ -757,13 +757,21 @@ def slice_summary(x, params, config: GemmConfig, initial_state=None, resets: boo
     A, h = [torch.empty(batch, width, device=s.x.device, dtype=torch.float32) for _ in "Ah"]
     for _, heads, col0 in s.groups:
         cols = slice(col0, col0 + s.groups.width)
-        _gate_products(s.x_heads, s.w_cat, heads, s.gates)
-        s.launch(_summary_kernel, "summary", s.x, col0, inputs=(s.bx, s.ba, s.a_param),
-                 state=s.sequences.initial_state, HAS_INITIAL=s.sequences.has_initial)
-        h_in = chunk_carry(s.decay, s.end, reverse=False, plan=config.carry)
-        h[:, cols] = s.decay[:, -1] * h_in[:, -1] + s.end[:, -1]
-        A[:, cols] = _first_chunk_decay(s, cols, config.chunk) * s.decay[:, 1:].prod(1)
+        first_decay, h[:, cols] = _group_summary(s, heads, col0, config)
+        A[:, cols] = first_decay * s.decay[:, 1:].prod(1)
     return A, h
+
+
+def _group_summary(s: "_SlicePass", heads: slice, col0: int, config: GemmConfig):
+    """(chunk 0's whole decay, end state from the entering state), FP32 [B, DG], of one head
+    group: its gate GEMM into s.gates, the summary kernel into s.decay and s.end, the carry."""
+    _gate_products(s.x_heads, s.w_cat, heads, s.gates)
+    s.launch(_summary_kernel, "summary", s.x, col0, inputs=(s.bx, s.ba, s.a_param),
+             state=s.sequences.initial_state, HAS_INITIAL=s.sequences.has_initial)
+    h_in = chunk_carry(s.decay, s.end, reverse=False, plan=config.carry)
+    cols = slice(col0, col0 + s.groups.width)
+    return (_first_chunk_decay(s, cols, config.chunk),
+            s.decay[:, -1] * h_in[:, -1] + s.end[:, -1])
 
 
 def _first_chunk_decay(s: "_SlicePass", cols: slice, chunk: int) -> torch.Tensor:
@@ -825,12 +833,7 @@ class SliceRun:
         """(A, h), FP32 [B, D]: the slice's end state is A h_in + h."""
         s = _SlicePass.of(self.x, self.params, self.config)
         ((_, heads, col0),) = list(s.groups)
-        _gate_products(s.x_heads, s.w_cat, heads, s.gates)
-        s.launch(_summary_kernel, "summary", s.x, col0, inputs=(s.bx, s.ba, s.a_param),
-                 state=s.sequences.initial_state, HAS_INITIAL=True)
-        h_in = chunk_carry(s.decay, s.end, reverse=False, plan=self.config.carry)
-        h = s.decay[:, -1] * h_in[:, -1] + s.end[:, -1]
-        first_decay = _first_chunk_decay(s, slice(0, s.groups.width), self.config.chunk)
+        first_decay, h = _group_summary(s, heads, col0, self.config)
         self._summary = (s.gates, s.decay, s.end, first_decay)
         self._w_cat = s.w_cat
         return first_decay * s.decay[:, 1:].prod(1), h
