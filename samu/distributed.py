@@ -39,9 +39,11 @@ Backward (``_SliceWithCarry``), the same in reverse for the adjoint:
    dx, this rank's parameter gradients and its initial-state rows.
 
 Cost per rank against one single-GPU call on the same slice, on a Triton backend whose family
-has a SliceRun (``slice_runner``), where the slice carries a sequence through: two chunk carries
-(and RG-LRU's chunk-0 decay), since the forward reuses the summary pass and the backward hands
-mu out mid-way (step 1 of the backward is then its own reverse summary and carry).  Elsewhere on
+has a SliceRun (``slice_runner``), where the slice is unpacked or carries one packed sequence
+through: two chunk carries (and RG-LRU's chunk-0 decay), since the forward reuses the
+summary pass and the backward hands mu out mid-way (step 1 of the backward is then its own
+reverse summary and carry; a slice where the sequence starts runs from its initial-state row or
+zeros, and publishes A = 0 and hloc from that row).  Elsewhere on
 a Triton backend: in the forward one summary pass (the gates and one read of x, of the last
 piece only where a sequence starts in the slice; none where the slice ends at a sequence end),
 in the backward one adjoint pass over the first piece (the gates, x and dy read once; none on a
@@ -347,10 +349,10 @@ def kernel_phases(mixer: str, x, backend):
 
 def slice_runner(mixer: str, layout: SliceLayout, x, params, backend="auto"):
     """The kernel family's SliceRun over this rank's slice (its summary, forward and backward
-    sharing their work), where the slice continues a sequence and holds no start, on a Triton
-    backend whose family has one; else None (the phases run apart).  The kernels check
+    sharing their work), where the slice is unpacked or carries one sequence through, on a
+    Triton backend whose family has one; else None (the phases run apart).  The kernels check
     nothing: the mixer's checks run first (functional.check_call)."""
-    if not layout.carries_through:
+    if layout.packed and not layout.carries_through:
         return None
     phases = kernel_phases(mixer, x, backend)
     run = None if phases is None else getattr(phases[0], "SliceRun", None)
@@ -377,6 +379,17 @@ def _new_rows(layout: SliceLayout, initial_state):
     return initial_state[first:layout.last_sequence + 1]
 
 
+def runner_entering(layout: SliceLayout, x, entering, initial_state) -> torch.Tensor:
+    """The state a SliceRun starts from: ``entering`` where the slice continues a sequence,
+    else the initial-state row of the sequence that starts with it, or zeros."""
+    if layout.continued:
+        return entering
+    rows0 = _new_rows(layout, initial_state)
+    if rows0 is None:
+        return x.new_zeros(layout.rows or x.shape[0], x.shape[2], dtype=torch.float32)
+    return rows0.detach().to(torch.float32)
+
+
 def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
                   initial_state=None, runner=None) -> torch.Tensor:
     """[2, rows, D] in the carry dtype: (A, hloc) of the slice, h_out = A * h_in + hloc.  Runs
@@ -388,7 +401,13 @@ def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
     zeros = x.new_zeros(rows, x.shape[2], dtype=cdt)
     with torch.no_grad():
         if runner is not None and layout.continues:
-            return torch.stack(runner.summary())
+            decay, hloc = runner.summary()
+            if layout.continued:
+                return torch.stack([decay, hloc])
+            rows0 = _new_rows(layout, initial_state)  # the sequence starts here: A = 0
+            if rows0 is not None:
+                hloc = hloc + decay * rows0.to(hloc.dtype)
+            return torch.stack([zeros, hloc.to(cdt)])
         if not layout.continues:
             if runner is None:  # slice_runner checked them already
                 check_call(mixer, x, params, backend)
@@ -552,7 +571,8 @@ class _SliceWithCarry(torch.autograd.Function):
         needs = ctx.needs_input_grad
         ctx.call = call
         if call.runner is not None:  # the kernels' phases, no graph: the runner keeps theirs
-            y, states = call.runner.forward(entering)
+            y, states = call.runner.forward(
+                runner_entering(call.layout, x, entering, initial_state))
             call.names.append(_backend_name(call.mixer, x, call.backend))
             ctx.initial_state = (None if initial_state is None
                                  else (initial_state.shape, initial_state.dtype))
@@ -622,16 +642,19 @@ class _SliceWithCarry(torch.autograd.Function):
         def end_cotangent(mu):
             return _exchange_adjoints(call, mu, None, exchanged)
         try:
-            dx, *d_params = call.runner.backward(dy, dstates, end_cotangent)
+            dx, *d_params, d_entering = call.runner.backward(dy, dstates, end_cotangent)
         except Exception as exc:
             if not exchanged:  # the other ranks wait in the gather: tell them
                 mu = torch.zeros(dstates.shape, device=dstates.device, dtype=torch.float32)
                 _exchange_adjoints(call, mu, exc)
             raise
         needs = ctx.needs_input_grad[2:]
-        # A slice that carries a sequence through reads no initial-state row: zeros.
-        d_h0 = (torch.zeros(ctx.initial_state[0], dtype=ctx.initial_state[1], device=dx.device)
-                if needs[1] else None)
+        d_h0 = None
+        if needs[1]:  # zeros on the rows this slice does not read (all, where it continues)
+            d_h0 = torch.zeros(ctx.initial_state[0], dtype=ctx.initial_state[1],
+                               device=dx.device)
+            if not call.layout.continued:  # unpacked: the slice reads every row
+                d_h0.copy_(d_entering)
         return [dx if needs[0] else None, d_h0,
                 *[g if n else None for g, n in zip(d_params, needs[2:])]]
 
@@ -783,7 +806,7 @@ def context_parallel(mixer: str, x, params: dict, *, cp_context: CPContext, back
         y, states = run_with_carry(call, entering, x, initial_state, *param_list)
         name = call.names[0]
     elif runner is not None:
-        y, states = runner.forward(entering)
+        y, states = runner.forward(runner_entering(layout, x, entering, initial_state))
         name = _backend_name(mixer, x, backend)
     else:
         y, states, name = run_slice(mixer, layout, x, param_list, backend, entering,

@@ -92,8 +92,8 @@ RUN_CASES = [(m, n) for m, n in CASES
 def test_a_slice_run_shares_its_phases_and_matches_the_oracle(mixer, name):
     """SliceRun: the summary (A, hloc), the forward from an entering state that reuses it, and
     the backward that hands out mu and takes the later ranks' cotangent g in, against the
-    float64 reference: y, the end state, mu, and dx and every parameter's gradient with d_end
-    + g on the end state."""
+    float64 reference: y, the end state, mu, and dx, every parameter's gradient and the
+    entering state's with d_end + g on the end state."""
     shape = (2, 29, 48)
     x, params, dy = legality.make_inputs(mixer, shape, DEVICE, seed=5)
     params = list(params.values())
@@ -110,7 +110,8 @@ def test_a_slice_run_shares_its_phases_and_matches_the_oracle(mixer, name):
         y, final, _ = cp._call(mixer, x, params, "reference_chunked", initial_state=state)
         (mu,) = torch.autograd.grad([y, final], [state], [dy, d_end.to(dtype)],
                                     retain_graph=True)
-        grads = torch.autograd.grad([y, final], [x, *params], [dy, (d_end + g).to(dtype)])
+        grads = torch.autograd.grad([y, final], [x, *params, state],
+                                    [dy, (d_end + g).to(dtype)])
         a = torch.exp(cp.log_decay(mixer, x.detach(), [p.detach() for p in params]))
         return [a, hloc, y.detach(), final.detach(), mu, *grads]
     want = reference(x.double(), [p.double() for p in params], dy.double(), torch.float64)
@@ -131,7 +132,9 @@ def test_a_slice_run_shares_its_phases_and_matches_the_oracle(mixer, name):
     grads = run.backward(dy, d_end.float(), end_cotangent)
     assert len(handed) == 1
     got = [a, hloc, y, final, handed[0], *grads]
-    names = ["A", "hloc", "y", "final", "mu", "dx"] + [f"d param {k}" for k in range(len(params))]
+    names = (["A", "hloc", "y", "final", "mu", "dx"]
+             + [f"d param {k}" for k in range(len(params))] + ["d entering"])
+    assert len(got) == len(want) == len(names)
     for label, value, w, e in zip(names, got, want, eager):
         error = _relative(value, w)
         assert error <= legality.ERROR_FACTOR * e + legality.ERROR_SLACK, (label, error, e)
@@ -159,15 +162,16 @@ def test_end_cotangent_may_give_none_and_is_checked(mixer, name):
     def reference(x, params, dy, dtype):
         x = x.detach().requires_grad_()
         params = [p.detach().requires_grad_() for p in params]
-        y, final, _ = cp._call(mixer, x, params, "reference_chunked",
-                               initial_state=entering.to(dtype))
-        return torch.autograd.grad([y, final], [x, *params], [dy, d_end.to(dtype)])
+        state = entering.to(dtype).requires_grad_()
+        y, final, _ = cp._call(mixer, x, params, "reference_chunked", initial_state=state)
+        return torch.autograd.grad([y, final], [x, *params, state], [dy, d_end.to(dtype)])
     want = reference(x.double(), [p.double() for p in params], dy.double(), torch.float64)
     eager = [_relative(e, w) for e, w in zip(reference(x, params, dy, torch.float32), want)]
     run = module.SliceRun(x, params, config)
     run.summary()
     run.forward(entering.float())
     grads = run.backward(dy, d_end.float(), lambda mu: None)
+    assert len(grads) == len(want)
     for k, (got, w, e) in enumerate(zip(grads, want, eager)):
         error = _relative(got, w)
         assert error <= legality.ERROR_FACTOR * e + legality.ERROR_SLACK, (k, error, e)

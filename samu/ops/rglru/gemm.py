@@ -812,8 +812,8 @@ def _start_adjoint(end, decay, carry):
 
 
 class SliceRun:
-    """One rank's slice under context parallelism (samu.distributed) that continues a sequence
-    and holds no start, unpacked, on a configuration that saves G in one head group: its
+    """One rank's slice under context parallelism (samu.distributed) that holds a piece of one
+    sequence, unpacked, on a configuration that saves G in one head group: its
     phases sharing their work.  ``summary`` runs the gate GEMM, the summary kernel and carry
     from a zero state; ``forward`` reuses G and the chunk summaries from the entering state;
     ``backward`` hands the adjoint at the slice start out mid-way and takes the later ranks'
@@ -848,13 +848,13 @@ class SliceRun:
         return y, final
 
     def backward(self, dy, d_final, end_cotangent):
-        """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param);
-        end_cotangent as backward's.  Once only: G is overwritten by its gradient."""
+        """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param,
+        d entering); end_cotangent as backward's.  Once only: G is overwritten by its gradient."""
         sequences, residuals = self._saved
         self._saved = None
         grads = backward(self.x, self.params, residuals, dy, d_final, sequences, self.config,
                          self._w_cat, overwrite_gates=True, end_cotangent=end_cotangent)
-        return grads[:-1]
+        return grads
 
 
 class GemmScanFunction(torch.autograd.Function):

@@ -614,8 +614,8 @@ def _start_adjoint(end, carry, r_sum, rate):
 
 
 class SliceRun:
-    """One rank's slice under context parallelism (samu.distributed) that continues a sequence
-    and holds no start, unpacked: its kernels in three phases that share their work.
+    """One rank's slice under context parallelism (samu.distributed) that holds a piece of one
+    sequence, unpacked: its kernels in three phases that share their work.
     ``summary`` runs the summary kernel and carry from a zero state; ``forward`` reuses that
     pass (no second read of x for r, g) from the entering state; ``backward`` hands the adjoint
     at the slice start out mid-way and takes the later ranks' cotangent in, so that the reverse
@@ -648,13 +648,13 @@ class SliceRun:
         return y, final
 
     def backward(self, dy, d_final, end_cotangent):
-        """(dx, d ctrl_weight, d ctrl_bias, d a_param, d log_temp, d skip); end_cotangent as
-        backward's.  Once only: the forward's residuals go with it."""
+        """(dx, d ctrl_weight, d ctrl_bias, d a_param, d log_temp, d skip, d entering);
+        end_cotangent as backward's.  Once only: the forward's residuals go with it."""
         sequences, residuals = self._saved
         self._saved = None
         grads = backward(self.x, self.params, residuals, dy, d_final, sequences, self.config,
                          end_cotangent)
-        return grads[:-1]
+        return grads
 
 
 class SamuFunction(torch.autograd.Function):
