@@ -336,9 +336,10 @@ def check(args, device) -> int:
         slices[-1] += 1
         job, wants = {}, {}
         for mixer in args.mixers:
-            for layout in ("plain_h0", "packed", "packed_h0"):
-                batch = 2 if layout == "plain_h0" else 1
-                cu = None if layout == "plain_h0" else check_sequences(slices)
+            for layout in ("plain", "plain_h0", "packed", "packed_h0"):
+                unpacked = layout.startswith("plain")
+                batch = 2 if unpacked else 1
+                cu = None if unpacked else check_sequences(slices)
                 x, params, dy = legality.make_inputs(mixer, (batch, length, width), device)
                 state = legality.make_state((batch, length, width), device, cu_seqlens=cu,
                                             initial=layout.endswith("_h0"))
