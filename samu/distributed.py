@@ -347,11 +347,13 @@ def kernel_phases(mixer: str, x, backend):
     return backends.family_of(mixer, chosen.config), chosen.config
 
 
-def slice_runner(mixer: str, layout: SliceLayout, x, params, backend="auto"):
+def slice_runner(mixer: str, layout: SliceLayout, x, params, backend="auto",
+                 initial_state=None):
     """The kernel family's SliceRun over this rank's slice (its summary, forward and backward
     sharing their work), where the slice is unpacked or carries one sequence through, on a
-    Triton backend whose family has one; else None (the phases run apart).  The kernels check
-    nothing: the mixer's checks run first (functional.check_call)."""
+    Triton backend whose family has one; else None (the phases run apart).  A slice where the
+    sequence starts without an initial state resets there.  The kernels check nothing: the
+    mixer's checks run first (functional.check_call)."""
     if layout.packed and not layout.carries_through:
         return None
     phases = kernel_phases(mixer, x, backend)
@@ -360,7 +362,8 @@ def slice_runner(mixer: str, layout: SliceLayout, x, params, backend="auto"):
     if run is None or not run.fits(params, phases[1]):  # slice_summary checks the inputs
         return None
     check_call(mixer, x, params, backend)
-    return run(x.detach(), params, phases[1])
+    return run(x.detach(), params, phases[1],
+               resets=not layout.continued and initial_state is None)
 
 
 def _local_cu(layout: SliceLayout, device, begin: int = 0) -> torch.Tensor:
@@ -379,15 +382,13 @@ def _new_rows(layout: SliceLayout, initial_state):
     return initial_state[first:layout.last_sequence + 1]
 
 
-def runner_entering(layout: SliceLayout, x, entering, initial_state) -> torch.Tensor:
+def runner_entering(layout: SliceLayout, entering, initial_state) -> torch.Tensor | None:
     """The state a SliceRun starts from: ``entering`` where the slice continues a sequence,
-    else the initial-state row of the sequence that starts with it, or zeros."""
+    else the initial-state rows of the sequence that starts with it (None: it resets)."""
     if layout.continued:
         return entering
     rows0 = _new_rows(layout, initial_state)
-    if rows0 is None:
-        return x.new_zeros(layout.rows or x.shape[0], x.shape[2], dtype=torch.float32)
-    return rows0.detach().to(torch.float32)
+    return None if rows0 is None else rows0.detach().to(torch.float32)
 
 
 def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
@@ -572,7 +573,7 @@ class _SliceWithCarry(torch.autograd.Function):
         ctx.call = call
         if call.runner is not None:  # the kernels' phases, no graph: the runner keeps theirs
             y, states = call.runner.forward(
-                runner_entering(call.layout, x, entering, initial_state))
+                runner_entering(call.layout, entering, initial_state))
             call.names.append(_backend_name(call.mixer, x, call.backend))
             ctx.initial_state = (None if initial_state is None
                                  else (initial_state.shape, initial_state.dtype))
@@ -792,7 +793,7 @@ def context_parallel(mixer: str, x, params: dict, *, cp_context: CPContext, back
         if not ctx.packed:
             lengths = tuple(x.shape[1] if k == ctx.rank else n for k, n in enumerate(lengths))
         layout = slice_layout(ctx.rank, lengths, ctx.sequence_offsets)
-        runner = slice_runner(mixer, layout, x, param_list, backend)
+        runner = slice_runner(mixer, layout, x, param_list, backend, initial_state)
         summary = slice_summary(mixer, layout, x, param_list, backend, initial_state, runner)
     except Exception as exc:  # reported to every rank below instead of leaving them waiting
         error, status = exc, 1
@@ -806,7 +807,7 @@ def context_parallel(mixer: str, x, params: dict, *, cp_context: CPContext, back
         y, states = run_with_carry(call, entering, x, initial_state, *param_list)
         name = call.names[0]
     elif runner is not None:
-        y, states = runner.forward(runner_entering(layout, x, entering, initial_state))
+        y, states = runner.forward(runner_entering(layout, entering, initial_state))
         name = _backend_name(mixer, x, backend)
     else:
         y, states, name = run_slice(mixer, layout, x, param_list, backend, entering,

@@ -180,3 +180,39 @@ def test_end_cotangent_may_give_none_and_is_checked(mixer, name):
     run.forward(entering.float())
     with pytest.raises(ValueError, match="end_cotangent must return"):
         run.backward(dy, d_end.float(), lambda mu: mu[:1])
+
+
+@pytest.mark.parametrize("mixer, name", SHARING_CASES[1::2])
+def test_a_slice_run_that_resets_matches_a_call_without_initial_state(mixer, name):
+    """SliceRun(resets=True), a slice where a sequence starts without an initial state: it
+    resets there (m = 1 at the first token), which a zero entering state does not.  Its
+    summary's end state, y, the final state and every gradient against the float64 reference
+    without an initial state; slice_runner picks it where no initial state is given."""
+    shape = (2, 21, 48)
+    x, params, dy = legality.make_inputs(mixer, shape, DEVICE, seed=9)
+    params = list(params.values())
+    module, config = cp.kernel_phases(mixer, x, name)
+    if not module.SliceRun.fits(params, config):
+        pytest.fail(f"{name} was picked as a configuration whose phases share their work")
+    d_end = torch.randn(shape[0], shape[2], generator=torch.Generator().manual_seed(10),
+                        dtype=torch.float64).to(DEVICE)
+
+    def reference(x, params, dy, dtype):
+        x = x.detach().requires_grad_()
+        params = [p.detach().requires_grad_() for p in params]
+        y, final, _ = cp._call(mixer, x, params, "reference_chunked")
+        grads = torch.autograd.grad([y, final], [x, *params], [dy, d_end.to(dtype)])
+        return [final.detach(), y.detach(), final.detach(), *grads]
+    want = reference(x.double(), [p.double() for p in params], dy.double(), torch.float64)
+    eager = [_relative(e, w) for e, w in zip(reference(x, params, dy, torch.float32), want)]
+    run = cp.slice_runner(mixer, cp.slice_layout(0, (21, 8)), x, params, name)
+    assert isinstance(run, module.SliceRun) and run.resets
+    _, hloc = run.summary()
+    y, final = run.forward(None)
+    *grads, d_entering = run.backward(dy, d_end.float(), lambda mu: None)
+    assert d_entering is None
+    got = [hloc, y, final, *grads]
+    assert len(got) == len(want)
+    for k, (value, w, e) in enumerate(zip(got, want, eager)):
+        error = _relative(value, w)
+        assert error <= legality.ERROR_FACTOR * e + legality.ERROR_SLACK, (k, error, e)

@@ -521,7 +521,8 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None, summary=None):
     configuration recomputes it, then the chunks' entering states, each group's [B, NC, DG]
     FP32 carved from one flat buffer.  w_cat: W_cat when the caller has it.  ``summary``:
     (G, decay, end, chunk 0's whole decay) of the gate GEMM and summary kernel over the same
-    x, unpacked, from a zero initial state, one head group (SliceRun): reused instead of
+    x, unpacked, from a zero initial state (or the reset, in a call without one), one head
+    group (SliceRun): reused instead of
     running them again, chunk 0's end state moved by its decay times the initial state."""
     x = aligned(x)
     gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
@@ -544,11 +545,12 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None, summary=None):
         decay, end = carve(torch.empty(carved_size([summary_shape] * 2), **f32),
                            [summary_shape] * 2)
     else:
-        if sequences.packed or not sequences.has_initial or groups.count != 1:
-            raise ValueError("rglru: a summary is reused by an unpacked call from an initial "
-                             "state over one head group only")
-        gates, decay, end, first_decay = summary
-        end[:, 0] += first_decay * h0  # linear in it: h0 enters chunk 0 decayed
+        if sequences.packed or groups.count != 1:
+            raise ValueError("rglru: a summary is reused by an unpacked call over one head "
+                             "group only")
+        gates, decay, end, first_decay = summary  # from a zero state, or the reset without h0
+        if sequences.has_initial:  # linear in it: h0 enters chunk 0 decayed
+            end[:, 0] += first_decay * h0
     shapes = _entering_state_shapes(groups, batch, n_chunks)
     residual = torch.empty(carved_size(shapes), **f32)
     h_in = carve(residual, shapes)
@@ -818,10 +820,13 @@ class SliceRun:
     from a zero state; ``forward`` reuses G and the chunk summaries from the entering state;
     ``backward`` hands the adjoint at the slice start out mid-way and takes the later ranks'
     cotangent in, so that the reverse summary over dy runs once.  Beside one call at the
-    slice: two chunk carries, chunk 0's decay and the collectives."""
+    slice: two chunk carries, chunk 0's decay and the collectives.  ``resets``: the slice starts
+    a sequence without an initial state, which resets there (m = 1 at its first token, unlike a
+    zero entering state)."""
 
-    def __init__(self, x, params, config: GemmConfig):
+    def __init__(self, x, params, config: GemmConfig, resets: bool = False):
         self.x, self.params, self.config = aligned(x), list(params), config
+        self.resets = resets
         self._summary = self._saved = self._w_cat = None
 
     @staticmethod
@@ -830,8 +835,8 @@ class SliceRun:
         return not config.recompute and _groups(config, params[0]).count == 1
 
     def summary(self):
-        """(A, h), FP32 [B, D]: the slice's end state is A h_in + h."""
-        s = _SlicePass.of(self.x, self.params, self.config)
+        """(A, h), FP32 [B, D]: the slice's end state is A h_in + h (with ``resets``, h)."""
+        s = _SlicePass.of(self.x, self.params, self.config, resets=self.resets)
         ((_, heads, col0),) = list(s.groups)
         first_decay, h = _group_summary(s, heads, col0, self.config)
         self._summary = (s.gates, s.decay, s.end, first_decay)
@@ -839,8 +844,10 @@ class SliceRun:
         return first_decay * s.decay[:, 1:].prod(1), h
 
     def forward(self, entering):
-        """(y, final state FP32 [B, D]) from ``entering``, the state entering the slice."""
-        sequences = sequence_args(self.x, fp32_contiguous(entering), None, True)
+        """(y, final state FP32 [B, D]) from ``entering``, the state entering the slice (None
+        with ``resets``)."""
+        sequences = sequence_args(self.x, None if self.resets else fp32_contiguous(entering),
+                                  None, True)
         y, final, residuals = forward(self.x, self.params, sequences, self.config, self._w_cat,
                                       summary=self._summary)
         self._summary = None  # its chunk-0 end state now holds the entering state
@@ -849,7 +856,7 @@ class SliceRun:
 
     def backward(self, dy, d_final, end_cotangent):
         """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param,
-        d entering); end_cotangent as backward's.  Once only: G is overwritten by its gradient."""
+        d entering or None with ``resets``); end_cotangent as backward's.  Once only: G is overwritten by its gradient."""
         sequences, residuals = self._saved
         self._saved = None
         grads = backward(self.x, self.params, residuals, dy, d_final, sequences, self.config,

@@ -430,8 +430,8 @@ def forward(x, params, sequences, config: SamuConfig, summary=None):
     """(y, final state or None, residuals): the forward's kernels.  The residuals are the
     tensors the backward needs beside x and the parameters (_residual_shapes).  ``summary``:
     (r, g, r_sum, rate, end) of the summary kernel over the same x, unpacked, from a zero
-    initial state (_slice_pass): reused instead of running it again, chunk 0's end state
-    moved by its decay times the initial state."""
+    initial state, or from the reset in a call without one (_slice_pass): reused instead of
+    running it again, chunk 0's end state moved by its decay times the initial state."""
     x = aligned(x)
     batch, length, width = x.shape
     chunk = config.chunk
@@ -449,11 +449,11 @@ def forward(x, params, sequences, config: SamuConfig, summary=None):
         end = _summaries(x, (w, bias, a_param, log_temp), sequences, config, meta, r, g, r_sum,
                          rate)
     else:
-        if sequences.packed or not sequences.has_initial:
-            raise ValueError("samu: a summary is reused by an unpacked call from an initial "
-                             "state only")
-        r, g, r_sum, rate, end = summary
-        end[:, 0] += torch.exp(-rate * r_sum[:, :1]) * h0  # linear in it: h0 enters decayed
+        if sequences.packed:
+            raise ValueError("samu: a summary is reused by an unpacked call only")
+        r, g, r_sum, rate, end = summary  # from a zero state, or from the reset without h0
+        if sequences.has_initial:  # linear in it: h0 enters decayed
+            end[:, 0] += torch.exp(-rate * r_sum[:, :1]) * h0
     residuals = (r, g, r_sum, rate, h_in)
     walked = config.walks_carry(n_chunks, x.numel())
     if not walked:
@@ -620,10 +620,12 @@ class SliceRun:
     pass (no second read of x for r, g) from the entering state; ``backward`` hands the adjoint
     at the slice start out mid-way and takes the later ranks' cotangent in, so that the reverse
     summary over dy runs once.  Beside one call at the slice: two chunk carries and the
-    collectives."""
+    collectives.  ``resets``: the slice starts a sequence without an initial state, which
+    resets there (m = 1 at its first token, unlike a zero entering state)."""
 
-    def __init__(self, x, params, config: SamuConfig):
+    def __init__(self, x, params, config: SamuConfig, resets: bool = False):
         self.x, self.params, self.config = aligned(x), list(params), config
+        self.resets = resets
         self._summary = self._saved = None
 
     @staticmethod
@@ -632,15 +634,17 @@ class SliceRun:
         return True
 
     def summary(self):
-        """(A, h), FP32 [B, D]: the slice's end state is A h_in + h."""
-        _, _, _, r, g, r_sum, rate, end = _slice_pass(self.x, self.params, self.config,
-                                                      _zero_state(self.x))
+        """(A, h), FP32 [B, D]: the slice's end state is A h_in + h (with ``resets``, h)."""
+        start = None if self.resets else _zero_state(self.x)
+        _, _, _, r, g, r_sum, rate, end = _slice_pass(self.x, self.params, self.config, start)
         self._summary = (r, g, r_sum, rate, end)
         return _end_state(r_sum, rate, end, self.config)
 
     def forward(self, entering):
-        """(y, final state FP32 [B, D]) from ``entering``, the state entering the slice."""
-        sequences = sequence_args(self.x, fp32_contiguous(entering), None, True)
+        """(y, final state FP32 [B, D]) from ``entering``, the state entering the slice (None
+        with ``resets``)."""
+        sequences = sequence_args(self.x, None if self.resets else fp32_contiguous(entering),
+                                  None, True)
         y, final, residuals = forward(self.x, self.params, sequences, self.config,
                                       summary=self._summary)
         self._summary = None  # its chunk-0 end state now holds the entering state
@@ -648,8 +652,8 @@ class SliceRun:
         return y, final
 
     def backward(self, dy, d_final, end_cotangent):
-        """(dx, d ctrl_weight, d ctrl_bias, d a_param, d log_temp, d skip, d entering);
-        end_cotangent as backward's.  Once only: the forward's residuals go with it."""
+        """(dx, d ctrl_weight, d ctrl_bias, d a_param, d log_temp, d skip, d entering or None
+        with ``resets``); end_cotangent as backward's.  Once only: the forward's residuals go with it."""
         sequences, residuals = self._saved
         self._saved = None
         grads = backward(self.x, self.params, residuals, dy, d_final, sequences, self.config,
