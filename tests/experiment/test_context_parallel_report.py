@@ -45,12 +45,17 @@ def test_load_prefers_the_data_folder_then_the_committed_file(tmp_path, monkeypa
 
 
 def test_gpu_time_is_drawn_where_the_rows_have_it():
+    """A first panel of GPU-time ratios (with the target) where the rows carry them: a line per
+    (mixer, P), gaps where a row has none."""
     doc = _doc()
     for row in doc["rows"][:4]:  # RG-LRU's rows: GPU time replayed from a graph
         row.update(one_call_at_slice_gpu_ms=0.5, slowest_rank_gpu_ms=0.6,
                    slowest_rank_over_slice_call_gpu=1.2)
     df = context_parallel.frame(doc)
     assert "slowest_rank_over_slice_call_gpu" in df
-    left, _ = context_parallel.figure(df, "Test GPU").axes
-    crosses = [line for line in left.lines if line.get_marker() == "x"]
-    assert len(crosses) == 2 and all(list(c.get_ydata()) == [1.2, 1.2] for c in crosses)
+    gpu, median, gain = context_parallel.figure(df, "Test GPU").axes
+    assert "GPU time" in gpu.get_ylabel() and "median" in median.get_ylabel()
+    drawn = [list(line.get_ydata()) for line in gpu.lines[:4]]
+    assert drawn[:2] == [[1.2, 1.2], [1.2, 1.2]]  # RG-LRU, P = 2 and 4
+    assert all(all(v != v for v in ys) for ys in drawn[2:])  # SAMU: no GPU time (NaN)
+    assert gpu.lines[4].get_ydata()[0] == context_parallel.TARGET_SHARE_OVER_SLICE_CALL
