@@ -144,17 +144,31 @@ SHARING_CASES = [c for c in RUN_CASES
                  if not getattr(backends.REGISTRY[c[0]][c[1]].config, "recompute", False)]
 
 
+def _sharing_inputs(mixer, name, shape, seed):
+    """(x, params, dy, kernel module, config) of a configuration whose phases share work."""
+    x, params, dy = legality.make_inputs(mixer, shape, DEVICE, seed=seed)
+    params = list(params.values())
+    module, config = cp.kernel_phases(mixer, x, name)
+    if not module.SliceRun.fits(params, config):
+        pytest.fail(f"{name} was picked as a configuration whose phases share their work")
+    return x, params, dy, module, config
+
+
+def _assert_within_bounds(got, want, eager):
+    """Each value within the legality bound of the eager FP32 reference's error."""
+    assert len(got) == len(want) == len(eager)
+    for k, (value, w, e) in enumerate(zip(got, want, eager)):
+        error = _relative(value, w)
+        assert error <= legality.ERROR_FACTOR * e + legality.ERROR_SLACK, (k, error, e)
+
+
 @pytest.mark.parametrize("mixer, name", SHARING_CASES[::2])
 def test_end_cotangent_may_give_none_and_is_checked(mixer, name):
     """A backward whose end_cotangent gives None is the plain backward with its own final-state
     cotangent (against the float64 reference); one that gives a tensor of the wrong shape is
     refused before any kernel reads it."""
     shape = (2, 19, 48)
-    x, params, dy = legality.make_inputs(mixer, shape, DEVICE, seed=7)
-    params = list(params.values())
-    module, config = cp.kernel_phases(mixer, x, name)
-    if not module.SliceRun.fits(params, config):
-        pytest.fail(f"{name} was picked as a configuration whose phases share their work")
+    x, params, dy, module, config = _sharing_inputs(mixer, name, shape, seed=7)
     gen = torch.Generator().manual_seed(8)
     entering, d_end = [torch.randn(shape[0], shape[2], generator=gen,
                                    dtype=torch.float64).to(DEVICE) for _ in range(2)]
@@ -171,10 +185,7 @@ def test_end_cotangent_may_give_none_and_is_checked(mixer, name):
     run.summary()
     run.forward(entering.float())
     grads = run.backward(dy, d_end.float(), lambda mu: None)
-    assert len(grads) == len(want)
-    for k, (got, w, e) in enumerate(zip(grads, want, eager)):
-        error = _relative(got, w)
-        assert error <= legality.ERROR_FACTOR * e + legality.ERROR_SLACK, (k, error, e)
+    _assert_within_bounds(grads, want, eager)
     run = module.SliceRun(x, params, config)
     run.summary()
     run.forward(entering.float())
@@ -189,11 +200,7 @@ def test_a_slice_run_that_resets_matches_a_call_without_initial_state(mixer, nam
     summary's end state, y, the final state and every gradient against the float64 reference
     without an initial state; slice_runner picks it where no initial state is given."""
     shape = (2, 21, 48)
-    x, params, dy = legality.make_inputs(mixer, shape, DEVICE, seed=9)
-    params = list(params.values())
-    module, config = cp.kernel_phases(mixer, x, name)
-    if not module.SliceRun.fits(params, config):
-        pytest.fail(f"{name} was picked as a configuration whose phases share their work")
+    x, params, dy, module, config = _sharing_inputs(mixer, name, shape, seed=9)
     d_end = torch.randn(shape[0], shape[2], generator=torch.Generator().manual_seed(10),
                         dtype=torch.float64).to(DEVICE)
 
@@ -211,8 +218,4 @@ def test_a_slice_run_that_resets_matches_a_call_without_initial_state(mixer, nam
     y, final = run.forward(None)
     *grads, d_entering = run.backward(dy, d_end.float(), lambda mu: None)
     assert d_entering is None
-    got = [hloc, y, final, *grads]
-    assert len(got) == len(want)
-    for k, (value, w, e) in enumerate(zip(got, want, eager)):
-        error = _relative(value, w)
-        assert error <= legality.ERROR_FACTOR * e + legality.ERROR_SLACK, (k, error, e)
+    _assert_within_bounds([hloc, y, final, *grads], want, eager)
