@@ -42,8 +42,8 @@ Cost per rank against one single-GPU call on the same slice, on a Triton backend
 has a SliceRun (``slice_runner``), where the slice is unpacked or carries one packed sequence
 through: two chunk carries (and RG-LRU's chunk-0 decay), since the forward reuses the
 summary pass and the backward hands mu out mid-way (step 1 of the backward is then its own
-reverse summary and carry; a slice where the sequence starts runs from its initial-state row or
-zeros, and publishes A = 0 and hloc from that row).  Elsewhere on
+reverse summary and carry; a slice where the sequence starts runs from its initial-state rows,
+or resets at its first token without them, and publishes A = 0 and its end state).  Elsewhere on
 a Triton backend: in the forward one summary pass (the gates and one read of x, of the last
 piece only where a sequence starts in the slice; none where the slice ends at a sequence end),
 in the backward one adjoint pass over the first piece (the gates, x and dy read once; none on a
@@ -401,6 +401,12 @@ def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
     rows = layout.rows or x.shape[0]
     zeros = x.new_zeros(rows, x.shape[2], dtype=cdt)
     with torch.no_grad():
+        if runner is not None and not layout.continued and runner.resets != (
+                initial_state is None):
+            built, given = (("without", "with") if runner.resets else ("with", "without"))
+            raise ValueError(f"slice_summary: the runner was built {built} an initial state "
+                             f"and is called {given} one (slice_runner takes the same "
+                             f"initial_state)")
         if runner is not None and layout.continues:
             decay, hloc = runner.summary()
             if layout.continued:
@@ -577,9 +583,11 @@ class _SliceWithCarry(torch.autograd.Function):
             call.names.append(_backend_name(call.mixer, x, call.backend))
             ctx.initial_state = (None if initial_state is None
                                  else (initial_state.shape, initial_state.dtype))
-            # Saved, though the runner holds them: autograd then refuses a backward after an
-            # in-place change to x or a parameter instead of using the changed values.
-            ctx.save_for_backward(x, *params)
+            # Saved, though the runner holds them (and h0 where the slice starts from it):
+            # autograd then refuses a backward after an in-place change to them instead of
+            # using the changed values.
+            starts_from_h0 = not call.layout.continued and initial_state is not None
+            ctx.save_for_backward(x, *params, *([initial_state] if starts_from_h0 else []))
             return y, states
         with torch.enable_grad():
             x_leaf = x.detach().requires_grad_(needs[2])

@@ -31,6 +31,8 @@ TOLERANCE = {"reference_float64": 1e-10, "triton_float32": 1e-4}
 THREE_SLICES = (10, 9, 11)
 THREE_LAYOUTS = {
     "plain_h0": dict(batch=2, cu_seqlens=None, initial=True),
+    # without h0 the sequence resets at rank 0's first token (its SliceRun with resets)
+    "plain": dict(batch=2, cu_seqlens=None, initial=False),
     # sequence 1 spans all three ranks; sequence 2 is one token
     "packed_spanning_h0": dict(batch=1, cu_seqlens=(0, 5, 21, 22, 30), initial=True),
     # a sequence starts exactly at rank 1's first token and crosses into rank 2, where a

@@ -294,3 +294,19 @@ def test_a_runner_refuses_a_backward_after_x_changed_in_place():
     xin.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         (y.sum() + states.sum()).backward()
+
+
+def test_a_runner_refuses_a_backward_after_h0_changed_in_place():
+    """On the first rank the runner starts from h0 itself: an in-place change to h0 after the
+    forward is refused as for x, instead of a backward that reads the changed values."""
+    from samu.distributed import SliceCall, run_with_carry
+    layout = slice_layout(0, (3, 3))
+    x = torch.randn(1, 3, 4, requires_grad=True)
+    call = SliceCall("samu", "auto", layout, lambda t: torch.stack([t, t]),
+                     torch.ones(2, 1, 4), _FailingRunner(), [])
+    leaf = torch.randn(1, 4, requires_grad=True)
+    h0 = leaf * 1.0  # not a leaf: in-place changes are allowed on it
+    y, states = run_with_carry(call, None, x, h0)
+    h0.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (y.sum() + states.sum()).backward()

@@ -198,17 +198,19 @@ def test_a_slice_run_that_resets_matches_a_call_without_initial_state(mixer, nam
     """SliceRun(resets=True), a slice where a sequence starts without an initial state: it
     resets there (m = 1 at the first token), which a zero entering state does not.  Its
     summary's end state, y, the final state and every gradient against the float64 reference
-    without an initial state; slice_runner picks it where no initial state is given."""
+    without an initial state, with the later ranks' cotangent g on the end state;
+    slice_runner picks it where no initial state is given."""
     shape = (2, 21, 48)
     x, params, dy, module, config = _sharing_inputs(mixer, name, shape, seed=9)
-    d_end = torch.randn(shape[0], shape[2], generator=torch.Generator().manual_seed(10),
-                        dtype=torch.float64).to(DEVICE)
+    gen = torch.Generator().manual_seed(10)
+    d_end, g = [torch.randn(shape[0], shape[2], generator=gen, dtype=torch.float64).to(DEVICE)
+                for _ in range(2)]
 
     def reference(x, params, dy, dtype):
         x = x.detach().requires_grad_()
         params = [p.detach().requires_grad_() for p in params]
         y, final, _ = cp._call(mixer, x, params, "reference_chunked")
-        grads = torch.autograd.grad([y, final], [x, *params], [dy, d_end.to(dtype)])
+        grads = torch.autograd.grad([y, final], [x, *params], [dy, (d_end + g).to(dtype)])
         return [final.detach(), y.detach(), final.detach(), *grads]
     want = reference(x.double(), [p.double() for p in params], dy.double(), torch.float64)
     eager = [_relative(e, w) for e, w in zip(reference(x, params, dy, torch.float32), want)]
@@ -216,6 +218,33 @@ def test_a_slice_run_that_resets_matches_a_call_without_initial_state(mixer, nam
     assert isinstance(run, module.SliceRun) and run.resets
     _, hloc = run.summary()
     y, final = run.forward(None)
-    *grads, d_entering = run.backward(dy, d_end.float(), lambda mu: None)
-    assert d_entering is None
+    handed = []
+
+    def end_cotangent(mu):
+        handed.append(mu)
+        return g.float()
+    *grads, d_entering = run.backward(dy, d_end.float(), end_cotangent)
+    assert d_entering is None and len(handed) == 1
     _assert_within_bounds([hloc, y, final, *grads], want, eager)
+
+
+@pytest.mark.parametrize("mixer, name", SHARING_CASES[:1] + SHARING_CASES[-1:])
+def test_a_slice_run_refuses_an_entering_state_that_does_not_fit(mixer, name):
+    """A run that resets takes no entering state and one that does not takes a [B, D] tensor:
+    anything else is refused before a kernel runs (a wrong shape would be read past its end);
+    slice_summary refuses a runner built for the other initial-state case."""
+    shape = (2, 9, 48)
+    x, params, _, module, config = _sharing_inputs(mixer, name, shape, seed=11)
+    state = torch.zeros(shape[0], shape[2], device=DEVICE)
+    for resets, entering, words in ((True, state, "takes no entering state"),
+                                    (False, None, "must be a floating-point tensor"),
+                                    (False, state[:1], r"shape \(2, 48\)"),
+                                    (False, state.long(), "floating-point")):
+        run = module.SliceRun(x, params, config, resets=resets)
+        run.summary()
+        with pytest.raises(ValueError, match=words):
+            run.forward(entering)
+    layout = cp.slice_layout(0, (shape[1], 4))
+    runner = cp.slice_runner(mixer, layout, x, params, name)  # no initial state: resets
+    with pytest.raises(ValueError, match="built without an initial state and is called with"):
+        cp.slice_summary(mixer, layout, x, params, name, initial_state=state, runner=runner)

@@ -197,6 +197,24 @@ def sequence_args(x: torch.Tensor, initial_state, cu_seqlens, output_final_state
 START_MARK = tl.constexpr(float("inf"))
 
 
+def check_entering(run, entering) -> None:
+    """A SliceRun's entering state (context parallelism): None where the run resets (its
+    summary came from the reset), else a floating-point [B, D] tensor on x's device; a wrong
+    shape would have the kernels read past the [B, D] state buffer."""
+    if run.resets:
+        if entering is not None:
+            raise ValueError("SliceRun: a run that resets (a sequence starting without an "
+                             "initial state) takes no entering state, got a tensor")
+        return
+    want = (run.x.shape[0], run.x.shape[2])
+    if (not isinstance(entering, torch.Tensor) or tuple(entering.shape) != want
+            or entering.device != run.x.device or not entering.is_floating_point()):
+        got = (f"{tuple(entering.shape)} {entering.dtype} on {entering.device}"
+               if isinstance(entering, torch.Tensor) else type(entering).__name__)
+        raise ValueError(f"SliceRun: the entering state must be a floating-point tensor of "
+                         f"shape {want} on {run.x.device}, got {got}")
+
+
 def take_end_cotangent(end_cotangent, mu: torch.Tensor):
     """end_cotangent(mu) of a backward with that hook (context parallelism: the cotangent that
     later ranks put on this slice's final state), checked to be [B, D] like mu on mu's device,

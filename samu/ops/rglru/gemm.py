@@ -60,8 +60,9 @@ from ..common.math import (FAST_MATH, _ptx_approx, exp_fast, one_minus_a_squared
                            softplus, to_element, transition)
 from ..common.reduce import named_columns, sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
-from ..common.sequences import (adjoint_inputs, entering_state, fold_starts, load_at, resets,
-                                row_sequences, sequence_args, store_at, take_end_cotangent)
+from ..common.sequences import (adjoint_inputs, check_entering, entering_state, fold_starts,
+                                load_at, resets, row_sequences, sequence_args, store_at,
+                                take_end_cotangent)
 from ..recurrence import GATE_SCALE
 
 MIXER = "rglru"
@@ -846,6 +847,7 @@ class SliceRun:
     def forward(self, entering):
         """(y, final state FP32 [B, D]) from ``entering``, the state entering the slice (None
         with ``resets``)."""
+        check_entering(self, entering)
         sequences = sequence_args(self.x, None if self.resets else fp32_contiguous(entering),
                                   None, True)
         y, final, residuals = forward(self.x, self.params, sequences, self.config, self._w_cat,
@@ -856,7 +858,8 @@ class SliceRun:
 
     def backward(self, dy, d_final, end_cotangent):
         """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param,
-        d entering or None with ``resets``); end_cotangent as backward's.  Once only: G is overwritten by its gradient."""
+        d entering or None with ``resets``); end_cotangent as backward's.  Once only: G is
+        overwritten by its gradient."""
         sequences, residuals = self._saved
         self._saved = None
         grads = backward(self.x, self.params, residuals, dy, d_final, sequences, self.config,

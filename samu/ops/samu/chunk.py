@@ -28,9 +28,9 @@ from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transiti
 from ..common.reduce import sum_partials, weight_partials
 from ..common.scan import (affine_combine, decayed_previous_state, last_row, row_offsets,
                            shifted_rows)
-from ..common.sequences import (START_MARK, adjoint_inputs, entering_state, fold_starts, load_at,
-                                resets, row_sequences, sequence_args, store_at,
-                                take_end_cotangent)
+from ..common.sequences import (START_MARK, adjoint_inputs, check_entering, entering_state,
+                                fold_starts, load_at, resets, row_sequences, sequence_args,
+                                store_at, take_end_cotangent)
 
 MIXER = "samu"
 
@@ -643,6 +643,7 @@ class SliceRun:
     def forward(self, entering):
         """(y, final state FP32 [B, D]) from ``entering``, the state entering the slice (None
         with ``resets``)."""
+        check_entering(self, entering)
         sequences = sequence_args(self.x, None if self.resets else fp32_contiguous(entering),
                                   None, True)
         y, final, residuals = forward(self.x, self.params, sequences, self.config,
@@ -653,7 +654,8 @@ class SliceRun:
 
     def backward(self, dy, d_final, end_cotangent):
         """(dx, d ctrl_weight, d ctrl_bias, d a_param, d log_temp, d skip, d entering or None
-        with ``resets``); end_cotangent as backward's.  Once only: the forward's residuals go with it."""
+        with ``resets``); end_cotangent as backward's.  Once only: the forward's residuals go
+        with it."""
         sequences, residuals = self._saved
         self._saved = None
         grads = backward(self.x, self.params, residuals, dy, d_final, sequences, self.config,
