@@ -1,6 +1,7 @@
 """The carry across chunks by each plan on a GPU (samu.ops.common.carry.CarryPlan): agreement of
-the look-back with the two-level carry over repeated calls (normwise, FP32), then GPU time per
-call, replayed from a CUDA graph, by plan and segment length.
+the look-back (one earlier segment at a time, and WINDOWS at once) with the two-level carry over
+repeated calls (normwise, FP32), then GPU time per call, replayed from a CUDA graph, by plan,
+segment length and look-back window.
 
     python benchmarks/bench_carry.py                      # (1, 4096, 2048) and four more shapes
     python benchmarks/bench_carry.py 1x4096x2048 --calls=200
@@ -23,6 +24,7 @@ from samu.ops.common import carry
 
 SHAPES = ["1x4096x2048", "1x2048x2048", "1x4096x1024", "2x1024x3072", "1x1024x4096"]
 SEGMENTS = (16, 32, 64, 128, 256)
+WINDOWS = (0, 8, 32)  # CarryPlan.window: 0 reads one earlier segment per round trip
 
 
 def plan_configuration(plan: carry.CarryPlan, **extra) -> dict:
@@ -77,23 +79,29 @@ def main():
             line = f"({batch}, {n_chunks}, {width}) {'sums of r' if scalar else 'decays'}:"
             for reverse in (False, True):
                 want = carry.chunk_carry(*args, reverse=reverse, plan=two_level, **extra)
-                plan = carry.CarryPlan(two_level_from=2, lookback=True)
-                worst = max(((carry.chunk_carry(*args, reverse=reverse, plan=plan, **extra)
-                              - want).norm() / want.norm()).item() for _ in range(calls))
-                line += f" look-back {'reverse' if reverse else 'forward'} worst {worst:.1e};"
-                table.add(mixer, plan_configuration(plan, reverse=reverse, calls=calls), shape,
-                          {"worst_error": worst}, {"worst_error": "normwise relative error"})
+                for window in WINDOWS:
+                    plan = carry.CarryPlan(two_level_from=2, lookback=True, window=window)
+                    worst = max(((carry.chunk_carry(*args, reverse=reverse, plan=plan, **extra)
+                                  - want).norm() / want.norm()).item() for _ in range(calls))
+                    line += (f" look-back/window {window} "
+                             f"{'reverse' if reverse else 'forward'} worst {worst:.1e};")
+                    table.add(mixer, plan_configuration(plan, reverse=reverse, calls=calls),
+                              shape, {"worst_error": worst},
+                              {"worst_error": "normwise relative error"})
             print(line, flush=True)
             ms = replay_ms(lambda: carry.chunk_carry(*args, reverse=False, plan=two_level,
                                                      **extra))
             table.add(mixer, plan_configuration(two_level), shape, {"gpu_time_ms": ms})
             times = [f"two-level {ms:.4f}"]
             for seg in SEGMENTS:
-                if n_chunks // seg >= 2:
-                    plan = carry.CarryPlan(two_level_from=2, segment_chunks=seg, lookback=True)
+                for window in WINDOWS:
+                    if n_chunks // seg < 2:
+                        continue
+                    plan = carry.CarryPlan(two_level_from=2, segment_chunks=seg, lookback=True,
+                                           window=window)
                     ms = replay_ms(lambda: carry.chunk_carry(*args, reverse=False, plan=plan,
                                                              **extra))
-                    times.append(f"look-back/{seg} {ms:.4f}")
+                    times.append(f"look-back/{seg}/w{window} {ms:.4f}")
                     table.add(mixer, plan_configuration(plan), shape, {"gpu_time_ms": ms})
             print("    ms per call: " + "  ".join(times), flush=True)
     print(table.summary())

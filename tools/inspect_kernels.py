@@ -73,7 +73,7 @@ def ptx_without_debug_lines(ptx: str) -> str:
 
 def configurations():
     """(label, kernel, constexprs, compile options) of every kernel configuration the backends
-    launch by default, and the look-back carry of CarryPlan(lookback=True)."""
+    launch by default, and the look-back carry of CarryPlan(lookback=True), window 0 and 32."""
     from samu.ops.common import carry, reduce
     for width in (2048, 2560):
         for module in (samu_chunk, rglru_gemm):
@@ -86,9 +86,10 @@ def configurations():
                 yield ("carry", carry.chunk_carry_kernel,
                        dict(REVERSE=reverse, SCALAR_DECAY=scalar, MODE=mode, BLOCK_C=64,
                             BLOCK_D=32), dict(num_warps=4))
-            yield ("carry", carry.lookback_carry_kernel,
-                   dict(REVERSE=reverse, SCALAR_DECAY=scalar, PUBLISH_EVERY=1, BLOCK_C=64,
-                        BLOCK_D=32), dict(num_warps=4))
+            for window in (0, 32):  # one earlier segment per round trip, or 32 at once
+                yield ("carry", carry.lookback_carry_kernel,
+                       dict(REVERSE=reverse, SCALAR_DECAY=scalar, PUBLISH_EVERY=1, BLOCK_C=64,
+                            BLOCK_D=32, WINDOW=window), dict(num_warps=4))
     yield ("sum_partials", reduce.sum_partials_kernel, dict(BLOCK_P=128, BLOCK_N=32),
            dict(num_warps=4))
     yield ("weight_partials", reduce.weight_partials_kernel,

@@ -45,10 +45,12 @@ CASES += [("samu", backends.DEFAULTS["samu"],
 
 
 # Both defaults with long-row carries cut into two-chunk segments: in two levels, and by the
-# look-back (SAMU's carries as chunk_carry gives them, not walked).  Six chunks, the last one
-# partial: three segments (test_carry_plans_match_a_sequential_carry takes many more).
+# look-back, one segment at a time and two at once (SAMU's carries as chunk_carry gives them,
+# not walked).  Six chunks, the last one partial: three segments
+# (test_carry_plans_match_a_sequential_carry takes many more).
 LONG_ROW_PLANS = (carry.CarryPlan(two_level_from=4, segment_chunks=2),
-                  carry.CarryPlan(two_level_from=4, segment_chunks=2, lookback=True))
+                  carry.CarryPlan(two_level_from=4, segment_chunks=2, lookback=True),
+                  carry.CarryPlan(two_level_from=4, segment_chunks=2, lookback=True, window=2))
 for _mixer in ("samu", "rglru"):
     _config = backends.REGISTRY[_mixer][backends.DEFAULTS[_mixer]].config
     _walk = dict(walked_carry_chunks=0) if _mixer == "samu" else {}
@@ -196,7 +198,13 @@ CARRY_PLANS = {"one_level": carry.CarryPlan(),
                "two_level": carry.CarryPlan(**_SHORT),
                "lookback": carry.CarryPlan(**_SHORT, lookback=True),
                "lookback_every3": carry.CarryPlan(**_SHORT, lookback=True, publish_every=3),
-               "lookback_summaries": carry.CarryPlan(**_SHORT, lookback=True, publish_every=0)}
+               "lookback_summaries": carry.CarryPlan(**_SHORT, lookback=True, publish_every=0),
+               # ten segments read four at a time: windows that stop at an inclusive state, and
+               # windows of summaries only, back to the first segment (the last one partial)
+               "window4_every3": carry.CarryPlan(**_SHORT, lookback=True, publish_every=3,
+                                                 window=4),
+               "window4_summaries": carry.CarryPlan(**_SHORT, lookback=True, publish_every=0,
+                                                    window=4)}
 
 
 # Every plan with each of reverse, scalar_decay and starts; on a GPU every combination, under the
@@ -223,7 +231,8 @@ def test_carry_plans_match_a_sequential_carry(plan, reverse, scalar_decay, start
     end = torch.randn(batch, n_chunks, width, generator=gen).to(DEVICE)
     cut = [12, 22] if starts else []
     if scalar_decay:
-        r_sum = (torch.rand(batch, n_chunks, generator=gen) * 4).to(DEVICE)
+        # small sums of r: a segment decays by about a half, so earlier segments weigh in
+        r_sum = (torch.rand(batch, n_chunks, generator=gen) * 0.1).to(DEVICE)
         a_param = torch.randn(width, generator=gen).to(DEVICE)
         log_temp = torch.tensor(-0.3, device=DEVICE)
         rate = 8 * torch.exp(log_temp) * torch.nn.functional.softplus(a_param)
@@ -536,3 +545,9 @@ def test_a_configuration_passed_in_runs_without_changing_the_registered_one():
         samu.SAMU(32, backend=rglru_gemm.CONFIGS[0])
     with pytest.raises(TypeError, match="backend must be 'auto', a name"):
         samu.RGLRU(32, 2, backend=registered)
+
+
+@pytest.mark.parametrize("window, lookback", [(3, True), (8, False), (-4, True)])
+def test_a_carry_window_must_be_a_power_of_two_with_the_look_back(window, lookback):
+    with pytest.raises(ValueError, match="window must be 0 or a power of two, with lookback"):
+        carry.CarryPlan(lookback=lookback, window=window)

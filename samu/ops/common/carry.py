@@ -9,7 +9,8 @@ one of three ways (``CarryPlan``): one program per channel block walking every c
 rows); two levels (segment summaries, the carry over segments, each segment from its carry:
 three launches); or one launch whose programs each take a segment and find the state entering
 it by a decoupled look-back over the segments before it (Merrill and Garland, "Single-pass
-Parallel Prefix Scan with Decoupled Look-back", 2016).
+Parallel Prefix Scan with Decoupled Look-back", 2016), one earlier segment at a time or a window
+of them at once.
 """
 from __future__ import annotations
 
@@ -136,11 +137,77 @@ def _publish(status_ptr, tile, value):
 
 
 @triton.jit
+def _multiply(a, b):
+    return a * b
+
+
+@triton.jit
+def _window_entering(sum_decay_ptr, sum_end_ptr, inclusive_ptr, status_ptr, rate, tile, step,
+                     block, SCALAR_DECAY: tl.constexpr, WINDOW: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    """The state entering scan position ``step`` (tile ``tile``) from the tiles before it, read
+    WINDOW at a time, nearest first: lane w holds position p - 1 - w of a window that ends
+    before position p.  Once every lane's tile has published at least its summary, the window's
+    terms up to the nearest inclusive state or packed start (its stop) are weighted by the
+    decay of the tiles between (an exclusive scan over the lanes: sums of r, or products of
+    decays) and summed; past a window without a stop, the next one begins where it ended."""
+    w = tl.arange(0, WINDOW)
+    entering = tl.zeros([BLOCK_D], dtype=tl.float32)
+    between = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
+    end_pos = step
+    while end_pos > 0:
+        pos = end_pos - 1 - w
+        valid = pos >= 0
+        tiles = tile - (step - pos)
+        flags = tl.atomic_add(status_ptr + tiles, 0, mask=valid, sem="acquire")
+        flags = tl.where(valid, flags, _SUMMARY)
+        while tl.min(flags, axis=0) == 0:  # wait only on tiles that published nothing yet
+            flags = tl.atomic_add(status_ptr + tiles, 0, mask=valid, sem="acquire")
+            flags = tl.where(valid, flags, _SUMMARY)
+        rows = tiles.to(tl.int64)[:, None] * BLOCK_D + block[None, :]
+        inclusive = valid & (flags == _INCLUSIVE)
+        if SCALAR_DECAY:
+            r_sum = tl.load(sum_decay_ptr + tiles, mask=valid, other=0.0, cache_modifier=".cg")
+            stops = inclusive | (valid & (r_sum == START_MARK))
+        else:
+            stops = inclusive
+        stop = tl.min(tl.where(stops, w, WINDOW), axis=0)  # WINDOW: no stop in this window
+        used = valid & (w <= stop)
+        value = tl.load(sum_end_ptr + rows, mask=used[:, None] & ~inclusive[:, None],
+                        other=0.0, cache_modifier=".cg")
+        value += tl.load(inclusive_ptr + rows, mask=used[:, None] & inclusive[:, None],
+                         other=0.0, cache_modifier=".cg")
+        # lane w's weight: the decay of the lanes nearer than it, below the stop (no mark)
+        nearer = (w >= 1) & (w <= stop) & valid
+        if SCALAR_DECAY:
+            r_prev = tl.load(sum_decay_ptr + tiles + 1, mask=nearer, other=0.0,
+                             cache_modifier=".cg")
+            through = tl.cumsum(r_prev, axis=0)
+            weight = exp_fast(-rate[None, :] * through[:, None])
+            passed = tl.sum(tl.where(valid, r_sum, 0.0), axis=0)
+            window_decay = exp_fast(-rate * passed)
+        else:
+            d_prev = tl.load(sum_decay_ptr + rows + BLOCK_D, mask=nearer[:, None], other=1.0,
+                             cache_modifier=".cg")
+            weight = tl.cumprod(d_prev, axis=0)
+            d_all = tl.load(sum_decay_ptr + rows, mask=valid[:, None], other=1.0,
+                            cache_modifier=".cg")
+            window_decay = tl.reduce(d_all, 0, _multiply)
+        entering += between * tl.sum(tl.where(used[:, None], weight * value, 0.0), axis=0)
+        if stop < WINDOW:
+            end_pos = 0
+        else:
+            between *= window_decay
+            end_pos -= WINDOW
+    return entering
+
+
+@triton.jit
 def lookback_carry_kernel(decay_ptr, end_ptr, out_ptr, rate_ptr, sum_decay_ptr, sum_end_ptr,
                           inclusive_ptr, status_ptr, NC, D, SEG, N_SEG, N_CB,
                           REVERSE: tl.constexpr, SCALAR_DECAY: tl.constexpr,
                           PUBLISH_EVERY: tl.constexpr, BLOCK_C: tl.constexpr,
-                          BLOCK_D: tl.constexpr):
+                          BLOCK_D: tl.constexpr, WINDOW: tl.constexpr = 0):
     """Phase 2 in one launch: one program per (batch, channel block, segment of SEG chunks),
     tensors as chunk_carry_kernel's.  A program sums its segment from zero and publishes the
     summary, then walks back over the segments before it in scan order, taking each one's
@@ -155,7 +222,12 @@ def lookback_carry_kernel(decay_ptr, end_ptr, out_ptr, rate_ptr, sum_decay_ptr, 
     PUBLISH_EVERY: 1, every tile publishes its inclusive state; k > 1, only every k-th tile in
     scan order; 0, none, so that every walk runs back to the first segment.  Tests take the
     last two, whose walks cross summaries before an inclusive state: the interpreter runs the
-    programs in order, so with 1 every walk stops at the tile before it."""
+    programs in order, so with 1 every walk stops at the tile before it.
+    WINDOW: 0, the walk reads one earlier tile at a time (a wait and an L2 round trip each);
+    W (a power of two), it reads the W tiles before it at once (a lane each), waits only while
+    one of them has published nothing, and combines their summaries with the recurrence's
+    associative operator up to the nearest inclusive state (or packed start) among them, so
+    that one round trip covers W segments (_window_entering)."""
     n_tiles = tl.num_programs(0)
     tile = tl.atomic_add(status_ptr + n_tiles, 1)
     step = tile % N_SEG  # position in scan order
@@ -185,6 +257,10 @@ def lookback_carry_kernel(decay_ptr, end_ptr, out_ptr, rate_ptr, sum_decay_ptr, 
     entering = zero
     between = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
     back = step - 1
+    if WINDOW > 0:
+        entering = _window_entering(sum_decay_ptr, sum_end_ptr, inclusive_ptr, status_ptr, rate,
+                                    tile, step, block, SCALAR_DECAY, WINDOW, BLOCK_D)
+        back = -1
     while back >= 0:
         earlier = tile - (step - back)
         flag = tl.atomic_add(status_ptr + earlier, 0, sem="acquire")
@@ -248,11 +324,19 @@ class CarryPlan:
     segment_chunks: int = 128
     lookback: bool = False
     publish_every: int = 1  # lookback_carry_kernel's PUBLISH_EVERY (tests change it)
+    window: int = 0  # lookback_carry_kernel's WINDOW: 0 one tile at a time, else a power of 2
+
+    def __post_init__(self):
+        if self.window and (self.window & (self.window - 1) or not self.lookback):
+            raise ValueError(f"CarryPlan: window must be 0 or a power of two, with lookback; "
+                             f"got window={self.window}, lookback={self.lookback}")
 
     @property
     def label(self) -> str:
         """A short tag for test ids and logs."""
         kind = f"lookback_every{self.publish_every}" if self.lookback else "levels"
+        if self.window:
+            kind += f"_window{self.window}"
         return f"{kind}_from{self.two_level_from}_seg{self.segment_chunks}"
 
 
@@ -303,7 +387,7 @@ def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool,
         sum_decay = torch.empty(n_tiles if scalar_decay else (n_tiles, block_d), **f32)
         launching.launch(lookback_carry_kernel, (n_tiles,), decay, end, out, *params, sum_decay,
                          sums, inclusive, status, n_chunks, width, plan.segment_chunks, n_seg,
-                         n_cb, PUBLISH_EVERY=plan.publish_every, **meta)
+                         n_cb, PUBLISH_EVERY=plan.publish_every, WINDOW=plan.window, **meta)
         return out
     seg_decay = torch.empty((batch, n_seg) if scalar_decay else (batch, n_seg, width), **f32)
     seg_end = torch.empty(batch, n_seg, width, **f32)
