@@ -551,3 +551,12 @@ def test_a_configuration_passed_in_runs_without_changing_the_registered_one():
 def test_a_carry_window_must_be_a_power_of_two_with_the_look_back(window, lookback):
     with pytest.raises(ValueError, match="window must be 0 or a power of two, with lookback"):
         carry.CarryPlan(lookback=lookback, window=window)
+
+
+def test_a_carry_window_changes_the_settings_digest_and_none_keeps_it():
+    """Calibration files key launch settings on the configuration's repr: a plan without a
+    window reads as before the field existed, one with a window differs."""
+    from samu.ops.common.family import settings_digest
+    plain = carry.CarryPlan(lookback=True)
+    assert "window" not in repr(plain)
+    assert settings_digest(plain) != settings_digest(carry.CarryPlan(lookback=True, window=8))

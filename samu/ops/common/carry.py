@@ -14,6 +14,7 @@ of them at once.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -325,6 +326,13 @@ class CarryPlan:
     lookback: bool = False
     publish_every: int = 1  # lookback_carry_kernel's PUBLISH_EVERY (tests change it)
     window: int = 0  # lookback_carry_kernel's WINDOW: 0 one tile at a time, else a power of 2
+
+    def __repr__(self) -> str:
+        # Without a window, as before the field existed: calibration files key the registered
+        # configurations' launch settings on their repr (family.settings_digest).
+        fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                  if f.name != "window" or self.window]
+        return f"CarryPlan({', '.join(fields)})"
 
     def __post_init__(self):
         if self.window and (self.window & (self.window - 1) or not self.lookback):
