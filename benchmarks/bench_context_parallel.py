@@ -1,5 +1,6 @@
-"""Context parallelism (samu.distributed) on one GPU: each rank's share of a forward+backward
-against one call at L / P and one at L, and (--check) its legality against the float64 oracle.
+"""Context parallelism (samu.distributed): each rank's share of a forward+backward, timed in turn
+on one GPU, against one call at L / P and one at L; (--check) its legality against the float64
+oracle; (--distributed) each rank's real call timed in its own process, on one GPU or several.
 
 Timing runs in one process: rank r's share is its summary pass, the simulated all_gather (its
 summary stacked with stand-ins of the other ranks', whose values do not change the work), its
@@ -16,10 +17,21 @@ ranks) is also a row of data/benchmarks/<gpu-slug>/bench_context_parallel.jsonl
 call and its backward there, and checks y, the final states, dx, every parameter's gradient
 (summed over the ranks) and d initial_state against the float64 oracle over the whole sequence
 with SPEC section 4's rule (2 x the eager reference's error + 1e-3, all finite).  It exits 1 if
-any output is not legal.
+any output is not legal.  With --gpus N (N > 1), rank r runs on GPU r mod N and the ranks
+talk over --dist-backend (NCCL by default there): the same code on several GPUs.
+
+--distributed times the real call instead of the simulation: P processes (one per GPU with
+--gpus, else all on one device), each running its rank's context-parallel forward+backward with
+the real collectives, started together after a barrier; per rank the median of CUDA events (the
+host clock on a CPU), one plain call at L / P on its device, and the all_gather of the forward's
+summaries alone (2 x B x D FP32), whose share of the rank's time the JSON reports.  CUDA-graph
+replay does not apply: the call's input agreement reads the gathered shapes on the host.
+Written to data/context_parallel/<gpu-slug>_distributed.json.
 
     python benchmarks/bench_context_parallel.py                       # L = 2^17..2^20, D = 2048
     python benchmarks/bench_context_parallel.py --check               # legality, P = 2, 4, 8
+    python benchmarks/bench_context_parallel.py --check --gpus 2 --ranks 2        # over NCCL
+    python benchmarks/bench_context_parallel.py --distributed --gpus 2 --ranks 2  # timed
     python benchmarks/bench_context_parallel.py --device cpu --lengths 64 --ranks 2 --width 16
 """
 from __future__ import annotations
@@ -271,17 +283,31 @@ def check_sequences(slices) -> list[int]:
     return sorted(p for p in points if p <= bounds[-1])
 
 
-def check_worker(rank: int, world: int, port: int, work_dir: str, device_index: int):
+def _join(rank: int, world: int, port: int, gpus: int, dist_backend: str) -> torch.device:
+    """This worker's process group and device: GPU rank mod gpus (0: the CPU)."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world,
-                                         timeout=timedelta(seconds=300))
-    import samu
-    from samu.distributed import build_cp_context
-    device = (torch.device("cuda", device_index) if device_index >= 0
-              else torch.device("cpu"))
+    device = torch.device("cuda", rank % gpus) if gpus else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    torch.distributed.init_process_group(dist_backend, rank=rank, world_size=world,
+                                         timeout=timedelta(seconds=300))
+    return device
+
+
+def _spawn(worker, world: int, work: str, gpus: int, dist_backend: str) -> None:
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(worker, args=(world, port, work, gpus, dist_backend), nprocs=world,
+                       start_method="spawn")
+
+
+def check_worker(rank: int, world: int, port: int, work_dir: str, gpus: int, dist_backend: str):
+    device = _join(rank, world, port, gpus, dist_backend)
+    import samu
+    from samu.distributed import build_cp_context
     job = torch.load(Path(work_dir) / "job.pt")
     results = {}
     for name, case in job.items():
@@ -306,11 +332,10 @@ def check_worker(rank: int, world: int, port: int, work_dir: str, device_index: 
             d_states = d_final if rank == world - 1 else torch.zeros_like(d_final)
         dy = case["dy"][:, start:end].to(device)
         torch.autograd.backward([y, states], [dy.to(y.dtype), d_states.to(states.dtype)])
-        grads = [p.grad.cpu() for p in params]
-        if h0 is not None:
-            grads.append(h0.grad.cpu())
-        for g in grads:
+        grads = [p.grad for p in params] + ([h0.grad] if h0 is not None else [])
+        for g in grads:  # on the rank's device: NCCL reduces CUDA tensors only
             torch.distributed.all_reduce(g)
+        grads = [g.cpu() for g in grads]
         results[name] = {"y": y.detach().cpu(), "states": states.detach().cpu(),
                          "x": x.grad.cpu(), "grads": grads, "backend": backend,
                          "sequence_ids": None if not ctx.packed else list(ctx.sequence_ids),
@@ -321,7 +346,6 @@ def check_worker(rank: int, world: int, port: int, work_dir: str, device_index: 
 
 
 def check(args, device) -> int:
-    import torch.multiprocessing as mp
     from samu.experiment import legality
     from samu.functional import PARAMETER_NAMES
     paths, protocol, schema = _modules()
@@ -355,12 +379,7 @@ def check(args, device) -> int:
                                                if "initial_state" in state else None)}
         with tempfile.TemporaryDirectory() as work:
             torch.save(job, Path(work) / "job.pt")
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            index = (device.index or 0) if device.type == "cuda" else -1
-            mp.start_processes(check_worker, args=(world, port, work, index), nprocs=world,
-                               start_method="spawn")
+            _spawn(check_worker, world, work, args.gpus, args.dist_backend)
             ranks = [torch.load(Path(work) / f"rank{r}.pt") for r in range(world)]
         for name, (want, eager) in wants.items():
             mixer = job[name]["mixer"]
@@ -399,6 +418,102 @@ def check(args, device) -> int:
     return 0 if legal else 1
 
 
+def distributed_worker(rank: int, world: int, port: int, work_dir: str, gpus: int,
+                       dist_backend: str):
+    """This rank's timings of the real context-parallel call (see the module docstring)."""
+    device = _join(rank, world, port, gpus, dist_backend)
+    import samu
+    from samu.distributed import build_cp_context
+    dist = torch.distributed
+    job = torch.load(Path(work_dir) / "job.pt")
+    _, protocol, _ = _modules()
+    results = []
+    for case in job["cases"]:
+        mixer, length, width = case["mixer"], case["length"], case["width"]
+        x, params, dy = make_inputs(mixer, length, width, device, torch.bfloat16)
+        local = length // world
+        xs = x[:, rank * local:(rank + 1) * local].contiguous()
+        dys = dy[:, rank * local:(rank + 1) * local].contiguous()
+        ctx = build_cp_context()
+        xg = xs.detach().requires_grad_()
+        ps = [p.detach().requires_grad_() for p in params]
+        fn = getattr(samu, mixer)
+
+        def share():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                y = fn(xg, *ps, backend=job["backend"], cp_context=ctx)
+            torch.autograd.grad(y, [xg, *ps], dys)
+        call = one_call(mixer, xs, params, dys, job["backend"])
+        summaries = torch.zeros(2, 1, width, device=device)
+        gathered = [torch.empty_like(summaries) for _ in range(world)]
+
+        def gather():
+            dist.all_gather(gathered, summaries)
+        times = {}
+        for label, step in (("share", share), ("call", call), ("all_gather", gather)):
+            for _ in range(job["warmup"]):
+                step()
+            samples = []
+            for _ in range(job["repeats"]):
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                dist.barrier()  # every rank starts together, as in training
+                begin, end = protocol._timer(device)
+                begin()
+                step()
+                samples.append(end())
+            times[label] = statistics.median(samples)
+        results.append({**case, "rank": rank, "device": str(device), **{
+            f"{k}_ms": v for k, v in times.items()}})
+    torch.save(results, Path(work_dir) / f"rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def distributed(args, device) -> int:
+    """--distributed: P processes each timing its rank's real call (module docstring)."""
+    paths, protocol, schema = _modules()
+    rows = []
+    for world in args.ranks:
+        cases = [{"mixer": m, "length": n, "width": args.width, "ranks": world}
+                 for m in args.mixers for n in args.lengths if n % world == 0]
+        job = {"cases": cases, "backend": args.backend, "repeats": args.repeats,
+               "warmup": args.warmup}
+        with tempfile.TemporaryDirectory() as work:
+            torch.save(job, Path(work) / "job.pt")
+            _spawn(distributed_worker, world, work, args.gpus, args.dist_backend)
+            ranks = [torch.load(Path(work) / f"rank{r}.pt") for r in range(world)]
+        for i, case in enumerate(cases):
+            mine = [r[i] for r in ranks]
+            slowest = max(m["share_ms"] for m in mine)
+            row = {**case, "devices": [m["device"] for m in mine],
+                   "rank_ms": [m["share_ms"] for m in mine],
+                   "call_at_slice_ms": [m["call_ms"] for m in mine],
+                   "all_gather_ms": [m["all_gather_ms"] for m in mine],
+                   "slowest_rank_ms": slowest,
+                   "slowest_rank_over_slice_call": slowest / max(m["call_ms"] for m in mine),
+                   "all_gather_share_of_slowest": max(m["all_gather_ms"] for m in mine)
+                   / slowest}
+            rows.append(row)
+            print(f"{case['mixer']} L={case['length']} P={world}: ranks "
+                  f"{[round(t, 3) for t in row['rank_ms']]} ms, call at L/P "
+                  f"{max(row['call_at_slice_ms']):.3f} ms (slowest / call "
+                  f"{row['slowest_rank_over_slice_call']:.2f}), all_gather of the summaries "
+                  f"{max(row['all_gather_ms']):.3f} ms", flush=True)
+    doc = {"environment": protocol.environment(device),
+           "protocol": {"repeats": args.repeats, "warmup": args.warmup,
+                        "dist_backend": args.dist_backend, "gpus": args.gpus,
+                        "timer": "CUDA events" if device.type == "cuda" else "host clock",
+                        "share": "the real context-parallel call and its backward, ranks "
+                                 "started together after a barrier"},
+           "rows": rows}
+    out = Path(args.out) if args.out else (paths.DATA / "context_parallel"
+                                           / f"{protocol.device_slug(device)}_distributed.json")
+    schema.write_json_atomic(out, doc, kind=None)
+    print("wrote", paths.relative(out))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=None, help="cuda (default when present) or cpu")
@@ -418,8 +533,17 @@ def main(argv=None) -> int:
                         help="also print each kernel's GPU time in ranks 0, 1 and P - 1 and in "
                              "the call at L / P (torch.profiler, CUDA only)")
     parser.add_argument("--check", action="store_true",
-                        help="legality of the context-parallel path, P processes on one GPU")
+                        help="legality of the context-parallel path, P processes (on one "
+                             "GPU, or over --gpus)")
     parser.add_argument("--check-length", type=int, default=2**14)
+    parser.add_argument("--distributed", action="store_true",
+                        help="time the real call, P processes with real collectives")
+    parser.add_argument("--gpus", type=int, default=None,
+                        help="--check and --distributed: rank r on GPU r mod GPUS (default 1 "
+                             "on CUDA)")
+    parser.add_argument("--dist-backend", default=None,
+                        help="--check and --distributed: the process group's backend (default "
+                             "nccl with --gpus > 1, else gloo)")
     parser.add_argument("--out", default=None, help="the JSON file to write (default: "
                         "data/context_parallel/<gpu-slug>.json, or <gpu-slug>_check.json)")
     args = parser.parse_args(argv)
@@ -428,8 +552,19 @@ def main(argv=None) -> int:
         args.warmup = 3 if device.type == "cuda" else 1
     if args.profile and device.type != "cuda":
         parser.error("--profile needs a CUDA device")
+    if device.type == "cuda":
+        args.gpus = args.gpus or 1
+        if args.gpus > torch.cuda.device_count():
+            parser.error(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()}")
+    elif args.gpus:
+        parser.error("--gpus needs a CUDA device")
+    else:
+        args.gpus = 0
+    args.dist_backend = args.dist_backend or ("nccl" if args.gpus > 1 else "gloo")
     if args.check:
         return check(args, device)
+    if args.distributed:
+        return distributed(args, device)
     paths, protocol, schema = _modules()
     doc = {"environment": protocol.environment(device),
            "protocol": {"repeats": args.repeats, "warmup": args.warmup,
