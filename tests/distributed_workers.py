@@ -280,16 +280,18 @@ def _error_case(name: str, rank: int):
                       backend="reference_chunked", cp_context=build_cp_context())
 
 
-def train(mixer: str, wrap: str | None, rank: int = 0, world: int = 1) -> list[float]:
+def train(mixer: str, wrap: str | None, rank: int = 0, world: int = 1,
+          device: str = "cpu") -> list[float]:
     """Losses of TRAINING_STEPS SGD steps on this rank's share of the batch: wrap None (one
-    process, the whole batch), "ddp" or "fsdp2" (data parallel over the group)."""
+    process, the whole batch), "ddp" or "fsdp2" (data parallel over the group), on ``device``
+    (this rank's GPU under NCCL)."""
     import torch.nn.functional as F
     from samu import model as samu_model
     config = samu_model.ModelConfig(mixer=mixer, **TRAINING)
-    net = samu_model.build(config, seed=0).double()
+    net = samu_model.build(config, seed=0).double().to(device)
     gen = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, TRAINING["vocab_size"], (TRAINING_BATCH, TRAINING_LENGTH + 1),
-                           generator=gen)
+                           generator=gen).to(device)
     share = TRAINING_BATCH // world
     tokens = tokens[rank * share:(rank + 1) * share]
     # fully_shard refuses 0-dim parameters (SAMU's log_temp and skip): they stay whole on
@@ -301,7 +303,7 @@ def train(mixer: str, wrap: str | None, rank: int = 0, world: int = 1) -> list[f
     elif wrap == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(torch.device(device).type, (world,))
         for block in net.blocks:
             fully_shard(block, mesh=mesh, ignored_params=set(replicated))
         fully_shard(net, mesh=mesh, ignored_params=set(replicated))
@@ -343,6 +345,24 @@ def two_ranks(rank: int, world: int, port: int, out_dir: str):
         for wrap in ("ddp", "fsdp2"):
             try:
                 results[f"{wrap}-{mixer}"] = train(mixer, wrap, rank, world)
+            except Exception as exc:  # reported by the parent as the error it is
+                results[f"{wrap}-{mixer}"] = f"{type(exc).__name__}: {exc}"
+    _finish(out_dir, rank, results)
+
+
+def two_gpus(rank: int, world: int, port: int, out_dir: str):
+    """Data parallel training over NCCL, one GPU per rank (a machine with two GPUs)."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    device = f"cuda:{rank}"
+    torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl", rank=rank, world_size=world,
+                                         timeout=timedelta(seconds=90))
+    results = {}
+    for mixer in ("samu", "rglru"):
+        for wrap in ("ddp", "fsdp2"):
+            try:
+                results[f"{wrap}-{mixer}"] = train(mixer, wrap, rank, world, device)
             except Exception as exc:  # reported by the parent as the error it is
                 results[f"{wrap}-{mixer}"] = f"{type(exc).__name__}: {exc}"
     _finish(out_dir, rank, results)

@@ -186,6 +186,22 @@ def test_data_parallel_training_matches_one_process(two_ranks, wrap, mixer):
         assert math.isclose(a, b, rel_tol=1e-8), (step, got[0], reference)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (NCCL)")
+def test_data_parallel_training_over_nccl_on_two_gpus_matches_one_gpu(tmp_path):
+    """DDP and FSDP2 over NCCL, a rank per GPU: the same losses as one GPU on the whole batch."""
+    ranks, want = run_group(workers.two_gpus, 2, tmp_path,
+                            lambda: {m: workers.train(m, None, device="cuda:0")
+                                     for m in ("samu", "rglru")})
+    for mixer in ("samu", "rglru"):
+        assert len(want[mixer]) == workers.TRAINING_STEPS and want[mixer][0] > want[mixer][-1]
+        for wrap in ("ddp", "fsdp2"):
+            got = [r[f"{wrap}-{mixer}"] for r in ranks]
+            assert not isinstance(got[0], str), f"{wrap} over NCCL did not run: {got[0]}"
+            assert got[0] == got[1]
+            for step, (a, b) in enumerate(zip(got[0], want[mixer])):
+                assert math.isclose(a, b, rel_tol=1e-8), (wrap, mixer, step, got[0], want[mixer])
+
+
 # --- one process: the layout and the closed forms ------------------------------------------
 
 def test_slice_layout_of_packed_sequences():
