@@ -430,10 +430,12 @@ def distributed_worker(rank: int, world: int, port: int, work_dir: str, gpus: in
     results = []
     for case in job["cases"]:
         mixer, length, width = case["mixer"], case["length"], case["width"]
-        x, params, dy = make_inputs(mixer, length, width, device, torch.bfloat16)
+        # The whole sequence made on the host (the same on every rank), this rank's slice moved
+        x, params, dy = make_inputs(mixer, length, width, "cpu", torch.bfloat16)
+        params = [p.to(device) for p in params]
         local = length // world
-        xs = x[:, rank * local:(rank + 1) * local].contiguous()
-        dys = dy[:, rank * local:(rank + 1) * local].contiguous()
+        xs = x[:, rank * local:(rank + 1) * local].contiguous().to(device)
+        dys = dy[:, rank * local:(rank + 1) * local].contiguous().to(device)
         ctx = build_cp_context()
         xg = xs.detach().requires_grad_()
         ps = [p.detach().requires_grad_() for p in params]
