@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -283,29 +281,26 @@ def check_sequences(slices) -> list[int]:
     return sorted(p for p in points if p <= bounds[-1])
 
 
-def _join(rank: int, world: int, port: int, gpus: int, dist_backend: str) -> torch.device:
-    """This worker's process group and device: GPU rank mod gpus (0: the CPU)."""
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def _join(rank: int, world: int, work_dir: str, gpus: int, dist_backend: str) -> torch.device:
+    """This worker's process group and device: GPU rank mod gpus (0: the CPU).  The ranks meet
+    through a file in the run's own folder, not a port that another group could take first."""
     device = torch.device("cuda", rank % gpus) if gpus else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    torch.distributed.init_process_group(dist_backend, rank=rank, world_size=world,
-                                         timeout=timedelta(seconds=300))
+    torch.distributed.init_process_group(
+        dist_backend, init_method=f"file://{Path(work_dir) / 'rendezvous'}", rank=rank,
+        world_size=world, timeout=timedelta(seconds=300))
     return device
 
 
 def _spawn(worker, world: int, work: str, gpus: int, dist_backend: str) -> None:
     import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(worker, args=(world, port, work, gpus, dist_backend), nprocs=world,
+    mp.start_processes(worker, args=(world, work, gpus, dist_backend), nprocs=world,
                        start_method="spawn")
 
 
-def check_worker(rank: int, world: int, port: int, work_dir: str, gpus: int, dist_backend: str):
-    device = _join(rank, world, port, gpus, dist_backend)
+def check_worker(rank: int, world: int, work_dir: str, gpus: int, dist_backend: str):
+    device = _join(rank, world, work_dir, gpus, dist_backend)
     import samu
     from samu.distributed import build_cp_context
     job = torch.load(Path(work_dir) / "job.pt")
@@ -418,10 +413,9 @@ def check(args, device) -> int:
     return 0 if legal else 1
 
 
-def distributed_worker(rank: int, world: int, port: int, work_dir: str, gpus: int,
-                       dist_backend: str):
+def distributed_worker(rank: int, world: int, work_dir: str, gpus: int, dist_backend: str):
     """This rank's timings of the real context-parallel call (see the module docstring)."""
-    device = _join(rank, world, port, gpus, dist_backend)
+    device = _join(rank, world, work_dir, gpus, dist_backend)
     import samu
     from samu.distributed import build_cp_context
     dist = torch.distributed

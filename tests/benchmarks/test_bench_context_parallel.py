@@ -52,9 +52,10 @@ def test_host_time_with_launches_stubbed(tmp_path, load_benchmark, rows_folder):
     assert line["units"]["slowest_rank_host_over_slice_call_host"] == "ratio"
 
 
-def test_distributed_spawns_ranks_with_real_collectives(tmp_path):
+def test_distributed_and_check_spawn_ranks_with_real_collectives(tmp_path):
     """--distributed times each rank's real call in its own process (gloo on the CPU): a row per
-    (mixer, length, P) with every rank's time, the call at L / P and the all_gather's share."""
+    (mixer, length, P) with every rank's time, the call at L / P and the all_gather's share;
+    --check spawns its ranks the same way and finds them legal."""
     import subprocess
     import sys
 
@@ -62,9 +63,10 @@ def test_distributed_spawns_ranks_with_real_collectives(tmp_path):
     script = str(paths.REPO_ROOT / "benchmarks" / "bench_context_parallel.py")
     tiny = ["--device", "cpu", "--ranks", "2", "--width", "16", "--mixers", "samu"]
     out = tmp_path / "distributed.json"
-    subprocess.run([sys.executable, script, *tiny, "--distributed", "--lengths", "32", "48",
-                    "--repeats", "2", "--backend", "reference_chunked", "--out", str(out)],
-                   check=True, capture_output=True, timeout=600)
+    done = subprocess.run([sys.executable, script, *tiny, "--distributed", "--lengths", "32",
+                           "48", "--repeats", "2", "--backend", "reference_chunked", "--out",
+                           str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(out.read_text())
     assert doc["protocol"]["dist_backend"] == "gloo"
     assert [(r["length"], r["ranks"]) for r in doc["rows"]] == [(32, 2), (48, 2)]
@@ -72,3 +74,9 @@ def test_distributed_spawns_ranks_with_real_collectives(tmp_path):
         assert row["devices"] == ["cpu", "cpu"] and len(row["rank_ms"]) == 2
         assert row["slowest_rank_ms"] == max(row["rank_ms"]) > 0
         assert 0 < row["all_gather_share_of_slowest"] < 1
+    check = tmp_path / "check.json"
+    done = subprocess.run([sys.executable, script, *tiny, "--check", "--check-length", "32",
+                           "--out", str(check)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    cases = json.loads(check.read_text())["cases"]
+    assert len(cases) == 4 and all(c["legal"] for c in cases)
