@@ -659,11 +659,12 @@ class _SliceWithCarry(torch.autograd.Function):
             raise
         needs = ctx.needs_input_grad[2:]
         d_h0 = None
-        if needs[1]:  # zeros on the rows this slice does not read (all, where it continues)
-            d_h0 = torch.zeros(ctx.initial_state[0], dtype=ctx.initial_state[1],
-                               device=dx.device)
-            if not call.layout.continued:  # unpacked: the slice reads every row
-                d_h0.copy_(d_entering)
+        if needs[1]:
+            shape, dtype = ctx.initial_state
+            # Unpacked, a slice that starts the sequences reads every row; one that continues
+            # them reads none (zeros).
+            d_h0 = (d_entering.to(dtype) if not call.layout.continued
+                    else torch.zeros(shape, dtype=dtype, device=dx.device))
         return [dx if needs[0] else None, d_h0,
                 *[g if n else None for g, n in zip(d_params, needs[2:])]]
 

@@ -197,22 +197,29 @@ def sequence_args(x: torch.Tensor, initial_state, cu_seqlens, output_final_state
 START_MARK = tl.constexpr(float("inf"))
 
 
-def check_entering(run, entering) -> None:
-    """A SliceRun's entering state (context parallelism): None where the run resets (its
-    summary came from the reset), else a floating-point [B, D] tensor on x's device; a wrong
-    shape would have the kernels read past the [B, D] state buffer."""
+def _check_state_rows(what: str, value, shape: tuple, device) -> None:
+    """value a floating-point tensor of ``shape`` on ``device``: the kernels read [B, D] state
+    rows, and a wrong shape would have them read past the buffer."""
+    if (not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(shape)
+            or value.device != device or not value.is_floating_point()):
+        got = (f"{tuple(value.shape)} {value.dtype} on {value.device}"
+               if isinstance(value, torch.Tensor) else type(value).__name__)
+        raise ValueError(f"{what} a floating-point tensor of shape {tuple(shape)} on {device}, "
+                         f"got {got}")
+
+
+def slice_run_sequences(run, entering):
+    """A SliceRun's sequence arguments (context parallelism) from its entering state, checked:
+    None where the run resets (its summary came from the reset), else a floating-point [B, D]
+    tensor on x's device."""
     if run.resets:
         if entering is not None:
             raise ValueError("SliceRun: a run that resets (a sequence starting without an "
                              "initial state) takes no entering state, got a tensor")
-        return
-    want = (run.x.shape[0], run.x.shape[2])
-    if (not isinstance(entering, torch.Tensor) or tuple(entering.shape) != want
-            or entering.device != run.x.device or not entering.is_floating_point()):
-        got = (f"{tuple(entering.shape)} {entering.dtype} on {entering.device}"
-               if isinstance(entering, torch.Tensor) else type(entering).__name__)
-        raise ValueError(f"SliceRun: the entering state must be a floating-point tensor of "
-                         f"shape {want} on {run.x.device}, got {got}")
+        return sequence_args(run.x, None, None, True)
+    _check_state_rows("SliceRun: the entering state must be", entering,
+                      (run.x.shape[0], run.x.shape[2]), run.x.device)
+    return sequence_args(run.x, fp32_contiguous(entering), None, True)
 
 
 def take_end_cotangent(end_cotangent, mu: torch.Tensor):
@@ -223,10 +230,5 @@ def take_end_cotangent(end_cotangent, mu: torch.Tensor):
     extra = end_cotangent(mu)
     if extra is None:
         return None
-    if (not isinstance(extra, torch.Tensor) or tuple(extra.shape) != tuple(mu.shape)
-            or extra.device != mu.device or not extra.is_floating_point()):
-        got = (f"{tuple(extra.shape)} {extra.dtype} on {extra.device}"
-               if isinstance(extra, torch.Tensor) else type(extra).__name__)
-        raise ValueError(f"end_cotangent must return a floating-point tensor of shape "
-                         f"{tuple(mu.shape)} on {mu.device} (or None), got {got}")
+    _check_state_rows("end_cotangent must return None or", extra, mu.shape, mu.device)
     return fp32_contiguous(extra)

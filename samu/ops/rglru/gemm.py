@@ -60,8 +60,8 @@ from ..common.math import (FAST_MATH, _ptx_approx, exp_fast, one_minus_a_squared
                            softplus, to_element, transition)
 from ..common.reduce import named_columns, sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
-from ..common.sequences import (adjoint_inputs, check_entering, entering_state, fold_starts,
-                                load_at, resets, row_sequences, sequence_args, store_at,
+from ..common.sequences import (adjoint_inputs, entering_state, fold_starts, load_at, resets,
+                                row_sequences, sequence_args, slice_run_sequences, store_at,
                                 take_end_cotangent)
 from ..recurrence import GATE_SCALE
 
@@ -847,9 +847,7 @@ class SliceRun:
     def forward(self, entering):
         """(y, final state FP32 [B, D]) from ``entering``, the state entering the slice (None
         with ``resets``)."""
-        check_entering(self, entering)
-        sequences = sequence_args(self.x, None if self.resets else fp32_contiguous(entering),
-                                  None, True)
+        sequences = slice_run_sequences(self, entering)
         y, final, residuals = forward(self.x, self.params, sequences, self.config, self._w_cat,
                                       summary=self._summary)
         self._summary = None  # its chunk-0 end state now holds the entering state

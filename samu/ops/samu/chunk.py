@@ -28,8 +28,8 @@ from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transiti
 from ..common.reduce import sum_partials, weight_partials
 from ..common.scan import (affine_combine, decayed_previous_state, last_row, row_offsets,
                            shifted_rows)
-from ..common.sequences import (START_MARK, adjoint_inputs, check_entering, entering_state,
-                                fold_starts, load_at, resets, row_sequences, sequence_args,
+from ..common.sequences import (START_MARK, adjoint_inputs, entering_state, fold_starts, load_at,
+                                resets, row_sequences, sequence_args, slice_run_sequences,
                                 store_at, take_end_cotangent)
 
 MIXER = "samu"
@@ -643,9 +643,7 @@ class SliceRun:
     def forward(self, entering):
         """(y, final state FP32 [B, D]) from ``entering``, the state entering the slice (None
         with ``resets``)."""
-        check_entering(self, entering)
-        sequences = sequence_args(self.x, None if self.resets else fp32_contiguous(entering),
-                                  None, True)
+        sequences = slice_run_sequences(self, entering)
         y, final, residuals = forward(self.x, self.params, sequences, self.config,
                                       summary=self._summary)
         self._summary = None  # its chunk-0 end state now holds the entering state
