@@ -1,6 +1,8 @@
 """benchmarks/bench_context_parallel.py on a CPU, at a tiny size: its JSON file and its rows."""
 import json
 
+import torch
+
 from samu.experiment import benchmark_rows
 
 
@@ -33,12 +35,14 @@ def test_benchmark_runs_on_the_cpu_and_appends_a_row_per_measurement(tmp_path, l
 
 def test_host_time_with_launches_stubbed(tmp_path, load_benchmark, rows_folder):
     """--host times each call and rank's share with its Triton launches stubbed (the Triton
-    backend under the interpreter, so that there are launches to stub), and restores them."""
+    backend, under the interpreter where there is no GPU, so that there are launches to stub),
+    and restores them."""
     from samu.ops.common import launching
     bench = load_benchmark("bench_context_parallel")
     real = launching.launch
     out = tmp_path / "cp.json"
-    assert bench.main(["--device", "cpu", "--lengths", "32", "--ranks", "2", "--width", "16",
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert bench.main(["--device", device, "--lengths", "32", "--ranks", "2", "--width", "16",
                        "--repeats", "1", "--mixers", "samu", "--host",
                        "--backend", "fused_controller_hierarchical_chunk8",
                        "--out", str(out)]) == 0

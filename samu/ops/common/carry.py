@@ -256,33 +256,33 @@ def lookback_carry_kernel(decay_ptr, end_ptr, out_ptr, rate_ptr, sum_decay_ptr, 
     _publish(status_ptr, tile, _SUMMARY)
     # state entering the segment = sum over earlier segments i of (decay between) * end_i
     entering = zero
-    between = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
-    back = step - 1
     if WINDOW > 0:
         entering = _window_entering(sum_decay_ptr, sum_end_ptr, inclusive_ptr, status_ptr, rate,
                                     tile, step, block, SCALAR_DECAY, WINDOW, BLOCK_D)
-        back = -1
-    while back >= 0:
-        earlier = tile - (step - back)
-        flag = tl.atomic_add(status_ptr + earlier, 0, sem="acquire")
-        while flag == 0:
+    else:  # a walk whose start is a constant -1 crashes triton 3.6's coalesce pass
+        between = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
+        back = step - 1
+        while back >= 0:
+            earlier = tile - (step - back)
             flag = tl.atomic_add(status_ptr + earlier, 0, sem="acquire")
-        other = earlier.to(tl.int64) * BLOCK_D + block
-        if flag == _INCLUSIVE:
-            entering += between * tl.load(inclusive_ptr + other, cache_modifier=".cg")
-            back = -1
-        else:
-            entering += between * tl.load(sum_end_ptr + other, cache_modifier=".cg")
-            if SCALAR_DECAY:
-                r_sum = tl.load(sum_decay_ptr + earlier, cache_modifier=".cg")
-                if r_sum == START_MARK:  # a packed start: nothing earlier passes
-                    back = -1
-                else:
-                    between *= exp_fast(-rate * r_sum)
-                    back -= 1
+            while flag == 0:
+                flag = tl.atomic_add(status_ptr + earlier, 0, sem="acquire")
+            other = earlier.to(tl.int64) * BLOCK_D + block
+            if flag == _INCLUSIVE:
+                entering += between * tl.load(inclusive_ptr + other, cache_modifier=".cg")
+                back = -1
             else:
-                between *= tl.load(sum_decay_ptr + other, cache_modifier=".cg")
-                back -= 1
+                entering += between * tl.load(sum_end_ptr + other, cache_modifier=".cg")
+                if SCALAR_DECAY:
+                    r_sum = tl.load(sum_decay_ptr + earlier, cache_modifier=".cg")
+                    if r_sum == START_MARK:  # a packed start: nothing earlier passes
+                        back = -1
+                    else:
+                        between *= exp_fast(-rate * r_sum)
+                        back -= 1
+                else:
+                    between *= tl.load(sum_decay_ptr + other, cache_modifier=".cg")
+                    back -= 1
     publish = PUBLISH_EVERY == 1
     if PUBLISH_EVERY > 1:
         publish = step % PUBLISH_EVERY == 0
