@@ -3,6 +3,7 @@ import json
 
 import torch
 
+from samu import dispatch
 from samu.experiment import benchmark_rows
 
 
@@ -51,7 +52,8 @@ def test_host_time_with_launches_stubbed(tmp_path, load_benchmark, rows_folder):
     assert len(row["rank_host_us"]) == 2 and row["one_call_at_slice_host_us"] > 0
     assert row["slowest_rank_host_over_slice_call_host"] == \
         max(row["rank_host_us"]) / row["one_call_at_slice_host_us"]
-    (line,) = benchmark_rows.read_rows(rows_folder / "bench_context_parallel.jsonl")
+    rows = rows_folder.parent / dispatch.gpu_slug() / "bench_context_parallel.jsonl"
+    (line,) = benchmark_rows.read_rows(rows)
     assert line["units"]["one_call_at_slice_host_us"] == "us"
     assert line["units"]["slowest_rank_host_over_slice_call_host"] == "ratio"
 
