@@ -526,6 +526,92 @@ def test_launcher_calls_the_c_launcher_unless_a_launch_hook_is_set(monkeypatch):
     assert compiled.runner == [((3, 1, 1), (t, 4, 16))] and len(compiled.direct) == 1
 
 
+def test_a_site_calls_the_c_launcher_once_bound_and_the_general_path_otherwise(monkeypatch):
+    """A launching.Site's first call goes through launch (which compiles); later calls go to
+    the compiled kernel's C launcher with the site's grid, the arguments and the constexprs,
+    and through launch again while launch is patched, a launch hook is set, or another
+    device is current."""
+    from triton import knobs
+    from samu.ops.common import launching
+
+    class Compiled:
+        function, packed_metadata = "handle", "packed"
+
+        def __init__(self):
+            self.direct, self.runner = [], []
+
+        def _init_handles(self):
+            pass
+
+        def run(self, *args):
+            self.direct.append(args)
+
+        def __getitem__(self, grid):
+            return lambda *args: self.runner.append((grid, args))
+
+    compiled = Compiled()
+
+    class FakeKernel:
+        arg_names = ["x", "n", "BLOCK"]
+        jit_calls = 0
+
+        def __getitem__(self, grid):
+            def run(*args, **meta):
+                FakeKernel.jit_calls += 1
+                return compiled
+            return run
+
+    device = [0]
+    launch = launching.Launcher(interpreting=False, device_index=lambda: device[0])
+    monkeypatch.setattr(launching, "launch", launch)
+    monkeypatch.setattr(launching, "_LAUNCHER", launch)
+    monkeypatch.setattr(launching, "_current_stream", lambda d: 1234 + d)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
+    t = torch.zeros(4)
+    site = launching.Site(FakeKernel(), (5, 2), dict(BLOCK=16, num_warps=4))
+    site(t, 4)  # compiles through launch
+    assert FakeKernel.jit_calls == 1 and site.bound is not None
+    site(t, 4)
+    assert compiled.direct == [(5, 2, 1, 1234, "handle", "packed", None, None, None, t, 4, 16)]
+    device[0] = 1  # another device: launch keys its own entry and compiles there
+    site(t, 4)
+    assert FakeKernel.jit_calls == 2 and len(compiled.direct) == 1
+    device[0] = 0
+    seen = []
+    monkeypatch.setattr(launching, "launch", lambda kernel, grid, *args, **meta:
+                        seen.append((grid, args, meta)))
+    site(t, 4)
+    assert seen == [((5, 2), (t, 4), dict(BLOCK=16, num_warps=4))]
+    assert len(compiled.direct) == 1
+    monkeypatch.setattr(launching, "launch", launch)
+    hooks = knobs.HookChain()
+    hooks.add(lambda *args, **kwargs: None)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hooks)
+    site(t, 4)  # the runner, which calls the hooks
+    assert compiled.runner == [((5, 2, 1), (t, 4, 16))] and len(compiled.direct) == 1
+
+
+def test_a_site_under_the_interpreter_launches_through_launch(monkeypatch):
+    """Interpreting, a Site never binds: every call is an interpreted launch."""
+    from samu.ops.common import launching
+    calls = []
+
+    class FakeKernel:
+        arg_names = ["x", "BLOCK"]
+
+        def __getitem__(self, grid):
+            return lambda *args, **meta: calls.append((grid, args, meta))
+
+    launch = launching.Launcher(interpreting=True)
+    monkeypatch.setattr(launching, "launch", launch)
+    monkeypatch.setattr(launching, "_LAUNCHER", launch)
+    t = torch.zeros(2)
+    site = launching.Site(FakeKernel(), (3,), dict(BLOCK=8))
+    site(t)
+    site(t)
+    assert site.bound is None and calls == [((3,), (t,), dict(BLOCK=8))] * 2
+
+
 def test_a_configuration_passed_in_runs_without_changing_the_registered_one():
     """Sweeps pass frozen configurations in as the backend; the registered ones stay as they
     are (the gemm family has its own test in test_rglru_gemm.py)."""

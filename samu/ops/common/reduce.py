@@ -51,6 +51,18 @@ def sum_partials_kernel(front_ptr, part_ptr, tail_ptr, out_ptr, a_param_ptr, S, 
              mask=in_front | in_part | in_tail)
 
 
+@functools.lru_cache(maxsize=1024)
+def _sum_partials_site(ints: tuple, dtypes: tuple, device) -> launching.Site:
+    """sum_partials' launch for its ints and its tensors' dtypes (launching.Site)."""
+    n_front, f, n_parts, n, width = ints[:5]
+    # Narrow column blocks, tall row blocks: enough programs and bytes in flight when P is large
+    # (4096 rows at chunk 8, L = 32768); 128-column blocks took 0.15 ms there on the H200.
+    block_n = 32
+    return launching.Site(sum_partials_kernel, (cdiv(f + n + width, block_n),),
+                          dict(BLOCK_P=min(128, next_power_of_2(max(n_parts, n_front))),
+                               BLOCK_N=block_n, num_warps=4))
+
+
 def sum_partials(part: torch.Tensor, tail: torch.Tensor, a_param: torch.Tensor,
                  out: torch.Tensor | None = None, group: tuple[int, int] | None = None,
                  front: torch.Tensor | None = None) -> torch.Tensor:
@@ -71,13 +83,10 @@ def sum_partials(part: torch.Tensor, tail: torch.Tensor, a_param: torch.Tensor,
         out = torch.empty(f + n + width, device=part.device, dtype=torch.float32)
     col0, run, out_run = (0, n + width, n + width) if group is None else (group[0], width,
                                                                           group[1])
-    # Narrow column blocks, tall row blocks: enough programs and bytes in flight when P is large
-    # (4096 rows at chunk 8, L = 32768); 128-column blocks took 0.15 ms there on the H200.
-    block_n = 32
-    launching.launch(sum_partials_kernel, (cdiv(f + n + width, block_n),), front, part, tail, out,
-                     a_param, n_front, f, n_parts, n, width, col0, run, out_run,
-                     BLOCK_P=min(128, next_power_of_2(max(n_parts, n_front))), BLOCK_N=block_n,
-                     num_warps=4)
+    ints = (n_front, f, n_parts, n, width, col0, run, out_run)
+    site = _sum_partials_site(ints, (front.dtype, part.dtype, tail.dtype, out.dtype,
+                                     a_param.dtype), out.device)
+    site(front, part, tail, out, a_param, *ints)
     return out
 
 
@@ -123,15 +132,23 @@ def _weight_split(tokens: int, width: int, programs: int) -> tuple[int, int, int
     return col_blocks, cdiv(tokens, per_split), per_split
 
 
+@functools.lru_cache(maxsize=1024)
+def _weight_site(tokens: int, width: int, programs: int, x_dtype, dz_dtype, device):
+    """(splits, tokens per split, the launch) of weight_partials for this signature."""
+    col_blocks, splits, per_split = _weight_split(tokens, width, programs)
+    return splits, per_split, launching.Site(weight_partials_kernel, (col_blocks, splits),
+                                             dict(BT=WEIGHT_TOKENS, BC=WEIGHT_CHANNELS,
+                                                  num_warps=4))
+
+
 def weight_partials(x: torch.Tensor, dz: torch.Tensor, programs: int) -> torch.Tensor:
     """[splits, 2 D] split-K rows of dz^T x (x [..., D] contiguous, dz [2, tokens] FP32), about
     `programs` programs in all: rows for sum_partials' front."""
     width = x.shape[-1]
     tokens = dz.shape[1]
-    col_blocks, splits, per_split = _weight_split(tokens, width, programs)
+    splits, per_split, site = _weight_site(tokens, width, programs, x.dtype, dz.dtype, x.device)
     out = torch.empty(splits, 2 * width, device=x.device, dtype=torch.float32)
-    launching.launch(weight_partials_kernel, (col_blocks, splits), x, dz, out, tokens, width,
-                     per_split, BT=WEIGHT_TOKENS, BC=WEIGHT_CHANNELS, num_warps=4)
+    site(x, dz, out, tokens, width, per_split)
     return out
 
 

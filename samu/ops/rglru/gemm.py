@@ -53,7 +53,7 @@ import triton.language as tl
 
 from ..common import launching
 from ..common.carry import DEFAULT_PLAN, CarryPlan, chunk_carry
-from ..common.launching import (aligned, carve, carved_size, cdiv, fp32_contiguous,
+from ..common.launching import (Site, aligned, carve, carved_size, cdiv, fp32_contiguous,
                                 refuse_double_backward, register_cap, sm_count, tile_width,
                                 with_state_keywords)
 from ..common.math import (FAST_MATH, _ptx_approx, exp_fast, one_minus_a_squared, sigmoid_fast,
@@ -515,6 +515,31 @@ def _gate_products(x_heads, w_cat, heads: slice, out: torch.Tensor) -> torch.Ten
     return torch.bmm(x_heads[heads], w_cat[heads], out=out)
 
 
+class _ForwardSites(NamedTuple):
+    summary: tuple  # a Site per head group (each passes its own first channel)
+    output: tuple
+
+
+@functools.lru_cache(maxsize=256)
+def _forward_sites(config: GemmConfig, groups: _Groups, shape: tuple, count: int, dtype,
+                   state_dtype, device, packed: bool, has_initial: bool,
+                   has_final: bool) -> _ForwardSites:
+    """The forward's launches for this signature, which fixes every int the kernels take and
+    every tensor dtype (x's and G's, the initial state's or its placeholder's; the rest FP32),
+    as launching.Site requires."""
+    batch, length, width = shape
+    n_chunks = cdiv(length, config.chunk)
+    meta = tiles(config, groups.bw, width, groups.width)
+    flags = dict(PACKED=packed, HAS_INITIAL=has_initial)
+    summary_meta = dict(with_state_keywords(meta["summary"], packed or has_initial), **flags)
+    output_meta = dict(with_state_keywords(meta["output"], packed or has_initial or has_final),
+                       **flags, HAS_FINAL=has_final)
+    summary_grid = (batch * n_chunks, cdiv(groups.width, meta["summary"]["BN"]))
+    output_grid = (batch * n_chunks, cdiv(groups.width, meta["output"]["BN"]))
+    return _ForwardSites(tuple(Site(_summary_kernel, summary_grid, summary_meta) for _ in groups),
+                         tuple(Site(_output_kernel, output_grid, output_meta) for _ in groups))
+
+
 def forward(x, params, sequences, config: GemmConfig, w_cat=None, summary=None):
     """(y, final state or None, residuals): per head group, the gate GEMM and the forward's
     kernels.  The residuals the backward needs beside x and the parameters: G flat (its
@@ -536,8 +561,9 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None, summary=None):
     x_heads = _heads(x, groups.heads)
     bx, ba, a_param = [fp32_contiguous(p) for p in (gate_x_bias, gate_a_bias, a_param)]
     seq, h0 = sequences.seq_index, sequences.initial_state
-    flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial)
-    meta = tiles(config, groups.bw, width, groups.width)
+    sites = _forward_sites(config, groups, x.shape, sequences.count, x.dtype, h0.dtype, x.device,
+                           sequences.packed, sequences.has_initial,
+                           sequences.output_final_state)
     f32 = dict(device=x.device, dtype=torch.float32)
     if summary is None:
         gates = torch.empty(groups.per_group, tokens, 2 * groups.bw, device=x.device,
@@ -557,22 +583,14 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None, summary=None):
     h_in = carve(residual, shapes)
     y = torch.empty_like(x)
     final = sequences.final_state(width, x.device)
-    summary_meta = with_state_keywords(meta["summary"], any(flags.values()))
-    output_meta = with_state_keywords(meta["output"], any(flags.values())
-                                      or sequences.output_final_state)
-    summary_grid = (batch * n_chunks, cdiv(groups.width, meta["summary"]["BN"]))
-    output_grid = (batch * n_chunks, cdiv(groups.width, meta["output"]["BN"]))
     for g, heads, col0 in groups:
         if summary is None:
             _gate_products(x_heads, w_cat, heads, gates)
-            launching.launch(_summary_kernel, summary_grid, x, gates, bx, ba, a_param, seq, h0,
-                             decay, end, col0, length, tokens, n_chunks, sequences.count,
-                             **summary_meta, **flags)
+            sites.summary[g](x, gates, bx, ba, a_param, seq, h0, decay, end, col0, length, tokens,
+                             n_chunks, sequences.count)
         chunk_carry(decay, end, reverse=False, out=h_in[g], plan=config.carry)
-        launching.launch(_output_kernel, output_grid, x, gates, y, bx, ba, a_param, h_in[g], seq,
-                         h0, final, col0, length, tokens, n_chunks, sequences.count,
-                         **output_meta, **flags,
-                         HAS_FINAL=sequences.output_final_state)
+        sites.output[g](x, gates, y, bx, ba, a_param, h_in[g], seq, h0, final, col0, length,
+                        tokens, n_chunks, sequences.count)
     residuals = (residual,) if config.recompute else (gates.view(-1), residual)
     return y, (final if sequences.output_final_state else None), residuals
 
@@ -596,6 +614,33 @@ def _spans(config: GemmConfig, groups: _Groups, batch: int, n_chunks: int, col_b
     spans = max(1, min(max(1, 2 * n_chunks // 3), programs // (batch * col_blocks)))
     per_span = cdiv(n_chunks, spans)
     return per_span, cdiv(n_chunks, per_span)
+
+
+class _BackwardSites(NamedTuple):
+    reverse_summary: tuple  # a Site per head group
+    main: tuple
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_sites(config: GemmConfig, groups: _Groups, shape: tuple, count: int,
+                    dtypes: tuple, device, packed: bool, has_initial: bool,
+                    has_dfinal: bool) -> _BackwardSites:
+    """_forward_sites' twin for the backward; dtypes: x's, dy's and the initial state's (or its
+    placeholder's).  The backward kernel's spans follow the device's SM count."""
+    batch, length, width = shape
+    n_chunks = cdiv(length, config.chunk)
+    meta = tiles(config, groups.bw, width, groups.width)
+    reverse_meta = dict(with_state_keywords(meta["reverse_summary"], packed or has_dfinal),
+                        PACKED=packed, HAS_DFINAL=has_dfinal)
+    backward_meta = dict(with_state_keywords(meta["backward"], packed or has_initial
+                                             or has_dfinal),
+                         PACKED=packed, HAS_INITIAL=has_initial, HAS_DFINAL=has_dfinal)
+    col_blocks = cdiv(groups.width, meta["backward"]["BN"])
+    _, spans = _spans(config, groups, batch, n_chunks, col_blocks, device)
+    reverse_grid = (batch * n_chunks, cdiv(groups.width, meta["reverse_summary"]["BN"]))
+    return _BackwardSites(
+        tuple(Site(_reverse_summary_kernel, reverse_grid, reverse_meta) for _ in groups),
+        tuple(Site(_backward_kernel, (batch * spans, col_blocks), backward_meta) for _ in groups))
 
 
 def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w_cat=None,
@@ -630,11 +675,12 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
     seq, h0 = sequences.seq_index, sequences.initial_state
     has_dfinal = d_final is not None
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
-    flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
-                 HAS_DFINAL=has_dfinal)
-    backward_meta = with_state_keywords(meta["backward"], any(flags.values()))
-    reverse_meta = with_state_keywords(meta["reverse_summary"],
-                                       sequences.packed or has_dfinal)
+
+    def sites_with(has_dfinal: bool) -> _BackwardSites:
+        return _backward_sites(config, groups, x.shape, sequences.count,
+                               (x.dtype, dy.dtype, h0.dtype), x.device, sequences.packed,
+                               sequences.has_initial, has_dfinal)
+    sites = sites_with(has_dfinal)
     f32 = dict(device=x.device, dtype=torch.float32)
     x_heads = _heads(x, groups.heads)
     if saved_gates is None:
@@ -661,14 +707,11 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
     d_h0 = sequences.initial_state_gradient()
     d_weight = torch.empty(groups.heads, groups.bw, 2 * groups.bw, **f32)
     grads = torch.empty(3 * width, **f32)
-    reverse_grid = (batch * n_chunks, cdiv(groups.width, meta["reverse_summary"]["BN"]))
     for g, heads, col0 in groups:
         if saved_gates is None:
             _gate_products(x_heads, w_cat, heads, gates)
-        launching.launch(_reverse_summary_kernel, reverse_grid, dy, gates, ba, a_param, seq,
-                         d_final, decay, end, col0, length, tokens, n_chunks, sequences.count,
-                         **reverse_meta, PACKED=sequences.packed,
-                         HAS_DFINAL=has_dfinal)
+        sites.reverse_summary[g](dy, gates, ba, a_param, seq, d_final, decay, end, col0, length,
+                                 tokens, n_chunks, sequences.count)
         chunk_carry(decay, end, reverse=True, out=carry, plan=config.carry)
         if end_cotangent is not None:
             # The reverse summary's chunk decays are whole products of a (no start cuts them).
@@ -676,13 +719,12 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
             if extra is not None:  # linear: it reaches the last chunk's start decayed
                 end[:, -1] += decay[:, -1] * extra
                 d_final = extra if not has_dfinal else d_final + extra
-                has_dfinal = flags["HAS_DFINAL"] = True
-                backward_meta = with_state_keywords(meta["backward"], True)
+                has_dfinal = True
+                sites = sites_with(True)
                 chunk_carry(decay, end, reverse=True, out=carry, plan=config.carry)
-        launching.launch(_backward_kernel, (n_parts, col_blocks), x, dy, gates, d_gates, dx, bx, ba,
-                         a_param, h_in[g], carry, seq, h0, d_final, d_h0, part, dsp_part, col0,
-                         length, tokens, n_chunks, sequences.count, per_span, spans,
-                         **backward_meta, **flags)
+        sites.main[g](x, dy, gates, d_gates, dx, bx, ba, a_param, h_in[g], carry, seq, h0,
+                      d_final, d_h0, part, dsp_part, col0, length, tokens, n_chunks,
+                      sequences.count, per_span, spans)
         sum_partials(part, dsp_part, a_param, out=grads, group=(col0, width))
         dx_heads[heads].baddbmm_(d_gates, w_cat[heads].transpose(1, 2))  # dx += dG W_cat^T
         _weight_gradient(x_heads[heads], d_gates, d_weight[heads])

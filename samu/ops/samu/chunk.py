@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -21,7 +22,7 @@ import triton.language as tl
 
 from ..common.carry import DEFAULT_PLAN, CarryPlan, chunk_carry, walked_carry
 from ..common import launching
-from ..common.launching import (aligned, cdiv, fp32_contiguous, refuse_double_backward,
+from ..common.launching import (Site, aligned, cdiv, fp32_contiguous, refuse_double_backward,
                                 register_cap, row_stride_units, sm_count, tile_width,
                                 vector_width, with_state_keywords)
 from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
@@ -397,6 +398,60 @@ def _keywords(**flags) -> tuple[str, ...]:
     return tuple(name for name, on in flags.items() if on)
 
 
+class _ForwardPlan(NamedTuple):
+    n_chunks: int
+    meta: dict
+    walked: bool  # the output kernel walks the chunk summaries itself (no chunk_carry)
+    summary: Site
+    output: Site
+
+
+@functools.lru_cache(maxsize=256)
+def _forward_plan(config: SamuConfig, shape: tuple, count: int, dtype, state_dtype, device,
+                  keywords: tuple[str, ...]) -> _ForwardPlan:
+    """What a forward with this signature launches: its key fixes every int the kernels take
+    (from the shape and the sequence count) and every tensor dtype (x's, the initial state's
+    or its placeholder's; the rest are FP32), as launching.Site requires."""
+    batch, length, width = shape
+    n_chunks = cdiv(length, config.chunk)
+    meta = _launch_meta(config, width, keywords)
+    flags = dict(PACKED="PACKED" in keywords, HAS_INITIAL="HAS_INITIAL" in keywords)
+    walked = config.walks_carry(n_chunks, batch * length * width)
+    summary = Site(_samu_summary_kernel, (batch * n_chunks,),
+                   dict(T=config.chunk, **meta["summary"], **flags))
+    output = Site(_samu_output_kernel, (batch * n_chunks, cdiv(width, meta["output"]["BD"])),
+                  dict(T=config.chunk, **meta["output"], **flags,
+                       HAS_FINAL="HAS_FINAL" in keywords, WALKED_CARRY=walked))
+    return _ForwardPlan(n_chunks, meta, walked, summary, output)
+
+
+class _BackwardPlan(NamedTuple):
+    meta: dict
+    reverse_summary: Site
+    main: Site
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_plan(config: SamuConfig, shape: tuple, count: int, dtypes: tuple, device,
+                   keywords: tuple[str, ...], walked: bool) -> _BackwardPlan:
+    """_forward_plan's twin for the backward; dtypes: x's, dy's and the initial state's (or its
+    placeholder's)."""
+    batch, length, width = shape
+    n_chunks = cdiv(length, config.chunk)
+    meta = _launch_meta(config, width, keywords)
+    flags = dict(PACKED="PACKED" in keywords, HAS_INITIAL="HAS_INITIAL" in keywords,
+                 HAS_DFINAL="HAS_DFINAL" in keywords)
+    items = batch * n_chunks
+    reverse_summary = Site(_samu_reverse_summary_kernel,
+                           (items, cdiv(width, meta["reverse_summary"]["BD"])),
+                           dict(T=config.chunk, **meta["reverse_summary"],
+                                PACKED=flags["PACKED"], HAS_DFINAL=flags["HAS_DFINAL"]))
+    main = Site(_samu_backward_kernel, (items,),
+                dict(T=config.chunk, **meta["backward"], **flags, WALKED_CARRY=walked,
+                     PARTIAL_DX=config.partial_dx))
+    return _BackwardPlan(meta, reverse_summary, main)
+
+
 @functools.lru_cache(maxsize=None)
 def gradient_sizes(width: int) -> tuple[int, ...]:
     """Columns of each gradient in sum_partials' output, in order: d ctrl_weight (the weight
@@ -411,19 +466,21 @@ def _residual_shapes(batch: int, length: int, width: int, n_chunks: int) -> tupl
             (batch, n_chunks, width))
 
 
-def _summaries(x, params, sequences, config: SamuConfig, meta: dict, r, g, r_sum, rate):
+def _summaries(x, params, sequences, plan: _ForwardPlan, r, g, r_sum, rate):
     """The summary kernel over aligned x: r, g, the chunks' sums of r and the rate into the
     given buffers; returns the chunks' end states from zero, [B, NC, D] FP32."""
     batch, length, width = x.shape
-    n_chunks = cdiv(length, config.chunk)
     w, bias, a_param, log_temp = params
-    end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
-    launching.launch(_samu_summary_kernel, (batch * n_chunks,), x, w, bias, a_param, log_temp,
-                     sequences.seq_index, sequences.initial_state, r, g, r_sum, end, rate,
-                     length, width, n_chunks, sequences.count, meta["summary_units"],
-                     T=config.chunk, **meta["summary"], PACKED=sequences.packed,
-                     HAS_INITIAL=sequences.has_initial)
+    end = torch.empty(batch, plan.n_chunks, width, device=x.device, dtype=torch.float32)
+    plan.summary(x, w, bias, a_param, log_temp, sequences.seq_index, sequences.initial_state, r,
+                 g, r_sum, end, rate, length, width, plan.n_chunks, sequences.count,
+                 plan.meta["summary_units"])
     return end
+
+
+def _plan_of(x, sequences, config: SamuConfig, keywords: tuple[str, ...]) -> _ForwardPlan:
+    return _forward_plan(config, x.shape, sequences.count, x.dtype,
+                         sequences.initial_state.dtype, x.device, keywords)
 
 
 def forward(x, params, sequences, config: SamuConfig, summary=None):
@@ -434,20 +491,18 @@ def forward(x, params, sequences, config: SamuConfig, summary=None):
     running it again, chunk 0's end state moved by its decay times the initial state."""
     x = aligned(x)
     batch, length, width = x.shape
-    chunk = config.chunk
-    n_chunks = cdiv(length, chunk)
     w, bias, a_param, log_temp, skip = [fp32_contiguous(p) for p in params]
     seq, h0 = sequences.seq_index, sequences.initial_state
-    flags = dict(PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial)
-    meta = _launch_meta(config, width, _keywords(**flags,
-                                                 HAS_FINAL=sequences.output_final_state))
+    plan = _plan_of(x, sequences, config, _keywords(PACKED=sequences.packed,
+                                                    HAS_INITIAL=sequences.has_initial,
+                                                    HAS_FINAL=sequences.output_final_state))
+    n_chunks = plan.n_chunks
     h_in = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
     if summary is None:
         # Apart, not cut from one buffer: a custom op's outputs may not alias (samu.custom_ops).
         r, g, r_sum, rate = [torch.empty(shape, device=x.device, dtype=torch.float32)
                              for shape in _residual_shapes(batch, length, width, n_chunks)[:4]]
-        end = _summaries(x, (w, bias, a_param, log_temp), sequences, config, meta, r, g, r_sum,
-                         rate)
+        end = _summaries(x, (w, bias, a_param, log_temp), sequences, plan, r, g, r_sum, rate)
     else:
         if sequences.packed:
             raise ValueError("samu: a summary is reused by an unpacked call only")
@@ -455,17 +510,12 @@ def forward(x, params, sequences, config: SamuConfig, summary=None):
         if sequences.has_initial:  # linear in it: h0 enters decayed
             end[:, 0] += torch.exp(-rate * r_sum[:, :1]) * h0
     residuals = (r, g, r_sum, rate, h_in)
-    walked = config.walks_carry(n_chunks, x.numel())
-    if not walked:
+    if not plan.walked:
         chunk_carry(r_sum, end, reverse=False, rate=rate, out=h_in, plan=config.carry)
     y = torch.empty_like(x)
     final = sequences.final_state(width, x.device)
-    grid = (batch * n_chunks, cdiv(width, meta["output"]["BD"]))
-    launching.launch(_samu_output_kernel, grid, x, y, r, g, h_in, r_sum, end, rate, skip, seq,
-                     h0, final, length, width, n_chunks, sequences.count, meta["output_units"],
-                     T=chunk,
-                     **meta["output"], **flags, HAS_FINAL=sequences.output_final_state,
-                     WALKED_CARRY=walked)
+    plan.output(x, y, r, g, h_in, r_sum, end, rate, skip, seq, h0, final, length, width,
+                n_chunks, sequences.count, plan.meta["output_units"])
     return y, (final if sequences.output_final_state else None), residuals
 
 
@@ -500,9 +550,15 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
     n_chunks = cdiv(length, chunk)
     seq, h0 = sequences.seq_index, sequences.initial_state
     has_dfinal = d_final is not None
-    meta = _launch_meta(config, width, _keywords(PACKED=sequences.packed,
-                                                 HAS_INITIAL=sequences.has_initial,
-                                                 HAS_DFINAL=has_dfinal))
+    walked = config.walks_carry(n_chunks, x.numel()) and end_cotangent is None
+
+    def plan_with(has_dfinal: bool) -> _BackwardPlan:
+        return _backward_plan(config, x.shape, sequences.count, (x.dtype, dy.dtype, h0.dtype),
+                              x.device, _keywords(PACKED=sequences.packed,
+                                                  HAS_INITIAL=sequences.has_initial,
+                                                  HAS_DFINAL=has_dfinal), walked)
+    plan = plan_with(has_dfinal)
+    meta = plan.meta
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
     items = batch * n_chunks
     tokens = batch * length
@@ -511,12 +567,8 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
     end = torch.empty(batch, n_chunks, width, **f32)
     part = torch.empty(items, 4, **f32)  # per chunk: d log_temp, d skip, d ctrl_bias
     dz = torch.empty(2, tokens, **f32)
-    grid = (items, cdiv(width, meta["reverse_summary"]["BD"]))
-    launching.launch(_samu_reverse_summary_kernel, grid, dy, r, rate, seq, d_final,
-                     end, length, width, n_chunks, sequences.count,
-                     meta["reverse_summary_units"], T=chunk,
-                     **meta["reverse_summary"], PACKED=sequences.packed, HAS_DFINAL=has_dfinal)
-    walked = config.walks_carry(n_chunks, x.numel()) and end_cotangent is None
+    plan.reverse_summary(dy, r, rate, seq, d_final, end, length, width, n_chunks,
+                         sequences.count, meta["reverse_summary_units"])
     if walked:  # the backward kernel walks the reverse summaries: its rows go elsewhere
         carry, dsp_part = end, torch.empty(items, width, **f32)
     else:
@@ -527,19 +579,15 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
                 end[:, -1] += torch.exp(-rate * r_sum[:, -1:]) * extra
                 d_final = extra if not has_dfinal else d_final + extra
                 has_dfinal = True
-                meta = _launch_meta(config, width, _keywords(
-                    PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
-                    HAS_DFINAL=True))
+                plan = plan_with(True)
+                meta = plan.meta
                 carry = chunk_carry(r_sum, end, reverse=True, rate=rate, plan=config.carry)
         dsp_part = end.view(items, width)  # end is spent: the carry has read it
     dx = torch.empty_like(x)
     d_h0 = sequences.initial_state_gradient()
-    launching.launch(_samu_backward_kernel, (items,), x, dy, dx, w, r, g, h_in, carry, r_sum,
-                     rate, log_temp, skip, seq, h0, d_final, d_h0, dz, part, dsp_part, length,
-                     width, n_chunks, sequences.count, tokens, meta["backward_units"], T=chunk,
-                     **meta["backward"],
-                     PACKED=sequences.packed, HAS_INITIAL=sequences.has_initial,
-                     HAS_DFINAL=has_dfinal, WALKED_CARRY=walked, PARTIAL_DX=config.partial_dx)
+    plan.main(x, dy, dx, w, r, g, h_in, carry, r_sum, rate, log_temp, skip, seq, h0, d_final,
+              d_h0, dz, part, dsp_part, length, width, n_chunks, sequences.count, tokens,
+              meta["backward_units"])
     weight_rows = weight_partials(x, dz, WEIGHT_PROGRAMS_PER_SM * sm_count(x.device))
     grads = sum_partials(part, dsp_part, a_param, front=weight_rows)
     d_weight, d_log_temp, d_skip, d_bias, d_a_param = grads.split_with_sizes(
@@ -558,13 +606,12 @@ def _slice_pass(x, params, config: SamuConfig, initial_state, *keywords: str):
     f32 = dict(device=x.device, dtype=torch.float32)
     w, bias, a_param, log_temp, _ = [fp32_contiguous(p) for p in params]
     sequences = sequence_args(x, initial_state, None, False)
-    meta = _launch_meta(config, width, _keywords(HAS_INITIAL=initial_state is not None,
-                                                 **{k: True for k in keywords}))
+    plan = _plan_of(x, sequences, config, _keywords(HAS_INITIAL=initial_state is not None,
+                                                    **{k: True for k in keywords}))
     r, g, r_sum, rate = [torch.empty(shape, **f32)
-                         for shape in _residual_shapes(batch, length, width,
-                                                       cdiv(length, config.chunk))[:4]]
-    end = _summaries(x, (w, bias, a_param, log_temp), sequences, config, meta, r, g, r_sum, rate)
-    return x, sequences, meta, r, g, r_sum, rate, end
+                         for shape in _residual_shapes(batch, length, width, plan.n_chunks)[:4]]
+    end = _summaries(x, (w, bias, a_param, log_temp), sequences, plan, r, g, r_sum, rate)
+    return x, sequences, plan.meta, r, g, r_sum, rate, end
 
 
 def _zero_state(x) -> torch.Tensor:
