@@ -5,7 +5,11 @@ forward+backward at a length where the GPU work is negligible, against
             the autograd engine's own cost (graph, device thread hand-off, AccumulateGrad);
   stubbed   the mixer with every Triton launch replaced by nothing: samu's Python per call;
   real      the mixer as the protocol runs it;
-  backward  the time inside the Function's backward body, against the whole y.backward().
+  backward  the time inside the Function's backward body, against the whole y.backward();
+  interleaved  rounds of the Linear, the mixer, and the mixer with its launches through the
+            general launcher instead of its bound sites (launching.Site), one after another, so
+            that the host's drift between runs (a Linear's time varies 2x from run to run on
+            the H200's host) does not decide the ratio.
 
     python benchmarks/host_budget.py [--width 2048] [--length 128]
 
@@ -24,9 +28,10 @@ from samu.ops.rglru import gemm as rglru_gemm
 from samu.ops.samu import chunk as samu_chunk
 
 FUNCTIONS = {"samu": samu_chunk.SamuFunction, "rglru": rglru_gemm.GemmScanFunction}
+ROUNDS = 7  # interleaved rounds of the Linear and the mixer (median of their medians)
 
 
-def wall_us(fn, n=200):
+def wall_us(fn, n: int = 200):
     """Median host wall time of fn() followed by a synchronise, in microseconds."""
     for _ in range(10):
         fn()
@@ -120,6 +125,24 @@ def main():
 
         real = wall_us(protocol_fb)
         fwd = wall_us(forward_only)
+        # Interleaved rounds, so that the host's drift falls on all three alike: the Linear,
+        # the mixer, and the mixer with its launches through the general launcher (launch
+        # wrapped, so that every launching.Site takes the keyed path).
+        real_launch = launching.launch
+
+        def general_launcher(kernel, grid, *a, **k):
+            real_launch(kernel, grid, *a, **k)
+
+        rounds = {"linear": [], "sites": [], "general": []}
+        for _ in range(ROUNDS):
+            rounds["linear"].append(wall_us(linear_fb, n=60))
+            rounds["sites"].append(wall_us(protocol_fb, n=60))
+            launching.launch = general_launcher
+            try:
+                rounds["general"].append(wall_us(protocol_fb, n=60))
+            finally:
+                launching.launch = real_launch
+        paired = {k: sorted(v)[len(v) // 2] for k, v in rounds.items()}
         # One instrumented forward+backward: the module call, the Function's forward and
         # backward bodies, the engine's whole y.backward(), and the launches inside them.
         function = FUNCTIONS[mixer]
@@ -186,13 +209,22 @@ def main():
         print(f"    medians per forward+backward, no synchronise inside: {breakdown}; "
               f"{counts[-1]} launches; protocol over the Linear {real / linear_us:.2f}x",
               flush=True)
+        print(f"    interleaved ({ROUNDS} rounds): Linear {paired['linear']:.0f} us, {mixer} "
+              f"{paired['sites']:.0f} us ({paired['sites'] / paired['linear']:.2f}x), launches "
+              f"through the general launcher {paired['general']:.0f} us "
+              f"({paired['general'] / paired['linear']:.2f}x)", flush=True)
         values = {"protocol_forward_backward_us": real, "no_grad_forward_us": fwd,
                   "launches_stubbed_us": stubbed, "null_function_us": null,
                   **{k.replace(".", "_").replace("()", "").replace(" ", "_") + "_us": v
                      for k, v in median.items()},
-                  "launch_count": counts[-1], "over_linear": real / linear_us}
+                  "launch_count": counts[-1], "over_linear": real / linear_us,
+                  "interleaved_linear_us": paired["linear"],
+                  "interleaved_forward_backward_us": paired["sites"],
+                  "interleaved_general_launcher_us": paired["general"],
+                  "interleaved_over_linear": paired["sites"] / paired["linear"]}
         table.add(mixer, benchmark_rows.configuration(mixer, module.last_backend), shape,
-                  values, {"launch_count": "count", "over_linear": "ratio"})
+                  values, {"launch_count": "count", "over_linear": "ratio",
+                           "interleaved_over_linear": "ratio"})
     print(table.summary())
 
 
