@@ -591,6 +591,37 @@ def test_a_site_calls_the_c_launcher_once_bound_and_the_general_path_otherwise(m
     assert compiled.runner == [((5, 2, 1), (t, 4, 16))] and len(compiled.direct) == 1
 
 
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_every_site_is_keyed_on_every_int_and_dtype_it_passes(mixer, monkeypatch):
+    """A Site replays one compiled kernel, so its owner's key must fix every int argument and
+    every tensor dtype: over calls that differ in dtype, state keywords and packed sequence
+    count at one shape, each Site sees exactly one launcher key (launching.arg_key)."""
+    from samu.ops.common import launching
+    seen = {}
+    real_call = launching.Site.__call__
+
+    def recording(site, *args):
+        seen.setdefault(id(site), (site, set()))[1].add(launching.arg_key(args))
+        real_call(site, *args)
+
+    monkeypatch.setattr(launching.Site, "__call__", recording)
+    name = backends.DEFAULTS[mixer]
+    width, length = 32, _chunk(mixer, name) + 5
+    x, params, dy = _inputs_with(mixer, name)
+    x, dy = x[:, :length], dy[:, :length]
+    for dtype in (torch.bfloat16, torch.float32):
+        legality.outputs(mixer, name, x.to(dtype), params, dy)
+        for cu_seqlens, initial in (([0, length], True), ([0, 3, length], False),
+                                    ([0, 2, 5, length], True)):
+            cu = torch.tensor(cu_seqlens, dtype=torch.int32, device=DEVICE)
+            state = legality.make_state((1, length, width), DEVICE, cu_seqlens=cu,
+                                        initial=initial)
+            legality.outputs(mixer, name, x.to(dtype), params, dy, state)
+    assert len(seen) >= 8 * 2
+    for site, keys in seen.values():
+        assert len(keys) == 1, (site.kernel.fn.__name__, keys)
+
+
 def test_a_site_under_the_interpreter_launches_through_launch(monkeypatch):
     """Interpreting, a Site never binds: every call is an interpreted launch."""
     from samu.ops.common import launching

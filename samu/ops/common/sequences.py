@@ -173,8 +173,9 @@ class SequenceArgs(NamedTuple):
         return self._replace(seq_index=None, initial_state=None)
 
     def with_saved(self, seq_index, initial_state, placeholder: torch.Tensor) -> "SequenceArgs":
-        """The arguments again from ``tensors_to_save``'s saved tensors; placeholder (any
-        aligned tensor) stands for those that are off."""
+        """The arguments again from ``tensors_to_save``'s saved tensors; placeholder stands for
+        those that are off: aligned x, as in the forward (the launch Sites key on x's dtype for
+        a placeholder's, so another tensor would need its dtype in their keys)."""
         return self._replace(seq_index=placeholder if seq_index is None else seq_index,
                              initial_state=placeholder if initial_state is None else initial_state)
 
