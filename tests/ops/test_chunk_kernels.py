@@ -482,6 +482,23 @@ def test_launcher_caches_nothing_when_no_kernel_was_compiled():
     assert compiled.calls == [((3, 1, 1), (t, 4, 16))]
 
 
+class _FakeCompiled:
+    """A compiled kernel's stand-in: records calls of its C launcher (direct) and of its runner."""
+    function, packed_metadata = "handle", "packed"
+
+    def __init__(self):
+        self.direct, self.runner = [], []
+
+    def _init_handles(self):
+        pass
+
+    def run(self, *args):
+        self.direct.append(args)
+
+    def __getitem__(self, grid):
+        return lambda *args: self.runner.append((grid, args))
+
+
 def test_launcher_calls_the_c_launcher_unless_a_launch_hook_is_set(monkeypatch):
     """A cached launch calls the compiled kernel's C launcher with the current stream, its
     handle and metadata, the hooks' slots empty, and every argument; with a launch hook set it
@@ -489,22 +506,7 @@ def test_launcher_calls_the_c_launcher_unless_a_launch_hook_is_set(monkeypatch):
     from triton import knobs
     from samu.ops.common import launching
 
-    class Compiled:
-        function, packed_metadata = "handle", "packed"
-
-        def __init__(self):
-            self.direct, self.runner = [], []
-
-        def _init_handles(self):
-            pass
-
-        def run(self, *args):
-            self.direct.append(args)
-
-        def __getitem__(self, grid):
-            return lambda *args: self.runner.append((grid, args))
-
-    compiled = Compiled()
+    compiled = _FakeCompiled()
 
     class FakeKernel:
         arg_names = ["x", "n", "BLOCK"]
@@ -534,22 +536,7 @@ def test_a_site_calls_the_c_launcher_once_bound_and_the_general_path_otherwise(m
     from triton import knobs
     from samu.ops.common import launching
 
-    class Compiled:
-        function, packed_metadata = "handle", "packed"
-
-        def __init__(self):
-            self.direct, self.runner = [], []
-
-        def _init_handles(self):
-            pass
-
-        def run(self, *args):
-            self.direct.append(args)
-
-        def __getitem__(self, grid):
-            return lambda *args: self.runner.append((grid, args))
-
-    compiled = Compiled()
+    compiled = _FakeCompiled()
 
     class FakeKernel:
         arg_names = ["x", "n", "BLOCK"]

@@ -63,7 +63,6 @@ class Launcher:
         else:
             compiled[grid](*args, *constexprs)
 
-
     def bound_entry(self, kernel, grid, args, meta):
         """(C launcher, function handle, packed metadata, constexprs, device, 3-D grid) of the
         compiled kernel that launching these args would replay now, or None (not compiled yet,
