@@ -171,12 +171,18 @@ def _resolve(mixer: str, x, backend):
 
 
 def _run(mixer: str, x, params: dict, backend: str, initial_state=None, cu_seqlens=None,
-         output_final_state: bool = False):
-    """(y, final state or None, name of the backend that ran)."""
+         output_final_state: bool = False, checked: bool = False):
+    """(y, final state or None, name of the backend that ran).  ``checked``: the call's
+    signature passed every check before (_CHECKED), so only the packed offsets' values, which
+    no signature fixes, are checked again."""
     x = autocast_input(x)
-    check_parameters(mixer, x, params)
+    if not checked:
+        check_parameters(mixer, x, params)
     if initial_state is not None or cu_seqlens is not None or output_final_state:
-        check_sequences(mixer, x, initial_state, cu_seqlens, output_final_state)
+        if not checked:
+            check_sequences(mixer, x, initial_state, cu_seqlens, output_final_state)
+        elif cu_seqlens is not None and _values_checkable(cu_seqlens):
+            check_cu_seqlens_values(mixer, cu_seqlens, x.shape[1])
         state = dict(initial_state=initial_state, cu_seqlens=cu_seqlens,
                      output_final_state=output_final_state)
     else:
@@ -264,10 +270,45 @@ def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
         return context_parallel(mixer, x, named, cp_context=cp_context, backend=backend,
                                 return_backend=return_backend, initial_state=initial_state,
                                 output_final_state=output_final_state, cu_seqlens=cu_seqlens)
-    _check_shapes(mixer, spec, x, named)
+    signature = _signature(mixer, x, params, backend, initial_state, cu_seqlens,
+                           output_final_state)
+    checked = signature is not None and signature in _CHECKED
+    if not checked:
+        _check_shapes(mixer, spec, x, named)
     y, final, name = _run(mixer, x, named, backend, initial_state, cu_seqlens,
-                          output_final_state)
+                          output_final_state, checked)
+    if signature is not None and not checked:  # every check passed: remembered
+        if len(_CHECKED) >= CHECKED_SIGNATURES:
+            _CHECKED.clear()
+        _CHECKED[signature] = None
     return _result(y, final, name, output_final_state, return_backend)
+
+
+# Call signatures whose checks have passed.  Every check above reads only what a signature
+# fixes (types, shapes, dtypes, devices, the backend and the keywords), apart from the packed
+# offsets' values: a later call with the same signature skips them (host time, ~4.6 us on a CPU).
+_CHECKED: dict = {}
+CHECKED_SIGNATURES = 4096
+
+
+def _tensor_signature(t):
+    return None if t is None else (t.__class__, t.shape, t.dtype, t.device)
+
+
+def _signature(mixer: str, x, params: tuple, backend, initial_state, cu_seqlens,
+               output_final_state):
+    """What the checks of a call depend on, or None where it cannot be a key (a traced call, an
+    argument that is no tensor, an unhashable backend): such calls are checked every time."""
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        key = (mixer, backend, output_final_state.__class__, output_final_state,
+               _tensor_signature(x), _tensor_signature(initial_state),
+               _tensor_signature(cu_seqlens), *[_tensor_signature(p) for p in params])
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
 
 
 def _check_shapes(mixer: str, spec, x, named: dict) -> None:

@@ -143,3 +143,53 @@ def test_non_tensor_parameter_is_refused_by_name(mixer):
         # a bad x as well: the parameter, checked first, is named
         with pytest.raises(TypeError, match=f"{mixer}: {name} must be a torch.Tensor"):
             samu.functional.FUNCTIONS[mixer]([[1.0]], **bad)
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_a_checked_signature_skips_the_checks(mixer, monkeypatch):
+    """The second call with one signature runs no shape check; another dtype, shape or keyword
+    is checked again, and a bad call is never remembered."""
+    m = samu.modules.MODULES[mixer](16, backend="reference_chunked")
+    monkeypatch.setattr(samu.functional, "_CHECKED", {})
+    checks = []
+    real = samu.functional.check_input
+    monkeypatch.setattr(samu.functional, "check_input",
+                        lambda *a: (checks.append(a[0].shape), real(*a)))
+    x = torch.randn(2, 5, 16)
+    m(x)
+    m(torch.randn(2, 5, 16))
+    assert len(checks) == 1
+    m(x.double())
+    m(torch.randn(2, 6, 16))
+    m(x, output_final_state=True)
+    assert len(checks) == 4
+    for _ in range(2):
+        with pytest.raises(ValueError, match="width 32"):
+            m(torch.randn(2, 5, 32))
+    assert len(checks) == 6
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[2, 16\]"):
+        m(x, initial_state=torch.zeros(3, 16))
+    m(x, initial_state=torch.zeros(2, 16))
+    assert len(samu.functional._CHECKED) == 5
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_a_checked_signature_still_checks_packed_offsets(mixer):
+    """Offsets' values are not in a signature: the same shapes with bad values are refused."""
+    m = samu.modules.MODULES[mixer](16, backend="reference_chunked")
+    x = torch.randn(1, 6, 16)
+    m(x, cu_seqlens=torch.tensor([0, 2, 6]))
+    for bad, words in (([0, 3, 5], "end at the length 6"), ([0, 6, 6], "must increase")):
+        with pytest.raises(ValueError, match=words):
+            m(x, cu_seqlens=torch.tensor(bad))
+
+
+def test_a_checked_signature_still_refuses_a_parameter_changed_in_kind():
+    """A parameter replaced by one of another dtype or device is a new signature."""
+    m = samu.SAMU(16, backend="reference_chunked")
+    x = torch.randn(1, 3, 16)
+    samu.samu(x, m.ctrl_weight, m.ctrl_bias, m.a_param, m.log_temp, m.skip)
+    with pytest.raises(ValueError, match="ctrl_weight is on meta"):
+        samu.samu(x, m.ctrl_weight.to("meta"), m.ctrl_bias, m.a_param, m.log_temp, m.skip)
+    with pytest.raises(TypeError, match="a_param must be floating point"):
+        samu.samu(x, m.ctrl_weight, m.ctrl_bias, m.a_param.long(), m.log_temp, m.skip)

@@ -25,7 +25,8 @@ class MixerSpec:
     width_of: {name: tensor} in that order -> the width D, from the parameter that fixes it
         (ValueError naming it when its shape is wrong); x is checked against it next.
     check_shapes: ({name: tensor}, width) -> None, or ValueError naming the parameter whose
-        shape is wrong (every parameter is a tensor by then).
+        shape is wrong (every parameter is a tensor by then).  Both read shapes only: a call
+        whose signature passed them once is not checked again (samu.functional).
     parameter_count: (width, num_heads) -> parameters of one mixer (num_heads ignored by a
         mixer without heads).
     dynamic_control_values_per_token: width -> the input-dependent gate values per token.

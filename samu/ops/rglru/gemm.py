@@ -624,6 +624,8 @@ def _spans(config: GemmConfig, groups: _Groups, batch: int, n_chunks: int, col_b
 class _BackwardSites(NamedTuple):
     reverse_summary: tuple  # a Site per head group
     main: tuple
+    per_span: int  # the backward kernel's chunks per span (_spans)
+    spans: int
 
 
 @functools.lru_cache(maxsize=256)
@@ -641,11 +643,12 @@ def _backward_sites(config: GemmConfig, groups: _Groups, shape: tuple, count: in
                                              or has_dfinal),
                          PACKED=packed, HAS_INITIAL=has_initial, HAS_DFINAL=has_dfinal)
     col_blocks = cdiv(groups.width, meta["backward"]["BN"])
-    _, spans = _spans(config, groups, batch, n_chunks, col_blocks, device)
+    per_span, spans = _spans(config, groups, batch, n_chunks, col_blocks, device)
     reverse_grid = (batch * n_chunks, cdiv(groups.width, meta["reverse_summary"]["BN"]))
     return _BackwardSites(
         tuple(Site(_reverse_summary_kernel, reverse_grid, reverse_meta) for _ in groups),
-        tuple(Site(_backward_kernel, (batch * spans, col_blocks), backward_meta) for _ in groups))
+        tuple(Site(_backward_kernel, (batch * spans, col_blocks), backward_meta) for _ in groups),
+        per_span, spans)
 
 
 def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w_cat=None,
@@ -676,7 +679,6 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
         w_cat = _gate_weights(gate_x_weight, gate_a_weight, x.dtype)
     bx, ba, a_param = [fp32_contiguous(p) for p in (gate_x_bias, gate_a_bias, a_param)]
     dy = torch.zeros_like(x) if dy is None else aligned(dy)
-    meta = tiles(config, groups.bw, width, groups.width)
     seq, h0 = sequences.seq_index, sequences.initial_state
     has_dfinal = d_final is not None
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
@@ -697,8 +699,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
             gates = gates.clone()
     d_gates = gates if config.gradient_over_gates else torch.empty_like(gates)
     summary_shape = (batch, n_chunks, groups.width)
-    col_blocks = cdiv(groups.width, meta["backward"]["BN"])
-    per_span, spans = _spans(config, groups, batch, n_chunks, col_blocks, x.device)
+    per_span, spans = sites.per_span, sites.spans  # has_dfinal does not move them
     n_parts = batch * spans
     partial_shapes = [(n_parts, 2 * groups.width), (n_parts, groups.width)]
     # The decays and adjoint ends are spent once the carry has run: the partial rows reuse them.
