@@ -6,8 +6,9 @@ forward+backward at a length where the GPU work is negligible, against
   stubbed   the mixer with every Triton launch replaced by nothing: samu's Python per call;
   real      the mixer as the protocol runs it;
   backward  the time inside the Function's backward body, against the whole y.backward();
-  interleaved  rounds of the Linear, the mixer, and the mixer with its launches through the
-            general launcher instead of its bound sites (launching.Site), one after another, so
+  interleaved  rounds of the Linear, the mixer, the mixer with its launches through the
+            general launcher instead of its bound sites (launching.Site), and the mixer with its
+            input checks run on every call (no signature remembered), one after another, so
             that the host's drift between runs (a Linear's time varies 2x from run to run on
             the H200's host) does not decide the ratio.
 
@@ -22,6 +23,7 @@ import time
 
 import torch
 
+from samu import functional
 from samu.experiment import benchmark_rows, legality, protocol
 from samu.ops.common import launching
 from samu.ops.rglru import gemm as rglru_gemm
@@ -133,7 +135,8 @@ def main():
         def general_launcher(kernel, grid, *a, **k):
             real_launch(kernel, grid, *a, **k)
 
-        rounds = {"linear": [], "sites": [], "general": []}
+        real_signature = functional._signature
+        rounds = {"linear": [], "sites": [], "general": [], "checked": []}
         for _ in range(ROUNDS):
             rounds["linear"].append(wall_us(linear_fb, n=60))
             rounds["sites"].append(wall_us(protocol_fb, n=60))
@@ -142,6 +145,11 @@ def main():
                 rounds["general"].append(wall_us(protocol_fb, n=60))
             finally:
                 launching.launch = real_launch
+            functional._signature = lambda *a: None  # every call checked again
+            try:
+                rounds["checked"].append(wall_us(protocol_fb, n=60))
+            finally:
+                functional._signature = real_signature
         paired = {k: sorted(v)[len(v) // 2] for k, v in rounds.items()}
         # One instrumented forward+backward: the module call, the Function's forward and
         # backward bodies, the engine's whole y.backward(), and the launches inside them.
@@ -212,7 +220,9 @@ def main():
         print(f"    interleaved ({ROUNDS} rounds): Linear {paired['linear']:.0f} us, {mixer} "
               f"{paired['sites']:.0f} us ({paired['sites'] / paired['linear']:.2f}x), launches "
               f"through the general launcher {paired['general']:.0f} us "
-              f"({paired['general'] / paired['linear']:.2f}x)", flush=True)
+              f"({paired['general'] / paired['linear']:.2f}x), every call's checks run "
+              f"{paired['checked']:.0f} us ({paired['checked'] / paired['linear']:.2f}x)",
+              flush=True)
         values = {"protocol_forward_backward_us": real, "no_grad_forward_us": fwd,
                   "launches_stubbed_us": stubbed, "null_function_us": null,
                   **{k.replace(".", "_").replace("()", "").replace(" ", "_") + "_us": v
@@ -221,6 +231,7 @@ def main():
                   "interleaved_linear_us": paired["linear"],
                   "interleaved_forward_backward_us": paired["sites"],
                   "interleaved_general_launcher_us": paired["general"],
+                  "interleaved_checked_every_call_us": paired["checked"],
                   "interleaved_over_linear": paired["sites"] / paired["linear"]}
         table.add(mixer, benchmark_rows.configuration(mixer, module.last_backend), shape,
                   values, {"launch_count": "count", "over_linear": "ratio",

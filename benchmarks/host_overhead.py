@@ -86,9 +86,19 @@ launching.launch(kernel, grid, *args, T=T, **meta, **flags)  # compiles and cach
 library_us = cpu_us(lambda: launching.launch(kernel, grid, *args, T=T, **meta, **flags))
 print(f"{shape}: the library's launching.launch {library_us:.1f} us")
 launch_row("launching.launch", library_us)
+# One workspace per call against one allocation per buffer: SAMU's forward's FP32 buffers.
+buffers = samu_chunk._residual_shapes(B, L, D, nc) + ((B, nc, D),)
+sizes = [launching.carved_size([b]) for b in buffers]
 ops = {"torch.empty": cpu_us(lambda: torch.empty(B, nc, D, device='cuda')),
        "sum(0)": cpu_us(lambda: h_in.sum(0)),
-       "float().contiguous()": cpu_us(lambda: p.float().contiguous())}
+       "float().contiguous()": cpu_us(lambda: p.float().contiguous()),
+       f"{len(buffers)} x torch.empty": cpu_us(
+           lambda: [torch.empty(b, device="cuda") for b in buffers]),
+       f"torch.empty, carve into {len(buffers)}": cpu_us(
+           lambda: launching.carve(torch.empty(launching.carved_size(buffers), device="cuda"),
+                                   buffers)),
+       f"torch.empty, split_with_sizes into {len(buffers)}": cpu_us(
+           lambda: torch.empty(sum(sizes), device="cuda").split_with_sizes(sizes))}
 print(", ".join(f"{op} {us:.1f} us" for op, us in ops.items()))
 for op, us in ops.items():  # of no mixer: the op's own tensors are (B, L / 8, D) or (D,)
     table.add(None, {"op": op}, shape, {"host_us_per_call": us}, {"host_us_per_call": "us"})
