@@ -12,7 +12,7 @@ forward+backward at a length where the GPU work is negligible, against
             that the host's drift between runs (a Linear's time varies 2x from run to run on
             the H200's host) does not decide the ratio.
 
-    python benchmarks/host_budget.py [--width 2048] [--length 128]
+    python benchmarks/host_budget.py [--width 2048] [--length 128] [--mixer samu]
 
 Each mixer's figures are also a row of data/benchmarks/<gpu>/host_budget.jsonl
 (samu.experiment.benchmark_rows)."""
@@ -85,6 +85,8 @@ def main():
     parser.add_argument("--profile", action="store_true",
                         help="also print each mixer's costliest functions (cProfile, stubbed "
                              "and live)")
+    parser.add_argument("--mixer", choices=("samu", "rglru"), action="append",
+                        help="only this mixer (repeatable; default both)")
     args = parser.parse_args()
     shape = (1, args.length, args.width)
     table = benchmark_rows.BenchmarkRows("host_budget", "cuda")
@@ -106,7 +108,7 @@ def main():
     print(f"torch.nn.Linear({args.width}, {args.width}) forward+backward {linear_us:.0f} us")
     table.add(None, {"operation": "torch.nn.Linear forward+backward"}, shape,
               {"host_wall_us": linear_us})
-    for mixer in ("samu", "rglru"):
+    for mixer in args.mixer or ("samu", "rglru"):
         inputs = legality.make_inputs(mixer, shape, "cuda")
         module = protocol.build_module(mixer, args.width, "auto", "cuda")
         x = inputs[0].detach().requires_grad_()

@@ -342,6 +342,40 @@ def test_carve_cuts_aligned_disjoint_pieces():
         carve(flat[:-8], shapes)
 
 
+class _UninitialisedTorch:
+    """torch whose empty() hands out NaN, as uninitialised memory may hold."""
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*args, **kwargs):
+        return torch.empty(*args, **kwargs).fill_(float("nan"))
+
+
+def test_workspace_cuts_aligned_disjoint_pieces_and_zeroes_its_gaps(monkeypatch):
+    """launching.workspace: one buffer cut into 1-D pieces of at least the asked sizes, each
+    16-byte aligned, none overlapping, the last ending the buffer; ``pieces`` cuts a buffer the
+    same way; with zero_gaps nothing between pieces is left uninitialised; ``exact`` gives a
+    piece its shape."""
+    from samu.ops.common import launching
+    from samu.ops.common.launching import exact, pieces, workspace
+    monkeypatch.setattr(launching, "torch", _UninitialisedTorch())
+    numels = (7, 16, 1, 5)
+    flat, cut = workspace(numels, "cpu")
+    assert [p.numel() for p in cut] == [8, 16, 4, 5] and flat.numel() == 33
+    assert all(p.data_ptr() % 16 == 0 for p in cut)
+    assert [p.data_ptr() for p in pieces(flat, numels)] == [p.data_ptr() for p in cut]
+    for i, p in enumerate(cut):
+        p[:numels[i]].fill_(i + 1)
+    assert int(flat.isnan().sum()) == 8 + 16 + 4 + 5 - sum(numels)  # the gaps only
+    flat, cut = workspace(numels, "cpu", zero_gaps=True)
+    for p, n in zip(cut, numels):
+        p[:n].fill_(1.0)
+    assert int(flat.sum()) == sum(numels) and int((flat == 0).sum()) == flat.numel() - sum(numels)
+    assert exact(cut[1], (4, 4)).shape == (4, 4)
+    assert exact(cut[0], (7,)).data_ptr() == cut[0].data_ptr()
+
+
 # Slow decay (a near 1: softplus(a_param) of 1e-13 at -30) and fast decay (a near 0); training
 # drives a_param to both ends, initialisation stays in between.
 EXTREME_A_PARAM = [-30.0, -17.0, -12.0, -8.0, 10.0, 30.0]

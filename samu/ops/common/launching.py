@@ -219,6 +219,44 @@ def carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
     return [flat.as_strided(shape, strides, base + offset) for shape, strides, offset in pieces]
 
 
+@functools.lru_cache(maxsize=1024)
+def piece_sizes(numels: tuple, element_size: int) -> tuple:
+    """Elements of each piece of ``pieces``: each numel rounded up to whole 16-byte lines but the
+    last, which ends the buffer."""
+    return tuple(_padded(n, element_size) for n in numels[:-1]) + numels[-1:]
+
+
+def pieces(flat: torch.Tensor, numels) -> tuple:
+    """A flat buffer (1-D, contiguous, 16-byte aligned, of sum(piece_sizes) elements) cut into
+    1-D pieces of at least these many elements, one after another, each at a 16-byte aligned
+    address, in one op (split_with_sizes).  A kernel takes a piece as a pointer; a torch op
+    takes ``exact(piece, shape)``."""
+    return flat.split_with_sizes(piece_sizes(tuple(numels), flat.element_size()))
+
+
+def workspace(numels, device, dtype=torch.float32, zero_gaps: bool = False) -> tuple:
+    """(flat buffer, its ``pieces``): one allocation for a call's buffers.  On the H200's host six
+    torch.empty took 36 us, one cut by split_with_sizes 11.7 us, one cut by carve 22 us
+    (benchmarks/host_overhead.py).  zero_gaps: the elements between pieces are zeroed (one op
+    per gap; there is none where every numel but the last fills whole lines), so that a buffer
+    whose pieces are all written holds no uninitialised memory (a custom op's output)."""
+    numels = tuple(numels)
+    sizes = piece_sizes(numels, dtype.itemsize)
+    flat = torch.empty(sum(sizes), device=device, dtype=dtype)
+    if zero_gaps:
+        start = 0
+        for numel, size in zip(numels, sizes):
+            if size > numel:
+                flat[start + numel:start + size].zero_()
+            start += size
+    return flat, flat.split_with_sizes(sizes)
+
+
+def exact(piece: torch.Tensor, shape) -> torch.Tensor:
+    """A piece of ``pieces`` as a tensor of this shape (its front)."""
+    return piece[:math.prod(shape)].view(shape)
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count

@@ -65,16 +65,20 @@ def _sum_partials_site(ints: tuple, dtypes: tuple, device) -> launching.Site:
 
 def sum_partials(part: torch.Tensor, tail: torch.Tensor, a_param: torch.Tensor,
                  out: torch.Tensor | None = None, group: tuple[int, int] | None = None,
-                 front: torch.Tensor | None = None) -> torch.Tensor:
+                 front: torch.Tensor | None = None, rows: tuple | None = None) -> torch.Tensor:
     """Every parameter gradient from the kernels' partial rows, in one launch (in place of ~5
     small torch ops at ~10 us of host time each): front [S, F] (optional, any number of rows),
     part [P, N] and tail [P, D], the d softplus(a_param) rows.  Returns [F + N + D]: the sums of
     front, of part, then d a_param.  With group = (first channel, full width) (no front), the
     rows hold one channel group's columns, runs of D (its width) each, and each run goes to its
-    place in out, a result of the full width."""
-    n_parts, n = part.shape
-    width = tail.shape[1]
-    n_front, f = (0, 0) if front is None else front.shape
+    place in out, a result of the full width.  rows = (S, F, P, N, D): the buffers are flat
+    (launching.pieces), their shapes these."""
+    if rows is not None:
+        n_front, f, n_parts, n, width = rows
+    else:
+        n_parts, n = part.shape
+        width = tail.shape[1]
+        n_front, f = (0, 0) if front is None else front.shape
     if front is None:
         front = part
     if group is not None and f:
@@ -132,6 +136,11 @@ def _weight_split(tokens: int, width: int, programs: int) -> tuple[int, int, int
     return col_blocks, cdiv(tokens, per_split), per_split
 
 
+def weight_rows(tokens: int, width: int, programs: int) -> int:
+    """How many split-K rows weight_partials writes ([rows, 2 D] FP32)."""
+    return _weight_split(tokens, width, programs)[1]
+
+
 @functools.lru_cache(maxsize=1024)
 def _weight_site(tokens: int, width: int, programs: int, x_dtype, dz_dtype, device):
     """(splits, tokens per split, the launch) of weight_partials for this signature."""
@@ -141,13 +150,16 @@ def _weight_site(tokens: int, width: int, programs: int, x_dtype, dz_dtype, devi
                                                   num_warps=4))
 
 
-def weight_partials(x: torch.Tensor, dz: torch.Tensor, programs: int) -> torch.Tensor:
+def weight_partials(x: torch.Tensor, dz: torch.Tensor, programs: int,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """[splits, 2 D] split-K rows of dz^T x (x [..., D] contiguous, dz [2, tokens] FP32), about
-    `programs` programs in all: rows for sum_partials' front."""
+    `programs` programs in all: rows for sum_partials' front.  out: where they go (at least
+    weight_rows(...) x 2 D FP32 elements, flat or not), else a new buffer."""
     width = x.shape[-1]
-    tokens = dz.shape[1]
+    tokens = x.numel() // width
     splits, per_split, site = _weight_site(tokens, width, programs, x.dtype, dz.dtype, x.device)
-    out = torch.empty(splits, 2 * width, device=x.device, dtype=torch.float32)
+    if out is None:
+        out = torch.empty(splits, 2 * width, device=x.device, dtype=torch.float32)
     site(x, dz, out, tokens, width, per_split)
     return out
 

@@ -13,6 +13,7 @@ the kernels are bound by instruction issue (docs/PERFORMANCE.md counts them).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -22,11 +23,12 @@ import triton.language as tl
 
 from ..common.carry import DEFAULT_PLAN, CarryPlan, chunk_carry, walked_carry
 from ..common import launching
-from ..common.launching import (Site, aligned, cdiv, fp32_contiguous, refuse_double_backward,
-                                register_cap, row_stride_units, sm_count, tile_width,
-                                vector_width, with_state_keywords)
+from ..common.launching import (Site, aligned, cdiv, exact, fp32_contiguous, piece_sizes,
+                                pieces, refuse_double_backward, register_cap, row_stride_units,
+                                sm_count, tile_width, vector_width, with_state_keywords,
+                                workspace)
 from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
-from ..common.reduce import sum_partials, weight_partials
+from ..common.reduce import sum_partials, weight_partials, weight_rows
 from ..common.scan import (affine_combine, decayed_previous_state, last_row, row_offsets,
                            shifted_rows)
 from ..common.sequences import (START_MARK, adjoint_inputs, entering_state, fold_starts, load_at,
@@ -460,13 +462,33 @@ def gradient_sizes(width: int) -> tuple[int, ...]:
 
 
 def _residual_shapes(batch: int, length: int, width: int, n_chunks: int) -> tuple:
-    """Shapes of forward's residuals, in order: r, g ([B, L]), the chunks' sums of r ([B, NC]),
-    the per-channel rate ([D]) and the chunks' entering states ([B, NC, D]), all FP32."""
-    return ((batch, length), (batch, length), (batch, n_chunks), (width,),
-            (batch, n_chunks, width))
+    """Shapes of what forward keeps for the backward, all FP32 pieces of one buffer
+    (launching.workspace), the one residual, in its order: the chunks' entering states h_in
+    ([B, NC, D]), the per-channel rate ([D]), r, g ([B, L]) and the chunks' sums of r ([B, NC]).
+    The largest first and the sums of r (often not whole 16-byte lines) last: at most shapes
+    no gap between pieces needs zeroing."""
+    return ((batch, n_chunks, width), (width,), (batch, length), (batch, length),
+            (batch, n_chunks))
 
 
-def _summaries(x, params, sequences, plan: _ForwardPlan, r, g, r_sum, rate):
+@functools.lru_cache(maxsize=256)
+def _residual_numels(batch: int, length: int, width: int, n_chunks: int) -> tuple:
+    return tuple(map(math.prod, _residual_shapes(batch, length, width, n_chunks)))
+
+
+def _residual_buffer(batch: int, length: int, width: int, n_chunks: int, device):
+    """(the residual buffer, its pieces h_in, rate, r, g, r_sum): one allocation, whose gaps are
+    zeroed (a custom op's output holds nothing uninitialised)."""
+    return workspace(_residual_numels(batch, length, width, n_chunks), device, zero_gaps=True)
+
+
+def _shaped(buffers: tuple, batch: int, length: int, width: int, n_chunks: int) -> tuple:
+    """The residual pieces in their shapes, for torch ops (the kernels take the pieces)."""
+    return tuple(exact(piece, shape) for piece, shape in
+                 zip(buffers, _residual_shapes(batch, length, width, n_chunks)))
+
+
+def _summaries(x, params, sequences, plan: _ForwardPlan, rate, r, g, r_sum):
     """The summary kernel over aligned x: r, g, the chunks' sums of r and the rate into the
     given buffers; returns the chunks' end states from zero, [B, NC, D] FP32."""
     batch, length, width = x.shape
@@ -485,10 +507,11 @@ def _plan_of(x, sequences, config: SamuConfig, keywords: tuple[str, ...]) -> _Fo
 
 def forward(x, params, sequences, config: SamuConfig, summary=None):
     """(y, final state or None, residuals): the forward's kernels.  The residuals are the
-    tensors the backward needs beside x and the parameters (_residual_shapes).  ``summary``:
-    (r, g, r_sum, rate, end) of the summary kernel over the same x, unpacked, from a zero
-    initial state, or from the reset in a call without one (_slice_pass): reused instead of
-    running it again, chunk 0's end state moved by its decay times the initial state."""
+    tensors the backward needs beside x and the parameters: one FP32 buffer
+    (_residual_shapes).  ``summary``: (that buffer, its pieces, end) with r, g, the sums of r,
+    the rate and the chunks' end states of the summary kernel over the same x, unpacked, from a
+    zero initial state, or from the reset in a call without one (_slice_pass): reused instead
+    of running it again, chunk 0's end state moved by its decay times the initial state."""
     x = aligned(x)
     batch, length, width = x.shape
     w, bias, a_param, log_temp, skip = [fp32_contiguous(p) for p in params]
@@ -497,26 +520,24 @@ def forward(x, params, sequences, config: SamuConfig, summary=None):
                                                     HAS_INITIAL=sequences.has_initial,
                                                     HAS_FINAL=sequences.output_final_state))
     n_chunks = plan.n_chunks
-    h_in = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
     if summary is None:
-        # Apart, not cut from one buffer: a custom op's outputs may not alias (samu.custom_ops).
-        r, g, r_sum, rate = [torch.empty(shape, device=x.device, dtype=torch.float32)
-                             for shape in _residual_shapes(batch, length, width, n_chunks)[:4]]
-        end = _summaries(x, (w, bias, a_param, log_temp), sequences, plan, r, g, r_sum, rate)
+        buffer, buffers = _residual_buffer(batch, length, width, n_chunks, x.device)
+        end = _summaries(x, (w, bias, a_param, log_temp), sequences, plan, *buffers[1:])
     else:
         if sequences.packed:
             raise ValueError("samu: a summary is reused by an unpacked call only")
-        r, g, r_sum, rate, end = summary  # from a zero state, or from the reset without h0
+        buffer, buffers, end = summary  # from a zero state, or from the reset without h0
         if sequences.has_initial:  # linear in it: h0 enters decayed
+            _, rate, _, _, r_sum = _shaped(buffers, batch, length, width, n_chunks)
             end[:, 0] += torch.exp(-rate * r_sum[:, :1]) * h0
-    residuals = (r, g, r_sum, rate, h_in)
+    h_in, rate, r, g, r_sum = buffers
     if not plan.walked:
         chunk_carry(r_sum, end, reverse=False, rate=rate, out=h_in, plan=config.carry)
     y = torch.empty_like(x)
     final = sequences.final_state(width, x.device)
     plan.output(x, y, r, g, h_in, r_sum, end, rate, skip, seq, h0, final, length, width,
                 n_chunks, sequences.count, plan.meta["output_units"])
-    return y, (final if sequences.output_final_state else None), residuals
+    return y, (final if sequences.output_final_state else None), (buffer,)
 
 
 def residual_specs(config: SamuConfig, batch: int, length: int, width: int, dtype,
@@ -524,7 +545,9 @@ def residual_specs(config: SamuConfig, batch: int, length: int, width: int, dtyp
     """(shape, dtype) of each of forward's residuals, for a compiled graph's fake tensors
     (params, which the RG-LRU family's residuals depend on through its heads, are not needed)."""
     shapes = _residual_shapes(batch, length, width, cdiv(length, config.chunk))
-    return [(shape, torch.float32) for shape in shapes]
+    # uncached: a compiled graph's sizes may be symbolic, which do not hash
+    sizes = piece_sizes.__wrapped__(tuple(math.prod(shape) for shape in shapes), 4)
+    return [((sum(sizes),), torch.float32)]
 
 
 # Programs per SM of the d ctrl_weight reduction (split over tokens): enough loads in flight.
@@ -543,11 +566,12 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
         raise ValueError("samu: end_cotangent needs an unpacked call")
     x = aligned(x)
     w, bias, a_param, log_temp, skip = [fp32_contiguous(p) for p in params]
-    r, g, r_sum, rate, h_in = residuals
     chunk = config.chunk
     dy = torch.zeros_like(x) if dy is None else aligned(dy)
     batch, length, width = x.shape
     n_chunks = cdiv(length, chunk)
+    h_in, rate, r, g, r_sum = pieces(residuals[0], _residual_numels(batch, length, width,
+                                                                    n_chunks))
     seq, h0 = sequences.seq_index, sequences.initial_state
     has_dfinal = d_final is not None
     walked = config.walks_carry(n_chunks, x.numel()) and end_cotangent is None
@@ -562,18 +586,23 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
     items = batch * n_chunks
     tokens = batch * length
-    # Apart: three allocations cost less host time than carving one (docs/PERFORMANCE.md).
-    f32 = dict(device=x.device, dtype=torch.float32)
-    end = torch.empty(batch, n_chunks, width, **f32)
-    part = torch.empty(items, 4, **f32)  # per chunk: d log_temp, d skip, d ctrl_bias
-    dz = torch.empty(2, tokens, **f32)
+    programs = WEIGHT_PROGRAMS_PER_SM * sm_count(x.device)
+    splits = weight_rows(tokens, width, programs)
+    # One workspace: the reverse summaries, the per-chunk rows (d log_temp, d skip, d ctrl_bias),
+    # dz and the split-K weight rows, and where the carry is walked the d softplus rows.
+    _, (end, part, dz, rows, *dsp_part) = workspace(
+        (items * width, items * 4, 2 * tokens, splits * 2 * width)
+        + ((items * width,) if walked else ()), x.device)
     plan.reverse_summary(dy, r, rate, seq, d_final, end, length, width, n_chunks,
                          sequences.count, meta["reverse_summary_units"])
     if walked:  # the backward kernel walks the reverse summaries: its rows go elsewhere
-        carry, dsp_part = end, torch.empty(items, width, **f32)
+        carry, dsp_part = end, dsp_part[0]
     else:
+        end = exact(end, (batch, n_chunks, width))
         carry = chunk_carry(r_sum, end, reverse=True, rate=rate, plan=config.carry)
         if end_cotangent is not None:
+            _, rate, _, _, r_sum = _shaped((h_in, rate, r, g, r_sum), batch, length, width,
+                                           n_chunks)
             extra = take_end_cotangent(end_cotangent, _start_adjoint(end, carry, r_sum, rate))
             if extra is not None:  # linear: it reaches the last chunk's start decayed
                 end[:, -1] += torch.exp(-rate * r_sum[:, -1:]) * extra
@@ -582,36 +611,47 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
                 plan = plan_with(True)
                 meta = plan.meta
                 carry = chunk_carry(r_sum, end, reverse=True, rate=rate, plan=config.carry)
-        dsp_part = end.view(items, width)  # end is spent: the carry has read it
+        dsp_part = end  # end is spent: the carry has read it
     dx = torch.empty_like(x)
     d_h0 = sequences.initial_state_gradient()
     plan.main(x, dy, dx, w, r, g, h_in, carry, r_sum, rate, log_temp, skip, seq, h0, d_final,
               d_h0, dz, part, dsp_part, length, width, n_chunks, sequences.count, tokens,
               meta["backward_units"])
-    weight_rows = weight_partials(x, dz, WEIGHT_PROGRAMS_PER_SM * sm_count(x.device))
-    grads = sum_partials(part, dsp_part, a_param, front=weight_rows)
+    weight_partials(x, dz, programs, out=rows)
+    grads = sum_partials(part, dsp_part, a_param, front=rows,
+                         rows=(splits, 2 * width, items, 4, width))
     d_weight, d_log_temp, d_skip, d_bias, d_a_param = grads.split_with_sizes(
         gradient_sizes(width))
     return (dx, d_weight.view(2, width), d_bias, d_a_param, d_log_temp.view(()),
             d_skip.view(()), d_h0 if sequences.has_initial else None)
 
 
-def _slice_pass(x, params, config: SamuConfig, initial_state, *keywords: str):
-    """(aligned x, sequence arguments, launch meta, r, g, r_sum, rate, end) of the summary kernel
-    over a slice that holds no sequence start after its first token.  ``initial_state``: the
-    FP32 [B, D] state entering the first token (an ordinary step from it: zeros for a slice
-    that continues a sequence), or None where a sequence starts there and resets."""
+class _SlicePass(NamedTuple):
+    x: torch.Tensor  # aligned
+    sequences: object
+    meta: dict
+    buffer: torch.Tensor  # the residual buffer: all but h_in written
+    buffers: tuple  # its pieces
+    r_sum: torch.Tensor  # [B, NC]
+    rate: torch.Tensor  # [D]
+    end: torch.Tensor  # [B, NC, D]
+
+
+def _slice_pass(x, params, config: SamuConfig, initial_state, *keywords: str) -> _SlicePass:
+    """The summary kernel over a slice that holds no sequence start after its first token.
+    ``initial_state``: the FP32 [B, D] state entering the first token (an ordinary step from it:
+    zeros for a slice that continues a sequence), or None where a sequence starts there and
+    resets."""
     x = aligned(x)
     batch, length, width = x.shape
-    f32 = dict(device=x.device, dtype=torch.float32)
     w, bias, a_param, log_temp, _ = [fp32_contiguous(p) for p in params]
     sequences = sequence_args(x, initial_state, None, False)
     plan = _plan_of(x, sequences, config, _keywords(HAS_INITIAL=initial_state is not None,
                                                     **{k: True for k in keywords}))
-    r, g, r_sum, rate = [torch.empty(shape, **f32)
-                         for shape in _residual_shapes(batch, length, width, plan.n_chunks)[:4]]
-    end = _summaries(x, (w, bias, a_param, log_temp), sequences, plan, r, g, r_sum, rate)
-    return x, sequences, plan.meta, r, g, r_sum, rate, end
+    buffer, buffers = _residual_buffer(batch, length, width, plan.n_chunks, x.device)
+    end = _summaries(x, (w, bias, a_param, log_temp), sequences, plan, *buffers[1:])
+    _, rate, _, _, r_sum = _shaped(buffers, batch, length, width, plan.n_chunks)
+    return _SlicePass(x, sequences, plan.meta, buffer, buffers, r_sum, rate, end)
 
 
 def _zero_state(x) -> torch.Tensor:
@@ -625,8 +665,8 @@ def slice_summary(x, params, config: SamuConfig, initial_state=None, resets: boo
     Where a sequence starts at the first token, h is the end state itself: from
     ``initial_state`` (FP32 [B, D]), or with ``resets`` from the reset (A is then unused)."""
     entering = None if resets else (_zero_state(x) if initial_state is None else initial_state)
-    _, _, _, _, _, r_sum, rate, end = _slice_pass(x, params, config, entering)
-    return _end_state(r_sum, rate, end, config)
+    run = _slice_pass(x, params, config, entering)
+    return _end_state(run.r_sum, run.rate, run.end, config)
 
 
 def _end_state(r_sum, rate, end, config: SamuConfig):
@@ -641,15 +681,15 @@ def start_adjoint(x, params, dy, d_end, config: SamuConfig):
     the state entering it, from dy and the cotangent d_end on the slice's end state.  The
     summary kernel (for r), the backward's reverse summary and its carry: x and dy read once
     each, where a backward through the slice would run every kernel."""
-    x, sequences, meta, r, _, r_sum, rate, _ = _slice_pass(x, params, config, _zero_state(x),
-                                                           "HAS_DFINAL")
+    run = _slice_pass(x, params, config, _zero_state(x), "HAS_DFINAL")
+    x, meta, r_sum, rate = run.x, run.meta, run.r_sum, run.rate
     batch, length, width = x.shape
     n_chunks = r_sum.shape[1]
     end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
     grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BD"]))
-    launching.launch(_samu_reverse_summary_kernel, grid, aligned(dy), r, rate,
-                     sequences.seq_index, fp32_contiguous(d_end), end, length, width, n_chunks,
-                     sequences.count, meta["reverse_summary_units"], T=config.chunk,
+    launching.launch(_samu_reverse_summary_kernel, grid, aligned(dy), run.buffers[2], rate,
+                     run.sequences.seq_index, fp32_contiguous(d_end), end, length, width,
+                     n_chunks, run.sequences.count, meta["reverse_summary_units"], T=config.chunk,
                      **meta["reverse_summary"], PACKED=False, HAS_DFINAL=True)
     carry = chunk_carry(r_sum, end, reverse=True, rate=rate, plan=config.carry)
     return _start_adjoint(end, carry, r_sum, rate)
@@ -683,9 +723,9 @@ class SliceRun:
     def summary(self):
         """(A, h), FP32 [B, D]: the slice's end state is A h_in + h (with ``resets``, h)."""
         start = None if self.resets else _zero_state(self.x)
-        _, _, _, r, g, r_sum, rate, end = _slice_pass(self.x, self.params, self.config, start)
-        self._summary = (r, g, r_sum, rate, end)
-        return _end_state(r_sum, rate, end, self.config)
+        run = _slice_pass(self.x, self.params, self.config, start)
+        self._summary = (run.buffer, run.buffers, run.end)
+        return _end_state(run.r_sum, run.rate, run.end, self.config)
 
     def forward(self, entering):
         """(y, final state FP32 [B, D]) from ``entering``, the state entering the slice (None
