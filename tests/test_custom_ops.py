@@ -48,6 +48,28 @@ def test_opcheck(mixer, name, packed):
                           (x, params, out[2:], dy, d_final, h0, cu, mixer, name))
 
 
+def test_only_the_op_zeroes_the_residual_buffers_gaps(monkeypatch):
+    """SAMU's residual buffer has gaps between its aligned pieces at odd shapes: the custom op,
+    whose outputs must hold nothing uninitialised, zeroes them; an eager call does not pay for
+    it."""
+    from samu.ops.samu import chunk
+    flags = []
+    real = chunk.workspace
+    monkeypatch.setattr(chunk, "workspace",
+                        lambda *a, **k: (flags.append(k.get("zero_gaps", False)), real(*a, **k))[1])
+    name = FAMILIES[0][1]
+    module = _module("samu", name)
+    x = torch.randn(1, 19, 32, device=DEVICE)  # B L = 19: r and g end mid-line
+    module(x)
+    assert flags == [False]  # the forward's residuals (the backward's workspace is not run)
+    flags.clear()
+    out = torch.ops.samu.scan_forward(x, _params(module), None, None, "samu", name, False)
+    assert flags == [True]
+    n_chunks = chunk.cdiv(19, backends.REGISTRY["samu"][name].config.chunk)
+    h_in, rate, r, g, r_sum = chunk.pieces(out[2], chunk._residual_numels(1, 19, 32, n_chunks))
+    assert bool((r[19:] == 0).all()) and bool((g[19:] == 0).all()) and r.numel() > 19
+
+
 def _grads(fn, module, x, h0, cu):
     module.zero_grad()
     xg, hg = x.clone().requires_grad_(), h0.clone().requires_grad_()

@@ -1,6 +1,7 @@
 """The mixer registry: every layer takes its mixers from samu.mixers, so a third mixer is a spec
 and a module.  The toy here is a diagonal recurrence with a per-channel constant decay,
 h_t = a h_{t-1} + sqrt(1 - a^2) x_t, a = exp(-softplus(decay)); y = h."""
+import dataclasses
 import math
 
 import pytest
@@ -170,3 +171,17 @@ def test_a_toy_mixer_goes_through_the_protocol_and_the_report(toy, tmp_path, mon
     assert table.loc["toy", "forward_backward_ms"] > 0 and table.loc["toy", "backend"] == \
         "reference_chunked"
     assert math.isnan(report.flops_per_element("toy", 16))  # the toy's spec counts none
+
+
+def test_a_mixer_registered_again_is_checked_by_its_new_spec():
+    """A remembered signature belongs to the spec it was checked under: the same name with
+    stricter checks refuses what the old one let through."""
+    x, decay = torch.randn(1, 3, 8), torch.zeros(8)
+    with backends.registered_mixer(TOY):
+        functional.mix("toy", x, decay)
+
+    def refuse(params, width):
+        raise ValueError("toy: decay refused by the new spec")
+    with backends.registered_mixer(dataclasses.replace(TOY, check_shapes=refuse)):
+        with pytest.raises(ValueError, match="refused by the new spec"):
+            functional.mix("toy", x, decay)

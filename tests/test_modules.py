@@ -151,22 +151,24 @@ def test_a_checked_signature_skips_the_checks(mixer, monkeypatch):
     is checked again, and a bad call is never remembered."""
     m = samu.modules.MODULES[mixer](16, backend="reference_chunked")
     monkeypatch.setattr(samu.functional, "_CHECKED", {})
-    checks = []
-    real = samu.functional.check_input
-    monkeypatch.setattr(samu.functional, "check_input",
-                        lambda *a: (checks.append(a[0].shape), real(*a)))
+    checks = {"check_input": [], "check_parameters": [], "check_sequences": []}
+    for name, calls in checks.items():
+        real = getattr(samu.functional, name)
+        monkeypatch.setattr(samu.functional, name,
+                            lambda *a, calls=calls, real=real: (calls.append(a), real(*a))[1])
     x = torch.randn(2, 5, 16)
     m(x)
     m(torch.randn(2, 5, 16))
-    assert len(checks) == 1
+    assert [len(c) for c in checks.values()] == [1, 1, 0]
     m(x.double())
     m(torch.randn(2, 6, 16))
     m(x, output_final_state=True)
-    assert len(checks) == 4
+    m(x, output_final_state=True)
+    assert [len(c) for c in checks.values()] == [4, 4, 1]
     for _ in range(2):
         with pytest.raises(ValueError, match="width 32"):
             m(torch.randn(2, 5, 32))
-    assert len(checks) == 6
+    assert len(checks["check_input"]) == 6
     with pytest.raises(ValueError, match=r"initial_state must have shape \[2, 16\]"):
         m(x, initial_state=torch.zeros(3, 16))
     m(x, initial_state=torch.zeros(2, 16))

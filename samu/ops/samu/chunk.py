@@ -476,10 +476,12 @@ def _residual_numels(batch: int, length: int, width: int, n_chunks: int) -> tupl
     return tuple(map(math.prod, _residual_shapes(batch, length, width, n_chunks)))
 
 
-def _residual_buffer(batch: int, length: int, width: int, n_chunks: int, device):
-    """(the residual buffer, its pieces h_in, rate, r, g, r_sum): one allocation, whose gaps are
-    zeroed (a custom op's output holds nothing uninitialised)."""
-    return workspace(_residual_numels(batch, length, width, n_chunks), device, zero_gaps=True)
+def _residual_buffer(batch: int, length: int, width: int, n_chunks: int, device,
+                     zero_gaps: bool):
+    """(the residual buffer, its pieces h_in, rate, r, g, r_sum): one allocation; zero_gaps as
+    launching.workspace's."""
+    return workspace(_residual_numels(batch, length, width, n_chunks), device,
+                     zero_gaps=zero_gaps)
 
 
 def _shaped(buffers: tuple, batch: int, length: int, width: int, n_chunks: int) -> tuple:
@@ -505,10 +507,11 @@ def _plan_of(x, sequences, config: SamuConfig, keywords: tuple[str, ...]) -> _Fo
                          sequences.initial_state.dtype, x.device, keywords)
 
 
-def forward(x, params, sequences, config: SamuConfig, summary=None):
+def forward(x, params, sequences, config: SamuConfig, summary=None, zero_gaps: bool = True):
     """(y, final state or None, residuals): the forward's kernels.  The residuals are the
     tensors the backward needs beside x and the parameters: one FP32 buffer
-    (_residual_shapes).  ``summary``: (that buffer, its pieces, end) with r, g, the sums of r,
+    (_residual_shapes), whose gaps between pieces are zeroed unless ``zero_gaps`` is off (a
+    custom op's output must hold nothing uninitialised; the autograd.Function's need not).  ``summary``: (that buffer, its pieces, end) with r, g, the sums of r,
     the rate and the chunks' end states of the summary kernel over the same x, unpacked, from a
     zero initial state, or from the reset in a call without one (_slice_pass): reused instead
     of running it again, chunk 0's end state moved by its decay times the initial state."""
@@ -521,7 +524,7 @@ def forward(x, params, sequences, config: SamuConfig, summary=None):
                                                     HAS_FINAL=sequences.output_final_state))
     n_chunks = plan.n_chunks
     if summary is None:
-        buffer, buffers = _residual_buffer(batch, length, width, n_chunks, x.device)
+        buffer, buffers = _residual_buffer(batch, length, width, n_chunks, x.device, zero_gaps)
         end = _summaries(x, (w, bias, a_param, log_temp), sequences, plan, *buffers[1:])
     else:
         if sequences.packed:
@@ -570,8 +573,8 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
     dy = torch.zeros_like(x) if dy is None else aligned(dy)
     batch, length, width = x.shape
     n_chunks = cdiv(length, chunk)
-    h_in, rate, r, g, r_sum = pieces(residuals[0], _residual_numels(batch, length, width,
-                                                                    n_chunks))
+    h_in, rate, r, g, r_sum = pieces(aligned(residuals[0]),
+                                     _residual_numels(batch, length, width, n_chunks))
     seq, h0 = sequences.seq_index, sequences.initial_state
     has_dfinal = d_final is not None
     walked = config.walks_carry(n_chunks, x.numel()) and end_cotangent is None
@@ -648,7 +651,7 @@ def _slice_pass(x, params, config: SamuConfig, initial_state, *keywords: str) ->
     sequences = sequence_args(x, initial_state, None, False)
     plan = _plan_of(x, sequences, config, _keywords(HAS_INITIAL=initial_state is not None,
                                                     **{k: True for k in keywords}))
-    buffer, buffers = _residual_buffer(batch, length, width, plan.n_chunks, x.device)
+    buffer, buffers = _residual_buffer(batch, length, width, plan.n_chunks, x.device, False)
     end = _summaries(x, (w, bias, a_param, log_temp), sequences, plan, *buffers[1:])
     _, rate, _, _, r_sum = _shaped(buffers, batch, length, width, plan.n_chunks)
     return _SlicePass(x, sequences, plan.meta, buffer, buffers, r_sum, rate, end)
@@ -666,12 +669,15 @@ def slice_summary(x, params, config: SamuConfig, initial_state=None, resets: boo
     ``initial_state`` (FP32 [B, D]), or with ``resets`` from the reset (A is then unused)."""
     entering = None if resets else (_zero_state(x) if initial_state is None else initial_state)
     run = _slice_pass(x, params, config, entering)
-    return _end_state(run.r_sum, run.rate, run.end, config)
+    return _end_state(run, config)
 
 
-def _end_state(r_sum, rate, end, config: SamuConfig):
-    """(A, h) of a slice from its chunks' sums of r and end states (end is only read)."""
-    h_in = chunk_carry(r_sum, end, reverse=False, rate=rate, plan=config.carry)
+def _end_state(run: _SlicePass, config: SamuConfig):
+    """(A, h) of a slice from its chunks' sums of r and end states (end is only read); the
+    residual buffer's h_in piece holds the carry (a forward from the pass writes it again)."""
+    r_sum, rate, end = run.r_sum, run.rate, run.end
+    h_in = chunk_carry(r_sum, end, reverse=False, rate=rate, plan=config.carry,
+                       out=exact(run.buffers[0], end.shape))
     h = torch.exp(-rate * r_sum[:, -1:]) * h_in[:, -1] + end[:, -1]
     return torch.exp(-rate * r_sum.sum(1, keepdim=True)), h
 
@@ -685,7 +691,7 @@ def start_adjoint(x, params, dy, d_end, config: SamuConfig):
     x, meta, r_sum, rate = run.x, run.meta, run.r_sum, run.rate
     batch, length, width = x.shape
     n_chunks = r_sum.shape[1]
-    end = torch.empty(batch, n_chunks, width, device=x.device, dtype=torch.float32)
+    end = exact(run.buffers[0], (batch, n_chunks, width))  # the h_in piece: no forward follows
     grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BD"]))
     launching.launch(_samu_reverse_summary_kernel, grid, aligned(dy), run.buffers[2], rate,
                      run.sequences.seq_index, fp32_contiguous(d_end), end, length, width,
@@ -725,14 +731,14 @@ class SliceRun:
         start = None if self.resets else _zero_state(self.x)
         run = _slice_pass(self.x, self.params, self.config, start)
         self._summary = (run.buffer, run.buffers, run.end)
-        return _end_state(run.r_sum, run.rate, run.end, self.config)
+        return _end_state(run, self.config)
 
     def forward(self, entering):
         """(y, final state FP32 [B, D]) from ``entering``, the state entering the slice (None
         with ``resets``)."""
         sequences = slice_run_sequences(self, entering)
         y, final, residuals = forward(self.x, self.params, sequences, self.config,
-                                      summary=self._summary)
+                                      summary=self._summary, zero_gaps=False)
         self._summary = None  # its chunk-0 end state now holds the entering state
         self._saved = (sequences, residuals)
         return y, final
@@ -757,7 +763,7 @@ class SamuFunction(torch.autograd.Function):
     def forward(ctx, x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, initial_state,
                 seq_index, config: SamuConfig, sequences):
         params = (ctrl_weight, ctrl_bias, a_param, log_temp, skip)
-        y, final, residuals = forward(x, params, sequences, config)
+        y, final, residuals = forward(x, params, sequences, config, zero_gaps=False)
         # The initial state and sequence index are saved, not kept on ctx: autograd then
         # refuses a backward after an in-place change to them instead of reading new values.
         ctx.save_for_backward(x, *params, *residuals, *sequences.tensors_to_save())
