@@ -272,7 +272,10 @@ def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
                                 output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     signature = _signature(spec, x, params, backend, initial_state, cu_seqlens,
                            output_final_state)
-    checked = signature is not None and signature in _CHECKED
+    try:
+        checked = signature is not None and signature in _CHECKED
+    except TypeError:  # an unhashable backend: checked every time
+        signature, checked = None, False
     if not checked:
         _check_shapes(mixer, spec, x, named)
     y, final, name = _run(mixer, x, named, backend, initial_state, cu_seqlens,
@@ -299,17 +302,15 @@ def _tensor_signature(t):
 def _signature(spec, x, params: tuple, backend, initial_state, cu_seqlens,
                output_final_state):
     """What the checks of a call depend on, or None where it cannot be a key (a traced call, an
-    argument that is no tensor, an unhashable backend): such calls are checked every time."""
+    argument that is no tensor): such calls are checked every time."""
     if torch.compiler.is_compiling():
         return None
     try:
-        key = (id(spec), backend, output_final_state.__class__, output_final_state,
-               _tensor_signature(x), _tensor_signature(initial_state),
-               _tensor_signature(cu_seqlens), *[_tensor_signature(p) for p in params])
-        hash(key)
-    except (AttributeError, TypeError):
+        return (id(spec), backend, output_final_state.__class__, output_final_state,
+                _tensor_signature(x), _tensor_signature(initial_state),
+                _tensor_signature(cu_seqlens), *[_tensor_signature(p) for p in params])
+    except AttributeError:
         return None
-    return key
 
 
 def _check_shapes(mixer: str, spec, x, named: dict) -> None:

@@ -104,3 +104,16 @@ def benchmarks_file(slug: str, benchmark: str) -> Path:
     """The rows a benchmark (benchmarks/<benchmark>.py) appends on a GPU, one JSON line each
     (samu.experiment.benchmark_rows)."""
     return DATA / "benchmarks" / slug / f"{benchmark}.jsonl"
+
+
+def measured_file(relative, slug: str | None, committed_slug: str) -> tuple[Path | None, list]:
+    """(the first file that exists, the slugs tried): ``relative(name)`` under the data folder,
+    then under the repository's data folder, for ``slug`` and then for ``committed_slug`` (a
+    scratch data folder, as nbval's, has none; nor has a GPU that was never timed)."""
+    slugs = list(dict.fromkeys([slug or committed_slug, committed_slug]))
+    for name in slugs:
+        for root in (DATA, REPO_ROOT / "data"):
+            path = root / relative(name)
+            if path.is_file():
+                return path, slugs
+    return None, slugs

@@ -17,23 +17,23 @@ TARGET_SHARE_OVER_SLICE_CALL = 1.3
 MIXER_NAMES = {"rglru": "RG-LRU", "samu": "SAMU"}
 
 
+def _relative(slug: str) -> str:
+    return f"context_parallel/{slug}.json"
+
+
 def result_file(slug: str) -> Path:
     """Where the benchmark writes a GPU's timings: the data folder's."""
-    return paths.DATA / "context_parallel" / f"{slug}.json"
+    return paths.DATA / _relative(slug)
 
 
 def load(slug: str | None = None) -> tuple[dict, Path]:
     """(document, its path): ``slug``'s timings from the data folder or the repository's, else
-    the committed H200 ones (a scratch data folder, as nbval's, has none; nor has a GPU that
-    was never timed)."""
-    slugs = list(dict.fromkeys([slug or COMMITTED_SLUG, COMMITTED_SLUG]))
-    for name in slugs:
-        for path in (result_file(name),
-                     paths.REPO_ROOT / "data" / "context_parallel" / f"{name}.json"):
-            if path.is_file():
-                return schema.read_json(path), path
-    raise FileNotFoundError(f"no context-parallel timings for {' or '.join(slugs)}: run "
-                            "benchmarks/bench_context_parallel.py on that GPU")
+    the committed H200 ones (paths.measured_file)."""
+    path, slugs = paths.measured_file(_relative, slug, COMMITTED_SLUG)
+    if path is None:
+        raise FileNotFoundError(f"no context-parallel timings for {' or '.join(slugs)}: run "
+                                "benchmarks/bench_context_parallel.py on that GPU")
+    return schema.read_json(path), path
 
 
 def frame(doc: dict) -> pd.DataFrame:

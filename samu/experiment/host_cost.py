@@ -24,15 +24,13 @@ PARTS = (("null Function", "null_function_us"),
 
 def load(slug: str | None = None) -> tuple[list[dict], Path]:
     """(rows, their path): ``slug``'s rows from the data folder or the repository's, else the
-    committed H200 ones (a scratch data folder, as nbval's, has none)."""
-    slugs = list(dict.fromkeys([slug or COMMITTED_SLUG, COMMITTED_SLUG]))
-    for name in slugs:
-        for path in (paths.benchmarks_file(name, BENCHMARK),
-                     paths.REPO_ROOT / "data" / "benchmarks" / name / f"{BENCHMARK}.jsonl"):
-            if path.is_file():
-                return benchmark_rows.read_rows(path), path
-    raise FileNotFoundError(f"no host-budget rows for {' or '.join(slugs)}: run "
-                            "benchmarks/host_budget.py on that GPU")
+    committed H200 ones (paths.measured_file)."""
+    path, slugs = paths.measured_file(lambda name: f"benchmarks/{name}/{BENCHMARK}.jsonl", slug,
+                                      COMMITTED_SLUG)
+    if path is None:
+        raise FileNotFoundError(f"no host-budget rows for {' or '.join(slugs)}: run "
+                                "benchmarks/host_budget.py on that GPU")
+    return benchmark_rows.read_rows(path), path
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
