@@ -275,7 +275,7 @@ print("every Triton backend is legal at", shape)'''),
 ])
 
 save("02_calibration", [
-    md('# 02 — Calibration: legality and forward+backward time of every backend at one shape\n\nLegal backends are ranked by their forward+backward GPU time on a GPU (one CUDA-graph replay: no host in it, since below L = 32768 the median of a synchronised call is mostly host time), by the median on a CPU; both are kept in the file. The fastest is the choice that `backend="auto"` and notebook 03 take. The result is merged into `data/calibration/<gpu>.json` atomically. Reference backends materialise a state-sized transition, so they are recorded as illegal.'),
+    md('# 02 — Calibration: legality and forward+backward time of every backend at one shape\n\nLegal backends are ranked by their forward+backward GPU time on a GPU (one CUDA-graph replay: no host in it, since below L = 32768 the median of a synchronised call is mostly host time), by the median on a CPU; both are kept in the file. On a GPU each legal backend\'s peak memory is recorded too, and the choice that `backend="auto"` and notebook 03 take is the fastest, unless it holds more than the mixer\'s memory budget (SAMU 2.5, RG-LRU 3 units of B·L·D BF16) and a backend within it is at most 5 % slower: then that one (SPEC section 4). The result is merged into `data/calibration/<gpu>.json` atomically. Reference backends materialise a state-sized transition, so they are recorded as illegal.'),
     params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nreps = 10\nseed = 0"),
     code(SETUP + '''
 candidates = None  # every backend
@@ -297,16 +297,28 @@ result = calibration.calibrate_shape(shape, device, candidates=names, reps=reps,
 bar.close()
 cal = calibration.merge_calibration(slug, shape, result, protocol.environment(device))
 for mixer, r in result.items():
-    print(f"{mixer}: chosen {r['chosen']}; ranked by {r['ranked_by']}: {r['ranking']}")
+    print(f"{mixer}: chosen {r['chosen']} ({r['chosen_by']}); ranked by {r['ranked_by']}: {r['ranking']}")
     assert r["chosen"] is not None, f"no legal {mixer} backend at {shape}"'''),
     code('''import pandas as pd, seaborn as sns, matplotlib.pyplot as plt
 rows = [{"mixer": m, "backend": e["backend"], "median_ms": e["median_ms"],
-         "gpu_time_ms": e["gpu_time_ms"]}
+         "gpu_time_ms": e["gpu_time_ms"], "peak_units": e.get("peak_units"),
+         "chosen": e["backend"] == r["chosen"]}
         for m, r in result.items() for e in r["backends"] if e["legal"]]
 df = pd.DataFrame(rows)
 key = result["samu"]["ranked_by"]  # the same for both mixers on one device
-ax = sns.barplot(data=df, y="backend", x=key, hue="mixer")
-ax.set_title(f"forward+backward {'GPU time' if key == 'gpu_time_ms' else 'median'} at {shape} ({slug})"); plt.show()
+memory = df["peak_units"].notna().any()  # a GPU measures peak memory; a CPU does not
+fig, axes = plt.subplots(1, 2 if memory else 1, figsize=(13 if memory else 7, 4), squeeze=False)
+sns.barplot(data=df, y="backend", x=key, hue="mixer", ax=axes[0][0])
+axes[0][0].set_title(f"forward+backward {'GPU time' if key == 'gpu_time_ms' else 'median'} at {shape} ({slug})")
+if memory:
+    sns.barplot(data=df, y="backend", x="peak_units", hue="mixer", ax=axes[0][1])
+    for m, r in result.items():
+        axes[0][1].axvline(r["memory_budget_units"], linestyle="--", linewidth=1,
+                           color="C0" if m == "rglru" else "C1")
+    axes[0][1].set_title("peak memory above the inputs (units of B*L*D BF16; dashed: budgets)")
+    axes[0][1].set_yticklabels([])
+    axes[0][1].set_ylabel("")
+fig.tight_layout(); plt.show()
 df'''),
 ])
 

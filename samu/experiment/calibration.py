@@ -22,17 +22,44 @@ def ranking_key(entries: list[dict]) -> str:
     return "median_ms"
 
 
+# How much slower than the fastest legal backend auto's choice may be, to stay within its mixer's
+# memory budget (MixerSpec.memory_budget_units): 1.0 ranks by time alone.
+MEMORY_TOLERANCE = 1.05
+
+
+def choose(legal: list[dict], key: str, budget: float | None,
+           tolerance: float = MEMORY_TOLERANCE) -> tuple[str | None, str]:
+    """(chosen backend, why) from ``legal`` entries sorted by ``key``: the fastest, unless it
+    holds more than ``budget`` units of peak memory and another entry within the budget takes
+    at most ``tolerance`` times its time; then the fastest such.  Entries without a measured
+    peak (a CPU) are never taken for the budget."""
+    if not legal:
+        return None, "no legal backend"
+    fastest = legal[0]
+    peak = fastest.get("peak_units")
+    if budget is None or peak is None or peak <= budget:
+        return fastest["backend"], "fastest"
+    for entry in legal[1:]:
+        if entry[key] > tolerance * fastest[key]:
+            break
+        if entry.get("peak_units") is not None and entry["peak_units"] <= budget:
+            return entry["backend"], "fastest within the memory budget"
+    return fastest["backend"], "fastest (none within the memory budget and the tolerance)"
+
+
 def calibrate_shape(shape, device, mixers=None, candidates: dict | None = None,
                     reps: int = 10, seed: int = 0, progress=None,
-                    num_heads: int = NUM_HEADS) -> dict:
+                    num_heads: int = NUM_HEADS,
+                    memory_tolerance: float = MEMORY_TOLERANCE) -> dict:
     """For each mixer: legality of every candidate, the forward+backward median and, on a GPU,
-    the GPU time (CUDA-graph replay) of the legal ones, ranked (ranking_key) and the choice.
+    the GPU time (CUDA-graph replay) and peak memory of the legal ones, ranked (ranking_key),
+    and the choice (``choose``, with the mixer's memory budget and ``memory_tolerance``).
     Reference backends are recorded as illegal without timing.  A mixer with heads is
     calibrated at ``num_heads`` (recorded in its entry)."""
     result = {}
     for mixer in mixers if mixers is not None else mixers_.names():
         names = candidates[mixer] if candidates else backends.available(mixer)
-        has_heads = mixers_.get(mixer).has_heads
+        spec = mixers_.get(mixer)
         x, params, dy = make_inputs(mixer, shape, device, seed, num_heads=num_heads)
         want = oracle(mixer, x, params, dy)
         eager = relative_errors(outputs(mixer, "reference_chunked", x, params, dy), want)
@@ -55,17 +82,25 @@ def calibrate_shape(shape, device, mixers=None, candidates: dict | None = None,
                 entry["forward_backward_ms"] = samples
                 entry["median_ms"] = statistics.median(samples)
                 entry["gpu_time_ms"] = protocol.graph_replay_ms(module, xg, dy)  # None: CPU
+                peak = protocol.peak_allocated_delta(module, xg, dy)  # None: CPU
+                if peak is not None:
+                    entry["peak_allocated_delta_bytes"] = peak
+                    entry["peak_units"] = protocol.memory_units(peak, shape)
                 del module, xg
             entries.append(entry)
         del want
         legal = [e for e in entries if e["legal"]]
         key = ranking_key(legal)
         legal.sort(key=lambda e: e[key])
+        chosen, chosen_by = choose(legal, key, spec.memory_budget_units, memory_tolerance)
         result[mixer] = {
             "ranking": [e["backend"] for e in legal],
-            "chosen": legal[0]["backend"] if legal else None,
+            "chosen": chosen,
+            "chosen_by": chosen_by,
             "ranked_by": key,
-            **({"num_heads": num_heads} if has_heads else {}),
+            "memory_budget_units": spec.memory_budget_units,
+            "memory_tolerance": memory_tolerance,
+            **({"num_heads": num_heads} if spec.has_heads else {}),
             "backends": entries,
         }
     return result
@@ -112,6 +147,10 @@ def main(argv=None) -> int:
                         help=f"gate blocks of a mixer with heads (default {NUM_HEADS})")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--backends", nargs="+", help="only these backends (default: all)")
+    parser.add_argument("--memory-tolerance", type=float, default=MEMORY_TOLERANCE,
+                        help="how much slower than the fastest a choice within its mixer's "
+                             f"memory budget may be (default {MEMORY_TOLERANCE}; 1 ranks by "
+                             "time alone)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     slug = protocol.device_slug(device)
@@ -122,14 +161,18 @@ def main(argv=None) -> int:
                       for m in args.mixers or mixers_.names()}
     for shape in parse_shapes(args.shapes):
         result = calibrate_shape(shape, device, args.mixers, candidates, reps=args.reps,
-                                 num_heads=args.heads)
+                                 num_heads=args.heads, memory_tolerance=args.memory_tolerance)
         merge_calibration(slug, shape, result, environment)
         for mixer, entry in result.items():
             times = {e["backend"]: e.get(entry["ranked_by"]) for e in entry["backends"]
                      if e["legal"]}
             ranking = ", ".join(f"{name} {times[name]:.3f}" for name in entry["ranking"])
-            print(f"{shape.key} {mixer}: chosen {entry['chosen']} (by {entry['ranked_by']}, "
-                  f"ms: {ranking})", flush=True)
+            peaks = {e["backend"]: e.get("peak_units") for e in entry["backends"] if e["legal"]}
+            held = ", ".join(f"{name} {peaks[name]:.2f}" for name in entry["ranking"]
+                             if peaks[name] is not None)
+            print(f"{shape.key} {mixer}: chosen {entry['chosen']} ({entry['chosen_by']}; by "
+                  f"{entry['ranked_by']}, ms: {ranking}" + (f"; peak units: {held}" if held
+                                                            else "") + ")", flush=True)
     print("wrote", paths.relative(paths.calibration_file(slug)))
     return 0
 

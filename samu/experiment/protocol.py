@@ -45,6 +45,11 @@ def floor_ms(shape, bandwidth: float, bytes_per_element: int = FLOOR_BYTES_PER_E
     return bytes_per_element * batch * length * width / bandwidth * 1e3
 
 
+def memory_units(nbytes: int, shape) -> float:
+    """Bytes in units of one BF16 tensor of the shape, B*L*D*2 (SPEC section 8)."""
+    return nbytes / (2 * Shape.of(shape).elements)
+
+
 def measure_copy_bandwidth(device, nbytes: int = 2**31, reps: int = 20) -> float:
     """Device-to-device copy rate, counting bytes read plus bytes written."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
@@ -260,6 +265,11 @@ def measure_memory(module, x, dy) -> dict:
     peak_alloc, peak_res = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
     return dict(zip(keys, (peak_alloc - base_alloc, peak_res - base_res, peak_alloc, peak_res,
                            base_alloc, base_res)))
+
+
+def peak_allocated_delta(module, x, dy) -> int | None:
+    """measure_memory's peak above the baseline, in bytes; None on a CPU (no counters)."""
+    return measure_memory(module, x, dy)["peak_allocated_delta_bytes"] if x.is_cuda else None
 
 
 def phase_stats(rounds_: list[dict]) -> dict:

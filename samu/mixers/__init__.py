@@ -46,6 +46,10 @@ class MixerSpec:
     heads_of: {name: tensor} -> the head count they hold (a mixer with heads).
     flops_per_element: (width, num_heads) -> forward+backward FLOPs per element of [B, L, D],
         for the report's roofline (docs/PERFORMANCE.md's counts); None: not counted.
+    memory_budget_units: the peak memory of a forward+backward, above its inputs, in units of
+        B*L*D BF16 elements, that calibration prefers for ``auto`` (SPEC section 4): where the
+        fastest legal backend holds more, the fastest one within it is chosen if its GPU time
+        is within the calibration's tolerance; None: the fastest, whatever it holds.
     """
     name: str
     label: str
@@ -64,6 +68,7 @@ class MixerSpec:
     has_heads: bool = False
     heads_of: Callable[[dict], int] | None = None
     flops_per_element: Callable[[int, int], float] | None = None
+    memory_budget_units: float | None = None
 
     def load(self, field: str):
         """The object that field ``field`` names (e.g. ``spec.load("reference")``)."""

@@ -51,4 +51,5 @@ SPEC = MixerSpec(
     has_heads=True,
     heads_of=lambda params: params["gate_x_weight"].shape[0],
     flops_per_element=flops_per_element,
+    memory_budget_units=3.0,  # SPEC section 8
 )

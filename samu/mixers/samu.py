@@ -37,4 +37,5 @@ SPEC = MixerSpec(
     default_backend="fused_controller_hierarchical_chunk16",
     # docs/PERFORMANCE.md, "The two numbers": ~40 forward (exp, sqrt, scan) + ~80 backward.
     flops_per_element=lambda width, num_heads: float(FLOPS_PER_ELEMENT),
+    memory_budget_units=2.5,  # SPEC section 8
 )

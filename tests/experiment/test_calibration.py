@@ -112,6 +112,64 @@ def test_legal_backends_are_ranked_by_gpu_time_where_every_one_has_it(monkeypatc
     assert [entries[n]["gpu_time_ms"] for n in names] == [gpu[n] for n in names]
 
 
+def _entries(times, peaks):
+    return [{"backend": f"b{i}", "gpu_time_ms": t, "peak_units": p}
+            for i, (t, p) in enumerate(zip(times, peaks))]
+
+
+@pytest.mark.parametrize("times, peaks, budget, want, why", [
+    ([1.0, 1.04], [2.8, 2.4], 2.5, "b1", "within the memory budget"),  # 4 % for the budget
+    ([1.0, 1.06], [2.8, 2.4], 2.5, "b0", "none within"),  # 6 %: over the tolerance
+    ([1.0, 1.01, 1.03], [2.8, 2.6, 2.4], 2.5, "b2", "within the memory budget"),
+    ([1.0, 1.01], [2.4, 2.3], 2.5, "b0", "fastest"),  # the fastest is within: nothing traded
+    ([1.0, 1.01], [2.8, 2.4], None, "b0", "fastest"),  # no budget
+    ([1.0, 1.01], [2.8, None], 2.5, "b0", "none within"),  # an unmeasured peak is not taken
+    ([1.0, 1.01], [None, None], 2.5, "b0", "fastest"),  # a CPU measures no peak
+])
+def test_the_choice_trades_at_most_the_tolerance_for_the_memory_budget(times, peaks, budget,
+                                                                       want, why):
+    chosen, chosen_by = calibration.choose(_entries(times, peaks), "gpu_time_ms", budget, 1.05)
+    assert chosen == want and why in chosen_by
+    assert calibration.choose([], "gpu_time_ms", 2.5) == (None, "no legal backend")
+    # a tolerance of 1 ranks by time alone
+    assert calibration.choose(_entries([1.0, 1.0001], [2.8, 2.4]), "gpu_time_ms", 2.5,
+                              1.0)[0] == "b0"
+
+
+def test_calibration_records_peak_memory_and_chooses_within_the_mixers_budget(tmp_path,
+                                                                              monkeypatch):
+    """On a GPU every legal backend's peak memory is recorded (bytes and units of B*L*D BF16),
+    and auto's choice is the fastest within the mixer's memory_budget_units when it is within
+    the tolerance of the fastest; the ranking stays by time, and auto takes the choice."""
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    names = [n for n in backends.available("samu")
+             if backends.REGISTRY["samu"][n].kind == "triton"][:2]
+    shape = (1, 8, 16)
+    unit = 2 * 8 * 16
+    gpu = {names[0]: 0.100, names[1]: 0.104}
+    peak = {names[0]: int(2.8 * unit), names[1]: int(2.4 * unit)}
+    monkeypatch.setattr(calibration.protocol, "warm_samples",
+                        lambda module, x, dy, reps: [1.0] * reps)
+    monkeypatch.setattr(calibration.protocol, "graph_replay_ms",
+                        lambda module, x, dy: gpu[module.backend])
+    monkeypatch.setattr(calibration.protocol, "peak_allocated_delta",
+                        lambda module, x, dy: peak[module.backend])
+    for tolerance, want in ((1.0, names[0]), (1.05, names[1])):
+        result = calibration.calibrate_shape(shape, _triton_device(), mixers=("samu",),
+                                             candidates={"samu": names}, reps=1,
+                                             memory_tolerance=tolerance)["samu"]
+        assert result["ranking"] == names and result["chosen"] == want, tolerance
+        assert result["memory_budget_units"] == 2.5 and result["memory_tolerance"] == tolerance
+        entries = {e["backend"]: e for e in result["backends"]}
+        for name in names:
+            assert entries[name]["peak_allocated_delta_bytes"] == peak[name]
+            assert entries[name]["peak_units"] == pytest.approx(peak[name] / unit)
+    calibration.merge_calibration("test-gpu", shape, {"samu": result}, {"gpu": "Test GPU"})
+    monkeypatch.setattr(dispatch, "_USER_DIR", paths.calibration_file("test-gpu").parent)
+    dispatch.forget_calibration()
+    assert dispatch.calibrated_choice("samu", shape, "test-gpu") == names[1]
+
+
 def test_a_reference_on_a_cpu_device_object_is_checked_not_skipped():
     # Skipped (recorded illegal unchecked) only on a GPU: decided by the tensors' device, so
     # torch.device("cpu") is a CPU as "cpu" is.

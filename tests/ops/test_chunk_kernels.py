@@ -65,12 +65,20 @@ CASES += [("samu", dataclasses.replace(backends.REGISTRY["samu"][n].config, part
           for n in _triton("samu") for walk in ({}, dict(walked_carry_chunks=0))]
 
 
+# The two full-width kernels with their tiles' L2 eviction priorities (scan.load_tile), with the
+# carry walked and launched: the hints change no value.
+CASES += [("samu", dataclasses.replace(backends.REGISTRY["samu"][n].config, l2_hints=True, **walk),
+           (2, 3 * _chunk("samu", n) + 5, 48))
+          for n in _triton("samu")[:2] for walk in ({}, dict(walked_carry_chunks=0))]
+
+
 def _config_id(value):
     if dataclasses.is_dataclass(value):
         walk = getattr(value, "walked_carry_chunks", None)
         partial = "-partial_dx" if getattr(value, "partial_dx", False) else ""
+        hints = "-l2_hints" if getattr(value, "l2_hints", False) else ""
         plan = "" if value.carry == carry.DEFAULT_PLAN else f"-{value.carry.label}"
-        return f"{value.name}-walked_carry_chunks{walk}{plan}{partial}"
+        return f"{value.name}-walked_carry_chunks{walk}{plan}{partial}{hints}"
     return None
 
 
@@ -318,6 +326,24 @@ def test_samu_register_cap_reaches_the_launch_and_is_left_off_with_a_state_keywo
     plan = {k.fn.__name__: options
             for k, _, options in samu_chunk.launch_plan(config, 32, features=True)}
     assert "maxnreg" not in plan["_samu_backward_kernel"]
+
+
+@pytest.mark.parametrize("hints", [False, True])
+def test_samu_l2_hints_reach_both_full_width_kernels(hints):
+    """l2_hints is the summary's and the backward's L2_HINTS constexpr, in the launch plan and
+    in the Sites a call launches; the other kernels take none."""
+    config = dataclasses.replace(samu_chunk.CONFIGS[0], l2_hints=hints)
+    plan = {k.fn.__name__: meta for k, meta, _ in samu_chunk.launch_plan(config, 32)}
+    assert plan["_samu_summary_kernel"]["L2_HINTS"] is hints
+    assert plan["_samu_backward_kernel"]["L2_HINTS"] is hints
+    assert "L2_HINTS" not in plan["_samu_output_kernel"]
+    assert "L2_HINTS" not in plan["_samu_reverse_summary_kernel"]
+    forward = samu_chunk._forward_plan(config, (1, 64, 32), 1, torch.bfloat16, torch.float32,
+                                       torch.device("cpu"), ())
+    backward = samu_chunk._backward_plan(config, (1, 64, 32), 1, (torch.bfloat16,) * 3,
+                                         torch.device("cpu"), (), False)
+    assert forward.summary.meta["L2_HINTS"] is hints
+    assert backward.main.meta["L2_HINTS"] is hints
 
 
 def test_carve_cuts_aligned_disjoint_pieces():

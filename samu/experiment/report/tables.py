@@ -55,7 +55,6 @@ def frame(doc: dict, source: str | None = None) -> pd.DataFrame:
         env = shape_envs.get(shape.key, doc["environment"])
         cpu = is_cpu(env, source)
         elements = shape.elements
-        unit = 2 * elements
         fb = row["forward_backward"]["median_ms"]
         fwd = row["forward"]["median_ms"]
         nan = math.nan
@@ -78,7 +77,8 @@ def frame(doc: dict, source: str | None = None) -> pd.DataFrame:
             "backward_ms": row["backward"]["median_ms"],
             "forward_backward_ms": fb,
             "forward_backward_std_ms": row["forward_backward"]["std_ms"],
-            "peak_allocated_delta_units": nan if cpu else row["peak_allocated_delta_bytes"] / unit,
+            "peak_allocated_delta_units": (nan if cpu else protocol.memory_units(
+                row["peak_allocated_delta_bytes"], shape)),
             "copy_TBps": bandwidth / 1e12,
             "floor_ms": floor, "times_floor": fb / floor, "floor_fraction": floor / fb,
             "forward_times_floor": fwd / forward_floor,

@@ -85,3 +85,31 @@ def last_row(values, rows, T: tl.constexpr):
 @triton.jit
 def first_row(values, rows):
     return tl.sum(tl.where(rows[:, None] == 0, values, 0.0), axis=0)
+
+
+# Cache policies of a tile's load or store (PTX eviction priorities in L2): the full-width
+# kernels pass over a chunk twice, so the first pass asks L2 to keep the tile and the second,
+# its last use, to drop it first.
+KEEP = tl.constexpr(1)
+DROP = tl.constexpr(2)
+
+
+@triton.jit
+def load_tile(ptr, mask, POLICY: tl.constexpr):
+    """tl.load(ptr, mask, other=0) with the eviction priority POLICY (0: none, KEEP, DROP)."""
+    if POLICY == KEEP:
+        v = tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_last")
+    elif POLICY == DROP:
+        v = tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        v = tl.load(ptr, mask=mask, other=0.0)
+    return v
+
+
+@triton.jit
+def store_tile(ptr, value, mask, POLICY: tl.constexpr):
+    """tl.store with the eviction priority POLICY (0: none, DROP: a write not read again soon)."""
+    if POLICY == DROP:
+        tl.store(ptr, value, mask=mask, eviction_policy="evict_first")
+    else:
+        tl.store(ptr, value, mask=mask)

@@ -29,8 +29,8 @@ from ..common.launching import (Site, aligned, cdiv, exact, fp32_contiguous, pie
                                 workspace)
 from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
 from ..common.reduce import sum_partials, weight_partials, weight_rows
-from ..common.scan import (affine_combine, decayed_previous_state, last_row, row_offsets,
-                           shifted_rows)
+from ..common.scan import (DROP, KEEP, affine_combine, decayed_previous_state, last_row,
+                           load_tile, row_offsets, shifted_rows, store_tile)
 from ..common.sequences import (START_MARK, adjoint_inputs, entering_state, fold_starts, load_at,
                                 resets, row_sequences, sequence_args, slice_run_sequences,
                                 store_at, take_end_cotangent)
@@ -55,7 +55,8 @@ def _tile(b, k, rows, cols, L, D, row_units, T: tl.constexpr, V: tl.constexpr):
 def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_ptr, h0_ptr,
                          r_ptr, g_ptr, r_sum_ptr, end_ptr, rate_ptr, L, D, NC, N_SEQ, row_units,
                          T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
-                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr):
+                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
+                         L2_HINTS: tl.constexpr):
     """Per chunk, full width: the controller (r, g) and the chunk summary: its end state and
     its sum of r (the chunk's decay is exp(-c softplus(a_param) sum r), rebuilt by the carry;
     START_MARK where the chunk holds a packed sequence's start, whose decay is 0).  Program 0
@@ -73,7 +74,7 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         base, offs, ok = _tile(b, k, rows, cols, L, D, row_units, T, V)
-        x = tl.load(x_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
+        x = load_tile(x_ptr + base + offs, ok, L2_HINTS * KEEP).to(tl.float32)
         w0 = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=cols < D, other=0.0)
         z0 += x * w0[None, :]
@@ -92,7 +93,7 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         base, offs, ok = _tile(b, k, rows, cols, L, D, row_units, T, V)
-        x = tl.load(x_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
+        x = load_tile(x_ptr + base + offs, ok, L2_HINTS * DROP).to(tl.float32)
         lam = c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
         if pid == 0:
             tl.store(rate_ptr + cols, lam, mask=cols < D)
@@ -179,14 +180,16 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr,
                         NC, N_SEQ, row_units,
                         T: tl.constexpr, V: tl.constexpr, NEED_H: tl.constexpr,
                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
-                        HAS_DFINAL: tl.constexpr, WALKED_CARRY: tl.constexpr):
+                        HAS_DFINAL: tl.constexpr, WALKED_CARRY: tl.constexpr,
+                        POLICY: tl.constexpr):
     """Recompute one [T, BD] tile of the backward: x, dy, a, m, dh and (if NEED_H) dlog a, and
     then d h0 = a_s dh_s at each start (HAS_INITIAL).  rows run latest first: the adjoint is a
     forward scan; a_t h_{t-1} is unrolled from the earliest row.  The carry is chunk_carry's, or
-    with WALKED_CARRY walked here over the reverse summaries (carry_ptr) and sums of r."""
+    with WALKED_CARRY walked here over the reverse summaries (carry_ptr) and sums of r.  x and
+    dy load with the L2 eviction priority POLICY (scan.load_tile)."""
     base, offs, ok = _tile(b, k, rows, cols, L, D, row_units, T, V)
-    x = tl.load(x_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
+    x = load_tile(x_ptr + base + offs, ok, POLICY).to(tl.float32)
+    dy = load_tile(dy_ptr + base + offs, ok, POLICY).to(tl.float32)
     lam = tl.load(rate_ptr + cols, mask=cols < D, other=0.0)
     log_a = -lam[None, :] * r[:, None]
     a, m, dm_dlog_a = transition(log_a, resets(starts, HAS_INITIAL))
@@ -232,7 +235,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
                           T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                           PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
                           HAS_DFINAL: tl.constexpr, WALKED_CARRY: tl.constexpr,
-                          PARTIAL_DX: tl.constexpr):
+                          PARTIAL_DX: tl.constexpr, L2_HINTS: tl.constexpr):
     """Per chunk, full width.  Pass 1 reduces dr, dg per token (and per-channel and scalar
     partials) and writes dz = (dz_r, dz_g) per token into dz [2, TOKENS]; pass 2 writes
     dx = dh m g + skip dy + W^T dz.  With PARTIAL_DX, pass 1 also writes dh m g + skip dy into
@@ -262,7 +265,8 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
             x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr, dfinal_ptr,
             dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, N_SEQ,
-            row_units, T, V, True, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY)
+            row_units, T, V, True, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY,
+            L2_HINTS * KEEP)
         dr_part += dla * -lam[None, :]
         dg_part += dh * m * x
         if PARTIAL_DX:
@@ -291,10 +295,11 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
             base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
                 x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr, dfinal_ptr,
                 dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, N_SEQ,
-                row_units, T, V, False, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY)
+                row_units, T, V, False, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY,
+                L2_HINTS * DROP)
             dx = dh * m * g[:, None] + skip * dy
         dx += dz0[:, None] * w0[None, :] + dz1[:, None] * w1[None, :]
-        tl.store(dx_ptr + base + offs, to_element(dx, dx_ptr), mask=ok)
+        store_tile(dx_ptr + base + offs, to_element(dx, dx_ptr), ok, L2_HINTS * DROP)
 
 
 # A thread holds T x vector values of each tile: past 64 the summary kernel spills (SASS).
@@ -336,6 +341,7 @@ class SamuConfig:
     walked_carry_elements: int = 1 << 20
     carry: CarryPlan = DEFAULT_PLAN
     partial_dx: bool = False
+    l2_hints: bool = False
 
     def walks_carry(self, n_chunks: int, elements: int) -> bool:
         return n_chunks <= self.walked_carry_chunks and elements <= self.walked_carry_elements
@@ -381,6 +387,8 @@ def launch_plan(config: SamuConfig, width: int, features: bool = False):
             flags["WALKED_CARRY"] = False
         if role == "backward":
             flags["PARTIAL_DX"] = config.partial_dx
+        if role in ("summary", "backward"):
+            flags["L2_HINTS"] = config.l2_hints
         plan.append((kernel, dict(T=config.chunk, **meta, **flags), options))
     return plan
 
@@ -420,7 +428,7 @@ def _forward_plan(config: SamuConfig, shape: tuple, count: int, dtype, state_dty
     flags = dict(PACKED="PACKED" in keywords, HAS_INITIAL="HAS_INITIAL" in keywords)
     walked = config.walks_carry(n_chunks, batch * length * width)
     summary = Site(_samu_summary_kernel, (batch * n_chunks,),
-                   dict(T=config.chunk, **meta["summary"], **flags))
+                   dict(T=config.chunk, **meta["summary"], **flags, L2_HINTS=config.l2_hints))
     output = Site(_samu_output_kernel, (batch * n_chunks, cdiv(width, meta["output"]["BD"])),
                   dict(T=config.chunk, **meta["output"], **flags,
                        HAS_FINAL="HAS_FINAL" in keywords, WALKED_CARRY=walked))
@@ -450,7 +458,7 @@ def _backward_plan(config: SamuConfig, shape: tuple, count: int, dtypes: tuple, 
                                 PACKED=flags["PACKED"], HAS_DFINAL=flags["HAS_DFINAL"]))
     main = Site(_samu_backward_kernel, (items,),
                 dict(T=config.chunk, **meta["backward"], **flags, WALKED_CARRY=walked,
-                     PARTIAL_DX=config.partial_dx))
+                     PARTIAL_DX=config.partial_dx, L2_HINTS=config.l2_hints))
     return _BackwardPlan(meta, reverse_summary, main)
 
 
