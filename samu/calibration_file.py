@@ -92,12 +92,15 @@ def parse_shape_key(key, path) -> tuple[int, int, int]:
         raise CalibrationFileError(f"{path}: shape key {key!r}: {exc}") from None
 
 
-def choices(doc, path, registry: dict) -> dict:
+def choices(doc, path, registry: dict, check_settings: bool = True) -> dict:
     """{(mixer, (B, L, D)): chosen backend or None} of a calibration document, after checking
     every entry against ``registry`` ({mixer: {name: Backend}}, every backend registered).
 
     A chosen backend must be a registered Triton backend of its mixer that the entry's own
-    ``backends`` list records as legal; null means "no calibrated choice" (the default runs)."""
+    ``backends`` list records as legal; null means "no calibrated choice" (the default runs).
+    With check_settings, its recorded launch settings must be its registered configuration's
+    (off for a writer: recalibrating is how an entry of other settings is replaced, so such
+    entries must not block it)."""
     if not isinstance(doc, dict):
         raise CalibrationFileError(f"{path}: the top level must be an object, not "
                                    f"{type(doc).__name__}")
@@ -119,11 +122,11 @@ def choices(doc, path, registry: dict) -> dict:
                                        f"{{mixer: entry}}, got {type(mixers).__name__}")
         for mixer, entry in mixers.items():
             out[(mixer, shape)] = _checked_choice(entry, registry, f"{path}: shape {key}, "
-                                                  f"mixer {mixer}", mixer)
+                                                  f"mixer {mixer}", mixer, check_settings)
     return out
 
 
-def _checked_choice(entry, registry: dict, where: str, mixer: str):
+def _checked_choice(entry, registry: dict, where: str, mixer: str, check_settings: bool):
     if mixer not in registry:
         raise CalibrationFileError(f"{where}: unknown mixer; choose one of {sorted(registry)}")
     names = registry[mixer]
@@ -172,7 +175,8 @@ def _checked_choice(entry, registry: dict, where: str, mixer: str):
                                    f"'backends' list {state} (legal: true is required)")
     # Recorded launch settings (files written before they were recorded have none) must be the
     # registered configuration's: a timing of other launches says nothing of these.
-    if settings.get(chosen) is not None and settings[chosen] != names[chosen].settings:
+    if (check_settings and settings.get(chosen) is not None
+            and settings[chosen] != names[chosen].settings):
         raise CalibrationFileError(f"{where}: chosen {chosen!r} was calibrated with launch "
                                    f"settings {settings[chosen]}, and its registered "
                                    f"configuration's are {names[chosen].settings}: recalibrate "

@@ -125,11 +125,12 @@ def _calibration_dir() -> tuple[Path, str]:
     return paths.PACKAGED_CALIBRATION, "packaged"
 
 
-def check_calibration(doc: dict, path) -> dict:
+def check_calibration(doc: dict, path, check_settings: bool = True) -> dict:
     """{(mixer, (B, L, D)): chosen backend or None} of a calibration document, every entry
-    checked against the registered backends (CalibrationFileError names the file and entry)."""
+    checked against the registered backends (CalibrationFileError names the file and entry;
+    check_settings: calibration_file.choices)."""
     _ensure_registered()
-    return calibration_file.choices(doc, path, REGISTRY)
+    return calibration_file.choices(doc, path, REGISTRY, check_settings)
 
 
 def _load_choices(path: str) -> dict:

@@ -112,8 +112,9 @@ def merge_calibration(slug: str, shape, result: dict, environment: dict,
 
     The read-modify-write holds the file's lock, so concurrent calibrations of other shapes
     lose nothing; the merged document is checked as ``auto`` will check it before it is
-    written, so a bad result leaves the file as it was.  A symlinked file is written through
-    to its target, and the link stays."""
+    written, so a bad result leaves the file as it was, except that entries calibrated with
+    other launch settings are let through (auto refuses them; recalibrating replaces them).
+    A symlinked file is written through to its target, and the link stays."""
     path = Path(path) if path is not None else paths.calibration_file(slug)
     with calibration_file.locked(path):
         try:
@@ -121,11 +122,11 @@ def merge_calibration(slug: str, shape, result: dict, environment: dict,
         except FileNotFoundError:  # no file yet, or a symlink to one not written yet
             doc = {"gpu": environment.get("gpu"), "shapes": {}}
         else:
-            dispatch.check_calibration(doc, path)  # refuse to build on a broken file
+            dispatch.check_calibration(doc, path, check_settings=False)  # nor on a broken one
         doc["environment"] = environment
         doc["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         doc["shapes"][Shape.of(shape).key] = result
-        dispatch.check_calibration(doc, path)
+        dispatch.check_calibration(doc, path, check_settings=False)
         schema.write_json_atomic(path, doc, kind="calibration")
     dispatch.forget_calibration()
     return doc

@@ -186,6 +186,33 @@ def _legal_result(name=None) -> dict:
                      "backends": [{"backend": name, "legal": True}]}}
 
 
+def test_an_entry_of_other_launch_settings_does_not_block_recalibration(tmp_path, monkeypatch):
+    """After a launch setting changes, auto refuses the entries calibrated with the old one and
+    asks for recalibration: merging a recalibrated shape must work while other shapes are still
+    stale, and replacing the stale shape lifts the refusal."""
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    monkeypatch.setattr(dispatch, "_USER_DIR", paths.calibration_file("test-gpu").parent)
+    name = backends.DEFAULTS["samu"]
+    stale = _legal_result(name)
+    stale["samu"]["backends"][0]["settings"] = "0123456789ab"
+    current = _legal_result(name)
+    current["samu"]["backends"][0]["settings"] = backends.REGISTRY["samu"][name].settings
+    calibration.merge_calibration("test-gpu", (1, 8, 16), stale, {"gpu": "Test GPU"})
+    calibration.merge_calibration("test-gpu", (1, 9, 16), current, {"gpu": "Test GPU"})
+    dispatch.forget_calibration()
+    with pytest.raises(calibration_file.CalibrationFileError, match="recalibrate this shape"):
+        dispatch.calibrated_choice("samu", (1, 9, 16), "test-gpu")
+    calibration.merge_calibration("test-gpu", (1, 8, 16), current, {"gpu": "Test GPU"})
+    dispatch.forget_calibration()
+    assert dispatch.calibrated_choice("samu", (1, 8, 16), "test-gpu") == name
+    # a broken entry (not only a stale one) is still refused before anything is written
+    bad = _legal_result(name)
+    bad["samu"]["chosen"] = "bogus_backend"
+    with pytest.raises(calibration_file.CalibrationFileError, match="bogus_backend"):
+        calibration.merge_calibration("test-gpu", (1, 10, 16), bad, {"gpu": "Test GPU"})
+    assert "1x10x16" not in schema.read_json(paths.calibration_file("test-gpu"))["shapes"]
+
+
 def _merge_shapes(data_dir, first_length, count, barrier):
     """One writer process: ``count`` merges of distinct shapes into the shared file."""
     paths.DATA = data_dir  # this process's own module state
