@@ -28,8 +28,8 @@ LAB = paths.REPO_ROOT / "docs" / "LAB.md"
 DASH = "—"
 # The device logs behind `make reproduce`'s time on the H200: the one commit whose two commands
 # ran every default GPU shape and logged their wall time ("t=<s>").
-REPRODUCE_LOGS = ("docs/sweeps/2026-12-01_c06f5ab_reproduce_seed_shapes.log",
-                  "docs/sweeps/2026-12-01_c06f5ab_reproduce_three_shapes.log")
+REPRODUCE_LOGS = ("docs/sweeps/2026-12-04_2f7b718_gpu_reproduce/reproduce_three_shapes.log",
+                  "docs/sweeps/2026-12-04_2f7b718_gpu_reproduce/reproduce_four_shapes.log")
 
 
 def _results(data_dir: Path, slug: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
