@@ -30,7 +30,8 @@ def measure(config: gemm.GemmConfig, inputs, samples: int) -> dict:
     timing = sweep.time_backend("rglru", config, x, params, dy, samples)
     module, xg = protocol.module_with("rglru", config, x, params)
     memory = protocol.measure_memory(module, xg, dy)
-    return {**timing, "peak_units": memory["peak_allocated_delta_bytes"] / (2 * x.numel())}
+    return {**timing, "peak_units": protocol.memory_units(memory["peak_allocated_delta_bytes"],
+                                                          x.shape)}
 
 
 def main(argv=None) -> int:

@@ -6,7 +6,11 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from samu.experiment.calibration import memory_rule_text
+
 ROOT = Path(__file__).resolve().parent.parent
+# auto's memory rule as notebook 02 states it, from the code that applies it
+TOLERANCE_PERCENT, BUDGETS = memory_rule_text()
 # Where the notebooks go: notebooks/, or the folder a test names (it compares them with these).
 OUT = Path(os.environ.get("SAMU_NOTEBOOKS_OUT") or ROOT / "notebooks")
 # tqdm.auto without ipywidgets warns (TqdmWarning) naming its own file, a machine's path; the
@@ -275,7 +279,7 @@ print("every Triton backend is legal at", shape)'''),
 ])
 
 save("02_calibration", [
-    md('# 02 — Calibration: legality and forward+backward time of every backend at one shape\n\nLegal backends are ranked by their forward+backward GPU time on a GPU (one CUDA-graph replay: no host in it, since below L = 32768 the median of a synchronised call is mostly host time), by the median on a CPU; both are kept in the file. On a GPU each legal backend\'s peak memory is recorded too, and the choice that `backend="auto"` and notebook 03 take is the fastest, unless it holds more than the mixer\'s memory budget (SAMU 2.5, RG-LRU 3 units of B·L·D BF16) and a backend within it is at most 5 % slower: then that one (SPEC section 4). The result is merged into `data/calibration/<gpu>.json` atomically. Reference backends materialise a state-sized transition, so they are recorded as illegal.'),
+    md('# 02 — Calibration: legality and forward+backward time of every backend at one shape\n\nLegal backends are ranked by their forward+backward GPU time on a GPU (one CUDA-graph replay: no host in it, since below L = 32768 the median of a synchronised call is mostly host time), by the median on a CPU; both are kept in the file. On a GPU each legal backend\'s peak memory is recorded too, and the choice that `backend="auto"` and notebook 03 take is the fastest, unless it holds more than the mixer\'s memory budget (' + BUDGETS + ' units of B·L·D BF16) and a backend within it is at most ' + TOLERANCE_PERCENT + ' % slower: then that one (SPEC section 4). The result is merged into `data/calibration/<gpu>.json` atomically. Reference backends materialise a state-sized transition, so they are recorded as illegal.'),
     params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nreps = 10\nseed = 0"),
     code(SETUP + '''
 candidates = None  # every backend
@@ -312,9 +316,11 @@ sns.barplot(data=df, y="backend", x=key, hue="mixer", ax=axes[0][0])
 axes[0][0].set_title(f"forward+backward {'GPU time' if key == 'gpu_time_ms' else 'median'} at {shape} ({slug})")
 if memory:
     sns.barplot(data=df, y="backend", x="peak_units", hue="mixer", ax=axes[0][1])
+    hues = list(dict.fromkeys(df["mixer"]))  # seaborn's hue order: the first seen first
     for m, r in result.items():
-        axes[0][1].axvline(r["memory_budget_units"], linestyle="--", linewidth=1,
-                           color="C0" if m == "rglru" else "C1")
+        if r.get("memory_budget_units") is not None:
+            axes[0][1].axvline(r["memory_budget_units"], linestyle="--", linewidth=1,
+                               color=f"C{hues.index(m)}")
     axes[0][1].set_title("peak memory above the inputs (units of B*L*D BF16; dashed: budgets)")
     axes[0][1].set_yticklabels([])
     axes[0][1].set_ylabel("")
@@ -338,6 +344,8 @@ assert cal_path.exists(), f"{cal_path} is missing: run notebook 02 for {shape} f
 cal = schema.read_json(cal_path)
 entry = cal["shapes"].get(Shape.of(shape).key)
 assert entry, f"{cal_path} has no entry for {shape}: run notebook 02 for it first"
+# as auto checks it: a choice calibrated under other launch settings is refused
+dispatch.check_calibration({"shapes": {Shape.of(shape).key: entry}}, cal_path)
 chosen = {m: entry[m]["chosen"] for m in ("rglru", "samu")}
 print("calibrated choice:", chosen)'''),
     code('''from tqdm import tqdm  # the text bar: tqdm.auto's widget bar needs ipywidgets

@@ -27,17 +27,28 @@ def ranking_key(entries: list[dict]) -> str:
 MEMORY_TOLERANCE = 1.05
 
 
+def memory_rule_text(tolerance: float = MEMORY_TOLERANCE) -> tuple[str, str]:
+    """(the tolerance as a percentage, the mixers' budgets) as the README and notebook 02 write
+    them: ("5", "RG-LRU 3, SAMU 2.5")."""
+    budgets = ", ".join(f"{spec.label} {spec.memory_budget_units:g}"
+                        for spec in map(mixers_.get, mixers_.names())
+                        if spec.memory_budget_units is not None)
+    return f"{round((tolerance - 1) * 100)}", budgets
+
+
 def choose(legal: list[dict], key: str, budget: float | None,
            tolerance: float = MEMORY_TOLERANCE) -> tuple[str | None, str]:
-    """(chosen backend, why) from ``legal`` entries sorted by ``key``: the fastest, unless it
+    """(chosen backend, why) from ``legal`` entries timed by ``key``: the fastest, unless it
     holds more than ``budget`` units of peak memory and another entry within the budget takes
     at most ``tolerance`` times its time; then the fastest such.  Entries without a measured
-    peak (a CPU) are never taken for the budget."""
+    peak (a CPU) are never taken for the budget; a tolerance of 1 or less chooses by time
+    alone, ties included."""
     if not legal:
         return None, "no legal backend"
+    legal = sorted(legal, key=lambda e: e[key])
     fastest = legal[0]
     peak = fastest.get("peak_units")
-    if budget is None or peak is None or peak <= budget:
+    if budget is None or peak is None or peak <= budget or tolerance <= 1:
         return fastest["backend"], "fastest"
     for entry in legal[1:]:
         if entry[key] > tolerance * fastest[key]:
@@ -112,9 +123,10 @@ def merge_calibration(slug: str, shape, result: dict, environment: dict,
 
     The read-modify-write holds the file's lock, so concurrent calibrations of other shapes
     lose nothing; the merged document is checked as ``auto`` will check it before it is
-    written, so a bad result leaves the file as it was, except that entries calibrated with
-    other launch settings are let through (auto refuses them; recalibrating replaces them).
-    A symlinked file is written through to its target, and the link stays."""
+    written, so a bad result leaves the file as it was.  Other shapes' entries calibrated with
+    other launch settings are let through (auto refuses them; recalibrating replaces them);
+    the result itself must carry its backends' current settings.  A symlinked file is written
+    through to its target, and the link stays."""
     path = Path(path) if path is not None else paths.calibration_file(slug)
     with calibration_file.locked(path):
         try:
@@ -125,7 +137,9 @@ def merge_calibration(slug: str, shape, result: dict, environment: dict,
             dispatch.check_calibration(doc, path, check_settings=False)  # nor on a broken one
         doc["environment"] = environment
         doc["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        doc["shapes"][Shape.of(shape).key] = result
+        key = Shape.of(shape).key
+        dispatch.check_calibration({"shapes": {key: result}}, path)
+        doc["shapes"][key] = result
         dispatch.check_calibration(doc, path, check_settings=False)
         schema.write_json_atomic(path, doc, kind="calibration")
     dispatch.forget_calibration()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import mixers, paths
+from .. import paths
 from ..shapes import Shape
 from . import calibration, pipeline, protocol, report, schema, training
 
@@ -209,9 +209,7 @@ def facts(repo_root=None) -> dict[str, str]:
     reproduce = [s for log in REPRODUCE_LOGS for s in command_seconds(root / log)]
     cells = sum(1 for nb in sorted((root / "notebooks").glob("*.ipynb"))
                 for cell in schema.read_json(nb)["cells"] if cell["cell_type"] == "code")
-    budgets = ", ".join(f"{spec.label} {spec.memory_budget_units:g}"
-                        for spec in map(mixers.get, mixers.names())
-                        if spec.memory_budget_units is not None)
+    percent, budgets = calibration.memory_rule_text()
     return {
         "published speed-ups": f"{sp.min():.2f} to {sp.max():.2f}",
         "make train, H200": (f"{_minutes(sum(map(sum, parts)))} in {len(parts)} parts: "
@@ -221,7 +219,7 @@ def facts(repo_root=None) -> dict[str, str]:
                                  + " and ".join(f"{s} s" for s in reproduce)),
         "notebook cells": f"{cells} notebook cells",
         "auto's memory rule": (
-            f"one up to {round((calibration.MEMORY_TOLERANCE - 1) * 100)} % slower that keeps the "
+            f"one up to {percent} % slower that keeps the "
             f"mixer's peak memory within its budget ({budgets} units"),
     }
 

@@ -1,3 +1,4 @@
+import copy
 import json
 import math
 import multiprocessing
@@ -131,9 +132,15 @@ def test_the_choice_trades_at_most_the_tolerance_for_the_memory_budget(times, pe
     chosen, chosen_by = calibration.choose(_entries(times, peaks), "gpu_time_ms", budget, 1.05)
     assert chosen == want and why in chosen_by
     assert calibration.choose([], "gpu_time_ms", 2.5) == (None, "no legal backend")
-    # a tolerance of 1 ranks by time alone
-    assert calibration.choose(_entries([1.0, 1.0001], [2.8, 2.4]), "gpu_time_ms", 2.5,
-                              1.0)[0] == "b0"
+    # a tolerance of 1 ranks by time alone, ties included
+    for times in ([1.0, 1.0001], [1.0, 1.0]):
+        assert calibration.choose(_entries(times, [2.8, 2.4]), "gpu_time_ms", 2.5,
+                                  1.0)[0] == "b0"
+    # entries in any order: the fastest is found, not taken as the first
+    assert calibration.choose(_entries([1.04, 1.0], [2.4, 2.8]), "gpu_time_ms",
+                              2.5, 1.05) == ("b0", "fastest within the memory budget")
+    assert calibration.choose(_entries([1.2, 1.0], [2.4, 2.8]), "gpu_time_ms", 2.5,
+                              1.05)[0] == "b1"
 
 
 def test_calibration_records_peak_memory_and_chooses_within_the_mixers_budget(tmp_path,
@@ -193,11 +200,16 @@ def test_an_entry_of_other_launch_settings_does_not_block_recalibration(tmp_path
     monkeypatch.setattr(paths, "DATA", tmp_path)
     monkeypatch.setattr(dispatch, "_USER_DIR", paths.calibration_file("test-gpu").parent)
     name = backends.DEFAULTS["samu"]
-    stale = _legal_result(name)
-    stale["samu"]["backends"][0]["settings"] = "0123456789ab"
     current = _legal_result(name)
     current["samu"]["backends"][0]["settings"] = backends.REGISTRY["samu"][name].settings
-    calibration.merge_calibration("test-gpu", (1, 8, 16), stale, {"gpu": "Test GPU"})
+    calibration.merge_calibration("test-gpu", (1, 8, 16), current, {"gpu": "Test GPU"})
+    path = paths.calibration_file("test-gpu")
+    doc = schema.read_json(path)  # as a file calibrated before a launch setting changed
+    doc["shapes"]["1x8x16"]["samu"]["backends"][0]["settings"] = "0123456789ab"
+    path.write_text(json.dumps(doc))
+    stale = copy.deepcopy(doc["shapes"]["1x8x16"])
+    with pytest.raises(calibration_file.CalibrationFileError, match="recalibrate this shape"):
+        calibration.merge_calibration("test-gpu", (1, 9, 16), stale, {"gpu": "Test GPU"})
     calibration.merge_calibration("test-gpu", (1, 9, 16), current, {"gpu": "Test GPU"})
     dispatch.forget_calibration()
     with pytest.raises(calibration_file.CalibrationFileError, match="recalibrate this shape"):

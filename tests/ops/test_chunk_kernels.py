@@ -70,6 +70,9 @@ CASES += [("samu", dataclasses.replace(backends.REGISTRY["samu"][n].config, part
 CASES += [("samu", dataclasses.replace(backends.REGISTRY["samu"][n].config, l2_hints=True, **walk),
            (2, 3 * _chunk("samu", n) + 5, 48))
           for n in _triton("samu")[:2] for walk in ({}, dict(walked_carry_chunks=0))]
+CASES += [("samu", dataclasses.replace(backends.REGISTRY["samu"][_triton("samu")[0]].config,
+                                       l2_hints=True, partial_dx=True),
+           (2, 3 * _chunk("samu", _triton("samu")[0]) + 5, 48))]
 
 
 def _config_id(value):

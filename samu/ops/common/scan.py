@@ -89,7 +89,7 @@ def first_row(values, rows):
 
 # Cache policies of a tile's load or store (PTX eviction priorities in L2): the full-width
 # kernels pass over a chunk twice, so the first pass asks L2 to keep the tile and the second,
-# its last use, to drop it first.
+# the kernel's last use of it, to drop it first.
 KEEP = tl.constexpr(1)
 DROP = tl.constexpr(2)
 

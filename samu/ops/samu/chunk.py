@@ -266,7 +266,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
             x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr, dfinal_ptr,
             dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, N_SEQ,
             row_units, T, V, True, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY,
-            L2_HINTS * KEEP)
+            L2_HINTS * (1 - PARTIAL_DX) * KEEP)  # with PARTIAL_DX pass 2 reads dx instead
         dr_part += dla * -lam[None, :]
         dg_part += dh * m * x
         if PARTIAL_DX:
