@@ -34,7 +34,6 @@ VOCABULARY = {
                     "instead), and the chunk outputs recomputed from the carry; backward "
                     "mirrors it in reverse",
     "chunk": "chunkN: N tokens per chunk, scanned in registers by tl.associative_scan",
-    "block": "blockN: a program owns N channels of one head (64 when the name has no blockN)",
     "gemm": "RG-LRU's block-diagonal gate products run as cuBLAS strided batched GEMMs on head "
             "views of x (torch.bmm, no copy), outside the kernels, and so do the backward's dx "
             "and weight-gradient products; the gate pre-activations G are saved for the "

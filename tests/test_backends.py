@@ -23,6 +23,13 @@ def test_every_backend_is_explained():
             assert len(described[mixer][name].split(" | ")) == len(name.split("_"))
 
 
+def test_every_word_of_the_vocabulary_names_a_backend():
+    """A word no registered backend uses is an explanation of nothing."""
+    used = {w.rstrip("0123456789") for named in backends.REGISTRY.values() for n in named
+            for w in n.split("_")}
+    assert set(backends.VOCABULARY) == used
+
+
 def test_unknown_word_is_refused():
     with pytest.raises(ValueError, match="unknown word 'warp'"):
         backends.explain("fused_warp_chunk16")

@@ -166,14 +166,6 @@ def fp32_contiguous(p: torch.Tensor) -> torch.Tensor:
     return p.float().contiguous()
 
 
-def rows_of(spent: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """A [rows, cols] FP32 buffer: the front of a spent FP32 buffer when it is large enough
-    (no allocation, no peak memory), else a new one."""
-    if spent.dtype == torch.float32 and spent.is_contiguous() and spent.numel() >= rows * cols:
-        return spent.view(-1)[:rows * cols].view(rows, cols)
-    return torch.empty(rows, cols, device=spent.device, dtype=torch.float32)
-
-
 def _padded(numel: int, element_size: int) -> int:
     """numel rounded up to whole 16-byte lines."""
     per_line = max(1, 16 // element_size)

@@ -19,15 +19,6 @@ def affine_combine(a1, b1, a2, b2):
 
 
 @triton.jit
-def previous_state_combine(a1, b1, c1, d1, a2, b2, c2, d2):
-    """affine_combine that also keeps the map giving the state entering the segment's last token,
-    h_before_last = c h_in + d (leaves: c = 1, d = 0): a scan of it in time order yields
-    h_{t-1} for every t, so a_t h_{t-1} is formed as a product, not as h_t - u_t, which cancels
-    when a_t is small (fast decay)."""
-    return a1 * a2, a2 * b1 + b2, a1 * c2, b1 * c2 + d2
-
-
-@triton.jit
 def adjoint_combine(p_r, v_r, q_r, w_r, p_l, v_l, q_l, w_l):
     """Reverse-scan combine for the adjoint.  For a segment and an incoming c = a dh from its right:
     a_t dh_t = p c + v and dh_t = q c + w at the segment's first token."""
