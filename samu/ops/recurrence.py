@@ -93,10 +93,15 @@ def scan_sequential(a: torch.Tensor, u: torch.Tensor, starts: torch.Tensor | Non
     by entering."""
     h = torch.zeros_like(u[:, 0])
     out = []
+    # Tokens taken by unbind, not a[:, t]: a slice's backward writes a zero tensor of the full
+    # size per token (L^2 work in all), unbind's writes one stack of the gradients.
+    a_t, u_t = a.unbind(1), u.unbind(1)
+    if starts is not None:
+        starts_t, entering_t = starts.unbind(1), entering.unbind(1)
     for t in range(u.shape[1]):
         if starts is not None:
-            h = torch.where(starts[:, t, None], entering[:, t], h)
-        h = a[:, t] * h + u[:, t]
+            h = torch.where(starts_t[t][:, None], entering_t[t], h)
+        h = a_t[t] * h + u_t[t]
         out.append(h)
     return torch.stack(out, dim=1)
 
@@ -142,8 +147,10 @@ def scan_chunked(a: torch.Tensor, u: torch.Tensor, starts: torch.Tensor | None =
     u4 = extended(u, padded, 0.0).reshape(batch, n_chunks, chunk, width)
     h = torch.zeros_like(u4[:, :, 0])
     local = []
-    for c in range(chunk):
-        h = a4[:, :, c] * h + u4[:, :, c]
+    # Positions taken by unbind, not a4[:, :, c], so that the backward stays linear in L (see
+    # scan_sequential).
+    for a_c, u_c in zip(a4.unbind(2), u4.unbind(2)):
+        h = a_c * h + u_c
         local.append(h)
     local = torch.stack(local, dim=2)
     decay = torch.cumprod(a4, dim=2)  # prod of a from the chunk's start to t
@@ -154,9 +161,9 @@ def scan_chunked(a: torch.Tensor, u: torch.Tensor, starts: torch.Tensor | None =
     chunk_end = extended(local[:, :, -1], steps, 0.0)
     carry = torch.zeros_like(u4[:, 0, 0])
     carries = []
-    for k in range(steps):
+    for decay_k, end_k in zip(chunk_decay.unbind(1), chunk_end.unbind(1)):
         carries.append(carry)
-        carry = chunk_decay[:, k] * carry + chunk_end[:, k]
+        carry = decay_k * carry + end_k
     carries = leading(torch.stack(carries, dim=1), n_chunks)
     h = local + decay * carries[:, :, None]
     return leading(h.reshape(batch, padded, width), length)

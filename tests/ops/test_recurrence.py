@@ -152,3 +152,55 @@ def test_low_precision_policy():
         y64 = REFERENCES[mixer](x.double(), *[p.double() for p in params])
         assert y.dtype == torch.bfloat16
         assert ((y.double() - y64).norm() / y64.norm()).item() < 1e-2
+
+
+class _ElementsWritten(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the elements of every tensor the aten ops return: the work a backward does,
+    independent of the machine's speed and load."""
+
+    def __init__(self):
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.elements += sum(t.numel() for t in torch.utils._pytree.tree_leaves(out)
+                             if isinstance(t, torch.Tensor))
+        return out
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_reference_backward_work_is_linear_in_length(mixer):
+    """The chunked reference's backward writes a bounded number of elements per token: 16x the
+    tokens is at most 1.25 x 16 the work (a per-position slice's backward, a zero-filled tensor
+    of the full size per position, made it grow as L^1.5: 2.7x per token from 1k to 16k)."""
+    params = [p.float().requires_grad_() for p in _params(mixer, 16, 0)]
+
+    def backward_elements(length):
+        x = torch.randn(1, length, 16, requires_grad=True)
+        y = REFERENCES[mixer](x, *params, scan="chunked")
+        counter = _ElementsWritten()
+        with counter:
+            y.sum().backward()
+        return counter.elements
+
+    short, long = backward_elements(256), backward_elements(4096)
+    assert long <= 1.25 * 16 * short, (short, long)
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_chunked_reference_gradients_equal_oracle(mixer):
+    """Autograd through the chunked scan, packed and from initial states, equals autograd through
+    the float64 sequential scan (the oracle) for x, every parameter and h0."""
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(1, 300, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(3, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    cu_seqlens = torch.tensor([0, 37, 38, 300], dtype=torch.int32)
+    dy = torch.randn(1, 300, 16, generator=gen, dtype=torch.float64)
+    params = [p.requires_grad_() for p in _params(mixer, 16, 1)]
+    grads = {}
+    for scan in ("sequential", "chunked"):
+        y = REFERENCES[mixer](x, *params, scan=scan, initial_state=h0, cu_seqlens=cu_seqlens)
+        grads[scan] = torch.autograd.grad(y, [x, h0, *params], dy)
+    for want, got in zip(grads["sequential"], grads["chunked"]):
+        torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-12)
