@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 from pathlib import Path
 
@@ -85,6 +86,28 @@ def unreadable(path, exc: OSError) -> CalibrationFileError:
                                 f"{exc.strerror or exc} ({type(exc).__name__})")
 
 
+def is_finite_number(value) -> bool:
+    """A JSON number that is finite: not a bool, not NaN or infinite (as a float, a NaN literal
+    or the strings "nan" and "inf" that the writers put in its place)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+# What an entry's memory rule and each backend's measurements must hold where present and not
+# null: a NaN time or tolerance makes the choice depend on the entries' order, or take a backend
+# far slower than the fastest.
+ENTRY_NUMBERS = ("memory_tolerance", "memory_budget_units")
+MEASUREMENTS = ("median_ms", "gpu_time_ms", "peak_units")
+
+
+def _check_finite(record: dict, fields, where: str) -> None:
+    for field in fields:
+        value = record.get(field)
+        if value is not None and not is_finite_number(value):
+            raise CalibrationFileError(f"{where}: {field!r} must be a finite number or null, got "
+                                       f"{type(value).__name__} {value!r}")
+
+
 def parse_shape_key(key, path) -> tuple[int, int, int]:
     try:
         return tuple(Shape.parse(key))
@@ -142,6 +165,7 @@ def _checked_choice(entry, registry: dict, where: str, mixer: str, check_setting
             raise CalibrationFileError(f"{where}: {field} {name!r} is not a registered backend "
                                        f"of {mixer}; registered: {sorted(names)}")
 
+    _check_finite(entry, ENTRY_NUMBERS, where)
     ranking, recorded = entry["ranking"], entry["backends"]
     if not isinstance(ranking, list):
         raise CalibrationFileError(f"{where}: 'ranking' must be a list of backend names")
@@ -155,6 +179,12 @@ def _checked_choice(entry, registry: dict, where: str, mixer: str, check_setting
             raise CalibrationFileError(f"{where}: backends[{i}] must be an object, got "
                                        f"{type(item).__name__}")
         registered(item.get("backend"), f"backends[{i}].backend")
+        _check_finite(item, MEASUREMENTS, f"{where}, backends[{i}]")
+        samples = item.get("forward_backward_ms")
+        if samples is not None and not (isinstance(samples, list)
+                                        and all(map(is_finite_number, samples))):
+            raise CalibrationFileError(f"{where}, backends[{i}]: 'forward_backward_ms' must be "
+                                       "a list of finite numbers or null")
         legal[item["backend"]] = item.get("legal") is True
         settings[item["backend"]] = item.get("settings")
 

@@ -43,6 +43,7 @@ def choose(legal: list[dict], key: str, budget: float | None,
     at most ``tolerance`` times its time; then the fastest such.  Entries without a measured
     peak (a CPU) are never taken for the budget; a tolerance of 1 or less chooses by time
     alone, ties included."""
+    _check_rule(legal, key, budget, tolerance)
     if not legal:
         return None, "no legal backend"
     legal = sorted(legal, key=lambda e: e[key])
@@ -58,6 +59,39 @@ def choose(legal: list[dict], key: str, budget: float | None,
     return fastest["backend"], "fastest (none within the memory budget and the tolerance)"
 
 
+def check_tolerance(tolerance) -> None:
+    if not calibration_file.is_finite_number(tolerance):
+        raise ValueError(f"the memory tolerance must be a finite number, got {tolerance!r}")
+
+
+def _check_rule(legal: list[dict], key: str, budget, tolerance) -> None:
+    """choose's numbers must be finite: a NaN compares false with everything, so a NaN time
+    makes the order of the entries decide, and a NaN tolerance lets any slower entry through."""
+    check_tolerance(tolerance)
+    if budget is not None and not calibration_file.is_finite_number(budget):
+        raise ValueError(f"choose: the memory budget must be a finite number or None, got "
+                         f"{budget!r}")
+    for entry in legal:
+        if not calibration_file.is_finite_number(entry.get(key)):
+            raise ValueError(f"choose: {entry.get('backend')}'s {key} must be a finite number, "
+                             f"got {entry.get(key)!r}")
+        peak = entry.get("peak_units")
+        if peak is not None and not calibration_file.is_finite_number(peak):
+            raise ValueError(f"choose: {entry.get('backend')}'s peak_units must be a finite "
+                             f"number or None, got {peak!r}")
+
+
+def finite_tolerance(text: str) -> float:
+    """--memory-tolerance's type: a finite number (argparse reports the error)."""
+    import argparse
+    try:
+        value = float(text)
+        check_tolerance(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def calibrate_shape(shape, device, mixers=None, candidates: dict | None = None,
                     reps: int = 10, seed: int = 0, progress=None,
                     num_heads: int = NUM_HEADS,
@@ -67,6 +101,7 @@ def calibrate_shape(shape, device, mixers=None, candidates: dict | None = None,
     and the choice (``choose``, with the mixer's memory budget and ``memory_tolerance``).
     Reference backends are recorded as illegal without timing.  A mixer with heads is
     calibrated at ``num_heads`` (recorded in its entry)."""
+    check_tolerance(memory_tolerance)  # before any timing, not after
     result = {}
     for mixer in mixers if mixers is not None else mixers_.names():
         names = candidates[mixer] if candidates else backends.available(mixer)
@@ -162,7 +197,7 @@ def main(argv=None) -> int:
                         help=f"gate blocks of a mixer with heads (default {NUM_HEADS})")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--backends", nargs="+", help="only these backends (default: all)")
-    parser.add_argument("--memory-tolerance", type=float, default=MEMORY_TOLERANCE,
+    parser.add_argument("--memory-tolerance", type=finite_tolerance, default=MEMORY_TOLERANCE,
                         help="how much slower than the fastest a choice within its mixer's "
                              f"memory budget may be (default {MEMORY_TOLERANCE}; 1 ranks by "
                              "time alone)")

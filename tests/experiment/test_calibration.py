@@ -346,3 +346,56 @@ def test_the_command_calibrates_each_shape_at_its_head_count(tmp_path, monkeypat
     assert entry["chosen"] == name and entry["num_heads"] == 2
     assert [e["backend"] for e in entry["backends"]] == [name]
     assert f"1x8x16 rglru: chosen {name}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_the_memory_rule_refuses_non_finite_numbers(bad):
+    """A NaN tolerance would let a 100x slower backend through for the budget, and a NaN time
+    would make the choice follow the entries' order: both are refused, as are the budget and
+    the peaks."""
+    entries = _entries([1.0, 100.0], [4.0, 2.0])
+    with pytest.raises(ValueError, match="memory tolerance must be a finite number"):
+        calibration.choose(entries, "gpu_time_ms", 2.5, bad)
+    with pytest.raises(ValueError, match="memory budget must be a finite number"):
+        calibration.choose(entries, "gpu_time_ms", bad, 1.05)
+    for field in ("gpu_time_ms", "peak_units"):
+        timed = _entries([1.0, 1.01], [2.8, 2.4])
+        timed[1][field] = bad
+        with pytest.raises(ValueError, match=f"b1's {field} must be a finite number"):
+            calibration.choose(timed, "gpu_time_ms", 2.5, 1.05)
+    with pytest.raises(ValueError, match="memory tolerance must be a finite number"):
+        calibration.calibrate_shape((1, 8, 16), "cpu", ["samu"], memory_tolerance=bad)
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "NaN", "lots"])
+def test_the_command_refuses_a_non_finite_memory_tolerance(tmp_path, monkeypatch, capsys, text):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    with pytest.raises(SystemExit) as info:
+        calibration.main(["1x8x16", f"--memory-tolerance={text}"])
+    assert info.value.code == 2
+    assert "--memory-tolerance" in capsys.readouterr().err
+    assert not any(tmp_path.rglob("*.json"))
+
+
+@pytest.mark.parametrize("where, field, bad", [
+    ("entry", "memory_tolerance", "nan"), ("entry", "memory_tolerance", math.nan),
+    ("entry", "memory_budget_units", "inf"), ("backend", "gpu_time_ms", "nan"),
+    ("backend", "median_ms", math.inf), ("backend", "peak_units", "-inf"),
+    ("backend", "forward_backward_ms", [1.0, "nan"]), ("backend", "gpu_time_ms", True),
+])
+def test_the_file_refuses_non_finite_rule_numbers_and_times(tmp_path, where, field, bad):
+    """In a calibration file (non-finite numbers are written as strings, and Python's JSON
+    reader takes a NaN literal too), the memory rule's numbers and the measurements must be
+    finite: the reader, and a merge on top of such a file, refuse it by file, entry and field."""
+    result = _legal_result()
+    entry = result["samu"]
+    (entry if where == "entry" else entry["backends"][0])[field] = bad
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"gpu": "G", "environment": {}, "shapes": {"1x8x16": result}}))
+    with pytest.raises(calibration_file.CalibrationFileError, match=field) as info:
+        dispatch.check_calibration(calibration_file.read(path), path)
+    assert str(path) in str(info.value) and "1x8x16" in str(info.value)
+    before = path.read_bytes()
+    with pytest.raises(calibration_file.CalibrationFileError, match=field):
+        calibration.merge_calibration("g", (1, 9, 16), _legal_result(), {"gpu": "G"}, path=path)
+    assert path.read_bytes() == before
