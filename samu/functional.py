@@ -134,13 +134,33 @@ def check_cu_seqlens(mixer: str, x: torch.Tensor, cu_seqlens) -> int:
     return cu_seqlens.numel() - 1
 
 
+def check_resets(mixer: str, x: torch.Tensor, resets, what: str = "resets") -> None:
+    """A reset mask: torch.bool [B, L] ([1, L] with cu_seqlens) on x's device.  Only its dtype,
+    shape and device: its values need no check (any mask is a valid one), so none is read and
+    nothing syncs with the host."""
+    if not isinstance(resets, torch.Tensor):
+        raise TypeError(f"{mixer}: {what} must be a torch.bool tensor, got "
+                        f"{type(resets).__name__}")
+    if resets.dtype != torch.bool:
+        raise TypeError(f"{mixer}: {what} must be a torch.bool tensor (True where the state "
+                        f"resets), got {resets.dtype}")
+    want = tuple(x.shape[:-1])
+    if tuple(resets.shape) != want:
+        raise ValueError(f"{mixer}: {what} must have x's shape without the width, "
+                         f"{list(want)}, got {list(resets.shape)}")
+    if resets.device != x.device:
+        raise ValueError(f"{mixer}: {what} is on {resets.device} but x is on {x.device}")
+
+
 def check_sequences(mixer: str, x: torch.Tensor, initial_state, cu_seqlens,
-                    output_final_state) -> None:
+                    output_final_state, resets=None) -> None:
     """The state keywords of SPEC section 3, checked before anything runs."""
     if not isinstance(output_final_state, bool):
         raise TypeError(f"{mixer}: output_final_state must be True or False, got "
                         f"{output_final_state!r}")
     count = x.shape[0] if cu_seqlens is None else check_cu_seqlens(mixer, x, cu_seqlens)
+    if resets is not None:
+        check_resets(mixer, x, resets)
     if initial_state is None:
         return
     if not isinstance(initial_state, torch.Tensor):
@@ -170,26 +190,36 @@ def _resolve(mixer: str, x, backend):
     return chosen
 
 
+def state_keywords(initial_state, cu_seqlens, output_final_state, resets) -> dict:
+    """The state keywords a backend's run takes: none where no keyword is used (the fastest
+    path), and resets only where a mask is given."""
+    if initial_state is None and cu_seqlens is None and not output_final_state:
+        return {} if resets is None else dict(resets=resets)
+    state = dict(initial_state=initial_state, cu_seqlens=cu_seqlens,
+                 output_final_state=output_final_state)
+    return state if resets is None else dict(state, resets=resets)
+
+
 def _run(mixer: str, x, params: dict, backend: str, initial_state=None, cu_seqlens=None,
-         output_final_state: bool = False, checked: bool = False):
+         output_final_state: bool = False, checked: bool = False, resets=None):
     """(y, final state or None, name of the backend that ran).  ``checked``: the call's
     signature passed every check before (_CHECKED), so only the packed offsets' values, which
     no signature fixes, are checked again."""
     x = autocast_input(x)
     if not checked:
         check_parameters(mixer, x, params)
-    if initial_state is not None or cu_seqlens is not None or output_final_state:
+    state = state_keywords(initial_state, cu_seqlens, output_final_state, resets)
+    if state:
         if not checked:
-            check_sequences(mixer, x, initial_state, cu_seqlens, output_final_state)
+            check_sequences(mixer, x, initial_state, cu_seqlens, output_final_state, resets)
         elif cu_seqlens is not None and _values_checkable(cu_seqlens):
             check_cu_seqlens_values(mixer, cu_seqlens, x.shape[1])
-        state = dict(initial_state=initial_state, cu_seqlens=cu_seqlens,
-                     output_final_state=output_final_state)
-    else:
-        state = {}
     if torch.compiler.is_compiling():
         return _run_compiled(mixer, x, params, backend, state)
     chosen = _resolve(mixer, x, backend)
+    if resets is not None and chosen.kind == "triton":
+        raise NotImplementedError(f"{mixer}: resets run on the reference backends only so far; "
+                                  "pass backend='reference_chunked'")
     if chosen.kind == "triton" or not torch.is_autocast_enabled(x.device.type):
         # The kernels set every dtype themselves; entering autocast costs ~15 us of host time.
         return (*chosen.run(x, *params.values(), **state), chosen.name)
@@ -251,6 +281,12 @@ STATE_DOC = """
         ([N, D] with cu_seqlens).
     cu_seqlens: packed sequences in one row (batch 1): int32 or int64 offsets [0, ..., L] as in
         FlashAttention; every start resets (or takes its initial state).
+    resets: torch.bool [B, L] ([1, L] with cu_seqlens) on x's device, or None: True at token t
+        resets the state there, whatever it would carry (from t - 1 or from initial_state):
+        a_t counts as 0 and m_t as 1, and no gradient reaches a_t's inputs or the ignored state
+        (recurrentgemma's and transformers' reset where segment_pos / position_ids is 0).  The
+        starts above reset as if their tokens were True, unless an initial state enters them.
+        Only the mask's dtype, shape and device are checked: no host sync.
 
     Returns y, (y, final_state) with output_final_state, and the backend's name after them with
     return_backend=True.  Every output is differentiable, the states included."""
@@ -258,7 +294,7 @@ STATE_DOC = """
 
 def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
         initial_state=None, output_final_state: bool = False, cu_seqlens=None,
-        cp_context=None):
+        cp_context=None, resets=None):
     """Any registered mixer's functional form (samu.mixers): its parameters in the spec's
     order, the shapes checked by its spec; samu.rglru and samu.samu are this with named
     parameters."""
@@ -266,12 +302,14 @@ def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
     mixers.check_count(mixer, params)
     named = dict(zip(spec.parameter_names, params))
     if cp_context is not None:  # this rank's slice of a sequence split over ranks
+        if resets is not None:
+            raise NotImplementedError(f"{mixer}: resets with cp_context are not supported yet")
         from .distributed import context_parallel
         return context_parallel(mixer, x, named, cp_context=cp_context, backend=backend,
                                 return_backend=return_backend, initial_state=initial_state,
                                 output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     signature = _signature(spec, x, params, backend, initial_state, cu_seqlens,
-                           output_final_state)
+                           output_final_state, resets)
     try:
         checked = signature is not None and signature in _CHECKED
     except TypeError:  # an unhashable backend: checked every time
@@ -279,7 +317,7 @@ def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
     if not checked:
         _check_shapes(mixer, spec, x, named)
     y, final, name = _run(mixer, x, named, backend, initial_state, cu_seqlens,
-                          output_final_state, checked)
+                          output_final_state, checked, resets)
     if signature is not None and not checked:  # every check passed: remembered
         if len(_CHECKED) >= CHECKED_SIGNATURES:
             _CHECKED.clear()
@@ -300,7 +338,7 @@ def _tensor_signature(t):
 
 
 def _signature(spec, x, params: tuple, backend, initial_state, cu_seqlens,
-               output_final_state):
+               output_final_state, resets=None):
     """What the checks of a call depend on, or None where it cannot be a key (a traced call, an
     argument that is no tensor): such calls are checked every time."""
     if torch.compiler.is_compiling():
@@ -308,7 +346,8 @@ def _signature(spec, x, params: tuple, backend, initial_state, cu_seqlens,
     try:
         return (id(spec), backend, output_final_state.__class__, output_final_state,
                 _tensor_signature(x), _tensor_signature(initial_state),
-                _tensor_signature(cu_seqlens), *[_tensor_signature(p) for p in params])
+                _tensor_signature(cu_seqlens), _tensor_signature(resets),
+                *[_tensor_signature(p) for p in params])
     except AttributeError:
         return None
 
@@ -335,24 +374,24 @@ def check_call(mixer: str, x, params, backend="auto") -> None:
 
 def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, backend="auto",
           return_backend: bool = False, initial_state=None, output_final_state: bool = False,
-          cu_seqlens=None, cp_context=None):
+          cu_seqlens=None, cp_context=None, resets=None):
     """Functional RG-LRU (SPEC sections 2 and 3; cp_context: samu.distributed).
     """
     return mix("rglru", x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
                backend=backend, return_backend=return_backend, initial_state=initial_state,
                output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-               cp_context=cp_context)
+               cp_context=cp_context, resets=resets)
 
 
 def samu(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend="auto",
          return_backend: bool = False, initial_state=None, output_final_state: bool = False,
-         cu_seqlens=None, cp_context=None):
+         cu_seqlens=None, cp_context=None, resets=None):
     """Functional SAMU (SPEC sections 2 and 3; cp_context: samu.distributed).
     """
     return mix("samu", x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend=backend,
                return_backend=return_backend, initial_state=initial_state,
                output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-               cp_context=cp_context)
+               cp_context=cp_context, resets=resets)
 
 
 rglru.__doc__ += STATE_DOC

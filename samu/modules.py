@@ -12,7 +12,7 @@ from torch import nn
 
 from . import _runtime, backends, dispatch, mixers
 from .functional import (FUNCTIONS, PARAMETER_NAMES, autocast_input, check_input,
-                         check_parameters, check_positive_int, check_sequences)
+                         check_parameters, check_positive_int, check_resets, check_sequences)
 
 
 NUM_HEADS = 16
@@ -75,19 +75,21 @@ class Mixer(nn.Module):
         raise NotImplementedError
 
     def forward(self, x, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
-                cp_context=None):
+                cp_context=None, resets=None):
         # Attributes, not self.parameters(): the generator costs ~15 us of host time per call.
         out = self._function(x, *self._parameters_in_order(), backend=self.backend,
-                                    return_backend=True, initial_state=initial_state,
-                                    output_final_state=output_final_state,
-                                    cu_seqlens=cu_seqlens, cp_context=cp_context)
+                             return_backend=True, initial_state=initial_state,
+                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                             cp_context=cp_context, resets=resets)
         self.last_backend = out[-1]
         return out[:-1] if output_final_state else out[0]
 
-    def step(self, x_t, state=None):
+    def step(self, x_t, state=None, resets=None):
         """(y_t, state): one token from a state, for generation.  x_t is [B, D]; state FP32
-        [B, D] (None: the first token, where the state resets).  A loop of steps equals one
-        forward over the sequence, and so does a prefill's final state followed by steps.
+        [B, D] (None: the first token, where the state resets); resets torch.bool [B] or None:
+        a True row ignores its state and resets, as the scan's first token does.  A loop of
+        steps equals one forward over the sequence, and so does a prefill's final state
+        followed by steps (resets[b] of step t being the forward's resets[b, t]).
 
         Where the backend is a Triton one (CUDA, or a CPU tensor under TRITON_INTERPRET=1),
         x_t is BF16, FP16 or FP32 and no gradient is needed, one kernel launch does the step
@@ -98,9 +100,12 @@ class Mixer(nn.Module):
             shape = tuple(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
             raise ValueError(f"{self.mixer}: step takes x_t of shape [batch, width], got {shape}")
         x = x_t[:, None]
+        if resets is not None:  # on both paths, named as step takes it ([B], not [B, 1])
+            check_resets(self.mixer, x_t, resets)
         params = self._parameters_in_order()
         if not self._step_in_one_launch(x_t, state, params):
-            y, state = self(x, initial_state=state, output_final_state=True)
+            y, state = self(x, initial_state=state, output_final_state=True,
+                            resets=None if resets is None else resets[:, None])
             return y[:, 0], state
         # The forward's checks, in its order: the same errors on both paths.
         check_input(x, self.width, self.mixer)
@@ -108,7 +113,7 @@ class Mixer(nn.Module):
         check_parameters(self.mixer, x_t, dict(zip(PARAMETER_NAMES[self.mixer], params)))
         check_sequences(self.mixer, x, state, None, True)
         kernel = importlib.import_module(f"samu.ops.{self.mixer}.step")  # imports triton
-        return kernel.step(x_t, state, *params)
+        return kernel.step(x_t, state, *params, resets=resets)
 
     def _step_in_one_launch(self, x_t, state, params) -> bool:
         """Whether step takes its one-launch kernel: the forward would run a Triton backend on
@@ -247,6 +252,10 @@ Args:
     output_final_state: also return the FP32 state after each sequence's last token.
     cu_seqlens: packed sequences in one row (batch 1), int32 or int64 offsets [0, ..., L] as in
         FlashAttention; every start resets the state (or takes its initial state).
+    resets: torch.bool [B, L] ([1, L] with cu_seqlens) or None: True at token t resets the
+        state there, whatever it would carry (from t - 1 or from the initial state): a_t counts
+        as 0, m_t as 1, and no gradient reaches a_t's inputs or the ignored state
+        (recurrentgemma's reset where segment_pos is 0).  Its values are never read on the host.
     cp_context: context parallelism (``samu.distributed.build_cp_context``): x is this rank's
         slice of a sequence split over a torch.distributed group, y this slice's output.  The
         packed layout then comes from the context (no cu_seqlens here); the initial state is
@@ -260,7 +269,8 @@ Returns:
 
 Raises ValueError or TypeError, before anything runs, for a rank other than 3, a width
 other than the mixer's, an empty batch or length, an unsupported dtype or device, a
-tensor too large to address, an initial state of the wrong shape or device, or cu_seqlens
-that are not FlashAttention's offsets of this row.
+tensor too large to address, an initial state of the wrong shape or device, cu_seqlens
+that are not FlashAttention's offsets of this row, or a reset mask that is not torch.bool
+of x's shape without the width on x's device.
 """
 Mixer.forward.__doc__ = FORWARD_DOC

@@ -39,10 +39,12 @@ def make_inputs(mixer: str, shape, device, seed: int = 0, dtype=torch.bfloat16,
     return x, params, dy
 
 
-def make_state(shape, device, seed: int = 0, cu_seqlens=None, initial: bool = True) -> dict:
+def make_state(shape, device, seed: int = 0, cu_seqlens=None, initial: bool = True,
+               resets=None) -> dict:
     """State keywords for a legality check: an initial state (standard normal, FP32) unless
-    ``initial`` is False, cu_seqlens as given, and the final state's incoming gradient."""
-    batch, _, width = shape
+    ``initial`` is False, cu_seqlens as given, the final state's incoming gradient, and the
+    reset mask ``resets`` ([B, L] bool, or positions per row) where given."""
+    batch, length, width = shape
     count = batch if cu_seqlens is None else len(cu_seqlens) - 1
     gen = torch.Generator(device="cpu").manual_seed(seed + 1)
     state = {"d_final_state": torch.randn(count, width, generator=gen).to(device)}
@@ -50,13 +52,25 @@ def make_state(shape, device, seed: int = 0, cu_seqlens=None, initial: bool = Tr
         state["initial_state"] = torch.randn(count, width, generator=gen).to(device)
     if cu_seqlens is not None:
         state["cu_seqlens"] = torch.as_tensor(cu_seqlens, dtype=torch.int32, device=device)
+    if resets is not None:
+        state["resets"] = reset_mask(resets, batch, length, device)
     return state
+
+
+def reset_mask(resets, batch: int, length: int, device) -> torch.Tensor:
+    """[B, L] bool from a mask, or from each row's reset positions (a list per row)."""
+    if isinstance(resets, torch.Tensor):
+        return resets.to(device=device, dtype=torch.bool)
+    mask = torch.zeros(batch, length, dtype=torch.bool)
+    for row, positions in enumerate(resets):
+        mask[row, list(positions)] = True
+    return mask.to(device)
 
 
 def outputs(mixer: str, backend: str, x, params: dict, dy, state: dict | None = None):
     """y and every gradient (x first, then parameters in state_dict order) of one backend.
-    With ``state`` (make_state), the call passes its initial state and cu_seqlens and returns
-    the final state, whose gradient d_final_state enters beside dy; the outputs then add
+    With ``state`` (make_state), the call passes its initial state, cu_seqlens and reset mask
+    and returns the final state, whose gradient d_final_state enters beside dy; the outputs add
     final_state and (given an initial state) its gradient initial_state."""
     xg = x.detach().clone().requires_grad_()
     ps = [p.detach().clone().requires_grad_() for p in params.values()]
@@ -67,7 +81,8 @@ def outputs(mixer: str, backend: str, x, params: dict, dy, state: dict | None = 
     h0 = state.get("initial_state")
     h0 = None if h0 is None else h0.detach().clone().requires_grad_()
     y, final = FUNCTIONS[mixer](xg, *ps, backend=backend, initial_state=h0,
-                                cu_seqlens=state.get("cu_seqlens"), output_final_state=True)
+                                cu_seqlens=state.get("cu_seqlens"), output_final_state=True,
+                                resets=state.get("resets"))
     inputs = [xg, *ps] + ([h0] if h0 is not None else [])
     grads = torch.autograd.grad([y, final], inputs,
                                 [dy.to(y.dtype), state["d_final_state"].to(final.dtype)])
@@ -78,7 +93,7 @@ def outputs(mixer: str, backend: str, x, params: dict, dy, state: dict | None = 
 def _double_state(state: dict | None) -> dict | None:
     if state is None:
         return None
-    return {n: t if n == "cu_seqlens" else t.double() for n, t in state.items()}
+    return {n: t if n in ("cu_seqlens", "resets") else t.double() for n, t in state.items()}
 
 
 def oracle(mixer: str, x, params: dict, dy, state: dict | None = None):

@@ -31,7 +31,8 @@ class MixerSpec:
         mixer without heads).
     dynamic_control_values_per_token: width -> the input-dependent gate values per token.
     reference: path of the pure-PyTorch reference, ``fn(x, *params, scan=, initial_state=,
-        cu_seqlens=, output_final_state=)`` as in samu.ops.<mixer>.naive.
+        cu_seqlens=, output_final_state=)`` as in samu.ops.<mixer>.naive, and ``resets=`` where
+        a call passes a reset mask (samu.ops.layout.scan_sequences takes it).
     module: path of its torch.nn.Module class (``cls(width, backend=...)``, with
         ``reset_parameters(generator=None)``).
     function: path of its named functional form; None: ``samu.functional.mix`` serves it.

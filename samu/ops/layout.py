@@ -9,6 +9,12 @@ cu_seqlens[n] <= t < cu_seqlens[n + 1] of the single row.  At a sequence's first
 * without one, the state resets: h_s = u'_s (m_s = 1, a_s counts as 0), and nothing flows into
   a_s's inputs.
 
+A per-token reset mask (``resets``, [B, L] bool) generalises the second case: wherever it is
+true the state entering the token is ignored, whether it would come from the previous token or
+from an initial state, and the token resets as above (d h0 is then zero at that start).  The
+starts without an initial state are the resets that every call has; ``reset_tokens`` gives them
+all.
+
 The final state of sequence n is h at its last token; a gradient on it adds to dh there.
 """
 from __future__ import annotations
@@ -51,13 +57,17 @@ def layout(batch: int, length: int, device, cu_seqlens: torch.Tensor | None = No
     return Sequences(starts, ends, index, int(cu_seqlens.numel()) - 1)
 
 
-def dense_entering_state(seqs: Sequences, initial_state: torch.Tensor | None, width: int, dtype):
+def dense_entering_state(seqs: Sequences, initial_state: torch.Tensor | None, width: int, dtype,
+                         resets: torch.Tensor | None = None):
     """[B, L, D]: the state entering each token where a sequence starts (h0[n], or 0 where the
     state resets), zero elsewhere.  The reference's formulation only: the kernels read h0 at the
-    start tokens."""
+    start tokens.  A where, not a product: an ignored h0 (a reset start) leaves no trace, not
+    even a NaN of 0 * inf, and takes no gradient."""
     if initial_state is None:
         return torch.zeros(*seqs.starts.shape, width, device=seqs.starts.device, dtype=dtype)
-    return initial_state.to(dtype)[seqs.index] * seqs.starts[..., None]
+    taken = seqs.starts if resets is None else seqs.starts & ~resets
+    h0 = initial_state.to(dtype)[seqs.index]
+    return torch.where(taken[..., None], h0, torch.zeros((), dtype=dtype, device=h0.device))
 
 
 def final_states(h: torch.Tensor, seqs: Sequences) -> torch.Tensor:
@@ -65,19 +75,25 @@ def final_states(h: torch.Tensor, seqs: Sequences) -> torch.Tensor:
     return h[seqs.ends]
 
 
-def reset_tokens(seqs: Sequences, initial_state: torch.Tensor | None) -> torch.Tensor:
-    """[B, L] bool: where the state resets (every start, unless an initial state enters it)."""
-    return seqs.starts if initial_state is None else torch.zeros_like(seqs.starts)
+def reset_tokens(seqs: Sequences, initial_state: torch.Tensor | None,
+                 resets: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, L] bool: where the state resets: every start unless an initial state enters it, and
+    every token of the mask."""
+    implied = seqs.starts if initial_state is None else torch.zeros_like(seqs.starts)
+    return implied if resets is None else implied | resets
 
 
-def scan_sequences(x, scan_inputs, scan: str, initial_state=None, cu_seqlens=None):
+def scan_sequences(x, scan_inputs, scan: str, initial_state=None, cu_seqlens=None, resets=None):
     """(h, sequences) of a reference: scan_inputs(reset) gives (log a, a, u) for the resets
-    that the sequences imply; the scan then replaces the state entering every start."""
+    that the sequences and the mask imply; the scan then replaces the state entering every start
+    and every reset (by h0, or by 0 where the state resets)."""
     from .recurrence import run_scan
     batch, length, width = x.shape
     seqs = layout(batch, length, x.device, cu_seqlens)
-    _, a, u = scan_inputs(reset_tokens(seqs, initial_state))
-    h = run_scan(a, u, scan, seqs.starts, dense_entering_state(seqs, initial_state, width, u.dtype))
+    _, a, u = scan_inputs(reset_tokens(seqs, initial_state, resets))
+    replaced = seqs.starts if resets is None else seqs.starts | resets
+    entering = dense_entering_state(seqs, initial_state, width, u.dtype, resets)
+    h = run_scan(a, u, scan, replaced, entering)
     return h, seqs
 
 

@@ -159,6 +159,13 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
+def reset_bytes(resets: torch.Tensor) -> torch.Tensor:
+    """A torch.bool reset mask as the kernels read it: one uint8 per token (or row), contiguous
+    and aligned (a copy only when it is not).  Any byte is a valid flag (non-zero resets): the
+    kernels only compare it, so no value can move an address."""
+    return aligned(resets.view(torch.uint8))
+
+
 def fp32_contiguous(p: torch.Tensor) -> torch.Tensor:
     """A parameter as a contiguous, aligned FP32 tensor: itself when it is one (no op)."""
     if p.dtype == torch.float32:

@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import triton
+import triton.language as tl
 
-from .launching import aligned, fp32_contiguous
+from .launching import aligned, fp32_contiguous, reset_bytes
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:
@@ -20,20 +22,34 @@ def rows(t: torch.Tensor) -> torch.Tensor:
     return aligned(t)
 
 
+@triton.jit
+def reset_rows(h, u, reset_ptr, b, cols, HAS_RESETS: tl.constexpr):
+    """h, or u (the step from a reset state) where row b's reset flag is set: one byte, which
+    every lane loads at the same in-bounds address."""
+    if HAS_RESETS:
+        flag = tl.load(reset_ptr + b + cols * 0)
+        return tl.where(flag != 0, u, h)
+    else:
+        return h
+
+
 class StepOperands(NamedTuple):
     x: torch.Tensor  # x_t's rows
     h0: torch.Tensor  # the state's rows, FP32 (the new state itself, unread, without one)
     y: torch.Tensor  # y_t, x_t's dtype
     h: torch.Tensor  # the new state, FP32
     params: list  # FP32, contiguous
+    resets: torch.Tensor  # one byte per row (a placeholder the kernel never reads without)
 
 
-def step_operands(x_t: torch.Tensor, state, params) -> StepOperands:
+def step_operands(x_t: torch.Tensor, state, params, resets=None) -> StepOperands:
     """The operands of one step: the state is cast to FP32 as the forward casts an initial
-    state; None (a sequence's first token) leaves h0 a placeholder the kernel never reads."""
+    state; None (a sequence's first token) leaves h0 a placeholder the kernel never reads, and
+    so does a mask of None its flags."""
     x = rows(x_t)
     batch, width = x.shape
     y = torch.empty((batch, width), device=x.device, dtype=x.dtype)
     h = torch.empty((batch, width), device=x.device, dtype=torch.float32)
     h0 = h if state is None else rows(state if state.dtype == torch.float32 else state.float())
-    return StepOperands(x, h0, y, h, [fp32_contiguous(p) for p in params])
+    flags = h if resets is None else reset_bytes(resets)
+    return StepOperands(x, h0, y, h, [fp32_contiguous(p) for p in params], flags)

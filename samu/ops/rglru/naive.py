@@ -43,13 +43,13 @@ def rglru_scan_inputs(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias,
 
 def rglru_reference(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
                     scan: str = "chunked", initial_state=None, cu_seqlens=None,
-                    output_final_state: bool = False):
-    """RG-LRU: the scan of rglru_scan_inputs; y = h.  The state keywords are SPEC section 3's
-    (samu.ops.layout); with output_final_state returns (y, final state)."""
+                    output_final_state: bool = False, resets=None):
+    """RG-LRU: the scan of rglru_scan_inputs; y = h.  The state keywords (resets among them)
+    are SPEC section 3's (samu.ops.layout); with output_final_state returns (y, final state)."""
     h, seqs = scan_sequences(
         x, lambda reset: rglru_scan_inputs(x, gate_x_weight, gate_x_bias, gate_a_weight,
                                            gate_a_bias, a_param, reset),
-        scan, initial_state, cu_seqlens)
+        scan, initial_state, cu_seqlens, resets)
     return with_final_state(h.to(x.dtype), h, seqs, output_final_state)
 
 

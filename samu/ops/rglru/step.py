@@ -27,7 +27,7 @@ from ..common.launching import cdiv, next_power_of_2
 from ..common.math import (exp_fast, one_minus_a_squared, sigmoid_fast, softplus, sqrt_fast,
                            to_element)
 from ..recurrence import GATE_SCALE
-from ..common.step import step_operands
+from ..common.step import reset_rows, step_operands
 
 MIXER = "rglru"
 
@@ -42,11 +42,13 @@ def _in_dtype_of(v, ptr):
 
 @triton.jit
 def _rglru_step_kernel(x_ptr, h0_ptr, y_ptr, h_ptr, wx_ptr, bx_ptr, wa_ptr, ba_ptr, a_param_ptr,
-                       B, D, BW, NJ, x_row, h0_row,
-                       BI: tl.constexpr, BJ: tl.constexpr, HAS_STATE: tl.constexpr):
+                       reset_ptr, B, D, BW, NJ, x_row, h0_row,
+                       BI: tl.constexpr, BJ: tl.constexpr, HAS_STATE: tl.constexpr,
+                       HAS_RESETS: tl.constexpr):
     """Program pid = (head NJ + block) B + b: channels h BW + j, j in [block BJ, block BJ + BJ)
     of row b.  gx, ga = sigmoid(G); log a = -8 ga softplus(a_param); h = a h0 + sqrt(1 - a^2)
-    gx x (h = gx x without a state: the state resets); y = h.  x and h0 rows are x_row, h0_row
+    gx x (h = gx x without a state, or where the row's reset flag is set: the state resets);
+    y = h.  x and h0 rows are x_row, h0_row
     elements apart (unit column stride); y and h are contiguous [B, D], D = heads BW."""
     pid = tl.program_id(0).to(tl.int64)
     b = pid % B
@@ -80,6 +82,7 @@ def _rglru_step_kernel(x_ptr, h0_ptr, y_ptr, h_ptr, wx_ptr, bx_ptr, wa_ptr, ba_p
         a = exp_fast(log_a)
         m = sqrt_fast(tl.maximum(one_minus_a_squared(log_a, a), 0.0))
         h = a * tl.load(h0_ptr + b * h0_row + cols, mask=j_ok, other=0.0) + m * u
+        h = reset_rows(h, u, reset_ptr, b, cols, HAS_RESETS)
     else:
         h = u
     tl.store(h_ptr + b * D + cols, h, mask=j_ok)
@@ -92,7 +95,8 @@ def _blocks(bw: int) -> tuple[int, int]:
     return min(32, max(16, next_power_of_2(bw))), min(64, max(16, next_power_of_2(bw)))
 
 
-def step(x_t, state, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
+def step(x_t, state, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
+         resets=None):
     """(y_t, new state) of one token in one launch, with the contract of samu.ops.samu.step's
     step; the gate weights' shapes ([H, bw, bw] with H bw = D) are checked here."""
     batch, width = x_t.shape
@@ -106,11 +110,13 @@ def step(x_t, state, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_p
                          f"{list(gate_a_weight.shape)}, gate_x_bias {list(gate_x_bias.shape)}, "
                          f"gate_a_bias {list(gate_a_bias.shape)}, a_param "
                          f"{list(a_param.shape)}")
-    x, h0, y, h, params = step_operands(x_t, state, (gate_x_weight, gate_x_bias, gate_a_weight,
-                                                     gate_a_bias, a_param))
+    x, h0, y, h, params, flags = step_operands(x_t, state, (gate_x_weight, gate_x_bias,
+                                                            gate_a_weight, gate_a_bias, a_param),
+                                               resets)
     bi, bj = _blocks(bw)
     nj = cdiv(bw, bj)
-    launching.launch(_rglru_step_kernel, (batch * heads * nj,), x, h0, y, h, *params,
-                     batch, width, bw, nj, x.stride(0), h0.stride(0),
-                     BI=bi, BJ=bj, HAS_STATE=state is not None, num_warps=4)
+    launching.launch(_rglru_step_kernel, (batch * heads * nj,), x, h0, y, h, *params, flags,
+                     batch, width, bw, nj, x.stride(0), h0.stride(0), BI=bi, BJ=bj,
+                     HAS_STATE=state is not None, HAS_RESETS=state is not None
+                     and resets is not None, num_warps=4)
     return y, h

@@ -34,12 +34,14 @@ def samu_scan_inputs(x, ctrl_weight, ctrl_bias, a_param, log_temp, reset=None):
 
 
 def samu_reference(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, scan: str = "chunked",
-                   initial_state=None, cu_seqlens=None, output_final_state: bool = False):
-    """SAMU: the scan of samu_scan_inputs; y = h + skip x.  The state keywords are SPEC
-    section 3's (samu.ops.layout); with output_final_state returns (y, final state)."""
+                   initial_state=None, cu_seqlens=None, output_final_state: bool = False,
+                   resets=None):
+    """SAMU: the scan of samu_scan_inputs; y = h + skip x.  The state keywords (resets among
+    them) are SPEC section 3's (samu.ops.layout); with output_final_state returns (y, final
+    state)."""
     h, seqs = scan_sequences(
         x, lambda reset: samu_scan_inputs(x, ctrl_weight, ctrl_bias, a_param, log_temp, reset),
-        scan, initial_state, cu_seqlens)
+        scan, initial_state, cu_seqlens, resets)
     y = (h + skip.to(h.dtype) * x.to(h.dtype)).to(x.dtype)
     return with_final_state(y, h, seqs, output_final_state)
 

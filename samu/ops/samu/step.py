@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ..common import launching
-from ..common.step import step_operands
+from ..common.step import reset_rows, step_operands
 from ..common.launching import cdiv, next_power_of_2, sm_count
 from ..common.math import (exp_fast, one_minus_a_squared, sigmoid_fast, softplus, sqrt_fast,
                            to_element)
@@ -33,12 +33,12 @@ _GATE_SCALE = tl.constexpr(GATE_SCALE)
 
 @triton.jit
 def _samu_step_kernel(x_ptr, h0_ptr, y_ptr, h_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr,
-                      skip_ptr, D, x_row, h0_row, SPAN,
-                      BD: tl.constexpr, HAS_STATE: tl.constexpr):
+                      skip_ptr, reset_ptr, D, x_row, h0_row, SPAN,
+                      BD: tl.constexpr, HAS_STATE: tl.constexpr, HAS_RESETS: tl.constexpr):
     """Program (b, part): z = W x_b + bias over the whole row; r, g = sigmoid(z); then channels
-    [part SPAN, (part + 1) SPAN) of h = a h0 + sqrt(1 - a^2) g x (h = g x without a state:
-    the state resets) and y = h + skip x.  x and h0 rows are x_row, h0_row elements apart
-    (unit column stride); y and h are contiguous [B, D]."""
+    [part SPAN, (part + 1) SPAN) of h = a h0 + sqrt(1 - a^2) g x (h = g x without a state, or
+    where the row's reset flag is set: the state resets) and y = h + skip x.  x and h0 rows are
+    x_row, h0_row elements apart (unit column stride); y and h are contiguous [B, D]."""
     b = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     x_at = x_ptr + b * x_row
@@ -67,7 +67,7 @@ def _samu_step_kernel(x_ptr, h0_ptr, y_ptr, h_ptr, w_ptr, bias_ptr, a_param_ptr,
             a = exp_fast(log_a)
             m = sqrt_fast(tl.maximum(one_minus_a_squared(log_a, a), 0.0))
             h0 = tl.load(h0_ptr + b * h0_row + cols, mask=ok, other=0.0)
-            h = a * h0 + m * u
+            h = reset_rows(a * h0 + m * u, u, reset_ptr, b, cols, HAS_RESETS)
         else:
             h = u
         tl.store(h_ptr + b * D + cols, h, mask=ok)
@@ -88,10 +88,11 @@ def _geometry(batch: int, width: int, sms: int) -> tuple[int, int, int]:
     return block, cdiv(blocks, per_part), per_part * block  # no part left without channels
 
 
-def step(x_t, state, ctrl_weight, ctrl_bias, a_param, log_temp, skip):
+def step(x_t, state, ctrl_weight, ctrl_bias, a_param, log_temp, skip, resets=None):
     """(y_t in x_t's dtype, new state FP32 [B, D]) of one token, in one launch.  x_t [B, D]
     bfloat16, float16 or float32; state [B, D] floating point (FP32; another dtype is cast, as
-    the forward casts an initial state), or None for a sequence's first token.  The inputs are
+    the forward casts an initial state), or None for a sequence's first token; resets
+    torch.bool [B] or None (a True row ignores its state).  The inputs are
     checked by the caller (samu.modules); the parameters' shapes are checked here, as the
     kernel's bounds follow them.  Allocates only the two outputs when x_t's rows, the state and
     the FP32 parameters are as the kernel reads them (samu.ops.common.step)."""
@@ -102,10 +103,10 @@ def step(x_t, state, ctrl_weight, ctrl_bias, a_param, log_temp, skip):
                          f"{list(ctrl_weight.shape)}, ctrl_bias {list(ctrl_bias.shape)}, "
                          f"a_param {list(a_param.shape)}, log_temp {list(log_temp.shape)}, "
                          f"skip {list(skip.shape)}")
-    x, h0, y, h, params = step_operands(x_t, state, (ctrl_weight, ctrl_bias, a_param, log_temp,
-                                                     skip))
+    x, h0, y, h, params, flags = step_operands(x_t, state, (ctrl_weight, ctrl_bias, a_param,
+                                                            log_temp, skip), resets)
     block, parts, span = _geometry(batch, width, sm_count(x.device))
-    launching.launch(_samu_step_kernel, (batch, parts), x, h0, y, h, *params, width,
-                     x.stride(0), h0.stride(0), span,
-                     BD=block, HAS_STATE=state is not None, num_warps=4)
+    launching.launch(_samu_step_kernel, (batch, parts), x, h0, y, h, *params, flags, width,
+                     x.stride(0), h0.stride(0), span, BD=block, HAS_STATE=state is not None,
+                     HAS_RESETS=state is not None and resets is not None, num_warps=4)
     return y, h

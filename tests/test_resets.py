@@ -1,0 +1,267 @@
+"""Per-token resets (SPEC section 3): True at token t ignores whatever state would enter t (from
+t - 1 or from an initial state); a_t counts as 0 and m_t as 1 there.
+
+The float64 oracle (the sequential reference) is checked first against an independent
+formulation, every run between two resets called apart and the pieces joined; every backend is
+then held to the oracle: y, the final state, dx, every parameter gradient and d initial_state,
+with resets at chunk boundaries, at the first and the last token, inside rows, different in
+every row, with packed sequences and initial states.  On a CPU the Triton backends run under
+Triton's interpreter (conftest) at tiny sizes."""
+import pytest
+import torch
+
+from samu import backends, mixers
+from samu.experiment import legality
+from samu.functional import FUNCTIONS, PARAMETER_NAMES
+from samu.modules import MODULES, build
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+MIXERS = mixers.names()
+WIDTH = 32
+
+
+def _backends(mixer, kinds=("reference",)):
+    return [n for n, b in backends.REGISTRY[mixer].items() if b.kind in kinds]
+
+
+def _chunk(mixer, name):
+    config = backends.REGISTRY[mixer][name].config
+    return 8 if config is None else config.chunk
+
+
+def _rows_mask(length, chunk):
+    """Resets of two rows that differ: row 0 at its first token (an initial state is then
+    ignored), on both sides of chunk boundaries, inside a chunk and at the last token; row 1
+    elsewhere, two in a row, none at its first token."""
+    row0 = {0, 3, chunk - 1, chunk, 2 * chunk, length - 1}
+    row1 = {1, 2, chunk + 1, 2 * chunk - 1, length - 2}
+    return [sorted(p for p in row if p < length) for row in (row0, row1)]
+
+
+def _packed(length, chunk):
+    """(cu_seqlens, resets of the one row): a reset at a sequence's start (its initial state
+    ignored), on chunk boundaries, inside sequences and at the last token."""
+    offsets = [0, 3, chunk + 2, 2 * chunk + 1, length]
+    resets = sorted({3, 5, chunk, chunk + 1, 2 * chunk + 3, length - 1})
+    return offsets, [resets]
+
+
+def _state(shape, chunk, packed, initial, seed):
+    batch, length, _ = shape
+    if packed:
+        offsets, resets = _packed(length, chunk)
+        return legality.make_state(shape, DEVICE, seed, cu_seqlens=offsets, initial=initial,
+                                   resets=resets)
+    return legality.make_state(shape, DEVICE, seed, initial=initial,
+                               resets=_rows_mask(length, chunk))
+
+
+def _inputs(mixer, shape, seed, dtype=torch.float32):
+    x, params, dy = legality.make_inputs(mixer, shape, DEVICE, seed=seed, dtype=dtype)
+    return x, params, dy
+
+
+def _oracle(mixer, x, params, dy, state):
+    return legality.outputs(mixer, "reference_sequential", x.double(),
+                            {n: p.double() for n, p in params.items()}, dy.double(),
+                            legality._double_state(state))
+
+
+def _segments(state, batch, length):
+    """(row, first, end, sequence, whether an initial state enters) of every run of tokens
+    that holds no reset or sequence start after its first token."""
+    resets = state["resets"].cpu()
+    if "cu_seqlens" in state:
+        offsets = state["cu_seqlens"].tolist()
+        starts = {o: n for n, o in enumerate(offsets[:-1])}
+    else:
+        starts = {0: None}
+    out = []
+    for row in range(batch):
+        cuts = sorted(set(starts) | set(torch.nonzero(resets[row]).flatten().tolist()))
+        for first, end in zip(cuts, cuts[1:] + [length]):
+            sequence = row if "cu_seqlens" not in state else max(
+                n for o, n in starts.items() if o <= first)
+            entered = (first in starts and not bool(resets[row, first])
+                       and "initial_state" in state)
+            out.append((row, first, end, sequence, entered))
+    return out
+
+
+def _segments_apart(mixer, x, params, dy, state):
+    """The oracle's outputs by another route: every run between resets and starts called
+    alone (the reference, float64, without a mask: it resets at its first token or takes its
+    sequence's initial state), y joined, each sequence's final state its last run's."""
+    x = x.double().detach().requires_grad_()
+    ps = [p.double().detach().requires_grad_() for p in params.values()]
+    h0 = state.get("initial_state")
+    h0 = None if h0 is None else h0.double().detach().requires_grad_()
+    d_final = state["d_final_state"].double()
+    batch, length, _ = x.shape
+    pieces = {}
+    finals = {}
+    for row, first, end, sequence, entered in _segments(state, batch, length):
+        y, final = FUNCTIONS[mixer](
+            x[row:row + 1, first:end], *ps, backend="reference_sequential",
+            initial_state=h0[sequence:sequence + 1] if entered else None, output_final_state=True)
+        pieces[(row, first)] = y
+        finals[sequence] = final  # runs come in order: the last one of the sequence stays
+    y = torch.cat([torch.cat([pieces[k] for k in sorted(pieces) if k[0] == row], dim=1)
+                   for row in range(batch)])
+    final = torch.cat([finals[n] for n in sorted(finals)])
+    inputs = [x, *ps] + ([h0] if h0 is not None else [])
+    grads = torch.autograd.grad([y, final], inputs, [dy.double(), d_final])
+    names = ["x", *PARAMETER_NAMES[mixer]] + (["initial_state"] if h0 is not None else [])
+    return {"y": y.detach(), "final_state": final.detach(), **dict(zip(names, grads))}
+
+
+ORACLE_CASES = [(mixer, packed, initial) for mixer in MIXERS for packed in (False, True)
+                for initial in (True, False)]
+
+
+@pytest.mark.parametrize("mixer, packed, initial", ORACLE_CASES)
+def test_oracle_equals_segments_run_apart(mixer, packed, initial):
+    """The float64 oracle with a mask equals the runs between resets called one by one:
+    outputs, final states and every gradient, d initial_state included (zero for a sequence
+    whose first token resets)."""
+    shape = (1 if packed else 2, 21, WIDTH)
+    x, params, dy = _inputs(mixer, shape, seed=11)
+    state = _state(shape, 8, packed, initial, seed=12)
+    want = _segments_apart(mixer, x, params, dy, state)
+    got = _oracle(mixer, x, params, dy, state)
+    assert set(got) == set(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-10, atol=1e-12,
+                                   msg=lambda m: f"{name}: {m}")
+    if initial:  # the sequence whose first token resets takes no gradient into its h0
+        reset, kept = (1, 0) if packed else (0, 1)
+        assert got["initial_state"][reset].abs().max().item() == 0.0
+        assert got["initial_state"][kept].abs().max().item() > 0.0
+
+
+def _relative(got, want):
+    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+# Every backend of every mixer (the Triton ones under the interpreter on a CPU), rows and packed.
+BACKEND_CASES = [(mixer, name, packed) for mixer in MIXERS for name in _backends(mixer)
+                 for packed in (False, True)]
+
+
+@pytest.mark.parametrize("mixer, name, packed", BACKEND_CASES)
+def test_backend_with_resets_matches_the_oracle(mixer, name, packed):
+    """y, the final state and every gradient of each backend with a mask and initial states
+    within 1e-5 of the float64 oracle (FP32 inputs), and the mask changes them (the same call
+    without it is far off)."""
+    chunk = _chunk(mixer, name)
+    length = 2 * chunk + 5
+    shape = (1 if packed else 2, length, WIDTH)
+    x, params, dy = _inputs(mixer, shape, seed=length)
+    state = _state(shape, chunk, packed, True, seed=length + 1)
+    want = _oracle(mixer, x, params, dy, state)
+    got = legality.outputs(mixer, name, x, params, dy, state)
+    errors = {n: _relative(got[n], want[n]) for n in want}
+    assert max(errors.values()) < 1e-5, errors
+    reset = 1 if packed else 0  # the sequence whose first token resets
+    assert got["initial_state"][reset].abs().max().item() == 0.0
+    without = legality.outputs(mixer, name, x, params, dy,
+                               {k: v for k, v in state.items() if k != "resets"})
+    assert _relative(without["y"], want["y"]) > 1e-2
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_no_reset_and_reset_at_start_are_the_old_rules(mixer):
+    """A mask of all False changes nothing; True at each row's first token with an initial
+    state equals the call without the initial state, whose gradient is then zero."""
+    shape = (2, 11, WIDTH)
+    x, params, dy = _inputs(mixer, shape, seed=5, dtype=torch.float64)
+    fn = FUNCTIONS[mixer]
+    ps = list(params.values())
+    h0 = torch.randn(2, WIDTH, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    none = torch.zeros(2, 11, dtype=torch.bool, device=DEVICE)
+    y, final = fn(x, *ps, initial_state=h0, output_final_state=True, resets=none)
+    y0, final0 = fn(x, *ps, initial_state=h0, output_final_state=True)
+    assert torch.equal(y, y0) and torch.equal(final, final0)
+    first = none.clone()
+    first[:, 0] = True
+    y, final = fn(x, *ps, initial_state=h0, output_final_state=True, resets=first)
+    y0, final0 = fn(x, *ps, output_final_state=True)
+    torch.testing.assert_close(y, y0, rtol=0, atol=0)
+    torch.testing.assert_close(final, final0, rtol=0, atol=0)
+    (d_h0,) = torch.autograd.grad((y * dy).sum() + final.sum(), h0)
+    assert d_h0.abs().max().item() == 0.0
+
+
+def _bad_masks(batch, length):
+    return [
+        ([[False] * length] * batch, TypeError, "must be a torch.bool tensor, got list"),
+        (torch.zeros(batch, length, dtype=torch.uint8), TypeError, "got torch.uint8"),
+        (torch.zeros(batch, length), TypeError, "got torch.float32"),
+        (torch.zeros(batch, length, 1, dtype=torch.bool), ValueError,
+         rf"must have x's shape without the width, \[{batch}, {length}\], got"),
+        (torch.zeros(length, dtype=torch.bool), ValueError, "x's shape without the width"),
+        (torch.zeros(batch, length + 1, dtype=torch.bool), ValueError,
+         "x's shape without the width"),
+        (torch.zeros(batch, length, dtype=torch.bool, device="meta"), ValueError,
+         "resets is on meta but x is on"),
+    ]
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_bad_masks_are_refused_by_name(mixer):
+    """A mask of another dtype, shape or device is refused before anything runs, by the
+    functional form, the module and step, with the same words on every backend."""
+    batch, length = 2, 6
+    module = build(mixer, WIDTH)
+    x = torch.randn(batch, length, WIDTH, device=DEVICE)
+    ps = [p.to(DEVICE) for p in module._parameters_in_order()]
+    for name in _backends(mixer, ("reference", "triton"))[:3]:
+        for mask, error, words in _bad_masks(batch, length):
+            if isinstance(mask, torch.Tensor) and mask.device.type != "meta":
+                mask = mask.to(DEVICE)
+            with pytest.raises(error, match=words):
+                FUNCTIONS[mixer](x, *ps, backend=name, resets=mask)
+    module = module.to(DEVICE)
+    with pytest.raises(ValueError, match=r"resets must have x's shape without the width, \[2\]"):
+        module.step(x[:, 0], None, resets=torch.zeros(2, 1, dtype=torch.bool, device=DEVICE))
+    with pytest.raises(TypeError, match="resets must be a torch.bool tensor"):
+        module.step(x[:, 0], None, resets=torch.zeros(2, dtype=torch.int64, device=DEVICE))
+    packed = torch.randn(1, length, WIDTH, device=DEVICE)
+    cu = torch.tensor([0, 2, length], device=DEVICE)
+    with pytest.raises(ValueError, match=r"\[1, 6\]"):
+        module(packed, cu_seqlens=cu, resets=torch.zeros(2, 3, dtype=torch.bool, device=DEVICE))
+
+
+STEP_CASES = [(mixer, name) for mixer in MIXERS
+              for name in _backends(mixer) + [backends.DEFAULTS[mixer]]]
+
+
+@pytest.mark.parametrize("mixer, name", STEP_CASES)
+def test_steps_with_resets_equal_the_forward(mixer, name):
+    """A prefill and steps with per-row resets equal the float64 oracle's forward with the same
+    mask; a step whose row resets equals the scan's first token, whatever the state (FP32, no
+    gradient: the one-launch kernel where the backend is a Triton one)."""
+    module = build(mixer, WIDTH, backend=name).to(DEVICE)
+    module.reset_parameters(generator=torch.Generator().manual_seed(2))
+    oracle = build(mixer, WIDTH, backend="reference_sequential").to(DEVICE).double()
+    oracle.load_state_dict(module.state_dict())
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 9, WIDTH, generator=gen).to(DEVICE)
+    mask = torch.zeros(3, 9, dtype=torch.bool)
+    mask[0, 5] = mask[1, 6] = mask[1, 7] = mask[2, 8] = True  # none in the prefill
+    mask = mask.to(DEVICE)
+    with torch.no_grad():
+        want = oracle(x.double(), resets=mask)
+        y, state = module(x[:, :5], output_final_state=True)
+        ys = [y]
+        for t in range(5, 9):
+            y_t, state = module.step(x[:, t], state, resets=mask[:, t])
+            ys.append(y_t[:, None])
+        assert _relative(torch.cat(ys, 1), want) < 1e-5
+        first = oracle(x[:, :1].double())[:, 0]
+        all_rows = torch.ones(3, dtype=torch.bool, device=DEVICE)
+        y_t, h = module.step(x[:, 0], torch.randn(3, WIDTH, generator=gen).to(DEVICE),
+                             resets=all_rows)
+        assert _relative(y_t, first) < 1e-6
+        _, h_none = module.step(x[:, 0], None)
+        assert _relative(h, h_none.double()) < 1e-6
