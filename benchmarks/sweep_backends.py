@@ -17,11 +17,9 @@ import argparse
 import torch
 from tqdm import tqdm
 
-from samu import dispatch, paths
+from samu import dispatch, mixers, paths
 from samu.experiment import benchmark_rows, protocol, schema, sweep
 from samu.experiment.pipeline import parse_shapes
-
-NAMES = {"rglru": "RG-LRU", "samu": "SAMU"}
 
 
 def draw(doc: dict, path) -> None:
@@ -29,10 +27,10 @@ def draw(doc: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from samu.experiment import report
-    mixers = [m for m in NAMES if any(r["mixer"] == m for r in doc["rows"])]
+    swept = list(dict.fromkeys(r["mixer"] for r in doc["rows"]))
     key = "gpu_time_ms" if any(r["gpu_time_ms"] for r in doc["rows"]) else "median_ms"
-    fig, axes = plt.subplots(1, len(mixers), figsize=(7.5 * len(mixers), 4.5), squeeze=False)
-    for ax, mixer in zip(axes[0], mixers):
+    fig, axes = plt.subplots(1, len(swept), figsize=(7.5 * len(swept), 4.5), squeeze=False)
+    for ax, mixer in zip(axes[0], swept):
         rows = [r for r in doc["rows"] if r["mixer"] == mixer and r[key] is not None]
         shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
         names = list(dict.fromkeys(r["backend"] for r in rows))
@@ -52,7 +50,8 @@ def draw(doc: dict, path) -> None:
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))],
                       ["x".join(map(str, s)) for s in shapes], rotation=20)
         ax.set_ylabel(f"{'GPU time' if key == 'gpu_time_ms' else 'median'} / fastest")
-        ax.set_title(f"{NAMES[mixer]}: every backend (outlined: auto's choice; dashed: 1.25x)")
+        ax.set_title(f"{mixers.LABELS.get(mixer, mixer)}: every backend (outlined: auto's "
+                     "choice; dashed: 1.25x)")
         ax.legend(fontsize=7)
     fig.suptitle(f"{doc['environment']['gpu']}: backends beside auto")
     fig.tight_layout()
@@ -72,7 +71,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("shapes", nargs="+", help="BxLxD shapes")
     parser.add_argument("--name", required=True, help="the sweep's name in its file names")
-    parser.add_argument("--mixers", nargs="+", default=["rglru", "samu"], choices=list(NAMES))
+    parser.add_argument("--mixers", nargs="+", default=mixers.names(), choices=mixers.names())
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--backends", nargs="+", help="only these backends (default: all)")
     parser.add_argument("--heads", type=int, default=None,

@@ -21,6 +21,9 @@ DATA = Path(os.path.abspath(os.path.expanduser(_data)))
 # Whether SAMU_DATA_DIR named the data folder (then its calibration/ is read even outside a
 # checkout, so that what the experiment writes is what auto reads).
 DATA_FROM_ENV = bool(os.environ.get("SAMU_DATA_DIR"))
+# The GPU whose measurements the repository's data/ holds: what the report, the README and the
+# notebooks show where this machine has none of its own.
+COMMITTED_SLUG = "nvidia-h200"
 PUBLISHED_H800_FILE = REPO_ROOT / "data" / "reference" / "h800_pcie_published_result.json"
 
 # The calibration copy a wheel or sdist carries (setup.py copies data/calibration/*.json there,
@@ -106,7 +109,8 @@ def benchmarks_file(slug: str, benchmark: str) -> Path:
     return DATA / "benchmarks" / slug / f"{benchmark}.jsonl"
 
 
-def measured_file(relative, slug: str | None, committed_slug: str) -> tuple[Path | None, list]:
+def measured_file(relative, slug: str | None,
+                  committed_slug: str = COMMITTED_SLUG) -> tuple[Path | None, list]:
     """(the first file that exists, the slugs tried): ``relative(name)`` under the data folder,
     then under the repository's data folder, for ``slug`` and then for ``committed_slug`` (a
     scratch data folder, as nbval's, has none; nor has a GPU that was never timed)."""

@@ -166,7 +166,7 @@ def test_a_toy_mixer_goes_through_the_protocol_and_the_report(toy, tmp_path, mon
     protocol.write_shape_result("test-gpu", (1, 8, 16), rows)
     df = report.frame(report.combine("test-gpu", write=False))
     assert set(df["mixer"]) == {"rglru", "samu", "toy"}
-    assert report.MIXER_NAMES["toy"] == "Toy decay"
+    assert mixers.LABELS["toy"] == "Toy decay" and mixers.COLOURS["toy"] == "tab:purple"
     table = report.summary_table(df).set_index("mixer")
     assert table.loc["toy", "forward_backward_ms"] > 0 and table.loc["toy", "backend"] == \
         "reference_chunked"

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import paths
+from .. import mixers, paths
 from . import schema
 
-COMMITTED_SLUG = "nvidia-h200"
 # A rank's share (summary pass and its slice with an initial state, forward and backward) over
 # a plain call at L / P: the target at L = 2^18, D = 2048, P = 2-8.
 TARGET_SHARE_OVER_SLICE_CALL = 1.3
-MIXER_NAMES = {"rglru": "RG-LRU", "samu": "SAMU"}
+# A mixer's line style, by its place in the registry (samu.mixers).
+LINE_STYLES = ("-", "--", "-.", ":")
 
 
 def _relative(slug: str) -> str:
@@ -29,7 +29,7 @@ def result_file(slug: str) -> Path:
 def load(slug: str | None = None) -> tuple[dict, Path]:
     """(document, its path): ``slug``'s timings from the data folder or the repository's, else
     the committed H200 ones (paths.measured_file)."""
-    path, slugs = paths.measured_file(_relative, slug, COMMITTED_SLUG)
+    path, slugs = paths.measured_file(_relative, slug)
     if path is None:
         raise FileNotFoundError(f"no context-parallel timings for {' or '.join(slugs)}: run "
                                 "benchmarks/bench_context_parallel.py on that GPU")
@@ -67,13 +67,14 @@ def figure(df: pd.DataFrame, label: str = ""):
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     if has_gpu:  # the two ratios on one scale
         axes[0].sharey(axes[1])
-    styles = {"rglru": "-", "samu": "--"}
+    registered = mixers.names()
     for (mixer, ranks), part in df.groupby(["mixer", "ranks"]):
         color = f"C{[2, 4, 8].index(ranks) if ranks in (2, 4, 8) else 3}"
-        name = f"{MIXER_NAMES.get(mixer, mixer)}, P = {ranks}"
+        name = f"{mixers.LABELS.get(mixer, mixer)}, P = {ranks}"
+        style = (LINE_STYLES[registered.index(mixer) % len(LINE_STYLES)]
+                 if mixer in registered else ":")
         for ax, (column, _) in zip(axes, panels):
-            ax.plot(part["length"], part[column], styles.get(mixer, ":"), marker="o",
-                    color=color, label=name)
+            ax.plot(part["length"], part[column], style, marker="o", color=color, label=name)
     for ax, (column, ylabel) in zip(axes, panels):
         if column != "speedup_over_one_call":
             ax.axhline(TARGET_SHARE_OVER_SLICE_CALL, color="k", lw=0.8, ls=":",

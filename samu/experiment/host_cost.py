@@ -7,14 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import paths
+from .. import mixers, paths
 from . import benchmark_rows
 
-COMMITTED_SLUG = "nvidia-h200"
 BENCHMARK = "host_budget"
-# A forward+backward's host time over a Linear's, the targets of the lean eager path.
-TARGETS = {"samu": 1.0, "rglru": 1.2}
-MIXER_NAMES = {"rglru": "RG-LRU", "samu": "SAMU"}
 # Where a call's time goes, from the run's own medians (wall time, synchronised): the autograd
 # engine with a do-nothing Function, samu's Python with every launch stubbed, then the rest.
 PARTS = (("null Function", "null_function_us"),
@@ -25,12 +21,18 @@ PARTS = (("null Function", "null_function_us"),
 def load(slug: str | None = None) -> tuple[list[dict], Path]:
     """(rows, their path): ``slug``'s rows from the data folder or the repository's, else the
     committed H200 ones (paths.measured_file)."""
-    path, slugs = paths.measured_file(lambda name: f"benchmarks/{name}/{BENCHMARK}.jsonl", slug,
-                                      COMMITTED_SLUG)
+    path, slugs = paths.measured_file(lambda name: f"benchmarks/{name}/{BENCHMARK}.jsonl", slug)
     if path is None:
         raise FileNotFoundError(f"no host-budget rows for {' or '.join(slugs)}: run "
                                 "benchmarks/host_budget.py on that GPU")
     return benchmark_rows.read_rows(path), path
+
+
+def targets() -> dict[str, float]:
+    """{mixer: its forward+backward's host time over a Linear's that it aims at}, from the specs
+    (samu.mixers), for the mixers that have one."""
+    return {name: spec.host_target_over_linear for name, spec in mixers.MIXERS.items()
+            if spec.host_target_over_linear is not None}
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
@@ -71,12 +73,13 @@ def figure(df: pd.DataFrame, label: str = ""):
     left, right = fig.subplots(1, 2, gridspec_kw=dict(width_ratios=[1.6, 1]))
     markers = {1024: "s", 2048: "o", 3072: "^", 4096: "D"}
     for (mixer, width), part in df.groupby(["mixer", "width"]):
-        color = "C0" if mixer == "samu" else "C1"
         left.plot(part["run"], part["over_linear"], ls="none", marker=markers.get(width, "x"),
-                  color=color, label=f"{MIXER_NAMES.get(mixer, mixer)}, D = {width}")
-    for mixer, target in TARGETS.items():
-        left.axhline(target, color="C0" if mixer == "samu" else "C1", lw=0.9, ls=":",
-                     label=f"target {MIXER_NAMES[mixer]} {target}x")
+                  color=mixers.COLOURS.get(mixer, "grey"),
+                  label=f"{mixers.LABELS.get(mixer, mixer)}, D = {width}")
+    for mixer, target in targets().items():
+        if mixer in set(df["mixer"]):
+            left.axhline(target, color=mixers.COLOURS[mixer], lw=0.9, ls=":",
+                         label=f"target {mixers.LABELS[mixer]} {target}x")
     runs = df.drop_duplicates("run")
     left.set_xticks(runs["run"], runs["commit"], rotation=45, fontsize=7)
     left.set_xlabel("run (commit), in order")
@@ -85,7 +88,7 @@ def figure(df: pd.DataFrame, label: str = ""):
     left.legend(fontsize=7, ncol=2, loc="lower left")
     latest = df[df["run"] == df["run"].max()]
     bars = latest.sort_values("width").drop_duplicates("mixer", keep="last")
-    names = ["Linear"] + [MIXER_NAMES.get(m, m) for m in bars["mixer"]]
+    names = ["Linear"] + [mixers.LABELS.get(m, m) for m in bars["mixer"]]
     right.bar(0, bars["linear_alone_us"].iloc[0], color="grey")
     for i, (_, row) in enumerate(bars.iterrows(), start=1):
         bottom = 0.0

@@ -1,10 +1,11 @@
 """The public pipelines timed beside samu by the same protocol (docs/SPEC.md section 8), in a
-registry: eager PyTorch gates (RG-LRU) or controller (SAMU) under autocast, then one of FLA's
-scans of h_t = exp(g_t) h_{t-1} + x_t (fla-core, an optional dependency): ``chunk_hgrn``
-(chunked, the first and headline peer) or ``fused_recurrent_hgrn`` (sequential).
+registry: a mixer's eager PyTorch preparation under autocast (RG-LRU's gates, SAMU's controller),
+then one of FLA's scans of h_t = exp(g_t) h_{t-1} + x_t (fla-core, an optional dependency):
+``chunk_hgrn`` (chunked, the first and headline peer) or ``fused_recurrent_hgrn`` (sequential).
 
-The eager part is the reference's own preparation (``samu.ops.<mixer>.naive``), so each peer
-computes the same function; unlike samu's kernels it writes the state-sized log a and u.
+The eager part is the reference's own preparation, named by the mixer's spec
+(``MixerSpec.eager_preparation``), so each peer computes the same function; unlike samu's kernels
+it writes the state-sized log a and u.  The FLA peers serve every mixer whose spec names one.
 """
 from __future__ import annotations
 
@@ -14,25 +15,28 @@ from typing import Callable, Sequence
 
 from torch import nn
 
-from ..ops.rglru.naive import rglru_scan_inputs
-from ..ops.samu.naive import samu_scan_inputs
+from .. import mixers as mixers_
 from . import schema
-
-MIXERS = ("rglru", "samu")
-PREPARATION = {"rglru": "eager_gates", "samu": "eager_controller"}
 
 
 @dataclass(frozen=True)
 class PeerSpec:
     """One public pipeline: ``name`` keys its entry in a result row's ``peers``; ``build(module)``
     returns a module-like peer on the module's parameters whose ``last_backend`` names the
-    pipeline, where ``available(module)`` holds."""
+    pipeline, where ``available(module)`` holds.  ``mixers``: the mixers it serves; None: every
+    registered mixer whose spec names an eager preparation."""
     name: str
-    mixers: tuple[str, ...]
+    mixers: tuple[str, ...] | None
     label: str
     available: Callable[[nn.Module], bool]
     build: Callable[[nn.Module], nn.Module]
     materialized_state_sized_transition: bool = True
+
+    def serves(self, mixer: str) -> bool:
+        if self.mixers is not None:
+            return mixer in self.mixers
+        spec = mixers_.MIXERS.get(mixer)
+        return spec is not None and spec.eager_preparation is not None
 
 
 def fla_version() -> str | None:
@@ -54,38 +58,37 @@ def fla_hgrn(op: str):
 
 
 def pipeline_name(mixer: str, op: str) -> str:
-    return f"{PREPARATION[mixer]}_then_fla_{op}"
+    return f"{mixers_.get(mixer).eager_preparation_name}_then_fla_{op}"
 
 
 class FlaPipeline(nn.Module):
-    """A samu module's parameters run through eager preparation and an FLA scan; module-like, so
-    the timing protocol samples it as it samples samu's modules."""
+    """A samu module's parameters run through its mixer's eager preparation and an FLA scan;
+    module-like, so the timing protocol samples it as it samples samu's modules.  ``scan``:
+    ``fn(u, log_a) -> (h, final)`` in place of ``fla.ops.hgrn.<op>`` (a test's exact scan)."""
 
-    def __init__(self, module: nn.Module, op: str):
+    def __init__(self, module: nn.Module, op: str, scan=None):
         super().__init__()
-        self._scan = fla_hgrn(op)
+        self._scan = scan or fla_hgrn(op)
+        spec = mixers_.get(module.mixer)
+        self._prepare = spec.load("eager_preparation")
+        self._names = spec.parameter_names  # the module's attributes (SPEC section 2)
         self.inner = module
         self.mixer = module.mixer
         self.last_backend = pipeline_name(module.mixer, op)
 
     def forward(self, x):
-        p = self.inner
-        if self.mixer == "rglru":
-            log_a, _, u = rglru_scan_inputs(x, p.gate_x_weight, p.gate_x_bias, p.gate_a_weight,
-                                            p.gate_a_bias, p.a_param)
-            h, _ = self._scan(u, log_a)
-            return h.to(x.dtype)
-        log_a, _, u = samu_scan_inputs(x, p.ctrl_weight, p.ctrl_bias, p.a_param, p.log_temp)
+        log_a, u, output = self._prepare(x, *(getattr(self.inner, n) for n in self._names))
         h, _ = self._scan(u, log_a)
-        return (h + p.skip * x.to(h.dtype)).to(x.dtype)
+        return output(h).to(x.dtype)
 
 
 def fla_peer(name: str, op: str, label: str) -> PeerSpec:
-    """A peer of both mixers through ``fla.ops.hgrn.<op>``; it needs CUDA (FLA's kernels are
-    Triton's), so CUDA is checked first and a CPU run never imports fla."""
+    """A peer through ``fla.ops.hgrn.<op>`` of every mixer with an eager preparation; it needs
+    CUDA (FLA's kernels are Triton's), so CUDA is checked first and a CPU run never imports
+    fla."""
     def available(module: nn.Module) -> bool:
         return next(module.parameters()).is_cuda and fla_hgrn(op) is not None
-    return PeerSpec(name, MIXERS, label, available, lambda module: FlaPipeline(module, op))
+    return PeerSpec(name, None, label, available, lambda module: FlaPipeline(module, op))
 
 
 PEERS: tuple[PeerSpec, ...] = (
@@ -103,7 +106,7 @@ def peers_of(module: nn.Module, registry: Sequence[PeerSpec] = PEERS
     if len(set(names)) != len(names):
         raise ValueError(f"peer names repeat in the registry: {names}")
     return {spec.name: (spec, spec.build(module)) for spec in registry
-            if module.mixer in spec.mixers and spec.available(module)}
+            if spec.serves(module.mixer) and spec.available(module)}
 
 
 def label(name: str, registry: Sequence[PeerSpec] = PEERS) -> str:

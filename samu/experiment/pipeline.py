@@ -231,8 +231,8 @@ def print_summary(slug: str) -> None:
         print(report.summary_table(df).to_string(index=False, na_rep="-"))
         sp = report.speedups(df)
         if len(sp):
-            print("\nSAMU / RG-LRU forward+backward speedup (10th-90th percentile of the pairwise "
-                  "sample ratios):")
+            print(f"\n{report.speedup_title(sp)}, forward+backward (10th-90th percentile of the "
+                  "pairwise sample ratios):")
             print(sp.drop(columns="cpu").round(2).to_string(index=False))
         published = report.published_comparison(
             df, report.frame(report.published_h800_document(), report.PUBLISHED_SOURCE))

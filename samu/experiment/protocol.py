@@ -282,7 +282,7 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
                samples=SAMPLES, progress=None, peers=peers_.PEERS) -> list[dict]:
     """The mixers of ``chosen`` ({mixer: backend}, in the registry's order) at one shape,
     counterbalanced: round r starts at mixer (r + shape_index) mod their count and goes round
-    (for the two mixers, AB/BA: RG-LRU first when r + shape_index is even), each mixer followed
+    (for two mixers, AB/BA: the registry's first when r + shape_index is even), each mixer followed
     by every peer of ``peers`` (a registry of peers_.PeerSpec) that serves it and can run here.
     Returns one result row per mixer."""
     device = torch.device(device)
@@ -324,7 +324,7 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
             "shape": {"batch": batch, "length": length, "width": width},
             "architecture": mixer,
             "backend": module.last_backend,
-            "controller": "fp32_fused_coords" if mixer == "samu" else None,
+            "controller": mixers.get(mixer).controller,
             "device": str(device),  # what labels the result: its GPU, floor and memory
         }
         row.update(phase_stats(rounds_))
@@ -356,7 +356,8 @@ def time_shape(shape, shape_index: int, chosen: dict, device, seed: int = 0, rou
 
 
 def add_floor_figures(rows: list[dict], bandwidth: float) -> None:
-    """Floor, fraction of it reached, achieved bandwidth, and SAMU's speedup, as extra keys."""
+    """Floor, fraction of it reached, achieved bandwidth, and each mixer's speedup over its
+    spec's baseline (samu.mixers; SAMU's over RG-LRU) as speedup_vs_<baseline>, as extra keys."""
     fb = {}
     for row in rows:
         s = row["shape"]
@@ -373,12 +374,15 @@ def add_floor_figures(rows: list[dict], bandwidth: float) -> None:
         if row.get("gpu_time_ms"):
             row["gpu_time_times_floor"] = row["gpu_time_ms"] / floor
         fb[(shape, row["architecture"])] = row["forward_backward"]
+    baselines = mixers.baselines()
     for row in rows:
         s = row["shape"]
         shape = (s["batch"], s["length"], s["width"])
-        base = fb.get((shape, "rglru"))
-        if row["architecture"] == "samu" and base:
-            row["speedup_vs_rglru"] = base["median_ms"] / row["forward_backward"]["median_ms"]
+        baseline = baselines.get(row["architecture"])
+        base = fb.get((shape, baseline))
+        if base:
+            row[f"speedup_vs_{baseline}"] = (base["median_ms"]
+                                             / row["forward_backward"]["median_ms"])
 
 
 def _git_commit() -> str | None:

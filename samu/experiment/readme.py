@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import paths
+from .. import mixers, paths
 from ..shapes import Shape
 from . import calibration, pipeline, protocol, report, schema, training
 
@@ -49,41 +49,86 @@ def _times(value: float, digits: int = 1) -> str:
 
 
 def speed_table(data_dir: Path, slug: str = report.COMMITTED_SLUG) -> str:
-    """SAMU's speed-up over RG-LRU at `make reproduce`'s default GPU shapes (medians with their
-    spread, and GPU time), beside the published H800 result's, and each mixer's GPU time against
-    the floor."""
+    """The complete mixer's forward+backward at `make reproduce`'s default GPU shapes: each
+    mixer's published H800 median beside this GPU's median and GPU time (with its multiple of
+    the floor, and the median over the GPU time); then each mixer's speed-up over its baseline
+    (samu.mixers.baselines()) by the published medians, this GPU's medians and its GPU times;
+    then where the medians' speed-up falls furthest below the GPU times', from the rows."""
     doc, df, published = _results(data_dir, slug)
     sp = report.speedups(pd.concat([published, df], ignore_index=True))
-    ours = sp[sp["source"] != report.PUBLISHED_SOURCE].set_index("shape")
-    theirs = sp[sp["source"] == report.PUBLISHED_SOURCE].set_index("shape")["speedup"]
+    ours = sp[sp["source"] != report.PUBLISHED_SOURCE].set_index(["shape", "mixer"])
+    theirs = sp[sp["source"] == report.PUBLISHED_SOURCE].set_index(["shape", "mixer"])["speedup"]
     rows = df.set_index(["shape", "mixer"])
+    published_ms = published.set_index(["shape", "mixer"])["forward_backward_ms"]
     env = doc["environment"]
     bandwidth = df.loc[~df["cpu"], "copy_TBps"].median()
     gpu = env["gpu"].removeprefix("NVIDIA ")
+    shapes = [Shape.parse(key).label for key in pipeline.GPU_SHAPES]
+    shapes = [shape for shape in shapes if shape in set(df["shape"])]
+    names = [m for m in mixers.names() if m in set(df["mixer"])]
     caption = (
         f"Speed on the {env['gpu']} (torch {env['torch']}, triton {env['triton']}; "
-        f"`data/results/{slug}.json`): SAMU's speed-up over RG-LRU at its calibrated backend "
-        f"(RG-LRU time / SAMU time) for the complete mixer's forward+backward, beside the "
-        f"published H800 result's; each mixer's GPU time and its multiple of the floor "
-        f"({protocol.FLOOR_BYTES_PER_ELEMENT} bytes per element at {bandwidth:.2f} TB/s, the "
-        f"GPU's measured copy bandwidth).")
+        f"`data/results/{slug}.json`) beside the published H800 result: the complete mixer's "
+        f"forward+backward at `make reproduce`'s default GPU shapes, each mixer at its calibrated "
+        f"backend. A median is the protocol's (CUDA events around each call, so the GPU's waits "
+        f"for the host's launches are in it; the published times are such medians); GPU time is "
+        f"one forward+backward replayed from a CUDA graph, with no host in it, and its multiple of "
+        f"the floor ({protocol.FLOOR_BYTES_PER_ELEMENT} bytes per element at {bandwidth:.2f} "
+        f"TB/s, the GPU's measured copy bandwidth).")
     lines = [_wrap(caption), "",
-             f"| shape (B, L, D) | speed-up, published H800 | {gpu} median (10th-90th pct.) "
-             f"| {gpu} GPU time | SAMU GPU time (× floor) | RG-LRU GPU time (× floor) |",
-             "|---|---|---|---|---|---|"]
-    for key in pipeline.GPU_SHAPES:
-        shape = Shape.parse(key).label
-        if shape not in ours.index:
+             f"| shape (B, L, D) | mixer | published H800 median | {gpu} median "
+             f"| {gpu} GPU time (× floor) | {gpu} median / GPU time |",
+             "|---" * 6 + "|"]
+    for shape in shapes:
+        for mixer in names:
+            if (shape, mixer) not in rows.index:
+                continue
+            r = rows.loc[(shape, mixer)]
+            lines.append(
+                f"| {shape} | {mixers.LABELS[mixer]} "
+                f"| {_ms(published_ms.get((shape, mixer), float('nan')), 2)} "
+                f"| {_ms(r['forward_backward_ms'])} "
+                f"| {_ms(r['gpu_time_ms'])} ({_times(r['gpu_time_times_floor'])}) "
+                f"| {_times(r['forward_backward_ms'] / r['gpu_time_ms'], 2)} |")
+    for mixer, baseline in mixers.baselines().items():
+        if mixer not in names or baseline not in names:
             continue
-        s, r = rows.loc[(shape, "samu")], rows.loc[(shape, "rglru")]
-        median = ours.loc[shape]
-        lines.append(
-            f"| {shape} | {_times(theirs.get(shape, float('nan')), 2)} "
-            f"| {median['speedup']:.2f} ({median['low']:.2f}-{median['high']:.2f}) "
-            f"| {_times(r['gpu_time_ms'] / s['gpu_time_ms'], 2)} "
-            f"| {_ms(s['gpu_time_ms'])} ({_times(s['gpu_time_times_floor'])}) "
-            f"| {_ms(r['gpu_time_ms'])} ({_times(r['gpu_time_times_floor'])}) |")
+        them, us = mixers.LABELS[baseline], mixers.LABELS[mixer]
+        lines += ["", f"{us}'s speed-up over {them} ({them} time / {us} time):", "",
+                  f"| shape (B, L, D) | published H800 medians | {gpu} medians (10th-90th pct. "
+                  f"of the sample ratios) | {gpu} GPU times |", "|---" * 4 + "|"]
+        for shape in shapes:
+            if (shape, mixer) not in ours.index:
+                continue
+            median = ours.loc[(shape, mixer)]
+            gpu_ratio = rows.loc[(shape, baseline), "gpu_time_ms"] / rows.loc[(shape, mixer),
+                                                                               "gpu_time_ms"]
+            lines.append(
+                f"| {shape} | {_times(theirs.get((shape, mixer), float('nan')), 2)} "
+                f"| {median['speedup']:.2f} ({median['low']:.2f}-{median['high']:.2f}) "
+                f"| {_times(gpu_ratio, 2)} |")
+        lines += ["", _wrap(_furthest_below(rows, ours, shapes, mixer, baseline))]
     return "\n".join(lines)
+
+
+def _furthest_below(rows: pd.DataFrame, ours: pd.DataFrame, shapes: list, mixer: str,
+                    baseline: str) -> str:
+    """Where the medians' speed-up falls furthest below the GPU times', and each median's
+    multiple of its GPU time there: the share of a median that is not the kernels'."""
+    def gpu_ratio(shape):
+        return rows.loc[(shape, baseline), "gpu_time_ms"] / rows.loc[(shape, mixer), "gpu_time_ms"]
+    timed = [s for s in shapes if (s, mixer) in ours.index and pd.notna(gpu_ratio(s))]
+    shape = min(timed, key=lambda s: ours.loc[(s, mixer), "speedup"] / gpu_ratio(s))
+    over = {m: rows.loc[(shape, m), "forward_backward_ms"] / rows.loc[(shape, m), "gpu_time_ms"]
+            for m in (mixer, baseline)}
+    us, them = mixers.LABELS[mixer], mixers.LABELS[baseline]
+    return (f"The medians' speed-up falls furthest below the GPU times' at {shape}: "
+            f"{ours.loc[(shape, mixer), 'speedup']:.2f} against {gpu_ratio(shape):.2f}. There "
+            f"{us}'s median is {over[mixer]:.1f} times its GPU time and {them}'s "
+            f"{over[baseline]:.1f} times: the medians hold time outside the kernels (the GPU "
+            f"waiting for the host), {100 - 100 / over[mixer]:.0f} % of {us}'s and "
+            f"{100 - 100 / over[baseline]:.0f} % of {them}'s, which narrows their ratio; the kernels' "
+            f"speed-up is the GPU times' ratio.")
 
 
 def _wrap(paragraph: str) -> str:
@@ -132,9 +177,39 @@ def training_table(data_dir: Path, slug: str = report.COMMITTED_SLUG) -> str:
         lines.append(f"| {label} | " + " | ".join(_cell(part.loc[m], m == best)
                                                   for m in mixers) + " |")
     gpu = runs.groupby("mixer")["gpu_ms_per_step"].median()
-    lines.append("| GPU time per training step (median over all runs) | "
+    lines.append("| GPU time per training step (median over all runs, each timed alone) | "
                  + " | ".join(_ms(gpu.get(m, float("nan")), 2) for m in mixers) + " |")
+    shared = _shared_timing(doc["runs"])
+    if shared:
+        lines += ["", _wrap(" ".join(shared))]
     return "\n".join(lines)
+
+
+def _shared_timing(runs: list[dict]) -> list[str]:
+    """For each mixer whose runs trained several at a time on one GPU: how many, their median
+    GPU time per step while sharing it, and the solo re-timing the table gives instead."""
+    out = []
+    for mixer in dict.fromkeys(r["mixer"] for r in runs):
+        mine = [r for r in runs if r["mixer"] == mixer]
+        at_once = sorted({r.get("concurrent_runs", 1) for r in mine})
+        if max(at_once) <= 1:
+            continue
+        while_shared = pd.Series([r["gpu_ms_per_step"] for r in mine], dtype=float).median()
+        steps = sorted({r["solo_timed_steps"] for r in mine if "solo_timed_steps" in r})
+        out.append(
+            f"{_label(mixer).capitalize()}'s runs trained {' or '.join(map(str, at_once))} at a "
+            f"time on the GPU (median GPU time per step while sharing it: {while_shared:.2f} ms); "
+            f"the table gives its {' or '.join(map(str, steps))} steps re-timed alone after each "
+            f"run.")
+    others = [_label(m) for m in dict.fromkeys(r["mixer"] for r in runs)
+              if all(r.get("concurrent_runs", 1) == 1 for r in runs if r["mixer"] == m)]
+    if out and others:
+        out.append(f"{' and '.join(others)} trained one run at a time, timed as they trained.")
+    return out
+
+
+def _label(mixer: str) -> str:
+    return training.MIXER_NAMES.get(mixer, mixer)
 
 
 def results_tables(data_dir=None) -> str:

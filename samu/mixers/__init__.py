@@ -51,6 +51,21 @@ class MixerSpec:
         B*L*D BF16 elements, that calibration prefers for ``auto`` (SPEC section 4): where the
         fastest legal backend holds more, the fastest one within it is chosen if its GPU time
         is within the calibration's tolerance; None: the fastest, whatever it holds.
+    colour: its colour in figures (a matplotlib colour); None: one of ``SPARE_COLOURS`` by its
+        place in the table (``COLOURS``).
+    baseline: the mixer whose time this one's speed-up is taken over in result rows, tables and
+        figures (SAMU's over RG-LRU); None: no speed-up.
+    controller: what result rows record as its controller (SAMU's FP32 controller); None: none.
+    host_target_over_linear: the host time of a small forward+backward it aims at, over a
+        torch.nn.Linear(D, D)'s (docs/SPEC.md section 8); None: no target.
+    eager_preparation: path of ``fn(x, *params) -> (log_a, u, output)``: the reference's own
+        eager preparation of the scan's inputs ([B, L, D] in the carry dtype) and ``output(h)``
+        the mixer's y from the scan's states, for the public pipelines that run another
+        library's scan on them (samu.experiment.peers); None: no public pipeline serves it.
+    eager_preparation_name: the preparation's name in a pipeline's
+        ("<name>_then_fla_chunk_hgrn").
+    flops_on_tensor_cores: most of its FLOPs are tensor-core products (RG-LRU's gates): the
+        roofline's FP32 ceiling bounds the other mixers only.
     """
     name: str
     label: str
@@ -70,6 +85,13 @@ class MixerSpec:
     heads_of: Callable[[dict], int] | None = None
     flops_per_element: Callable[[int, int], float] | None = None
     memory_budget_units: float | None = None
+    colour: str | None = None
+    baseline: str | None = None
+    controller: str | None = None
+    host_target_over_linear: float | None = None
+    eager_preparation: str | None = None
+    eager_preparation_name: str = "eager"
+    flops_on_tensor_cores: bool = False
 
     def load(self, field: str):
         """The object that field ``field`` names (e.g. ``spec.load("reference")``)."""
@@ -133,6 +155,27 @@ class View(Mapping):
 # Every mixer's pure-PyTorch reference and hand-derived backward formulas, by name.
 REFERENCES = View(lambda spec: spec.load("reference"))
 BACKWARDS = View(lambda spec: spec.load("backward"))
+# Every mixer's name in tables and figures, and its colour there.
+LABELS = View(lambda spec: spec.label)
+# The colours of mixers whose spec gives none, in the order they are registered.
+SPARE_COLOURS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+
+
+def _colour(spec: MixerSpec) -> str:
+    if spec.colour is not None:
+        return spec.colour
+    spare = [name for name, s in MIXERS.items() if s.colour is None]
+    return SPARE_COLOURS[spare.index(spec.name) % len(SPARE_COLOURS)]
+
+
+COLOURS = View(_colour)
+
+
+def baselines() -> dict[str, str]:
+    """{mixer: the mixer its speed-up is taken over} for every registered mixer with a baseline
+    that is registered too, in the table's order."""
+    return {name: spec.baseline for name, spec in MIXERS.items()
+            if spec.baseline is not None and spec.baseline in MIXERS}
 
 
 def shape_of(params: dict, name: str) -> tuple:
@@ -156,5 +199,5 @@ def _builtin() -> dict[str, MixerSpec]:
 MIXERS: dict[str, MixerSpec] = _builtin()
 
 
-__all__ = ["MixerSpec", "MIXERS", "REFERENCES", "BACKWARDS", "View", "get", "names", "load",
-           "check_count", "check_shape"]
+__all__ = ["MixerSpec", "MIXERS", "REFERENCES", "BACKWARDS", "LABELS", "COLOURS", "View", "get",
+           "names", "load", "baselines", "check_count", "check_shape"]

@@ -52,4 +52,9 @@ SPEC = MixerSpec(
     heads_of=lambda params: params["gate_x_weight"].shape[0],
     flops_per_element=flops_per_element,
     memory_budget_units=3.0,  # SPEC section 8
+    colour="#DD8452",
+    host_target_over_linear=1.2,
+    eager_preparation="samu.ops.rglru.naive:eager_gates",
+    eager_preparation_name="eager_gates",
+    flops_on_tensor_cores=True,  # its gates are GEMMs
 )

@@ -38,4 +38,10 @@ SPEC = MixerSpec(
     # docs/PERFORMANCE.md, "The two numbers": ~40 forward (exp, sqrt, scan) + ~80 backward.
     flops_per_element=lambda width, num_heads: float(FLOPS_PER_ELEMENT),
     memory_budget_units=2.5,  # SPEC section 8
+    colour="#55A868",
+    baseline="rglru",  # the project's question: how much faster than RG-LRU
+    controller="fp32_fused_coords",
+    host_target_over_linear=1.0,
+    eager_preparation="samu.ops.samu.naive:eager_controller",
+    eager_preparation_name="eager_controller",
 )

@@ -35,7 +35,7 @@ def test_frame_and_figure(tmp_path):
     fig = host_cost.figure(df, "Test GPU")
     left, right = fig.axes
     targets = [line.get_ydata()[0] for line in left.lines if line.get_linestyle() == ":"]
-    assert sorted(targets) == sorted(host_cost.TARGETS.values())
+    assert sorted(targets) == sorted(host_cost.targets().values()) == [1.0, 1.2]
     assert len(left.lines) == 4 + 2  # a series per (mixer, width), the two targets
     heights = [p.get_height() for p in right.patches]
     assert heights[0] == 402.0  # the latest run's Linear, then SAMU's three parts

@@ -3,6 +3,7 @@ import statistics
 import pytest
 import torch
 
+from samu import mixers
 from samu.experiment import peers, protocol, schema
 
 
@@ -101,10 +102,26 @@ def test_public_pipeline_computes_the_same_mixer(mixer, name):
     assert ((got.double() - want).norm() / want.norm()).item() < 2e-2
 
 
+@pytest.mark.parametrize("mixer", [name for name, spec in mixers.MIXERS.items()
+                                   if spec.eager_preparation is not None])
+def test_a_pipeline_of_the_eager_preparation_and_an_exact_scan_is_its_mixer(mixer):
+    """The preparation each spec names, scanned exactly in float64 where FLA's scan would run,
+    is the reference: the public pipelines time the same function."""
+    from samu.ops import recurrence
+
+    def scan(u, log_a):
+        return recurrence.scan_sequential(torch.exp(log_a), u), None
+    module = protocol.build_module(mixer, 16, "reference_sequential", "cpu").double()
+    pipeline = peers.FlaPipeline(module, "chunk_hgrn", scan=scan)
+    x = torch.randn(2, 20, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(pipeline(x), module(x), rtol=1e-12, atol=1e-12)
+    assert pipeline.last_backend == peers.pipeline_name(mixer, "chunk_hgrn")
+
+
 def test_the_first_peer_is_fla_chunk_hgrn_and_the_second_its_sequential_scan():
     assert [spec.name for spec in peers.PEERS] == [schema.SINGLE_PEER,
                                                    "fla_fused_recurrent_hgrn"]
-    assert all(spec.mixers == ("rglru", "samu") for spec in peers.PEERS)
+    assert all(spec.serves("rglru") and spec.serves("samu") for spec in peers.PEERS)
     assert peers.pipeline_name("rglru", "chunk_hgrn") == "eager_gates_then_fla_chunk_hgrn"
     assert peers.pipeline_name("samu", "chunk_hgrn") == "eager_controller_then_fla_chunk_hgrn"
 

@@ -3,7 +3,7 @@ import copy
 
 import pytest
 
-from samu import dispatch, paths
+from samu import dispatch, mixers, paths
 from samu.experiment import peers, protocol, report, schema
 
 
@@ -164,13 +164,23 @@ def test_default_slug(tmp_path, monkeypatch):
 
 
 def test_cpu_figures_are_labelled_cpu(tmp_path, monkeypatch, machine):
+    """A CPU run's figures say so; those of GPU rows alone (memory, roofline) say they show the
+    published result alone, and why."""
     monkeypatch.setattr(paths, "DATA", tmp_path)
     cpu_results()
     figs = report.figures(report.frame(report.combine("test-gpu", write=False)), published_frame())
     for name, fig in figs.items():
         title = fig.axes[0].get_title()
-        assert report.CPU_NOTE in title, name
         assert "H200" not in title and "this GPU" not in title, name
+        if name in ("memory", "roofline"):
+            assert f"the {report.PUBLISHED_SOURCE} result alone" in title, name
+            assert f"a {report.CPU_LABEL} run, which has no" in title, name
+            assert "omitted" not in title and "beside" not in title, name
+        else:
+            assert report.CPU_NOTE in title, name
+    roofline = figs["roofline"].axes[0]
+    machines = {t.get_text() for t in roofline.get_legend().get_texts()} - {"RG-LRU", "SAMU"}
+    assert not any(m.startswith(report.CPU_LABEL) for m in machines)
 
 
 def test_roofline_axes_and_legend():
@@ -188,6 +198,28 @@ def test_roofline_axes_and_legend():
         texts = [t.get_text() for t in axis.get_ticklabels()]
         assert texts and all("10^" not in t and "times" not in t for t in texts), texts
         assert all(t == f"{float(t):g}" for t in texts), texts
+
+
+def test_the_roofline_legend_draws_what_the_points_are():
+    """Colour is the mixer (a patch of its colour), the marker the machine (drawn as the points
+    are, black edge): a legend marker is a machine's, never a mixer's."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.patches import Patch
+    df = report.frame(report.combine(report.COMMITTED_SLUG, write=False))
+    ax = report.figures(df, published_frame())["roofline"].axes[0]
+    legend = ax.get_legend()
+    entries = dict(zip([t.get_text() for t in legend.get_texts()], legend.legend_handles))
+    for mixer in ("rglru", "samu"):
+        patch = entries[mixers.LABELS[mixer]]
+        assert isinstance(patch, Patch)
+        assert patch.get_facecolor() == to_rgba(mixers.COLOURS[mixer])
+    point_faces = {tuple(c.get_facecolor()[0]) for c in ax.collections}
+    assert point_faces == {to_rgba(mixers.COLOURS[m]) for m in ("rglru", "samu")}
+    markers = {c.get_paths()[0].vertices.round(3).tobytes() for c in ax.collections}
+    assert len(markers) == 2  # one marker per machine: the H200 and the published H800
+    for machine in ("NVIDIA H200", "NVIDIA H800 PCIe"):
+        handle = entries[machine]
+        assert handle.get_markerfacecolor() == "white" and handle.get_markeredgecolor() == "black"
 
 
 def test_flops_per_element_follows_the_performance_notes():

@@ -7,13 +7,14 @@ the pipeline, and every table and figure says so.
 """
 from __future__ import annotations
 
-from .constants import (COMMITTED_SLUG, CPU_LABEL, CPU_NOTE, CPU_SLUG, HEADLINE_PEER, MIXER_NAMES,
+from .constants import (COMMITTED_SLUG, CPU_LABEL, CPU_NOTE, CPU_SLUG, HEADLINE_PEER,
                         PUBLISHED_SOURCE, SHAPE_ORDER_KEY, shape_of)
 from .hardware import (COMPUTE_CEILINGS, COPY_BANDWIDTH, PUBLISHED_H800_PCIE_BANDWIDTH,
                        RGLRU_HEADS, flops_per_element)
 from .results import (combine, default_slug, describe_choice, has_shape_results,
                       load_shape_files, published_h800_document)
 from .tables import (floor_multiples, frame, is_cpu, machine_label, peer_names,
-                     published_comparison, row_bandwidth, run_label, speedups, summary_table,
+                     published_comparison, row_bandwidth, run_label, speedup_title, speedups,
+                     summary_table,
                      _number)
 from .figures import draw_figures, figures, plain_log_ticks, png_bytes, save_figure

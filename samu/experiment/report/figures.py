@@ -1,5 +1,6 @@
-"""The report's figures, matplotlib Figures (no pyplot): time per shape, SAMU's speed-up with its
-spread, peak memory, multiples of the floor and the roofline; saved atomically."""
+"""The report's figures, matplotlib Figures (no pyplot): time per shape, each mixer's speed-up over
+its baseline with its spread, peak memory, multiples of the floor and the roofline; saved
+atomically.  Each mixer keeps its colour (samu.mixers.COLOURS) in every figure."""
 from __future__ import annotations
 
 import io
@@ -8,12 +9,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from ... import dispatch, paths
+from ... import dispatch, mixers, paths
 from ...shapes import Shape
 from .. import peers as peers_, schema
-from .constants import CPU_NOTE, MIXER_NAMES, PUBLISHED_SOURCE, SHAPE_ORDER_KEY
+from .constants import CPU_LABEL, CPU_NOTE, PUBLISHED_SOURCE, SHAPE_ORDER_KEY
 from .hardware import COMPUTE_CEILINGS
-from .tables import floor_multiples, speedups
+from .tables import floor_multiples, speedup_title, speedups
 
 
 def plain_log_ticks(axis, lo: float, hi: float) -> None:
@@ -44,7 +45,7 @@ def _legend_outside(ax, **kwargs) -> None:
 
 
 def _series(both: pd.DataFrame) -> pd.Series:
-    return both["source"] + ", " + both["mixer"].map(MIXER_NAMES)
+    return both["source"] + ", " + both["mixer"].map(lambda m: mixers.LABELS.get(m, m))
 
 
 def _shape_order(both: pd.DataFrame) -> list[str]:
@@ -54,7 +55,9 @@ def _shape_order(both: pd.DataFrame) -> list[str]:
 
 def figures(df: pd.DataFrame, published_df: pd.DataFrame, registry=peers_.PEERS) -> dict:
     """The figures, matplotlib Figures (no pyplot, so nothing is left open): time per
-    shape, SAMU's speedup with its spread, peak memory, and the roofline."""
+    shape, each mixer's speedup over its baseline with its spread, peak memory, and the
+    roofline.  The memory and roofline figures hold GPU rows only: where the run has none (a
+    CPU run), their titles say they show the published result alone, and why."""
     import seaborn as sns
     from matplotlib.figure import Figure
 
@@ -70,10 +73,10 @@ def figures(df: pd.DataFrame, published_df: pd.DataFrame, registry=peers_.PEERS)
     out = {}
 
     # Mixer by colour; the published rows in a lighter shade of it.
-    base = dict(zip(MIXER_NAMES, sns.color_palette("deep", len(MIXER_NAMES))))
+    from matplotlib.colors import to_rgb
     palette = {}
     for series, source, mixer in zip(both["series"], both["source"], both["mixer"]):
-        rgb = base[mixer]
+        rgb = to_rgb(mixers.COLOURS.get(mixer, "grey"))
         palette[series] = (tuple(0.45 * c + 0.55 for c in rgb) if source == PUBLISHED_SOURCE
                            else rgb)
 
@@ -135,22 +138,33 @@ def figures(df: pd.DataFrame, published_df: pd.DataFrame, registry=peers_.PEERS)
     ax.set_xlim(-0.6, len(order) - 0.4)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xlabel("shape (batch, length, width)")
-    ax.set_ylabel("RG-LRU time / SAMU time")
-    ax.set_title("SAMU's speedup over RG-LRU, forward+backward medians (bars: 10th-90th "
+    ax.set_ylabel("; ".join(f"{mixers.LABELS.get(b, b)} time / {mixers.LABELS.get(m, m)} time"
+                            for m, b in dict.fromkeys(zip(sp["mixer"], sp["baseline"]))))
+    ax.set_title(f"{speedup_title(sp)}, forward+backward medians (bars: 10th-90th "
                  f"percentile of the pairwise sample ratios)\n{beside}{cpu_line}", fontsize=11)
     ax.tick_params(axis="x", labelrotation=20)
     _legend_outside(ax)
     out["speedup"] = fig
 
     memory = both[~both["cpu"]]
-    note = f"{cpu_line}; CPU rows omitted: no allocator counters" if cpu else ""
     out["memory"] = bar_figure(
         memory, "peak_allocated_delta_units", "peak allocated delta (units of B*L*D BF16)",
-        f"Peak memory above the baseline around one forward+backward\n{beside}{note}")
+        "Peak memory above the baseline around one forward+backward\n"
+        + _gpu_rows_only(df, beside, "no allocator counters"))
 
-    out["roofline"] = _roofline(both, beside + (
-        f"{cpu_line}; CPU rows omitted: no floor, no bandwidth" if cpu else ""))
+    out["roofline"] = _roofline(both, _gpu_rows_only(df, beside, "no floor, no bandwidth"))
     return out
+
+
+def _gpu_rows_only(df: pd.DataFrame, beside: str, why: str) -> str:
+    """What a figure of GPU rows alone shows: ``beside`` where the run has GPU rows (a CPU's
+    left out, and why), the published result alone where it has none."""
+    if not df["cpu"].any():
+        return beside
+    if df["cpu"].all():
+        return (f"the {PUBLISHED_SOURCE} result alone: this run is a {CPU_LABEL} run, which has "
+                f"{why}")
+    return f"{beside}\n{CPU_LABEL} rows left out: {why}"
 
 
 def _roofline(both: pd.DataFrame, beside: str):
@@ -158,16 +172,16 @@ def _roofline(both: pd.DataFrame, beside: str):
     (FLOPs per floor byte), log-log, with each GPU's copy-bandwidth ceiling and the H200's compute
     ceilings (a FLOP/s ceiling P is the bandwidth P / intensity)."""
     import numpy as np
-    import seaborn as sns
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     rows = both[~both["cpu"] & both["achieved_TBps"].notna()]
     fig = Figure(figsize=(10, 5.5))
     ax = fig.subplots()
     ax.set_xscale("log")
     ax.set_yscale("log")
-    colours = dict(zip(MIXER_NAMES, sns.color_palette("deep", len(MIXER_NAMES))))
+    colours = {m: mixers.COLOURS.get(m, "grey") for m in dict.fromkeys(rows["mixer"])}
     markers = ["o", "s", "^", "D", "v", "P"]
     machines = list(dict.fromkeys(rows["machine"]))
     marker_of = {m: markers[i % len(markers)] for i, m in enumerate(machines)}
@@ -198,25 +212,31 @@ def _roofline(both: pd.DataFrame, beside: str):
         ax.plot(xs, roof, color="black", lw=1.4, ls=style, zorder=2)
         ceiling_handles.append(Line2D([], [], color="black", lw=1.4, ls=style, label=name))
         y_values += [bw]
-        # The FP32 ceiling bounds SAMU's FLOPs only (RG-LRU's gates run on tensor cores), so it
-        # is drawn over SAMU's intensity alone.
-        samu_x = rows.loc[rows["mixer"] == "samu", "flops_per_byte"]
-        for label, flops in ceilings[1:] if len(samu_x) else ():
-            near = xs[(xs >= samu_x.min() / 2.5) & (xs <= samu_x.max() * 2.5)]
+        # The FP32 ceiling bounds only the mixers whose FLOPs do not run on tensor cores (SAMU's;
+        # RG-LRU's gates are GEMMs), so it is drawn over their intensities alone.
+        scalar = [m for m in dict.fromkeys(rows["mixer"])
+                  if m in mixers.MIXERS and not mixers.get(m).flops_on_tensor_cores]
+        scalar_x = rows.loc[rows["mixer"].isin(scalar), "flops_per_byte"].dropna()
+        whose = " and ".join(f"{mixers.LABELS[m]}'s" for m in scalar)
+        for label, flops in ceilings[1:] if len(scalar_x) else ():
+            near = xs[(xs >= scalar_x.min() / 2.5) & (xs <= scalar_x.max() * 2.5)]
             ax.plot(near, flops / near / 1e12, color="gray", lw=1.2, ls=":", zorder=1)
             ceiling_handles.append(Line2D(
                 [], [], color="gray", lw=1.2, ls=":",
-                label=f"{machine}: {label} {flops / 1e12:.0f} TFLOP/s (SAMU's FLOPs)"))
+                label=f"{machine}: {label} {flops / 1e12:.0f} TFLOP/s ({whose} FLOPs)"))
     y_lo = min(y_values) / 3 if y_values else 0.01
     y_hi = max(y_values) * 3 if y_values else 10.0
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(y_lo, y_hi)
     plain_log_ticks(ax.xaxis, x_lo, x_hi)
     plain_log_ticks(ax.yaxis, y_lo, y_hi)
-    handles = ([Line2D([], [], ls="none", marker="o", color=colours[m], label=MIXER_NAMES[m])
-                for m in MIXER_NAMES if m in set(rows["mixer"])]
-               + [Line2D([], [], ls="none", marker=marker_of[m], color="white",
-                         markeredgecolor="black", label=m) for m in machines]
+    # The mixer is the colour and the machine the marker: a mixer's entry is a patch of its
+    # colour, a machine's its marker drawn as the points are (black edge, no fill colour).
+    handles = ([Patch(facecolor=colours[m], edgecolor="black", linewidth=0.5,
+                      label=mixers.LABELS.get(m, m)) for m in colours]
+               + [Line2D([], [], ls="none", marker=marker_of[m], markersize=math.sqrt(55),
+                         markerfacecolor="white", markeredgecolor="black",
+                         markeredgewidth=0.5, label=m) for m in machines]
                + ceiling_handles)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
               frameon=False, fontsize=9)

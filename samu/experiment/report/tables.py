@@ -7,7 +7,7 @@ import statistics
 
 import pandas as pd
 
-from ... import dispatch
+from ... import dispatch, mixers
 from .. import peers as peers_, protocol
 from .constants import CPU_LABEL, CPU_NOTE, CPU_SLUG, HEADLINE_PEER, SHAPE_ORDER_KEY, shape_of
 from .hardware import COPY_BANDWIDTH, flops_per_element
@@ -130,18 +130,32 @@ def _or_nan(value) -> float:
 
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
-    """SAMU's forward+backward speedup over RG-LRU per shape and source, with its spread over
-    every pair of samples (median, and the 10th-90th percentile of the pairwise ratios)."""
+    """Each mixer's forward+backward speedup over its baseline (samu.mixers.baselines(): SAMU's
+    over RG-LRU), baseline time / mixer time, per shape and source, with its spread over every
+    pair of samples (median, and the 10th-90th percentile of the pairwise ratios)."""
     out = []
+    pairs = mixers.baselines()
     for (source, shape), grp in df.groupby(["source", "shape"], sort=False):
         by = {r.mixer: r for r in grp.itertuples()}
-        if {"rglru", "samu"} <= set(by):
-            ratios = sorted(a / b for a in by["rglru"].samples for b in by["samu"].samples)
+        for mixer, baseline in pairs.items():
+            if mixer not in by or baseline not in by:
+                continue
+            ratios = sorted(a / b for a in by[baseline].samples for b in by[mixer].samples)
             q = statistics.quantiles(ratios, n=10)
-            out.append({"source": source, "shape": shape,
-                        "speedup": by["rglru"].forward_backward_ms / by["samu"].forward_backward_ms,
+            out.append({"source": source, "shape": shape, "mixer": mixer, "baseline": baseline,
+                        "speedup": by[baseline].forward_backward_ms / by[mixer].forward_backward_ms,
                         "low": q[0], "high": q[-1], "cpu": bool(grp["cpu"].any())})
-    return pd.DataFrame(out, columns=["source", "shape", "speedup", "low", "high", "cpu"])
+    return pd.DataFrame(out, columns=["source", "shape", "mixer", "baseline", "speedup", "low",
+                                      "high", "cpu"])
+
+
+def speedup_title(pairs: pd.DataFrame | None = None) -> str:
+    """"SAMU's speedup over RG-LRU", for each (mixer, baseline) of a speedups frame (default:
+    every registered pair)."""
+    found = (mixers.baselines().items() if pairs is None else
+             dict.fromkeys(zip(pairs["mixer"], pairs["baseline"])))
+    return "; ".join(f"{mixers.LABELS.get(m, m)}'s speedup over {mixers.LABELS.get(b, b)}"
+                     for m, b in found)
 
 
 def summary_table(df: pd.DataFrame, registry=peers_.PEERS) -> pd.DataFrame:

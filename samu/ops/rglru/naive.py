@@ -53,6 +53,14 @@ def rglru_reference(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a
     return with_final_state(h.to(x.dtype), h, seqs, output_final_state)
 
 
+def eager_gates(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
+    """The public pipelines' preparation (samu.experiment.peers): rglru_scan_inputs' log a and
+    u, and y from the scan's states h (y = h)."""
+    log_a, _, u = rglru_scan_inputs(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias,
+                                    a_param)
+    return log_a, u, lambda h: h
+
+
 def log_decay(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param):
     """[B, D] in the carry dtype: sum_t log a_t = -8 softplus(a_param) sum_t ga_t, ga the
     a-gate of rglru_reference (its operand dtypes), over runs of tokens: log A of a slice that

@@ -46,6 +46,13 @@ def samu_reference(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, scan: str
     return with_final_state(y, h, seqs, output_final_state)
 
 
+def eager_controller(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip):
+    """The public pipelines' preparation (samu.experiment.peers): samu_scan_inputs' log a and u,
+    and y from the scan's states h (y = h + skip x)."""
+    log_a, _, u = samu_scan_inputs(x, ctrl_weight, ctrl_bias, a_param, log_temp)
+    return log_a, u, lambda h: h + skip.to(h.dtype) * x.to(h.dtype)
+
+
 def log_decay(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip):
     """[B, D] in the carry dtype: sum_t log a_t = -8 exp(log_temp) softplus(a_param) sum_t r_t,
     r = sigmoid(ctrl_weight[0] x + ctrl_bias[0]) as in samu_reference: log A of a slice that no
