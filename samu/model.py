@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional import check_cu_seqlens, check_input, check_positive_int
+from .functional import check_cu_seqlens, check_input, check_positive_int, check_resets
 from . import mixers as mixers_
 from .modules import NUM_HEADS, parameter_count
 from .modules import build as build_mixer
@@ -309,15 +309,18 @@ def init_linear(weight: torch.Tensor, generator=None, scale: float = 1.0) -> Non
 
 
 def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_state=None,
-                  cu_seqlens=None) -> tuple[torch.Tensor, torch.Tensor]:
+                  cu_seqlens=None, resets=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, final state) of a depthwise causal convolution, as RecurrentGemma's Conv1D:
     y_t = b + sum_s w[K - 1 - s] * x_{t - s}, s = 0 .. K - 1, for x [B, L, W], w [K, W], b [W].
 
     A tap that would reach before its sequence's first token (each row's, or each start in
     ``cu_seqlens``) reads the initial state [N, K - 1, W] (the K - 1 inputs before the start,
     oldest first), or zero without one.  The final state holds each sequence's last K - 1
-    inputs, its initial state's where the sequence is shorter.  Computed in at least FP32,
-    returned in x's dtype."""
+    inputs, its initial state's where the sequence is shorter.  ``resets`` ([B, L] bool, as the
+    mixers take it): a tap reaching before the latest reset at or before its token reads zero
+    (recurrentgemma's Conv1D with segment positions), and so does the final state before each
+    sequence's last reset, so that steps after it see no earlier token either.  Computed in at
+    least FP32, returned in x's dtype."""
     batch, length, width = x.shape
     keep = w.shape[0] - 1
     positions = torch.arange(length, device=x.device)
@@ -335,6 +338,9 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
         rows, first = state, 0
     else:
         rows, first = state.reshape(1, count * keep, width), seq * keep
+    # The latest reset at or before each token within its sequence, [B, L]; before any tap
+    # (-keep - 1) where there is none.
+    latest = None if resets is None else latest_reset(resets, positions, positions - pos, keep)
     dtype = torch.promote_types(x.dtype, torch.float32)
     y = b.to(dtype) + x.to(dtype) * w[keep].to(dtype)
     for s in range(1, keep + 1):
@@ -342,9 +348,15 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
         inside = pos >= s
         before = torch.where(inside, 0, first + keep - s + pos)
         tap = torch.where(inside[:, None], tap, rows[:, before])
+        if latest is not None:
+            tap = torch.where((positions - s < latest)[..., None], torch.zeros_like(tap), tap)
         y = y + tap.to(dtype) * w[keep - s].to(dtype)
     if cu_seqlens is None:
         final = torch.cat((state, x), dim=1)[:, -keep:] if keep else state
+        if latest is not None:
+            held = length - keep + torch.arange(keep, device=x.device)  # each entry's token
+            final = torch.where((held < latest[:, -1:])[..., None], torch.zeros_like(final),
+                                final)
     else:
         starts, lengths = offsets[:-1], offsets[1:] - offsets[:-1]
         p = lengths[:, None] - keep + torch.arange(keep, device=x.device)  # [N, K - 1]
@@ -353,7 +365,36 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
         from_state = state[torch.arange(count, device=x.device)[:, None],
                            torch.where(inside, 0, keep + p)]
         final = torch.where(inside[..., None], from_x, from_state)
+        if latest is not None:
+            last_reset = latest[0, offsets[1:] - 1]  # [N], at each sequence's last token
+            held = starts[:, None] + p  # each entry's token
+            final = torch.where((held < last_reset[:, None])[..., None],
+                                torch.zeros_like(final), final)
     return y.to(x.dtype), final
+
+
+def latest_reset(resets: torch.Tensor, positions: torch.Tensor, starts: torch.Tensor,
+                 keep: int) -> torch.Tensor:
+    """[B, L]: the index of the latest reset at or before each token and at or after its
+    sequence's start (``starts``, [L]), or -keep - 1 (before every tap) where there is none."""
+    latest = torch.cummax(torch.where(resets, positions, -1), dim=1).values
+    return torch.where(latest >= starts, latest, -keep - 1)
+
+
+def causal_conv1d_step(x_t: torch.Tensor, w: torch.Tensor, b: torch.Tensor, state=None,
+                       resets=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y_t, state) of causal_conv1d for one token x_t [B, W] from the last K - 1 inputs
+    [B, K - 1, W] (None: zeros, a sequence's first token); a row of ``resets`` ([B] bool) that
+    is True ignores its state."""
+    if state is None:
+        state = x_t.new_zeros(x_t.shape[0], w.shape[0] - 1, x_t.shape[1])
+    state = state.to(x_t.dtype)
+    if resets is not None:
+        state = torch.where(resets[:, None, None], torch.zeros_like(state), state)
+    window = torch.cat((state, x_t[:, None]), dim=1)  # oldest first
+    dtype = torch.promote_types(x_t.dtype, torch.float32)
+    y = (window.to(dtype) * w.to(dtype)).sum(1) + b.to(dtype)
+    return y.to(x_t.dtype), window[:, 1:]
 
 
 class Conv1D(nn.Module):
@@ -378,19 +419,14 @@ class Conv1D(nn.Module):
             self.w.normal_(0.0, std, generator=generator)
             self.b.zero_()
 
-    def forward(self, x, initial_state=None, cu_seqlens=None):
+    def forward(self, x, initial_state=None, cu_seqlens=None, resets=None):
         """(y, final state): ``causal_conv1d`` with this module's parameters."""
-        return causal_conv1d(x, self.w, self.b, initial_state, cu_seqlens)
+        return causal_conv1d(x, self.w, self.b, initial_state, cu_seqlens, resets)
 
-    def step(self, x_t, state=None):
+    def step(self, x_t, state=None, resets=None):
         """(y_t, state) for one token x_t [B, W] from the last temporal_width - 1 inputs
-        [B, temporal_width - 1, W] (None: zeros, a sequence's first token)."""
-        if state is None:
-            state = x_t.new_zeros(x_t.shape[0], self.temporal_width - 1, self.width)
-        window = torch.cat((state.to(x_t.dtype), x_t[:, None]), dim=1)  # oldest first
-        dtype = torch.promote_types(x_t.dtype, torch.float32)
-        y = (window.to(dtype) * self.w.to(dtype)).sum(1) + self.b.to(dtype)
-        return y.to(x_t.dtype), window[:, 1:]
+        [B, temporal_width - 1, W] (None: zeros, a sequence's first token): causal_conv1d_step."""
+        return causal_conv1d_step(x_t, self.w, self.b, state, resets)
 
     def extra_repr(self) -> str:
         return f"width={self.width}, temporal_width={self.temporal_width}"
@@ -422,11 +458,12 @@ class RecurrentBlock(nn.Module):
         final_w_init_variance_scale: linear_out's weights have variance scale / W
             (RecurrentGemma's Griffin passes 2 / layers).
 
-    ``forward(x, cu_seqlens=None, initial_state=None, output_final_state=False)`` takes x
-    [B, L, D] and, like the mixers, packed sequences (batch 1; every start resets both the
-    convolution and the mixer, or takes its row of the initial state), a ``RecurrentBlockState``
-    to continue from, and returns the final one with output_final_state.  ``step(x_t, state)``
-    is one decode step.  ``last_backend`` is the mixer's.
+    ``forward(x, cu_seqlens=None, initial_state=None, output_final_state=False, resets=None)``
+    takes x [B, L, D] and, like the mixers, packed sequences (batch 1; every start resets both
+    the convolution and the mixer, or takes its row of the initial state), a
+    ``RecurrentBlockState`` to continue from, a reset mask (both the convolution and the mixer
+    see nothing before a reset), and returns the final state with output_final_state.
+    ``step(x_t, state, resets=None)`` is one decode step.  ``last_backend`` is the mixer's.
     """
 
     def __init__(self, mixer: str, width: int, lru_width: int | None = None,
@@ -492,7 +529,8 @@ class RecurrentBlock(nn.Module):
         if conv.device != device:
             raise ValueError(f"griffin: the conv state is on {conv.device} but x is on {device}")
 
-    def forward(self, x, cu_seqlens=None, initial_state=None, output_final_state: bool = False):
+    def forward(self, x, cu_seqlens=None, initial_state=None, output_final_state: bool = False,
+                resets=None):
         """out [B, L, D], or (out, RecurrentBlockState) with output_final_state."""
         check_input(x, self.width, "griffin")
         if not isinstance(output_final_state, bool):
@@ -502,28 +540,33 @@ class RecurrentBlock(nn.Module):
         count = x.shape[0] if cu_seqlens is None else check_cu_seqlens("griffin", x, cu_seqlens)
         if initial_state is not None:
             self._check_state(initial_state, count, x.device)
+        if resets is not None:  # the convolution indexes by it too
+            check_resets("griffin", x, resets)
         conv_state, mixer_state = initial_state if initial_state is not None else (None, None)
         y = gelu(self.linear_y(x))
-        u, conv_final = self.conv_1d(self.linear_x(x), conv_state, cu_seqlens)
+        u, conv_final = self.conv_1d(self.linear_x(x), conv_state, cu_seqlens, resets)
         out = self.mixer(u, initial_state=mixer_state, output_final_state=output_final_state,
-                         cu_seqlens=cu_seqlens)
+                         cu_seqlens=cu_seqlens, resets=resets)
         u, mixer_final = out if output_final_state else (out, None)
         out = self.linear_out(u * y)
         return (out, RecurrentBlockState(conv_final, mixer_final)) if output_final_state else out
 
-    def step(self, x_t, state=None):
+    def step(self, x_t, state=None, resets=None):
         """(out_t, state): one token x_t [B, D] from a RecurrentBlockState (None: a sequence's
-        first token).  A loop of steps equals one forward, and so do a prefill and steps."""
+        first token); a True row of ``resets`` ([B] bool) ignores its state.  A loop of steps
+        equals one forward, and so do a prefill and steps."""
         if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[1] != self.width:
             shape = tuple(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
             raise ValueError(f"griffin: step takes x_t of shape [batch, {self.width}], got "
                              f"{shape}")
         if state is not None:
             self._check_state(state, x_t.shape[0], x_t.device)
+        if resets is not None:
+            check_resets("griffin", x_t, resets)
         conv_state, mixer_state = state if state is not None else (None, None)
         y = gelu(self.linear_y(x_t))
-        u, conv_state = self.conv_1d.step(self.linear_x(x_t), conv_state)
-        u, mixer_state = self.mixer.step(u, mixer_state)
+        u, conv_state = self.conv_1d.step(self.linear_x(x_t), conv_state, resets)
+        u, mixer_state = self.mixer.step(u, mixer_state, resets=resets)
         return self.linear_out(u * y), RecurrentBlockState(conv_state, mixer_state)
 
     def extra_repr(self) -> str:

@@ -81,7 +81,7 @@ except ImportError as exc:  # transformers missing, or one without RecurrentGemm
                       "RecurrentGemma (5.20 to 5.25): pip install 'samu[transformers]'") from exc
 
 from ..functional import SUPPORTED_DTYPES
-from ..model import RecurrentBlock, causal_conv1d, gelu
+from ..model import RecurrentBlock, causal_conv1d, causal_conv1d_step, gelu
 from ..modules import Mixer
 from . import weights
 
@@ -189,16 +189,6 @@ def conv_parameters(conv: nn.Conv1d) -> tuple[torch.Tensor, torch.Tensor]:
     return weights.tensor_to_samu("conv", conv.weight), conv.bias
 
 
-def conv_step(x_t, w, b, state, resets):
-    """(y_t [B, W], state [B, K - 1, W]) of one token: samu.model.Conv1D.step's formula, where
-    a reset row ignores its state (the window before it is zeros)."""
-    state = torch.where(resets[:, None, None], torch.zeros_like(state), state.to(x_t.dtype))
-    window = torch.cat((state, x_t[:, None]), dim=1)  # oldest first
-    dtype = torch.promote_types(x_t.dtype, torch.float32)
-    y = (window.to(dtype) * w.to(dtype)).sum(1) + b.to(dtype)
-    return y.to(x_t.dtype), window[:, 1:]
-
-
 class SamuRecurrentBlock(HF_BLOCK):
     """transformers' ``RecurrentGemmaRecurrentBlock`` whose convolution and RG-LRU run on samu
     (``patch`` sets it as the block's class): the same call and return value, the same state
@@ -217,7 +207,7 @@ class SamuRecurrentBlock(HF_BLOCK):
                 self._setup_cache(batch, x_branch.device, x_branch.dtype)
             state = self.conv1d_state.transpose(1, 2)  # samu's [B, K - 1, W]
             if length == 1:
-                u, state = conv_step(x_branch[:, 0], w, b, state, resets[:, 0])
+                u, state = causal_conv1d_step(x_branch[:, 0], w, b, state, resets[:, 0])
                 u = u[:, None]
             else:
                 u, state = causal_conv1d(x_branch, w, b, state, resets=resets)

@@ -6,7 +6,6 @@ float64 too (they compute in FP32 whatever the dtype: ``float64_scan``), and, wh
 convolution reads across a reset, the same tokens run apart.  Tiny random models (every
 parameter perturbed, so that biases, norms and the padding embedding all count)."""
 import copy
-import warnings
 
 import pytest
 import torch
@@ -421,41 +420,23 @@ def test_transformers_state_dict_converts_to_samu_block():
     assert torch.equal(samu_block.mixer.gate_a_bias, block.rg_lru.recurrent_gate_bias.reshape(-1))
 
 
-def test_triton_kernels_under_the_interpreter():
-    """The registry's default RG-LRU Triton backend (the interpreter on a CPU), FP32, against
-    the patched float64 reference (held to the sequences apart above): logits and every
-    gradient, with resets at the backend's chunk boundaries, at a row's first and last token."""
-    name = backends.DEFAULTS["rglru"]
-    chunk = backends.REGISTRY["rglru"][name].config.chunk
-    length = 2 * chunk + 1
-    oracle = tiny_model(block_types=("recurrent",), layers=2)
-    model = copy.deepcopy(oracle).float()
-    samu_hf.patch(oracle, backend=REFERENCE)
-    handle = samu_hf.patch(model, backend=name)
-    ids = tokens(2, length)
-    positions = packed_positions([[0, chunk, 2 * chunk], [0, 1, chunk]], length)
-    probe = torch.randn(2, length, VOCAB, dtype=torch.float64,
-                        generator=torch.Generator().manual_seed(8))
-    results = []
-    for m in (oracle, model):
-        m.zero_grad()
-        logits = m(input_ids=ids, position_ids=positions, use_cache=False).logits
-        (logits * probe.to(logits.dtype)).sum().backward()
-        results.append((logits.detach().double(), grads(m)))
-    assert set(handle.last_backends.values()) == {name}
-    (want, want_grads), (got, got_grads) = results
-    assert_close(got, want, "logits", rtol=1e-4, atol=1e-4)
-    assert got_grads.keys() == want_grads.keys()
-    for n in want_grads:
-        assert_close(got_grads[n].double(), want_grads[n], n, rtol=1e-3, atol=1e-4)
-
-
-def test_triton_decode_steps_under_the_interpreter(float64_scan):
-    """Generation with the Triton backend: its prefill and one-launch steps give the tokens of
-    transformers in float64."""
-    name = backends.DEFAULTS["rglru"]
-    oracle = tiny_model()
-    model = copy.deepcopy(oracle).float()
-    samu_hf.patch(model, backend=name)
-    ids = tokens(2, 6)
-    assert torch.equal(greedy(model, ids, new=4), greedy(oracle, ids, new=4))
+def test_samu_block_conv_resets_packed_and_stepped(float64_scan):
+    """samu.model.RecurrentBlock with resets: packed rows (cu_seqlens) equal the rows apart,
+    and a prefill whose last reset falls in its final convolution window, then steps (one a
+    reset), equal one forward."""
+    block = samu_hf.to_samu_block(recurrent_block(tiny_model()), backend=REFERENCE).double()
+    gen = torch.Generator().manual_seed(10)
+    x = torch.randn(2, 12, HIDDEN, dtype=torch.float64, generator=gen)
+    resets = packed_positions([[0, 5, 10], [0, 3, 11]], 12) == 0
+    h0 = block(x[:, :1], output_final_state=True)[1]  # a state for every row to start from
+    with torch.no_grad():
+        rows, final = block(x, initial_state=h0, output_final_state=True, resets=resets)
+        cu = torch.tensor([0, 12, 24])
+        packed, packed_final = block(x.reshape(1, 24, HIDDEN), cu_seqlens=cu, initial_state=h0,
+                                     output_final_state=True, resets=resets.reshape(1, 24))
+        assert_close(packed.reshape(2, 12, HIDDEN), rows, "packed")
+        for got, want in zip(packed_final, final):
+            assert_close(got, want, "packed final state")
+        out, state = block(x[:, :11], output_final_state=True, resets=resets[:, :11])
+        y_t, _ = block.step(x[:, 11], state, resets=resets[:, 11])
+        assert_close(y_t, block(x, resets=resets)[:, 11], "step after a late reset")
