@@ -29,6 +29,7 @@ from samu.ops.common import launching
 from samu.ops.rglru import gemm as rglru_gemm
 from samu.ops.samu import chunk as samu_chunk
 
+# Each mixer's autograd Function, whose forward and backward bodies the run times.
 FUNCTIONS = {"samu": samu_chunk.SamuFunction, "rglru": rglru_gemm.GemmScanFunction}
 ROUNDS = 7  # interleaved rounds of the Linear and the mixer (median of their medians)
 
@@ -85,8 +86,8 @@ def main():
     parser.add_argument("--profile", action="store_true",
                         help="also print each mixer's costliest functions (cProfile, stubbed "
                              "and live)")
-    parser.add_argument("--mixer", choices=("samu", "rglru"), action="append",
-                        help="only this mixer (repeatable; default both)")
+    parser.add_argument("--mixer", choices=list(FUNCTIONS), action="append",
+                        help="only this mixer (repeatable; default every one)")
     args = parser.parse_args()
     shape = (1, args.length, args.width)
     table = benchmark_rows.BenchmarkRows("host_budget", "cuda")
@@ -108,7 +109,7 @@ def main():
     print(f"torch.nn.Linear({args.width}, {args.width}) forward+backward {linear_us:.0f} us")
     table.add(None, {"operation": "torch.nn.Linear forward+backward"}, shape,
               {"host_wall_us": linear_us})
-    for mixer in args.mixer or ("samu", "rglru"):
+    for mixer in args.mixer or list(FUNCTIONS):
         inputs = legality.make_inputs(mixer, shape, "cuda")
         module = protocol.build_module(mixer, args.width, "auto", "cuda")
         x = inputs[0].detach().requires_grad_()
@@ -137,7 +138,6 @@ def main():
         def general_launcher(kernel, grid, *a, **k):
             real_launch(kernel, grid, *a, **k)
 
-        real_signature = functional._signature
         rounds = {"linear": [], "sites": [], "general": [], "checked": []}
         for _ in range(ROUNDS):
             rounds["linear"].append(wall_us(linear_fb, n=60))
@@ -147,11 +147,8 @@ def main():
                 rounds["general"].append(wall_us(protocol_fb, n=60))
             finally:
                 launching.launch = real_launch
-            functional._signature = lambda *a: None  # every call checked again
-            try:
+            with functional.checks_on_every_call():
                 rounds["checked"].append(wall_us(protocol_fb, n=60))
-            finally:
-                functional._signature = real_signature
         paired = {k: sorted(v)[len(v) // 2] for k, v in rounds.items()}
         # One instrumented forward+backward: the module call, the Function's forward and
         # backward bodies, the engine's whole y.backward(), and the launches inside them.

@@ -5,6 +5,7 @@ backend, so every backend refuses the same inputs with the same words.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import NamedTuple
 
@@ -337,11 +338,27 @@ def _tensor_signature(t):
     return None if t is None else (t.__class__, t.shape, t.dtype, t.device)
 
 
+_remembering = True  # checks_on_every_call turns it off for its block
+
+
+@contextlib.contextmanager
+def checks_on_every_call():
+    """Within the block no call is remembered, so every call runs every check: what a call
+    costs without _CHECKED (benchmarks/host_budget.py)."""
+    global _remembering
+    before, _remembering = _remembering, False
+    try:
+        yield
+    finally:
+        _remembering = before
+
+
 def _signature(spec, x, params: tuple, backend, initial_state, cu_seqlens,
                output_final_state, resets=None):
     """What the checks of a call depend on, or None where it cannot be a key (a traced call, an
-    argument that is no tensor): such calls are checked every time."""
-    if torch.compiler.is_compiling():
+    argument that is no tensor, a call inside checks_on_every_call): such calls are checked
+    every time."""
+    if not _remembering or torch.compiler.is_compiling():
         return None
     try:
         return (id(spec), backend, output_final_state.__class__, output_final_state,

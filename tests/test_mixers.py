@@ -185,3 +185,76 @@ def test_a_mixer_registered_again_is_checked_by_its_new_spec():
     with backends.registered_mixer(dataclasses.replace(TOY, check_shapes=refuse)):
         with pytest.raises(ValueError, match="refused by the new spec"):
             functional.mix("toy", x, decay)
+
+
+def test_inside_checks_on_every_call_every_call_is_checked():
+    """Outside the block a call's checks run once per signature; inside, on every call (what
+    benchmarks/host_budget.py times), and nothing done there is remembered."""
+    calls = []
+    spec = dataclasses.replace(TOY, check_shapes=lambda params, width: calls.append(width))
+    x, decay = torch.randn(1, 3, 8), torch.zeros(8)
+    with backends.registered_mixer(spec):
+        functional.mix("toy", x, decay)
+        functional.mix("toy", x, decay)
+        assert len(calls) == 1
+        with functional.checks_on_every_call():
+            functional.mix("toy", x, decay)
+            functional.mix("toy", x[:, :2], decay)
+        assert len(calls) == 3
+        functional.mix("toy", x, decay)
+        assert len(calls) == 3  # remembered from before the block
+        functional.mix("toy", x[:, :2], decay)
+        assert len(calls) == 4  # not remembered inside it
+
+
+def run_notebook(name: str, code_cells: int | None = None, **parameters) -> dict:
+    """A committed notebook's code cells (its first ``code_cells``; None: all) run in this
+    process, the parameters set after its parameters cell as papermill sets them, so that the
+    notebook sees a mixer registered here.  Returns the notebook's namespace."""
+    import nbformat
+    from samu import paths
+    notebook = nbformat.read(paths.REPO_ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    cells = [cell for cell in notebook.cells if cell.cell_type == "code"][:code_cells]
+    namespace = {"display": lambda *objects, **kwargs: None}  # a kernel's built-in
+    for cell in cells:
+        exec(compile(cell.source, name, "exec"), namespace)
+        if "parameters" in cell.metadata.get("tags", []):
+            namespace.update(parameters)
+    return namespace
+
+
+@pytest.mark.parametrize("name", ["01_correctness", "02_calibration", "03_timing"])
+def test_the_notebooks_run_every_registered_mixer_by_default(toy, name, monkeypatch):
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # what the notebooks' setup sets
+    setup = run_notebook(name, code_cells=2)  # the parameters, then the setup
+    assert setup["mixers"] == ["rglru", "samu", "toy"]
+
+
+def test_a_toy_mixer_goes_through_notebooks_01_to_04(toy, tmp_path, monkeypatch):
+    """Correctness, calibration, timing and the report, as committed, run the toy, with no
+    notebook edited (here the toy alone: the registered mixers' kernels take minutes under
+    the interpreter, and nbval runs them).  Having no Triton backend, it has nothing to check
+    for legality, calibration chooses nothing for it, and notebook 03 times its default,
+    which auto runs then."""
+    import matplotlib.pyplot as plt
+    from samu import paths
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # what the notebooks' setup sets
+    run = dict(batch=1, length=8, width=16, mixers=["toy"])
+    try:
+        correctness = run_notebook("01_correctness", **run)
+        assert correctness["doc"]["mixers"] == {"toy": []}  # no Triton backend to check
+        calibrated = run_notebook("02_calibration", **run)
+        assert calibrated["result"]["toy"]["chosen"] is None
+        assert {e["backend"] for e in calibrated["result"]["toy"]["backends"]} == {
+            "reference_sequential", "reference_chunked"}
+        timed = run_notebook("03_timing", **run)
+        assert timed["chosen"] == {"toy": "reference_chunked"}
+        assert [r["architecture"] for r in timed["rows"]] == ["toy"]
+        assert [p["mixer"] for p in timed["packing"]] == ["toy"]
+        shown = run_notebook("04_report")
+        assert shown["slug"] == "cpu" and list(shown["df"]["mixer"]) == ["toy"]
+        table = shown["report"].summary_table(shown["df"]).set_index("mixer")
+        assert table.loc["toy", "backend"] == "reference_chunked"
+    finally:
+        plt.close("all")

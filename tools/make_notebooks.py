@@ -6,11 +6,19 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from samu import mixers
+from samu.experiment import host_cost
 from samu.experiment.calibration import memory_rule_text
 
 ROOT = Path(__file__).resolve().parent.parent
 # auto's memory rule as notebook 02 states it, from the code that applies it
 TOLERANCE_PERCENT, BUDGETS = memory_rule_text()
+# The registered mixers' names as the notebooks' prose gives them ("RG-LRU and SAMU").
+LABELS = " and ".join(mixers.LABELS.values())
+# Each speed-up the report draws ("SAMU's speedup over RG-LRU"), and the host-cost targets.
+SPEEDUPS = "; ".join(f"{mixers.LABELS[m]}'s speedup over {mixers.LABELS[b]}"
+                     for m, b in mixers.baselines().items())
+HOST_TARGETS = ", ".join(f"{mixers.LABELS[m]} {t}x" for m, t in host_cost.targets().items())
 # Where the notebooks go: notebooks/, or the folder a test names (it compares them with these).
 OUT = Path(os.environ.get("SAMU_NOTEBOOKS_OUT") or ROOT / "notebooks")
 # tqdm.auto without ipywidgets warns (TqdmWarning) naming its own file, a machine's path; the
@@ -32,6 +40,11 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 slug = protocol.device_slug(device)  # results are labelled by the device they were measured on
 shape = (batch, length, width)
 print(f"device {device} ({slug}); shape {shape}")'''
+# Notebooks 01-03 run the mixers of their parameter, every registered one by default.
+MIXERS_PARAMETER = "mixers = None  # the mixers to run; None: every registered one (samu.mixers)"
+MIXERS_CHOSEN = '''
+mixers = list(mixers or samu.mixers.names())
+print("mixers", mixers)'''
 
 
 def params(src):
@@ -252,12 +265,12 @@ save("01_correctness", [
        "Errors are normwise relative, ‖got − oracle‖ / ‖oracle‖, of y and of every gradient. The oracle runs in "
        "float64 from the same BF16-rounded x and FP32 parameters; the eager PyTorch autocast reference's errors stand "
        "beside them. A backend is legal when every error is at most 2 × the eager error + 1e-3 (SPEC section 4)."),
-    params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nseed = 0"),
-    code(SETUP),
+    params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nseed = 0\n" + MIXERS_PARAMETER),
+    code(SETUP + MIXERS_CHOSEN),
     code('''import pandas as pd
 doc = {"shape": list(shape), "environment": protocol.environment(device), "mixers": {}}
 tables = []
-for mixer in ("rglru", "samu"):
+for mixer in mixers:
     x, params, dy = legality.make_inputs(mixer, shape, device, seed)
     want = legality.oracle(mixer, x, params, dy)
     eager = legality.relative_errors(legality.outputs(mixer, "reference_chunked", x, params, dy), want)
@@ -280,47 +293,48 @@ print("every Triton backend is legal at", shape)'''),
 
 save("02_calibration", [
     md('# 02 — Calibration: legality and forward+backward time of every backend at one shape\n\nLegal backends are ranked by their forward+backward GPU time on a GPU (one CUDA-graph replay: no host in it, since below L = 32768 the median of a synchronised call is mostly host time), by the median on a CPU; both are kept in the file. On a GPU each legal backend\'s peak memory is recorded too, and the choice that `backend="auto"` and notebook 03 take is the fastest, unless it holds more than the mixer\'s memory budget (' + BUDGETS + ' units of B·L·D BF16) and a backend within it is at most ' + TOLERANCE_PERCENT + ' % slower: then that one (SPEC section 4). The result is merged into `data/calibration/<gpu>.json` atomically. Reference backends materialise a state-sized transition, so they are recorded as illegal.'),
-    params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nreps = 10\nseed = 0"),
-    code(SETUP + '''
-candidates = None  # every backend
+    params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nreps = 10\nseed = 0\n"
+           + MIXERS_PARAMETER),
+    code(SETUP + MIXERS_CHOSEN + '''
+def triton_names(m):
+    return [n for n in backends.available(m) if backends.REGISTRY[m][n].kind == "triton"]
+names = {m: backends.available(m) for m in mixers}  # every backend
 if device == "cpu":  # the interpreter is slow: two Triton backends per mixer exercise the pipeline
     reps = min(reps, 2)
-    candidates = {}
-    for m in ("rglru", "samu"):
-        triton_names = [n for n in backends.available(m) if backends.REGISTRY[m][n].kind == "triton"]
-        keep = {backends.DEFAULTS[m], triton_names[0]}
-        candidates[m] = [n for n in backends.available(m) if n in keep or n.startswith("reference")]
+    for m in mixers:
+        keep = {backends.DEFAULTS[m], *triton_names(m)[:1]}
+        names[m] = [n for n in backends.available(m) if n in keep or n.startswith("reference")]
     print("CPU run: interpreter timings rank nothing about a GPU; they only exercise the pipeline.")'''),
     code('''from tqdm import tqdm  # the text bar: tqdm.auto's widget bar needs ipywidgets
-names = candidates or {m: backends.available(m) for m in ("rglru", "samu")}
 bar = tqdm(desc="calibrate", total=sum(len(v) for v in names.values()))
 def progress(label):
     bar.set_postfix_str(label); bar.update()
-result = calibration.calibrate_shape(shape, device, candidates=names, reps=reps, seed=seed,
+result = calibration.calibrate_shape(shape, device, mixers, candidates=names, reps=reps, seed=seed,
                                      progress=progress)
 bar.close()
 cal = calibration.merge_calibration(slug, shape, result, protocol.environment(device))
 for mixer, r in result.items():
     print(f"{mixer}: chosen {r['chosen']} ({r['chosen_by']}); ranked by {r['ranked_by']}: {r['ranking']}")
-    assert r["chosen"] is not None, f"no legal {mixer} backend at {shape}"'''),
+    # references are never chosen: a mixer without Triton backends has no choice, and auto runs its default
+    assert r["chosen"] is not None or not triton_names(mixer), f"no legal {mixer} backend at {shape}"'''),
     code('''import pandas as pd, seaborn as sns, matplotlib.pyplot as plt
 rows = [{"mixer": m, "backend": e["backend"], "median_ms": e["median_ms"],
          "gpu_time_ms": e["gpu_time_ms"], "peak_units": e.get("peak_units"),
          "chosen": e["backend"] == r["chosen"]}
         for m, r in result.items() for e in r["backends"] if e["legal"]]
-df = pd.DataFrame(rows)
-key = result["samu"]["ranked_by"]  # the same for both mixers on one device
+df = pd.DataFrame(rows, columns=["mixer", "backend", "median_ms", "gpu_time_ms", "peak_units", "chosen"])
+key = next(iter(result.values()))["ranked_by"]  # the same for every mixer on one device
 memory = df["peak_units"].notna().any()  # a GPU measures peak memory; a CPU does not
+palette = {m: samu.mixers.COLOURS[m] for m in result}  # each mixer's colour in every figure
 fig, axes = plt.subplots(1, 2 if memory else 1, figsize=(13 if memory else 7, 4), squeeze=False)
-sns.barplot(data=df, y="backend", x=key, hue="mixer", ax=axes[0][0])
+sns.barplot(data=df, y="backend", x=key, hue="mixer", palette=palette, ax=axes[0][0])
 axes[0][0].set_title(f"forward+backward {'GPU time' if key == 'gpu_time_ms' else 'median'} at {shape} ({slug})")
 if memory:
-    sns.barplot(data=df, y="backend", x="peak_units", hue="mixer", ax=axes[0][1])
-    hues = list(dict.fromkeys(df["mixer"]))  # seaborn's hue order: the first seen first
+    sns.barplot(data=df, y="backend", x="peak_units", hue="mixer", palette=palette, ax=axes[0][1])
     for m, r in result.items():
         if r.get("memory_budget_units") is not None:
             axes[0][1].axvline(r["memory_budget_units"], linestyle="--", linewidth=1,
-                               color=f"C{hues.index(m)}")
+                               color=palette[m])
     axes[0][1].set_title("peak memory above the inputs (units of B*L*D BF16; dashed: budgets)")
     axes[0][1].set_yticklabels([])
     axes[0][1].set_ylabel("")
@@ -330,15 +344,15 @@ df'''),
 
 save("03_timing", [
     md("# 03 — Timing one shape by the protocol of the published H800 result\n\n"
-       "Both mixers in one process, 2 rounds, AB/BA counterbalanced (round r runs RG-LRU first when r + shape_index "
-       "is even); per round and mixer, warm-up first, then 5 CUDA-event samples each of forward, backward and "
+       f"Every mixer of `mixers` ({LABELS} by default) in one process, 2 rounds, counterbalanced: round r starts at "
+       "mixer (r + shape_index) mod their count and goes round (for two mixers, AB/BA); per round and mixer, warm-up first, then 5 CUDA-event samples each of forward, backward and "
        "forward+backward under BF16 autocast; the six memory figures around one forward+backward. The backend comes "
        "from the calibration file only (notebook 02). Beside the protocol's medians (which include the host): the GPU "
        "time of one forward+backward replayed from a CUDA graph, the public pipelines of `samu.experiment.peers` "
        "(eager gates or controller, then FLA's `chunk_hgrn` or `fused_recurrent_hgrn`, where fla-core and CUDA are "
        "there) timed in the same rounds, and the host cost at (1, 128, D) as a ratio to `torch.nn.Linear(D, D)`."),
-    params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nseed = 0"),
-    code(SETUP),
+    params("batch = 1\nlength = 16\nwidth = 16\nshape_index = 0\nseed = 0\n" + MIXERS_PARAMETER),
+    code(SETUP + MIXERS_CHOSEN),
     code('''cal_path = paths.calibration_file(slug)
 assert cal_path.exists(), f"{cal_path} is missing: run notebook 02 for {shape} first"
 cal = schema.read_json(cal_path)
@@ -346,10 +360,13 @@ entry = cal["shapes"].get(Shape.of(shape).key)
 assert entry, f"{cal_path} has no entry for {shape}: run notebook 02 for it first"
 # as auto checks it: a choice calibrated under other launch settings is refused
 dispatch.check_calibration({"shapes": {Shape.of(shape).key: entry}}, cal_path)
-chosen = {m: entry[m]["chosen"] for m in ("rglru", "samu")}
+missing = [m for m in mixers if m not in entry]
+assert not missing, f"{cal_path} has no entry for {missing} at {shape}: run notebook 02 for them first"
+# no legal backend calibrated (a mixer without Triton backends): its default, which auto runs then
+chosen = {m: entry[m]["chosen"] or backends.DEFAULTS[m] for m in mixers}
 print("calibrated choice:", chosen)'''),
     code('''from tqdm import tqdm  # the text bar: tqdm.auto's widget bar needs ipywidgets
-bar = tqdm(desc="timing", total=2 * 2 * 3)
+bar = tqdm(desc="timing", total=protocol.ROUNDS * len(chosen) * 3)
 def progress(label):
     bar.set_postfix_str(label); bar.update()
 rows = protocol.time_shape(shape, shape_index, chosen, device, seed=seed, progress=progress)
@@ -373,7 +390,8 @@ pd.DataFrame([{"mixer": r["architecture"], "backend": r["backend"],
                # the kernels' own time: one forward+backward replayed from a CUDA graph
                "gpu_time_ms": r.get("gpu_time_ms"), "gpu_time_times_floor": r.get("gpu_time_times_floor"),
                "peak_alloc_delta_MB": r["peak_allocated_delta_bytes"] / 2**20 if device == "cuda" else float("nan"),
-               "speedup_vs_rglru": r.get("speedup_vs_rglru"),
+               # each mixer's speedup over its baseline (samu.mixers: SAMU's over RG-LRU)
+               **{k: v for k, v in r.items() if k.startswith("speedup_vs_")},
                # each public pipeline timed in the same rounds: its median and samu's speedup over it
                **{f"{name}_ms": p["forward_backward"]["median_ms"] for name, p in r["peers"].items()},
                **{f"speedup_vs_{name}": p["speedup"] for name, p in r["peers"].items()},
@@ -387,7 +405,7 @@ pd.DataFrame([{"mixer": r["architecture"], "backend": r["backend"],
     code('''if batch == 1 and length >= 8:
     samples = 10 if device == "cuda" else 1
     packing = [features.time_packing(m, chosen[m], length, width, device, count=8, samples=samples)
-               for m in ("rglru", "samu")]
+               for m in chosen]
     display(pd.DataFrame([{"mixer": p["mixer"], "backend": p["backend"], "variant": v,
                            "forward_backward_median_ms": p[v]["forward_backward_median_ms"],
                            "gpu_time_ms": p[v]["gpu_time_ms"]}
@@ -438,7 +456,7 @@ if comparison.empty:
     print("No GPU rows at the shapes of the published H800 result.")
 comparison'''),
     code('''report.speedups(pd.concat([published_df, df]))'''),
-    md("## Figures\n\nTime per shape, SAMU's speedup with its spread, peak memory, and a roofline: achieved bandwidth "
+    md(f"## Figures\n\nTime per shape, {SPEEDUPS} with its spread, peak memory, and a roofline: achieved bandwidth "
        "(the floor's bytes over the median) against FLOPs per byte, under each GPU's copy bandwidth and the H200's "
        "compute ceilings."),
     code('''if write:
@@ -460,7 +478,7 @@ else:
     cp_df = context_parallel.frame(cp_doc)
     display(Image(data=report.png_bytes(context_parallel.figure(cp_df, cp_env["gpu"]))))
     display(cp_df.round(3))'''),
-    md("## Host cost against a Linear\n\nAt small shapes the host, not the GPU, sets a call's time. `benchmarks/host_budget.py` times a synchronised forward+backward at (1, 128, D) under BF16 autocast in rounds interleaved with `torch.nn.Linear(D, D)`'s, so that the host's drift (a Linear's time varies 2x between runs on the H200's host) falls on both. Left: each run's ratio, against the targets (SAMU 1.0x, RG-LRU 1.2x). Right: the latest run's time split into the autograd engine's cost with a do-nothing Function of the same inputs, samu's Python with every launch stubbed, and the rest. `docs/PERFORMANCE.md` says where each microsecond goes. The committed H200 rows are shown where this machine has none."),
+    md("## Host cost against a Linear\n\nAt small shapes the host, not the GPU, sets a call's time. `benchmarks/host_budget.py` times a synchronised forward+backward at (1, 128, D) under BF16 autocast in rounds interleaved with `torch.nn.Linear(D, D)`'s, so that the host's drift (a Linear's time varies 2x between runs on the H200's host) falls on both. Left: each run's ratio, against the targets (" + HOST_TARGETS + "). Right: the latest run's time split into the autograd engine's cost with a do-nothing Function of the same inputs, samu's Python with every launch stubbed, and the rest. `docs/PERFORMANCE.md` says where each microsecond goes. The committed H200 rows are shown where this machine has none."),
     code('''from samu.experiment import host_cost
 try:
     host_rows, host_path = host_cost.load(slug if slug != "cpu" else None)
