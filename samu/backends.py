@@ -33,6 +33,11 @@ VOCABULARY = {
                     "configuration's CarryPlan can take a one-launch decoupled look-back "
                     "instead), and the chunk outputs recomputed from the carry; backward "
                     "mirrors it in reverse",
+    "singlepass": "one kernel per direction: a program owns a (chunk of tokens) x (channel "
+                  "block) tile, reads it once, publishes its aggregate, finds the state "
+                  "entering it by a decoupled look-back over the tiles before it (tickets from "
+                  "an atomic counter) and writes its output from registers; SAMU's tiles of a "
+                  "chunk exchange per-token partial sums for the controller and dz",
     "chunk": "chunkN: N tokens per chunk, scanned in registers by tl.associative_scan",
     "gemm": "RG-LRU's block-diagonal gate products run as cuBLAS strided batched GEMMs on head "
             "views of x (torch.bmm, no copy), outside the kernels, and so do the backward's dx "
@@ -150,7 +155,8 @@ def explanations() -> dict[str, dict[str, str]]:
 
 
 def describe(file=None) -> None:
-    """Print every backend of every mixer, and what each word of its name means."""
+    """Print every backend of every mixer (with its launches per forward+backward where its
+    family counts them), and what each word of its name means."""
     _ensure_registered()
     lines = [] if _triton_unavailable is None else [
         f"Triton backends unavailable: {_triton_unavailable}; only the reference backends run"]
@@ -159,7 +165,7 @@ def describe(file=None) -> None:
                      "samu.dispatch says how)")
         width = max(map(len, named))
         for name, backend in named.items():
-            lines.append(f"  {name:<{width}}  {backend.kind}")
+            lines.append(f"  {name:<{width}}  {backend.kind}{_launches(mixer, backend)}")
     numbers: dict[str, list[int]] = {}
     for word in sorted({w for named in REGISTRY.values() for n in named for w in n.split("_")}):
         match = re.fullmatch(r"([a-z]+?)(\d+)", word)
@@ -172,6 +178,14 @@ def describe(file=None) -> None:
         label = f"{stem}N, N in {sorted(ns)}" if ns else stem
         lines.append(f"  {label}: {VOCABULARY[stem]}")
     print("\n".join(lines), file=file)
+
+
+def _launches(mixer: str, backend: Backend) -> str:
+    """", N launches per forward+backward" where the backend's family counts them
+    (launch_count(config)), else nothing."""
+    family = family_of(mixer, backend.config) if backend.config is not None else None
+    count = getattr(family, "launch_count", None)
+    return "" if count is None else f", {count(backend.config)} launches per forward+backward"
 
 
 def check_name(mixer: str, name) -> None:

@@ -320,7 +320,8 @@ WRONG_BACKENDS = [{"chunk": 16}, [], ["fused_controller_hierarchical_chunk16"], 
 def _refusal(mixer: str) -> str:
     config_class = "SamuConfig" if mixer == "samu" else "GemmConfig"
     return (rf"{mixer}: backend must be 'auto', a name from "
-            rf"samu.backends.available\('{mixer}'\) or a {config_class} configuration object")
+            rf"samu.backends.available\('{mixer}'\) or a {config_class}( or \w+)* "
+            rf"configuration object")
 
 
 @pytest.mark.parametrize("value", WRONG_BACKENDS, ids=lambda v: type(v).__name__)

@@ -33,7 +33,7 @@ SPEC = MixerSpec(
     module="samu.modules:SAMU",
     function="samu.functional:samu",
     backward="samu.ops.samu.backward:samu_backward",
-    kernel_families=("samu.ops.samu.chunk",),
+    kernel_families=("samu.ops.samu.chunk", "samu.ops.samu.single_pass"),
     default_backend="fused_controller_hierarchical_chunk16",
     # docs/PERFORMANCE.md, "The two numbers": ~40 forward (exp, sqrt, scan) + ~80 backward.
     flops_per_element=lambda width, num_heads: float(FLOPS_PER_ELEMENT),

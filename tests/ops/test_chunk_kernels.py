@@ -25,6 +25,13 @@ def _triton(mixer):
     return [n for n in backends.available(mixer) if backends.REGISTRY[mixer][n].kind == "triton"]
 
 
+def _hierarchical_samu():
+    """SAMU's backends of the hierarchical family (samu.ops.samu.chunk): the variants below
+    change its configuration's fields."""
+    return [n for n in _triton("samu")
+            if isinstance(backends.REGISTRY["samu"][n].config, samu_chunk.SamuConfig)]
+
+
 def _chunk(mixer, name):
     return backends.REGISTRY[mixer][name].config.chunk
 
@@ -38,7 +45,7 @@ CASES += [("rglru", backends.DEFAULTS["rglru"], s) for s in [(2, 37, 48), (1, 1,
 # also with chunk_carry's launches, and the default past the walk's limit.
 CASES += [("samu", dataclasses.replace(backends.REGISTRY["samu"][n].config,
                                        walked_carry_chunks=0), (2, 3 * _chunk("samu", n) + 5, 48))
-          for n in _triton("samu")]
+          for n in _hierarchical_samu()]
 CASES += [("samu", backends.DEFAULTS["samu"],
            (1, (backends.REGISTRY["samu"][backends.DEFAULTS["samu"]].config.walked_carry_chunks
                 + 2) * _chunk("samu", backends.DEFAULTS["samu"]) + 3, 32))]
@@ -62,17 +69,18 @@ for _mixer in ("samu", "rglru"):
 # across several chunks with chunk_carry's launches.
 CASES += [("samu", dataclasses.replace(backends.REGISTRY["samu"][n].config, partial_dx=True, **walk),
            (2, 3 * _chunk("samu", n) + 5, 48))
-          for n in _triton("samu") for walk in ({}, dict(walked_carry_chunks=0))]
+          for n in _hierarchical_samu() for walk in ({}, dict(walked_carry_chunks=0))]
 
 
 # The two full-width kernels with their tiles' L2 eviction priorities (scan.load_tile), with the
 # carry walked and launched: the hints change no value.
 CASES += [("samu", dataclasses.replace(backends.REGISTRY["samu"][n].config, l2_hints=True, **walk),
            (2, 3 * _chunk("samu", n) + 5, 48))
-          for n in _triton("samu")[:2] for walk in ({}, dict(walked_carry_chunks=0))]
-CASES += [("samu", dataclasses.replace(backends.REGISTRY["samu"][_triton("samu")[0]].config,
+          for n in _hierarchical_samu()[:2] for walk in ({}, dict(walked_carry_chunks=0))]
+_first_samu = _hierarchical_samu()[0]
+CASES += [("samu", dataclasses.replace(backends.REGISTRY["samu"][_first_samu].config,
                                        l2_hints=True, partial_dx=True),
-           (2, 3 * _chunk("samu", _triton("samu")[0]) + 5, 48))]
+           (2, 3 * _chunk("samu", _first_samu) + 5, 48))]
 
 
 def _config_id(value):

@@ -333,12 +333,17 @@ def test_sequence_index_stays_within_the_sequences(offsets):
         [0] * 3 + [1] + [2] * 7 + [3] * 9)
 
 
-@pytest.mark.parametrize("mixer", MIXERS)
-def test_backend_run_with_unchecked_bad_cu_seqlens_stays_in_bounds(mixer):
+# Each mixer's default and its single-pass backends (whose tiles find their states through a
+# look-back and, for SAMU, exchange partial sums: no offsets may move either out of bounds).
+GUARDED = [(m, n) for m in MIXERS for n in _triton(m)
+           if n == backends.DEFAULTS[m] or "singlepass" in n.split("_")]
+
+
+@pytest.mark.parametrize("mixer, name", GUARDED)
+def test_backend_run_with_unchecked_bad_cu_seqlens_stays_in_bounds(mixer, name):
     """A backend's run skips samu.functional's checks: given wrong offsets, its forward and
     backward return with finite outputs and states of N rows (a row no token writes, that of a
     zero-length sequence, is zero), touching nothing outside them."""
-    name = backends.DEFAULTS[mixer]
     module = _module(mixer, name)
     run = backends.REGISTRY[mixer][name].run
     for offsets in UNCHECKED_OFFSETS[:3]:
@@ -369,14 +374,13 @@ def _guards_untouched(buffer):
     return bool(buffer[:GUARD_ROWS].isnan().all() and buffer[-GUARD_ROWS:].isnan().all())
 
 
-@pytest.mark.parametrize("mixer", MIXERS)
-def test_kernels_touch_no_state_row_outside_the_buffers(mixer):
+@pytest.mark.parametrize("mixer, name", GUARDED)
+def test_kernels_touch_no_state_row_outside_the_buffers(mixer, name):
     """Sequence indices outside [0, N) reach the kernels directly (bypassing sequence_index):
     every initial-state and final-state-gradient load there reads nothing (the NaN guard rows
     around the buffers do not reach y or the gradients) and every final-state and d h0 store
     writes nothing (the guard rows stay NaN)."""
     from samu.ops.common.sequences import SequenceArgs
-    name = backends.DEFAULTS[mixer]
     config = backends.REGISTRY[mixer][name].config
     family = sys.modules[type(config).__module__]
     module = _module(mixer, name)

@@ -1,0 +1,228 @@
+"""The single-pass scans' shared pieces: tickets, published tile states, the decoupled look-back,
+the exchange of per-token partial sums between the tiles of one chunk, and a tile's scans.
+
+A single-pass kernel runs one program per tile, a chunk of T tokens times a block of channels.
+A program takes a ticket from an atomic counter (``ticket``), which names its tile, so that the
+order in which tiles start is the ticket order, whatever order the GPU launches programs in.  The
+tile loads its inputs once, scans them locally, publishes its aggregate (the decay across the
+tile and its end state from a zero entering state, flag AGGREGATE), finds the state entering it
+from the tiles before it (``look_back``, Merrill and Garland's decoupled look-back), publishes
+its inclusive state (flag INCLUSIVE), and writes its output from registers.
+
+Publication is a release/acquire pair: a tile stores its rows, every thread of it passes a
+barrier, and one thread sets the flag with a release exchange (``publish``); a reader loads the
+flag with an acquire load (``acquire``) and reads the rows after it, past L1 (.cg).  A row, once
+published, is never written again, and an aggregate and an inclusive state lie in rows of their
+own, so no read can see half of one.  Polling loads the flags only (acquire loads, no
+read-modify-write) and backs off between rounds (``pause``).
+
+The look-back reads WINDOW predecessors at once, a lane each, nearest first; it waits only
+while a lane up to the nearest inclusive one has published nothing, and combines the window
+with the recurrence's associative operator up to that lane.  A tile whose chunk holds a sequence
+start (a reset: its decay is exactly 0) publishes its end state as inclusive at once: a walk
+stops there.
+
+SAMU's controller and its dz reduce over every channel of a token, so the tiles of one chunk
+(a group) exchange per-token partial sums: each stores its partials, arrives on the group's
+counter, and the last to arrive sums them in channel-block order (the same order, and so the
+same bits, for every tile) and publishes the totals, which the others wait for (``exchange``).
+
+Deadlock freedom needs every tile a program waits on to hold a ticket already: look-back
+predecessors hold earlier tickets; a group's tiles hold consecutive tickets (channel block
+fastest), and a group's first tile waits until its last one has started, which needs the GPU to
+hold a group's tiles at once (the host checks that the group is at most one program per SM, or
+runs ``SPLIT``: the exchange in a launch of its own, docs/PERFORMANCE.md).  Under Triton's
+interpreter, which runs programs one at a time in grid order, the host always splits where a
+group has more than one tile.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import scan
+from .carry import _publish
+from .math import INTERPRETER, exp_fast, transition
+from .scan import affine_combine, last_row
+from .sequences import entering_state, fold_starts, load_at, resets
+
+# A tile's flag: 0 nothing yet, then its aggregate, then its inclusive state.
+AGGREGATE = tl.constexpr(1)
+INCLUSIVE = tl.constexpr(2)
+
+# Channel blocks of a group summed per step of the exchange (a fixed order: the same bits in
+# every tile).
+EXCHANGE_BLOCKS = tl.constexpr(16)
+
+# Backoff between polls, in nanoseconds: doubled from the first to the last.
+FIRST_PAUSE = tl.constexpr(32)
+LAST_PAUSE = tl.constexpr(512)
+
+
+@triton.jit
+def acquire(ptrs):
+    """The int32 values at ptrs, each an acquire load at GPU scope (PTX ld.acquire.gpu): the
+    rows a tile published before its flag are visible after it.  The interpreter runs programs
+    one at a time: a plain load."""
+    if INTERPRETER:
+        return tl.load(ptrs, volatile=True)
+    else:
+        return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptrs],
+                                         dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def pause(ns):
+    """Sleep about ns nanoseconds (PTX nanosleep) between polls; returns the next pause."""
+    if not INTERPRETER:
+        tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, $1;", "=r,r", [ns],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    return tl.minimum(ns * 2, LAST_PAUSE)
+
+
+@triton.jit
+def publish(flag_ptr, index, value):
+    """Set a tile's flag once every thread's stores before it are done (a release)."""
+    _publish(flag_ptr, index, value)
+
+
+@triton.jit
+def wait_for(flag_ptr):
+    """Poll one flag until it is set (acquire loads, backing off)."""
+    ns = FIRST_PAUSE
+    while acquire(flag_ptr) == 0:
+        ns = pause(ns)
+
+
+@triton.jit
+def ticket(counter_ptr, n_tiles, N_CB, NC, ORDER: tl.constexpr):
+    """(batch row, scan step, channel block) of the tile this program runs, from the next
+    ticket of counter_ptr.  ORDER 0: channel block fastest, then the scan step, then the batch
+    row: each chain's resident tiles span few steps, and a group's tiles hold consecutive
+    tickets.  ORDER 1 (tests, split launches only): chain by chain, the channel blocks and batch
+    rows taken last first, a legal order under the interpreter that no GPU launch takes."""
+    t = tl.atomic_add(counter_ptr, 1)
+    if ORDER == 0:
+        cb = t % N_CB
+        group = t // N_CB
+        return group // NC, group % NC, cb
+    else:
+        chain = n_tiles // NC - 1 - t // NC
+        return chain // N_CB, t % NC, chain % N_CB
+
+
+@triton.jit
+def _compose_outer(a1, b1, a2, b2):
+    """(a1, b1) after (a2, b2): a scan of it over lanes nearest first composes the nearer
+    predecessors' maps over the farther ones."""
+    return affine_combine(a2, b2, a1, b1)
+
+
+@triton.jit
+def _window_ready(flags, lanes, WINDOW: tl.constexpr):
+    """(ready, the last lane the window uses): ready once every lane up to the nearest
+    inclusive one (or every lane, without one) has published."""
+    first_inclusive = tl.min(tl.where(flags == INCLUSIVE, lanes, WINDOW), axis=0)
+    first_empty = tl.min(tl.where(flags == 0, lanes, WINDOW), axis=0)
+    last_used = tl.minimum(first_inclusive, WINDOW - 1)
+    return first_empty > last_used, last_used
+
+
+@triton.jit
+def look_back(flag_ptr, decay_ptr, end_ptr, incl_ptr, rate, me, row, step, flag_step, row_step,
+              cols, col_ok, SCALAR_DECAY: tl.constexpr, WINDOW: tl.constexpr):
+    """The state entering a tile at scan step ``step`` from its predecessors.  Predecessor j
+    (1 <= j <= step) has its flag and decay at index me - j flag_step and its rows (end state,
+    inclusive state) at element row - j row_step + cols.  The decay is a [BD] row, or with
+    SCALAR_DECAY a sum of r per tile whose decay is exp(-rate sum) (SAMU)."""
+    lanes = tl.arange(0, WINDOW)
+    entering = tl.zeros_like(rate)
+    between = tl.full(rate.shape, 1.0, tl.float32)
+    seen = step * 0
+    while seen < step:
+        dist = seen + 1 + lanes
+        valid = dist <= step
+        at = tl.where(valid, me - dist * flag_step, me)
+        flags = tl.where(valid, acquire(flag_ptr + at), INCLUSIVE)  # the row's start: 0 enters
+        ready, last_used = _window_ready(flags, lanes, WINDOW)
+        ns = FIRST_PAUSE
+        while ready == 0:
+            ns = pause(ns)
+            flags = tl.where(valid, acquire(flag_ptr + at), INCLUSIVE)
+            ready, last_used = _window_ready(flags, lanes, WINDOW)
+        used = valid & (lanes <= last_used)
+        inclusive = used & (flags == INCLUSIVE)
+        aggregate = used & (flags == AGGREGATE)
+        rows = (row - dist.to(tl.int64) * row_step)[:, None] + cols[None, :]
+        ok = col_ok[None, :]
+        value = tl.load(end_ptr + rows, mask=aggregate[:, None] & ok, other=0.0,
+                        cache_modifier=".cg")
+        value += tl.load(incl_ptr + rows, mask=inclusive[:, None] & ok, other=0.0,
+                         cache_modifier=".cg")
+        if SCALAR_DECAY:
+            r_sum = tl.load(decay_ptr + at, mask=aggregate, other=0.0, cache_modifier=".cg")
+            decay = exp_fast(-rate[None, :] * r_sum[:, None])
+        else:
+            decay = tl.load(decay_ptr + rows, mask=aggregate[:, None] & ok, other=1.0,
+                            cache_modifier=".cg")
+        through, total = tl.associative_scan((decay, value), 0, _compose_outer)
+        entering += between * last_row(total, lanes, WINDOW)
+        between *= last_row(through, lanes, WINDOW)
+        stopped = tl.max(inclusive.to(tl.int32), axis=0) > 0
+        seen = tl.where(stopped, step, seen + WINDOW)
+    return entering
+
+
+@triton.jit
+def arrive(count_ptr, group, N_CB):
+    """Count this tile in its group of N_CB once its stores are done (acquiring the others'):
+    True for the group's last."""
+    tl.debug_barrier()
+    return tl.atomic_add(count_ptr + group, 1, sem="acq_rel") == N_CB - 1
+
+
+@triton.jit
+def exchange_sum(part_ptr, group, N_CB, WIDTH: tl.constexpr):
+    """[WIDTH]: the sum over the N_CB channel blocks of a group's partial rows (part [groups,
+    N_CB, WIDTH]), in channel-block order, read past L1 (the last tile of the group runs it)."""
+    lanes = tl.arange(0, EXCHANGE_BLOCKS)
+    cols = tl.arange(0, WIDTH)
+    base = group.to(tl.int64) * N_CB * WIDTH
+    total = tl.zeros([WIDTH], dtype=tl.float32)
+    for c0 in range(0, N_CB, EXCHANGE_BLOCKS):
+        blocks = c0 + lanes
+        part = tl.load(part_ptr + base + blocks[:, None] * WIDTH + cols[None, :],
+                       mask=(blocks < N_CB)[:, None], other=0.0, cache_modifier=".cg")
+        total += tl.sum(part, axis=0)
+    return total
+
+
+# --- a tile's scans, shared by the single-pass kernels of both mixers ---------------------------
+
+@triton.jit
+def scan_inputs(log_a, gx, starts, h0_ptr, b, seq, cols, D, N_SEQ, PACKED: tl.constexpr,
+                HAS_INITIAL: tl.constexpr):
+    """(a, m, dm/dlog a, and the scan's inputs a, u = m gx with each start folded in:
+    sequences.fold_starts) of a tile from its log a and gate x."""
+    a, m, dm_dlog_a = transition(log_a, resets(starts, HAS_INITIAL))
+    if PACKED or HAS_INITIAL:
+        entering = entering_state(h0_ptr, b, seq, starts, cols, D, N_SEQ, PACKED, HAS_INITIAL)
+        a_in, u_in = fold_starts(a, m * gx, starts, entering)
+    else:
+        a_in, u_in = a, m * gx
+    return a, m, dm_dlog_a, a_in, u_in
+
+
+@triton.jit
+def adjoint_scan(a, dy, ends, dfinal_ptr, b, seq, cols, D, N_SEQ, T: tl.constexpr,
+                 PACKED: tl.constexpr, HAS_DFINAL: tl.constexpr):
+    """(q, w) of a tile whose rows run latest first: dh = w + q c for the carry c = a dh entering
+    at its last token.  dh_t = dy_t + a_{t+1} dh_{t+1}, a_{t+1} the row before's a, cut where a
+    sequence ends (nothing crosses a start backwards); the final state's gradient enters at
+    each end."""
+    shifted = scan.shifted_rows(a, 1.0, T)
+    if PACKED:
+        shifted = tl.where(ends[:, None], 0.0, shifted)
+    if HAS_DFINAL:
+        dy += load_at(dfinal_ptr, b, seq, ends, cols, D, N_SEQ, PACKED)
+    return tl.associative_scan((shifted, dy), 0, affine_combine)

@@ -1,0 +1,164 @@
+"""Host side of the single-pass families (samu.ops.<mixer>.single_pass): their scratch, when the
+exchange runs in a launch of its own, their autograd.Function, and the context-parallel phases
+that every family serves from its forward and backward.
+
+The kernels' side is samu.ops.common.lookback.  A call's scratch is one workspace: its int32
+words (each tile's flag, each group's arrival count and totals flag, two ticket counters) come
+first and are zeroed by one fill, the launch before the kernel's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from ..._runtime import INTERPRETING
+from .launching import aligned, cdiv, fp32_contiguous, refuse_double_backward, sm_count, workspace
+from .sequences import sequence_args
+
+
+@dataclass(frozen=True)
+class Lookback:
+    """A single-pass family's look-back and exchange settings.  window: predecessors read at once
+    (a power of two).  split: the exchange between a chunk's tiles in a launch of its own (the
+    kernel then runs in two launches, each tile's inputs read twice); the host also splits where
+    a group of tiles could not be resident at once (more channel blocks than SMs) and under
+    Triton's interpreter, which runs programs one at a time.  Tests only: ticket_order 1 takes
+    the tiles chain by chain (split launches), inclusive_every k publishes only every k-th
+    tile's inclusive state (0: none), so that walks cross aggregates."""
+    window: int = 8
+    split: bool = False
+    ticket_order: int = 0
+    inclusive_every: int = 1
+
+    def __post_init__(self):
+        if self.window < 1 or self.window & (self.window - 1):
+            raise ValueError(f"Lookback: window must be a power of two, got {self.window}")
+        if self.ticket_order not in (0, 1):
+            raise ValueError(f"Lookback: ticket_order must be 0 or 1, got {self.ticket_order}")
+        if self.inclusive_every < 0:
+            raise ValueError("Lookback: inclusive_every must be >= 0")
+
+    def phases(self, channel_blocks: int, device) -> tuple[int, ...]:
+        """The kernel's PHASE of each launch: (0,) one launch; (1, 2) the exchange apart."""
+        split = (self.split or self.ticket_order != 0 or channel_blocks > sm_count(device)
+                 or (INTERPRETING and channel_blocks > 1))
+        return (1, 2) if split else (0,)
+
+    def meta(self) -> dict:
+        return dict(WINDOW=self.window, ORDER=self.ticket_order,
+                    INCLUSIVE_EVERY=self.inclusive_every)
+
+
+class Scratch(NamedTuple):
+    """Sizes of a call's scratch in tiles (n_tiles = groups x channel blocks) and groups (batch
+    rows x chunks)."""
+    n_tiles: int
+    n_groups: int
+
+    @property
+    def int_words(self) -> int:
+        """Tile flags, group counts, group totals flags, two ticket counters."""
+        return self.n_tiles + 2 * self.n_groups + 2
+
+    def allocate(self, float_numels, device) -> tuple:
+        """(the int32 words, zeroed, and the float pieces) in one workspace and one fill."""
+        _, (words, *floats) = workspace((self.int_words, *float_numels), device)
+        words = words.view(torch.int32)
+        words.zero_()
+        return words, floats
+
+
+def scratch(batch: int, n_chunks: int, channel_blocks: int) -> Scratch:
+    return Scratch(batch * n_chunks * channel_blocks, batch * n_chunks)
+
+
+class SinglePassFunction(torch.autograd.Function):
+    """Eager autograd over a single-pass family's forward and backward (any mixer): outputs y and
+    the final state (None unless asked for).  A family whose backward writes over its saved
+    residuals (SPENDS_RESIDUALS) refuses a second backward through the same graph."""
+
+    @staticmethod
+    def forward(ctx, family, config, sequences, initial_state, seq_index, x, *params):
+        y, final, residuals = family.forward(x, params, sequences, config, zero_gaps=False)
+        # The initial state and sequence index are saved, not kept on ctx: autograd then
+        # refuses a backward after an in-place change to them instead of reading new values.
+        ctx.save_for_backward(x, *params, *residuals, *sequences.tensors_to_save())
+        ctx.family, ctx.config, ctx.n_params = family, config, len(params)
+        ctx.sequences = sequences.without_tensors()
+        ctx.spent = False
+        ctx.set_materialize_grads(False)
+        return y, final
+
+    @staticmethod
+    def backward(ctx, dy, d_final):
+        family = ctx.family
+        refuse_double_backward(family.MIXER)
+        if ctx.spent:
+            raise RuntimeError(f"{family.MIXER}: {ctx.config.name} wrote its gradient over its "
+                               "saved residuals in the first backward, so this graph cannot be "
+                               "backpropagated through twice (retain_graph=True)")
+        ctx.spent = family.SPENDS_RESIDUALS
+        x, *rest = ctx.saved_tensors
+        n = ctx.n_params
+        params, residuals, (seq_index, h0) = rest[:n], rest[n:-2], rest[-2:]
+        sequences = ctx.sequences.with_saved(seq_index, h0, placeholder=aligned(x))
+        grads = family.backward(x, params, residuals, dy, d_final, sequences, ctx.config)
+        return (None, None, None, grads[-1], None, grads[0], *grads[1:-1])
+
+
+def runner(family, config):
+    """The backend of one configuration: run(x, *parameters, initial_state=None,
+    cu_seqlens=None, output_final_state=False) -> (y, final state or None)."""
+    def run(x, *params, initial_state=None, cu_seqlens=None, output_final_state=False):
+        if initial_state is not None:
+            initial_state = fp32_contiguous(initial_state)  # differentiable: autograd casts back
+        sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state)
+        return SinglePassFunction.apply(family, config, sequences, initial_state,
+                                        sequences.seq_index, x, *params)
+    return run
+
+
+# --- context parallelism's phases (samu.distributed), from a family's forward and backward ----
+
+def _slice_sequences(x, initial_state, resets: bool, output_final_state: bool):
+    batch, _, width = x.shape
+    if resets:
+        initial_state = None
+    elif initial_state is None:
+        initial_state = torch.zeros(batch, width, device=x.device, dtype=torch.float32)
+    return sequence_args(x, initial_state, None, output_final_state)
+
+
+def slice_summary(family, x, params, config, initial_state=None, resets: bool = False):
+    """(A, h), FP32 [B, D] each, of a slice that holds no sequence start after its first token:
+    its end state is A h_in + h.  h is the final state of a forward from ``initial_state``
+    (zeros by default; with ``resets`` the state resets at the first token); A is the product
+    of the slice's decays, exp of the mixer's log_decay (samu.mixers), the one extra pass."""
+    from ...mixers import MIXERS
+    x = aligned(x)
+    sequences = _slice_sequences(x, initial_state, resets, True)
+    _, h, _ = family.forward(x, list(params), sequences, config)
+    log_decay = MIXERS[family.MIXER].load("log_decay")
+    with torch.autocast(x.device.type, enabled=False):
+        decay = torch.exp(log_decay(x, *params).float())
+    return decay, h
+
+
+def start_adjoint(family, x, params, dy, d_end, config):
+    """mu, FP32 [B, D]: the adjoint leaving a continued slice's first token for the state
+    entering it, from dy and the cotangent d_end on the slice's end state: the gradient of the
+    state entering the slice, from the family's forward and backward (from a zero entering
+    state: the adjoint does not depend on it)."""
+    x = aligned(x)
+    params = list(params)
+    sequences = _slice_sequences(x, None, False, False)
+    _, _, residuals = family.forward(x, params, sequences, config)
+    grads = family.backward(x, params, residuals, aligned(dy), fp32_contiguous(d_end),
+                            sequences, config)
+    return grads[-1]
+
+
+def channel_blocks(width: int, block: int) -> int:
+    return cdiv(width, block)

@@ -1,0 +1,98 @@
+"""The single-pass backends (samu.ops.<mixer>.single_pass) against the float64 oracle under SPEC
+section 4's legality rule, at tiny sizes with several chunks and channel blocks, so that the
+look-back runs across tiles and windows: with states, packing, heads, an adversarial ticket order
+and walks that cross aggregates.  On a CPU they run under Triton's interpreter (conftest), where
+a group of several channel blocks takes the split exchange (Lookback.phases)."""
+import dataclasses
+import sys
+
+import pytest
+import torch
+
+from samu import backends
+from samu.experiment import legality
+from samu.ops.common.single_pass import Lookback
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _single_pass(mixer):
+    return [n for n in backends.available(mixer) if "singlepass" in n.split("_")]
+
+
+def _family(mixer, name):
+    config = backends.REGISTRY[mixer][name].config
+    return sys.modules[type(config).__module__], config
+
+
+def _small(mixer, width, **lookback):
+    """The mixer's first single-pass backend at chunk 8 with one-warp tiles (32 channels: three
+    channel blocks at width 80) and a look-back of two predecessors at a time."""
+    family, config = _family(mixer, _single_pass(mixer)[0])
+    one_warp = type(config.forward)(1, 1)
+    return dataclasses.replace(config, chunk=8, forward=one_warp, backward=one_warp,
+                               lookback=Lookback(window=2, **lookback))
+
+
+# (label, B, L, D, cu_seqlens, initial state, lookback settings), chunks of 8: five chunks and
+# three channel blocks (the last partial) with walks over aggregates only, windows of two; two
+# batch rows taken chain by chain; packed starts inside a chunk, at a chunk's first token (16) and
+# a one-token sequence (16-17); one channel block, whose exchange runs in the same launch.
+CASES = [
+    ("aggregates_only", 1, 37, 80, None, False, dict(inclusive_every=0)),
+    ("state_chain_order", 2, 21, 64, None, True, dict(ticket_order=1, inclusive_every=2)),
+    ("packed_state", 1, 29, 48, [0, 5, 16, 17, 29], True, {}),
+    ("packed_reset", 1, 29, 48, [0, 5, 16, 17, 29], False, dict(inclusive_every=0)),
+    ("one_block_one_launch", 1, 37, 32, None, True, dict(inclusive_every=0)),
+]
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("label, batch, length, width, cu, initial, lookback", CASES,
+                         ids=[c[0] for c in CASES])
+def test_single_pass_is_legal(mixer, label, batch, length, width, cu, initial, lookback):
+    if not _single_pass(mixer):
+        pytest.skip(f"{mixer} has no single-pass backend yet")
+    config = _small(mixer, width, **lookback)
+    shape = (batch, length, width)
+    heads = {"rglru": dict(num_heads=width // 16)}.get(mixer, {})
+    inputs = legality.make_inputs(mixer, shape, DEVICE, seed=length + width, **heads)
+    state = (legality.make_state(shape, DEVICE, seed=3, cu_seqlens=cu, initial=initial)
+             if cu is not None or initial else None)
+    entry = legality.check_legality(mixer, config, inputs=inputs, state=state)
+    assert entry["legal"], entry["reason"]
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_the_exchange_splits_only_where_a_group_cannot_be_resident(mixer):
+    """One launch per direction where a chunk's tiles fit on the GPU at once; two (the exchange
+    apart) under the interpreter with several channel blocks, or where asked."""
+    if not _single_pass(mixer):
+        pytest.skip(f"{mixer} has no single-pass backend yet")
+    lookback = Lookback()
+    assert lookback.phases(1, torch.device(DEVICE)) == (0,)
+    assert Lookback(split=True).phases(1, torch.device(DEVICE)) == (1, 2)
+    assert Lookback(ticket_order=1).phases(1, torch.device(DEVICE)) == (1, 2)
+    several = (0,) if DEVICE == "cuda" else (1, 2)
+    assert lookback.phases(3, torch.device(DEVICE)) == several
+    assert lookback.phases(10_000, torch.device(DEVICE)) == (1, 2)
+
+
+def test_lookback_settings_are_checked():
+    with pytest.raises(ValueError, match="window must be a power of two"):
+        Lookback(window=3)
+    with pytest.raises(ValueError, match="ticket_order"):
+        Lookback(ticket_order=2)
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_launches_per_call_are_counted(mixer, capsys):
+    """describe() reports each single-pass backend's launches per forward+backward: SAMU's
+    forward in two (the flags' fill, the kernel), its backward in three (and sum_partials)."""
+    for name in _single_pass(mixer):
+        family, config = _family(mixer, name)
+        count = family.launch_count(config)
+        if mixer == "samu":
+            assert count == 5
+        backends.describe()
+        assert f"{name}" in capsys.readouterr().out
