@@ -631,3 +631,103 @@ else:
 ])
 
 print("notebooks written")
+
+
+def transformers_notebook():
+    """06: Hugging Face transformers' RecurrentGemma on samu (samu.integrations.transformers)."""
+    save("06_transformers", [
+        md("# RecurrentGemma in Hugging Face transformers, on samu\n\n`samu.integrations.transformers.patch(model)` makes a loaded `RecurrentGemmaForCausalLM` (or `RecurrentGemmaModel`) run the causal convolution and the RG-LRU of its recurrent blocks on samu, for training and generation, on transformers' own parameters and cache, and `unpatch()` gives the model its own code back. This notebook builds a tiny random model (no download), patches it, checks it against the unpatched model and shows where and why the numbers differ (`docs/SPEC.md`, section 3). It runs in seconds on a CPU, where samu's reference runs (`backend=\"auto\"`; on a GPU the calibrated Triton kernels)."),
+        code('''import copy
+import torch
+import transformers
+from transformers import DynamicCache, RecurrentGemmaConfig, RecurrentGemmaForCausalLM
+from transformers.models.recurrent_gemma import modeling_recurrent_gemma
+import samu.integrations.transformers as samu_hf
+from samu.integrations import weights
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+config = RecurrentGemmaConfig(num_hidden_layers=3, vocab_size=64, hidden_size=32, intermediate_size=64,
+                              num_attention_heads=2, lru_width=48, attention_window_size=64,
+                              block_types=("recurrent", "recurrent", "attention"))
+torch.manual_seed(0)
+model = RecurrentGemmaForCausalLM(config)
+with torch.no_grad():  # random weights away from the initialisation, so that every parameter counts
+    for p in model.parameters():
+        p.add_(0.2 * torch.randn_like(p))
+model = model.to(device, torch.float64).eval()  # float64: the oracle's precision
+print(f"transformers {transformers.__version__}; supported: {samu_hf.version_supported(transformers.__version__)}")
+print(f"{sum(p.numel() for p in model.parameters()):,} parameters; layers: {config.layers_block_type}")'''),
+        md("## Patch\n\nOne call; every check runs before anything changes. The parameters, the `state_dict` and the module tree stay transformers'."),
+        code('''unpatched = copy.deepcopy(model)
+handle = samu_hf.patch(model, backend="auto")
+print(handle)
+print(type(model.model.layers[0].temporal_block).__name__, type(model.model.layers[0].temporal_block.rg_lru).__name__)
+assert list(model.state_dict()) == list(unpatched.state_dict())'''),
+        md("## Training: logits, loss and gradients against transformers\n\ntransformers' scan accumulates in FP32 whatever the model's dtype, so against it as it is the float64 model agrees to FP32 precision; with its scan accumulating in float64 (the same formula, `acc_dtype`), to float64 precision."),
+        code('''def step(m, ids, positions=None):
+    m.zero_grad()
+    out = m(input_ids=ids, position_ids=positions, labels=ids, use_cache=False)
+    out.loss.backward()
+    return out.logits.detach(), out.loss.item(), {n: p.grad.clone() for n, p in m.named_parameters()}
+
+def worst(a, b):
+    return max((a[n] - b[n]).abs().max().item() / b[n].abs().max().item() for n in b)
+
+ids = torch.randint(3, 64, (2, 24), device=device)
+logits, loss, grads = step(model, ids)
+logits0, loss0, grads0 = step(unpatched, ids)
+print(f"as transformers is:       logits {(logits - logits0).abs().max().item():.1e}, loss {abs(loss - loss0):.1e}, gradients {worst(grads, grads0):.1e}")
+
+scan = samu_hf.HF_RGLRU._rnn_scan
+samu_hf.HF_RGLRU._rnn_scan = lambda self, *a, **k: scan(self, *a, **dict(k, acc_dtype=torch.float64))
+logits0, loss0, grads0 = step(unpatched, ids)
+samu_hf.HF_RGLRU._rnn_scan = scan
+print(f"its scan in float64:      logits {(logits - logits0).abs().max().item():.1e}, loss {abs(loss - loss0):.1e}, gradients {worst(grads, grads0):.1e}")
+assert (logits - logits0).abs().max() < 1e-10 and worst(grads, grads0) < 1e-9
+print("backends that ran:", handle.last_backends)'''),
+        md("## Packed rows: a position of 0 starts a sequence\n\nA token whose `position_ids` entry is 0 resets the RG-LRU (as in transformers) and the convolution (transformers' `nn.Conv1d` reads across). Here row 0 packs two sequences; each part should equal its sequence run alone."),
+        code('''positions = torch.cat([torch.arange(10), torch.arange(14)]).to(device)[None]
+row = ids[:1]
+with torch.no_grad():
+    alone = torch.cat([unpatched(input_ids=row[:, :10]).logits, unpatched(input_ids=row[:, 10:]).logits], dim=1)
+    ours = model(input_ids=row, position_ids=positions, use_cache=False).logits
+    theirs = unpatched(input_ids=row, position_ids=positions, use_cache=False).logits
+print(f"samu against the sequences alone:         {(ours - alone)[:, 10:].abs().max().item():.1e}")
+print(f"transformers against the sequences alone: {(theirs - alone)[:, 10:].abs().max().item():.1e}  (its conv reads the first sequence)")'''),
+        md("transformers' attention masks the packed sequences apart by their positions too; what remains for samu is transformers' FP32 scan in the sequences run alone (with it in float64 the packed row equals them to float64 precision: `tests/integrations/test_transformers.py`)."),
+        md("## Generation\n\n`generate` works unchanged: a prompt is a prefill, each new token one `step` (one kernel launch on a GPU). The cache stays in transformers' format (`conv1d_state`, `recurrent_states`). Greedy tokens, and left-padded prompts against each prompt alone (transformers' own conv lets the padding into the first tokens)."),
+        code('''def greedy(m, prompt, mask=None, new=8):
+    with torch.no_grad():
+        return m.generate(prompt, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)[:, prompt.shape[1]:]
+
+prompt = ids[:, :6]
+print("samu:        ", greedy(model, prompt).tolist())
+print("transformers:", greedy(unpatched, prompt).tolist())
+assert torch.equal(greedy(model, prompt), greedy(unpatched, prompt))
+padded = prompt.clone(); padded[1, :3] = 0
+mask = torch.ones_like(padded); mask[1, :3] = 0
+assert torch.equal(greedy(model, padded, mask)[1], greedy(unpatched, prompt[1:, 3:])[0])
+print("left-padded row 1 equals its prompt alone")'''),
+        md("## A cache continued over calls\n\nPass the same `DynamicCache` and the positions: a second prefill continues the convolution (transformers' restarts it), steps continue both."),
+        code('''cache, parts = DynamicCache(config=config), []
+pos = torch.arange(24, device=device)[None].expand(2, 24)
+with torch.no_grad():
+    for a, b in [(0, 10), (10, 20), (20, 21), (21, 24)]:
+        parts.append(model(input_ids=ids[:, a:b], position_ids=pos[:, a:b], cache=cache, use_cache=True).logits)
+    whole = model(input_ids=ids, use_cache=False).logits
+print(f"four calls against one call: {(torch.cat(parts, dim=1) - whole).abs().max().item():.1e}")'''),
+        md("## Weights both ways, and undoing the patch\n\n`to_samu_block` builds samu's own Griffin block (`samu.model.RecurrentBlock`) from a transformers block; `load_samu_block` copies one back; `samu.integrations.weights` holds the name and layout tables (transformers and recurrentgemma)."),
+        code('''block = unpatched.model.layers[0].temporal_block
+samu_block = samu_hf.to_samu_block(block).double()
+x = torch.randn(2, 12, 32, device=device, dtype=torch.float64)
+with torch.no_grad():
+    print(f"samu block against transformers' block (its scan in FP32): {(samu_block(x) - block(x, position_ids=torch.arange(12, device=device)[None], attention_mask=None, use_cache=False)[0]).abs().max().item():.1e}")
+for e in weights.TABLES["transformers"]:
+    if e.layout != "same" or e.samu != e.other:
+        print(f"  {e.other:28} -> {e.samu:22} {e.layout}")
+handle.unpatch()
+print(handle, "| patched:", samu_hf.is_patched(model))'''),
+    ])
+
+
+transformers_notebook()

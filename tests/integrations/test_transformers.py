@@ -115,9 +115,9 @@ PACKED = [[0, 4, 8, 15], [0, 1, 6]]
 
 
 def test_packed_rows_equal_their_sequences_run_apart(float64_scan):
-    """A recurrent-only model (transformers' attention does not see position resets): packed
-    rows against each sequence alone, logits and every gradient (the probe's weights summed)."""
-    model = tiny_model(block_types=("recurrent",), layers=2)
+    """Packed rows against each sequence alone (transformers' attention masks packed sequences
+    by their positions), logits and every gradient (the probe's weights summed)."""
+    model = tiny_model()
     patched = copy.deepcopy(model)
     samu_hf.patch(patched, backend=REFERENCE)
     ids = tokens(2, 16)
