@@ -388,6 +388,19 @@ def test_a_registered_peer_appears_in_the_report(tmp_path, monkeypatch):
     assert "samu toy median" in set(report.floor_multiples(gpu)["series"])  # no label: its name
 
 
+def test_the_committed_results_hold_the_default_gpu_shapes_as_combined():
+    """data/results/nvidia-h200.json is what its per-shape files combine to, and they hold
+    `make reproduce`'s default GPU shapes, no other."""
+    from samu.experiment import pipeline
+    from samu.shapes import Shape
+    committed = schema.read_valid_json(paths.results_file(report.COMMITTED_SLUG))
+    combined = report.combine(report.COMMITTED_SLUG, write=False)
+    assert committed["rows"] == combined["rows"]
+    assert committed["shape_environments"] == combined["shape_environments"]
+    assert sorted(committed["shape_environments"]) == sorted(
+        Shape.parse(key).key for key in pipeline.GPU_SHAPES)
+
+
 def test_the_committed_rows_keep_their_headline_speedup():
     """The report's headline speedup_vs_peer is each committed row's first peer's speedup."""
     raw = {(tuple(r["shape"].values()), r["architecture"]):
