@@ -268,7 +268,7 @@ BENCHMARK_ROW_SCHEMA = {
 SCHEMAS = {"result": RESULT_SCHEMA, "calibration": CALIBRATION_SCHEMA,
            "correctness": CORRECTNESS_SCHEMA, "training": TRAINING_SCHEMA,
            "features": FEATURES_SCHEMA, "sweep": SWEEP_SCHEMA,
-           "benchmark_row": BENCHMARK_ROW_SCHEMA}
+           "benchmark_row": BENCHMARK_ROW_SCHEMA, "training_run": _training_run}
 
 
 def validate(doc: dict, kind: str = "result") -> None:
@@ -276,6 +276,14 @@ def validate(doc: dict, kind: str = "result") -> None:
     _MIXERS[:] = mixers.names()
     _MODEL_MIXERS[:] = ["attention", *mixers.names()]
     jsonschema.validate(doc, SCHEMAS[kind])
+
+
+def validator(kind: str):
+    """A validator of ``kind``'s documents for many checks (``is_valid``): jsonschema.validate
+    checks the schema itself on every call, tens of ms.  It holds the mixers registered now."""
+    _MIXERS[:] = mixers.names()
+    _MODEL_MIXERS[:] = ["attention", *mixers.names()]
+    return jsonschema.validators.validator_for(SCHEMAS[kind])(SCHEMAS[kind])
 
 
 def _finite(obj):

@@ -3,6 +3,7 @@ before a stop are taken from their file, the others trained, and the result equa
 without a stop."""
 import dataclasses
 import json
+import multiprocessing
 
 import pytest
 
@@ -63,7 +64,9 @@ def test_a_study_started_again_trains_only_what_had_not_finished(whole, tmp_path
         assert (a["mixer"], a["lr"], a["seed"], a["lr_sweep"]) == (
             b["mixer"], b["lr"], b["seed"], b["lr_sweep"])
         assert a["loss_curve"] == b["loss_curve"] and a["value"] == b["value"]
-    assert len(_lines(cut)) == 1 + len(records)  # every line whole again
+    # The line cut short stays on its own line (skipped), and every run is read back.
+    assert len(_lines(cut)) == 1 + len(records) + 1
+    assert len(T.FinishedRuns(cut, study.describe()).records) == len(records)
     T.validate(T.result_document(study, again, "cpu"))
 
 
@@ -101,3 +104,97 @@ def test_rates_the_label_rounds_alike_are_two_runs(whole, tmp_path):
     finished.add(job, records[0])
     assert finished.get(job) == json.loads(json.dumps(records[0]))
     assert finished.get(close) is None
+
+
+def _job(study, seed):
+    task = study.task_list("mqar")[0]
+    return T.Job("mqar", task, "samu", seed, 1e-3, study.train_config("mqar", 1e-3),
+                 label=f"mqar samu lr 0.001 seed {seed}")
+
+
+def _open_repeatedly(path, count, at_least, barrier):
+    """One process: ``count`` openings of the shared file, each finding at least ``at_least``
+    runs (an assertion or exception here is the process's non-zero exit code)."""
+    study = small_study().describe()
+    barrier.wait()  # start together, so that the openings overlap
+    for _ in range(count):
+        assert len(T.FinishedRuns(path, study).records) >= at_least
+
+
+def _add_runs(path, record, seeds, barrier):
+    """One process: a run's record added under each of ``seeds``."""
+    study = small_study()
+    finished = T.FinishedRuns(path, study.describe())
+    barrier.wait()
+    for seed in seeds:
+        finished.add(_job(study, seed), record)
+
+
+def _run_together(*targets):
+    """Each (function, args) in a process of its own, started together; every one must exit 0
+    within a deadline (one that fails breaks the barrier instead of leaving the others waiting)."""
+    ctx = multiprocessing.get_context("fork")  # no import of torch per process: seconds, not tens
+    barrier = ctx.Barrier(len(targets), timeout=60)
+    procs = [ctx.Process(target=fn, args=(*args, barrier)) for fn, args in targets]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(timeout=120)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+
+
+def test_processes_opening_one_file_at_once(whole, tmp_path):
+    """Openings at once of one finished file all read every run (a shared temporary name made
+    about half of them fail with FileNotFoundError), and leave the file as it was."""
+    _, path, records = whole
+    shared = tmp_path / "cpu.finished.jsonl"
+    shared.write_text(path.read_text())
+    before = shared.read_bytes()
+    _run_together(*[(_open_repeatedly, (shared, 40, len(records))) for _ in range(3)])
+    assert shared.read_bytes() == before
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_runs_added_while_other_processes_open_the_file_are_all_kept(whole, tmp_path):
+    """Two processes add runs while another opens the file again and again: no opening rewrites
+    the file from a stale snapshot, so every added run is there at the end."""
+    study, path, records = whole
+    shared = tmp_path / "cpu.finished.jsonl"
+    shared.write_text(path.read_text())
+    _run_together((_add_runs, (shared, records[0], range(100, 120))),
+                  (_add_runs, (shared, records[1], range(200, 220))),
+                  (_open_repeatedly, (shared, 40, len(records))))
+    kept = T.FinishedRuns(shared, study.describe()).records
+    for seed in [*range(100, 120), *range(200, 220)]:
+        assert T.FinishedRuns.key(_job(study, seed)) in kept
+    assert len(kept) == len(records) + 40
+
+
+def test_lines_that_hold_no_run_are_skipped_and_kept_on_disk(whole, tmp_path):
+    """A corrupt line, an undecodable byte or a record that is not a run ({}) costs only its own
+    line: the runs after it are read, nothing is deleted from the file, and appends go on."""
+    study, path, records = whole
+    lines = _lines(path)
+    empty = json.dumps({"key": T.FinishedRuns.key(_job(study, 7)), "record": {}})
+    damaged = tmp_path / "cpu.finished.jsonl"
+    damaged.write_bytes("\n".join([lines[0], lines[1], "{not json", empty, lines[2],
+                                   "\udcff"]).encode("utf-8", "surrogateescape")
+                        + b"\n" + "\n".join(lines[3:]).encode())
+    before = damaged.read_bytes()
+    finished = T.FinishedRuns(damaged, study.describe())
+    assert len(finished.records) == len(records) and finished.skipped == 3
+    assert finished.get(_job(study, 7)) is None  # {} is no finished run
+    assert damaged.read_bytes() == before
+    with pytest.raises(ValueError, match="not a finished run's record"):
+        finished.add(_job(study, 8), {})
+    assert damaged.read_bytes() == before
+    finished.add(_job(study, 9), records[0])
+    assert damaged.read_bytes().startswith(before)
+    again = T.FinishedRuns(damaged, study.describe())
+    assert len(again.records) == len(records) + 1 and again.skipped == 3

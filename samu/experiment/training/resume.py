@@ -7,6 +7,9 @@ import json
 import os
 from pathlib import Path
 
+from ...calibration_file import locked
+from .. import schema
+from ..benchmark_rows import append_line
 from .pool import Job
 
 
@@ -18,50 +21,71 @@ def finished_path(result: Path) -> Path:
 class FinishedRuns:
     """The records of a study's finished runs in ``path``: a first line holding the study, then
     one JSON line a run, appended (and flushed to disk) as each finishes.  A file written for
-    another study, or one that cannot be read, is replaced, never taken for this one; a line cut
-    short by a stop mid-write is dropped.  run_jobs takes a job's record from here instead of
-    training it again; ``clear`` removes the file once the study's result is written.  Runs are
-    deterministic in their seed, so a study resumed from here equals one run without a stop."""
+    another study, or one whose first line cannot be read, is replaced, never taken for this
+    one.  A line that holds no run (cut short by a stop mid-write, corrupt, or not a run's
+    record) is skipped, and the lines after it are read; it stays on disk, and the next append
+    starts a line of its own.  Every read-modify-write holds the file's lock, so that processes
+    opening and appending to one file at once lose nothing.  run_jobs takes a job's record from
+    here instead of training it again; ``clear`` removes the file once the study's result is
+    written.  Runs are deterministic in their seed, so a study resumed from here equals one run
+    without a stop."""
 
     def __init__(self, path: Path, study: dict):
         self.path = Path(path)
         self.study = json.loads(json.dumps(study))
+        self.header = json.dumps({"study": self.study})
         self.records: dict[str, dict] = {}
         self.reused = 0
-        self._read()
-        if not self.records:
-            self._start()
+        self.skipped = 0  # lines of this study's file that held no run
+        self._run_schema = schema.validator("training_run")
+        with locked(self.path):
+            if not self._read():
+                self._rewrite()
 
-    def _read(self) -> None:
+    def is_run(self, record) -> bool:
+        """Whether ``record`` is a finished run as the training study's document holds one."""
+        return self._run_schema.is_valid(record)
+
+    def _lines(self) -> list[str] | None:
+        """The file's lines (an undecodable byte spoils only its own line), or None: no file."""
         try:
-            lines = self.path.read_text().splitlines()
-        except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
-            return
+            return self.path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except FileNotFoundError:
+            return None
+
+    def _ours(self, lines) -> bool:
         try:
-            if not lines or json.loads(lines[0]) != {"study": self.study}:
-                return
+            return bool(lines) and json.loads(lines[0]) == {"study": self.study}
         except json.JSONDecodeError:
-            return
+            return False
+
+    def _read(self) -> bool:
+        """Take the runs of the file; False where it is not this study's."""
+        lines = self._lines()
+        if not self._ours(lines):
+            return False
         for line in lines[1:]:
             try:
                 entry = json.loads(line)
-                self.records[entry["key"]] = dict(entry["record"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                break  # the last line, cut short by a stop: the runs from here train again
-        self._rewrite()  # without a line cut short, so that appends start on a line of their own
-
-    def _start(self) -> None:
-        self.records = {}
-        self._rewrite()
+            except json.JSONDecodeError:
+                entry = None
+            if (isinstance(entry, dict) and isinstance(entry.get("key"), str)
+                    and self.is_run(entry.get("record"))):
+                self.records[entry["key"]] = entry["record"]
+            else:
+                self.skipped += 1
+        return True
 
     def _rewrite(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        with open(temporary, "w") as f:
-            f.write(json.dumps({"study": self.study}) + "\n")
-            for key, record in self.records.items():
-                f.write(json.dumps({"key": key, "record": record}) + "\n")
-        os.replace(temporary, self.path)
+        """The file replaced by this study's line and the records held here (a unique temporary
+        renamed into place)."""
+        lines = [self.header] + [json.dumps({"key": key, "record": record})
+                                 for key, record in self.records.items()]
+
+        def write(temporary: Path) -> None:
+            temporary.write_text("".join(line + "\n" for line in lines))
+
+        schema.atomic_write(self.path, write)
 
     @staticmethod
     def key(job: Job) -> str:
@@ -79,15 +103,35 @@ class FinishedRuns:
         return json.loads(json.dumps(record))
 
     def add(self, job: Job, record: dict) -> None:
-        """Keep ``job``'s record, on disk before this returns."""
+        """Keep ``job``'s record, on disk before this returns.  Where the file is gone or holds
+        another study (cleared or replaced meanwhile), it is written again with this study's
+        records."""
         line = json.dumps({"key": self.key(job), "record": record})
-        self.records[self.key(job)] = json.loads(line)["record"]
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        kept = json.loads(line)["record"]
+        if not self.is_run(kept):
+            raise ValueError(f"{job.label}: not a finished run's record (the training study's "
+                             "run schema)")
+        self.records[self.key(job)] = kept
+        with locked(self.path):
+            if not self._starts_ours():
+                self._rewrite()
+                return
+            append_line(self.path, line)
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def _starts_ours(self) -> bool:
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as f:
+                return self._ours([f.readline()])
+        except FileNotFoundError:
+            return False
 
     def clear(self) -> None:
         """Remove the file: the study's result is written."""
-        self.path.unlink(missing_ok=True)
+        with locked(self.path):
+            self.path.unlink(missing_ok=True)
         self.records = {}
