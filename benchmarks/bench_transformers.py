@@ -94,6 +94,11 @@ def model_step(model, batch, length, device):
     return run
 
 
+# The forward+backward parts: (the step's maker, the row's part, what the line says).
+STEPS = {"layer": (layer_step, "rglru_layer_forward_backward", "RG-LRU layer forward+backward"),
+         "model": (model_step, "model_forward_backward", "model forward+backward ({layers} layers)")}
+
+
 def generate_ms(model, batch, prompt, new_tokens, device, repeats):
     """(ms of generate with one new token, decode tokens per second beyond it)."""
     ids = torch.randint(3, model.config.vocab_size, (batch, prompt), device=device)
@@ -149,17 +154,12 @@ def measure(args, device, table, gpu_result: bool) -> list[dict]:
             return next(iter(handle.last_backends.values()), None) or str(args.backend)
         for length in args.lengths:
             shape = {"batch": 1, "length": length, "width": args.width}
-            if "layer" in args.parts:
-                ms = wall_ms(layer_step(model, 1, length, device), device, args.repeats)
-                record("rglru_layer_forward_backward", shape, implementation, backend(),
-                       {"wall_ms": ms})
-                print(f"{implementation:>12}: RG-LRU layer forward+backward {tuple(shape.values())}"
-                      f" {ms:.2f} ms", flush=True)
-            if "model" in args.parts:
-                ms = wall_ms(model_step(model, 1, length, device), device, args.repeats)
-                record("model_forward_backward", shape, implementation, backend(),
-                       {"wall_ms": ms})
-                print(f"{implementation:>12}: model forward+backward ({args.layers} layers) "
+            for part, (step, name, what) in STEPS.items():
+                if part not in args.parts:
+                    continue
+                ms = wall_ms(step(model, 1, length, device), device, args.repeats)
+                record(name, shape, implementation, backend(), {"wall_ms": ms})
+                print(f"{implementation:>12}: {what.format(layers=args.layers)} "
                       f"{tuple(shape.values())} {ms:.2f} ms", flush=True)
         if "generate" in args.parts:
             for batch in args.batches:
