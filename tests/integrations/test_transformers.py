@@ -440,3 +440,42 @@ def test_samu_block_conv_resets_packed_and_stepped(float64_scan):
         out, state = block(x[:, :11], output_final_state=True, resets=resets[:, :11])
         y_t, _ = block.step(x[:, 11], state, resets=resets[:, 11])
         assert_close(y_t, block(x, resets=resets)[:, 11], "step after a late reset")
+
+
+def test_decode_without_a_prefill_where_lru_width_is_not_the_width(float64_scan):
+    """A first call of one token with use_cache (the cache set up by the model): the patched
+    block's state has lru_width channels (transformers' own sets up hidden_size ones, which
+    its decode cannot use where they differ, as here)."""
+    model = tiny_model()
+    patched = copy.deepcopy(model)
+    samu_hf.patch(patched, backend=REFERENCE)
+    ids = tokens(2, 1)
+    with torch.no_grad():
+        got = patched(input_ids=ids, use_cache=True).logits
+        want = model(input_ids=ids, use_cache=False).logits
+    assert_close(got, want, "logits")
+    assert recurrent_block(patched).conv1d_state.shape == (2, LRU, 3)
+
+
+def test_float32_multiplier_is_accurate_where_a_nears_one():
+    """Departure (1): as a -> 1, transformers' 1 - exp(2 log a) cancels in FP32; samu's
+    -expm1(2 log a) does not.  FP32 RG-LRU layers against the float64 oracle."""
+    model = tiny_model()
+    layer = model.model.layers[0].temporal_block.rg_lru
+    with torch.no_grad():
+        layer.recurrent_param.fill_(-10.0)  # softplus ~ 5e-5: a within ~1e-3 of 1
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 64, LRU, dtype=torch.float64, generator=gen)
+    positions = torch.arange(64)[None]
+    oracle = copy.deepcopy(model)
+    samu_hf.patch(oracle, backend=REFERENCE)
+    errors = {}
+    with torch.no_grad():
+        want = oracle.model.layers[0].temporal_block.rg_lru(x, positions)
+        for name in ("transformers", "samu"):
+            m = copy.deepcopy(model).float()
+            if name == "samu":
+                samu_hf.patch(m, backend=REFERENCE)
+            y = m.model.layers[0].temporal_block.rg_lru(x.float(), positions).double()
+            errors[name] = ((y - want).norm() / want.norm()).item()
+    assert errors["samu"] < 1e-6 and errors["samu"] * 4 < errors["transformers"], errors
