@@ -30,6 +30,8 @@ DASH = "—"
 # ran every default GPU shape and logged their wall time ("t=<s>").
 REPRODUCE_LOGS = ("docs/sweeps/2026-12-04_2f7b718_gpu_reproduce/reproduce_three_shapes.log",
                   "docs/sweeps/2026-12-04_2f7b718_gpu_reproduce/reproduce_four_shapes.log")
+# The newest `make test` on the H200: pytest's summary line, then nbval's.
+MAKE_TEST_LOG = "docs/sweeps/2026-12-04_d1b6a00_gpu_make_test.txt"
 
 
 def _results(data_dir: Path, slug: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
@@ -256,6 +258,17 @@ def command_seconds(path) -> list[int]:
     return [int(v) for v in WALL.findall(Path(path).read_text(errors="replace"))]
 
 
+PASSED = re.compile(r"^\d+ passed.* in ([\d.]+)s\b", re.MULTILINE)
+
+
+def make_test_seconds(path) -> tuple[float, float]:
+    """(pytest's, nbval's) seconds from a `make test` log: their summary lines, in order."""
+    found = [float(v) for v in PASSED.findall(Path(path).read_text(errors="replace"))]
+    if len(found) != 2:
+        raise ValueError(f"{path}: expected pytest's and nbval's summary lines, found {found}")
+    return found[0], found[1]
+
+
 def training_part_seconds(repo_root=None, slug: str = report.COMMITTED_SLUG) -> list[list[int]]:
     """Per part of the committed training study, the wall time of each `make train PART=k`
     command that made it: the logs docs/sweeps/*_<commit>_gpu_training/make_train_part<k>*.txt
@@ -284,14 +297,14 @@ def facts(repo_root=None) -> dict[str, str]:
     reproduce = [s for log in REPRODUCE_LOGS for s in command_seconds(root / log)]
     cells = sum(1 for nb in sorted((root / "notebooks").glob("*.ipynb"))
                 for cell in schema.read_json(nb)["cells"] if cell["cell_type"] == "code")
+    pytest, nbval = make_test_seconds(root / MAKE_TEST_LOG)
     percent, budgets = calibration.memory_rule_text()
     return {
         "published speed-ups": f"{sp.min():.2f} to {sp.max():.2f}",
-        "make train, H200": (f"{_minutes(sum(map(sum, parts)))} in {len(parts)} parts: "
-                             + ", ".join(" + ".join(f"{s} s" for s in p) for p in parts)),
+        "make test, H200": f"{_minutes(pytest + nbval)}: pytest {pytest:.0f} s, nbval {nbval:.0f} s",
+        "make train, H200": f"{_minutes(sum(map(sum, parts)))} in {len(parts)} parts",
         "make reproduce, H200": (f"{_minutes(sum(reproduce))} for the {len(pipeline.GPU_SHAPES)} "
-                                 f"default shapes, in {len(reproduce)} commands: "
-                                 + " and ".join(f"{s} s" for s in reproduce)),
+                                 "default shapes"),
         "notebook cells": f"{cells} notebook cells",
         "auto's memory rule": (
             f"one up to {percent} % slower that keeps the "

@@ -22,9 +22,9 @@ NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w)")
 # Figures the README quotes with no data file or log behind them, each with where it was
 # measured, and the numbers that describe the project rather than a measurement.
 NOT_FROM_DATA = {
-    "about 8 min on a fresh clone": "bash .ci/run on the 2-core machine at 649684b: 451 s",
-    "7 min 35 s": "make test on the H200 at dfa974e (pytest 309 s, nbval 138 s; docs/sweeps/2026-12-03_dfa974e_gpu_make_test.txt)",
-    "about 35 s": "make train with notebook 05's CPU defaults",
+    "about 5.5 min on a fresh clone": "make test on the 2-core CPU machine, a fresh clone at 39369e1",
+    "about 1 min for its one small shape": "make reproduce on that machine at 39369e1: 56 s",
+    "about 50 s": "make train with notebook 05's CPU defaults on that machine at 39369e1",
     "CPU (2 cores,": "the CPU machine those times were measured on",
     "one worker a core up to 16": "the Makefile's cap on pytest-xdist workers",
 }
@@ -184,3 +184,51 @@ def test_write_renders_stale_blocks_and_check_finds_none_left(tmp_path, monkeypa
     rendered = readme.results_tables(DATA)
     assert readme.README.read_text().replace(rendered, "") == stale.replace("old figures\n", "")
     assert readme.main(["--check"]) == 0
+
+
+def api_examples() -> dict[str, str]:
+    """The README's Python blocks of its API section, by where they run: "cpu" and "gpu"."""
+    text = readme_text()
+    section = text[text.index("## The API in one screen"):text.index("## Results on the H200")]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    by = {("gpu" if "cuda" in block else "cpu"): block for block in blocks}
+    assert len(blocks) == len(by) == 2, blocks
+    return by
+
+
+def unbound_names(code: str) -> set[str]:
+    """Names a block reads that it neither binds nor imports and Python does not provide."""
+    import ast
+    import builtins
+    tree = ast.parse(code)
+    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+             and isinstance(n.ctx, ast.Store)}
+    bound |= {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+              if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+            and isinstance(n.ctx, ast.Load)}
+    return read - bound - set(dir(builtins))
+
+
+@pytest.mark.parametrize("where", ["cpu", "gpu"])
+def test_the_api_examples_name_only_what_they_define(where):
+    assert unbound_names(api_examples()[where]) == set()
+
+
+def test_the_cpu_api_example_runs_as_written(tmp_path):
+    """In a fresh interpreter without TRITON_INTERPRET, as a reader on a CPU would run it."""
+    script = tmp_path / "example.py"
+    script.write_text(api_examples()["cpu"])
+    env = {k: v for k, v in os.environ.items()
+           if k != "TRITON_INTERPRET" and not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU, even on a GPU machine
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["reference_chunked"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU example needs CUDA")
+def test_the_gpu_api_example_runs_as_written():
+    exec(compile(api_examples()["gpu"], "README.md", "exec"), {})
