@@ -31,10 +31,17 @@ def check_positive_int(mixer: str, name: str, value, what: str = "") -> None:
         raise ValueError(f"{mixer}: {name} must be a positive integer{what}, got {value}")
 
 
+def check_dense(mixer: str, x: torch.Tensor, name: str = "x") -> None:
+    if x.layout != torch.strided:  # a sparse tensor has no strides for a view or a kernel
+        raise TypeError(f"{mixer}: {name} must be a dense tensor, got layout {x.layout}; pass "
+                        f"{name}.to_dense()")
+
+
 def check_input(x, width: int, mixer: str) -> None:
     """Refuse bad input with a message naming the problem; touches nothing."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{mixer}: x must be a torch.Tensor, got {type(x).__name__}")
+    check_dense(mixer, x)
     if x.dim() != 3:
         raise ValueError(f"{mixer}: x must have rank 3 [batch, length, width], got rank {x.dim()} "
                          f"with shape {tuple(x.shape)}")
@@ -67,6 +74,9 @@ def check_parameters(mixer: str, x: torch.Tensor, params: dict[str, torch.Tensor
             raise ValueError(f"{mixer}: parameter {name} is on {p.device} but x is on {x.device}")
         if not p.is_floating_point():
             raise TypeError(f"{mixer}: parameter {name} must be floating point, got {p.dtype}")
+        if p.layout != torch.strided:
+            raise TypeError(f"{mixer}: parameter {name} must be a dense tensor, got layout "
+                            f"{p.layout}")
 
 
 def autocast_input(x: torch.Tensor) -> torch.Tensor:
@@ -183,12 +193,29 @@ def check_sequences(mixer: str, x: torch.Tensor, initial_state, cu_seqlens,
 def _resolve(mixer: str, x, backend):
     """dispatch.resolve's backend, refused under torch.func transforms where it is a kernel."""
     chosen = dispatch.resolve(mixer, x, backend)
-    if chosen.kind == "triton" and torch._C._are_functorch_transforms_active():
+    if chosen.kind != "triton":
+        return chosen
+    if torch._C._are_functorch_transforms_active():
         # The kernels read raw storage, which torch.func's wrapped tensors do not have.
         raise RuntimeError(f"{mixer}: torch.func transforms (vmap/grad/jvp) are supported on the "
                            f"reference backends only, and backend {chosen.name} is a Triton "
                            "kernel: pass backend='reference_chunked'")
+    if torch.jit.is_tracing():
+        # The tracer records torch ops; a Triton launch is none, and reads its traced inputs'
+        # storage as it is.
+        raise RuntimeError(f"{mixer}: torch.jit.trace cannot record backend {chosen.name}, a "
+                           "Triton kernel; use torch.compile or torch.export, which take the "
+                           "kernels as custom ops (or trace backend='reference_chunked')")
     return chosen
+
+
+def refuse_script(what: str):
+    """What torch.jit.script of a mixer's function or module raises (their
+    ``__prepare_scriptable__``): TorchScript compiles neither samu's Python dispatch nor its
+    Triton kernels."""
+    raise RuntimeError(f"{what}: torch.jit.script is not supported (TorchScript cannot compile "
+                       "samu's Python dispatch or its Triton kernels); use torch.compile or "
+                       "torch.export, which take the kernels as custom ops")
 
 
 def state_keywords(initial_state, cu_seqlens, output_final_state, resets) -> dict:
@@ -335,7 +362,7 @@ CHECKED_SIGNATURES = 4096
 
 
 def _tensor_signature(t):
-    return None if t is None else (t.__class__, t.shape, t.dtype, t.device)
+    return None if t is None else (t.__class__, t.shape, t.dtype, t.device, t.layout)
 
 
 _remembering = True  # checks_on_every_call turns it off for its block
@@ -414,6 +441,9 @@ def samu(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, backend="auto",
 rglru.__doc__ += STATE_DOC
 samu.__doc__ += STATE_DOC
 mix.__doc__ += STATE_DOC
+for _fn in (rglru, samu, mix):  # torch.jit.script calls it before compiling anything
+    _fn.__prepare_scriptable__ = functools.partial(refuse_script, f"samu.{_fn.__name__}")
+del _fn
 
 
 def _function(spec):

@@ -528,6 +528,8 @@ class RecurrentBlock(nn.Module):
             raise ValueError(f"griffin: the conv state must have shape {list(want)}, got {got}")
         if conv.device != device:
             raise ValueError(f"griffin: the conv state is on {conv.device} but x is on {device}")
+        if not conv.is_floating_point():  # as the mixer's state: no silent cast of integers
+            raise TypeError(f"griffin: the conv state must be floating point, got {conv.dtype}")
 
     def forward(self, x, cu_seqlens=None, initial_state=None, output_final_state: bool = False,
                 resets=None):

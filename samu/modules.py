@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from . import _runtime, backends, dispatch, mixers
-from .functional import (FUNCTIONS, PARAMETER_NAMES, autocast_input, check_input,
-                         check_parameters, check_positive_int, check_resets, check_sequences)
+from .functional import (FUNCTIONS, PARAMETER_NAMES, autocast_input, check_dense, check_input,
+                         check_parameters, check_positive_int, check_resets, check_sequences,
+                         refuse_script)
 
 
 NUM_HEADS = 16
@@ -74,6 +75,9 @@ class Mixer(nn.Module):
     def _parameters_in_order(self) -> tuple:
         raise NotImplementedError
 
+    def __prepare_scriptable__(self):
+        refuse_script(type(self).__name__)
+
     def forward(self, x, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
                 cp_context=None, resets=None):
         # Attributes, not self.parameters(): the generator costs ~15 us of host time per call.
@@ -99,6 +103,7 @@ class Mixer(nn.Module):
         if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2:
             shape = tuple(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
             raise ValueError(f"{self.mixer}: step takes x_t of shape [batch, width], got {shape}")
+        check_dense(self.mixer, x_t, "x_t")
         x = x_t[:, None]
         if resets is not None:  # on both paths, named as step takes it ([B], not [B, 1])
             check_resets(self.mixer, x_t, resets)
@@ -131,7 +136,7 @@ class Mixer(nn.Module):
                                         or any(p.requires_grad for p in params)):
             return False
         if (backends.triton_unavailable() is not None
-                or torch._C._are_functorch_transforms_active()):
+                or torch._C._are_functorch_transforms_active() or torch.jit.is_tracing()):
             return False  # the forward raises its error
         backend = self.backend
         if isinstance(backend, str) and backend != "auto":

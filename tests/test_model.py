@@ -520,3 +520,17 @@ def test_griffin_bad_input_is_refused():
         block.step(x)
     with pytest.raises(TypeError, match="output_final_state"):
         block(x, output_final_state=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_griffin_refuses_an_integer_conv_state_as_it_does_a_mixer_state(dtype):
+    """Neither state is cast from integers: both are refused by name, in forward and step."""
+    block = griffin("samu")
+    x = inputs(2, L, D)
+    conv, state = torch.zeros(2, 3, D), torch.zeros(2, D)
+    with pytest.raises(TypeError, match="conv state must be floating point"):
+        block(x, initial_state=M.RecurrentBlockState(conv.to(dtype), state))
+    with pytest.raises(TypeError, match="conv state must be floating point"):
+        block.step(x[:, 0], M.RecurrentBlockState(conv.to(dtype), state))
+    with pytest.raises(TypeError, match="initial_state must be floating point"):
+        block(x, initial_state=M.RecurrentBlockState(conv, state.to(dtype)))

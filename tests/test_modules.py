@@ -195,3 +195,73 @@ def test_a_checked_signature_still_refuses_a_parameter_changed_in_kind():
         samu.samu(x, m.ctrl_weight.to("meta"), m.ctrl_bias, m.a_param, m.log_temp, m.skip)
     with pytest.raises(TypeError, match="a_param must be floating point"):
         samu.samu(x, m.ctrl_weight, m.ctrl_bias, m.a_param.long(), m.log_temp, m.skip)
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_a_sparse_input_is_refused_by_name(mixer, layout):
+    """A sparse x, or parameter, is refused by name, even where a dense call of the same shape
+    was remembered as checked."""
+    m = samu.modules.MODULES[mixer](16, backend="reference_chunked")
+    x = torch.randn(2, 4, 16)
+    m(x)
+    sparse = x.to_sparse() if layout == "coo" else x.to_sparse_csr()
+    with pytest.raises(TypeError, match=f"^{mixer}: x must be a dense tensor, got layout "
+                                        r"torch\.sparse_.*x\.to_dense\(\)"):
+        m(sparse)
+    with pytest.raises(TypeError, match=f"^{mixer}: x_t must be a dense tensor"):
+        m.step(x[:, 0].to_sparse() if layout == "coo" else x[:, 0].to_sparse_csr())
+    params = dict(zip(PARAMETER_NAMES[mixer], m._parameters_in_order()))
+    bad = dict(params, a_param=params["a_param"].detach().to_sparse())
+    with pytest.raises(TypeError, match=f"^{mixer}: parameter a_param must be a dense tensor"):
+        samu.functional.FUNCTIONS[mixer](x, **bad)
+
+
+class _Stepping(torch.nn.Module):
+    """A module whose forward is one decode step of ``mixer``: what torch.jit.trace takes."""
+
+    def __init__(self, mixer):
+        super().__init__()
+        self.mixer = mixer
+
+    def forward(self, x_t):
+        return self.mixer.step(x_t)[0]
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_torch_jit_trace_of_the_kernels_is_refused_and_says_what_to_use(mixer):
+    """The tracer cannot record a Triton launch (it failed inside Triton, or read out of its
+    storage's bounds): refused by name, forward and step; the reference still traces."""
+    from samu import backends
+    kernel = samu.modules.MODULES[mixer](16, backend=backends.DEFAULTS[mixer])
+    x = torch.randn(1, 5, 16)
+    words = (f"^{mixer}: torch.jit.trace cannot record backend {backends.DEFAULTS[mixer]}, a "
+             "Triton kernel; use torch.compile or torch.export")
+    with torch.no_grad():
+        with pytest.raises(RuntimeError, match=words):
+            torch.jit.trace(kernel, x)
+        with pytest.raises(RuntimeError, match=words):
+            torch.jit.trace(_Stepping(kernel), x[:, 0])
+        reference = samu.modules.MODULES[mixer](16, backend="reference_chunked")
+        traced = torch.jit.trace(reference, x)
+        torch.testing.assert_close(traced(x), reference(x))
+
+
+def test_torch_jit_script_is_refused_and_says_what_to_use():
+    """TorchScript compiles neither the Python dispatch nor the kernels (its NotSupportedError
+    came from inside samu): the modules, a model holding one and the functions say so.
+    torch.jit.script warns that it is deprecated on every call: kept out of the output."""
+    import warnings
+
+    from samu import model
+    from samu.functional import mix
+    targets = [("SAMU", samu.SAMU(16)), ("RGLRU", samu.RGLRU(16)),
+               ("RGLRU", model.RecurrentBlock("rglru", 16)), ("samu.samu", samu.samu),
+               ("samu.rglru", samu.rglru), ("samu.mix", mix)]
+    for name, target in targets:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated",
+                                    DeprecationWarning)
+            with pytest.raises(RuntimeError, match=f"^{name}: torch.jit.script is not supported"
+                                                   ".*use torch.compile or torch.export"):
+                torch.jit.script(target)
