@@ -50,8 +50,9 @@ in the backward one adjoint pass over the first piece (the gates, x and dy read 
 rank that starts at a sequence start).  On a reference backend the summary is
 a forward and the log-decay sum (SAMU: an FP32 copy of x and one D-wide dot per token; RG-LRU:
 the a-gate's block-diagonal product; in chunks of 2^24 elements), and the adjoint a forward and
-a backward.  Collectives: in the forward an all_gather of 11 int64 (the call's shapes, so that
-a bad call fails on every rank; a host sync) and one of 2 x rows x D values of the carry dtype
+a backward.  Collectives: in the forward an all_gather of 15 int64 (every rank's checks' verdict
+and what gives its summary its meaning, so that a bad or mismatched call fails on every rank
+before any summary is combined; a host sync) and one of 2 x rows x D values of the carry dtype
 (8 rows D bytes per rank in FP32), in the backward one of rows x D + 1 (4 rows D bytes).  Peak
 memory: the slice's saved activations, and while a pass runs its FP32 chunk summaries and
 per-token gates (SAMU's r and g; RG-LRU's gate products of one head group).
@@ -66,14 +67,16 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
+import hashlib
+import operator
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.autograd.function import once_differentiable
 
 from .functional import (FUNCTIONS, SUPPORTED_DTYPES, _capturing, autocast_input, check_call,
-                         check_offsets_increase)
+                         check_offsets_increase, check_tensors)
 from . import backends, mixers
 from .ops.recurrence import carry_dtype
 
@@ -82,17 +85,47 @@ __all__ = ["CPContext", "SliceCall", "SliceLayout", "build_cp_context", "context
            "run_slice", "run_with_carry", "head_adjoint", "outgoing_cotangent",
            "with_end_cotangent"]
 
-# One row of the call's metadata, all_gathered before anything else (positions in the row).
-_STATUS, _PACKED, _BATCH, _LENGTH, _WIDTH, _DTYPE, _HAS_INITIAL, _NEEDS_GRAD, \
-    _CU_COUNT, _CU_SIGNATURE, _RANK = range(11)
-_META_FIELDS = 11
+# One row of the call's metadata, all_gathered before anything else (positions in the row):
+# every property that changes what a summary means is agreed before any is combined.
+_STATUS, _RANK, _PACKED, _CU_COUNT, _CU_DIGEST, _SLICES_DIGEST, _MIXER_DIGEST, _HEADS, \
+    _BATCH, _LENGTH, _WIDTH, _DTYPE, _SUMMARY_DTYPE, _HAS_INITIAL, _NEEDS_GRAD = range(15)
+_META_FIELDS = 15
 
-_SIGNATURE_MODULUS = 2**61 - 1
+
+def _digest(value) -> int:
+    """A 63-bit BLAKE2b digest of ``repr(value)`` (None, ints, strings and tuples of them):
+    equal on two ranks when the values are, and unequal otherwise but for a 2^-63 chance (a
+    weighted sum of offsets would collide: [0, 1, 4, 6, 10] and [0, 3, 4, 5, 10])."""
+    data = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
+    return int.from_bytes(data, "little") >> 1
 
 
-def _signature(offsets: tuple[int, ...]) -> int:
-    """A checksum of the global offsets, so that ranks holding different ones are told so."""
-    return sum((i + 1) * c for i, c in enumerate(offsets)) % _SIGNATURE_MODULUS
+def _dtype_code(dtype) -> int:
+    return SUPPORTED_DTYPES.index(dtype) if dtype in SUPPORTED_DTYPES else -1
+
+
+def _shortened(values, limit: int = 12) -> str:
+    """A list for an error message, its middle elided past ``limit`` entries."""
+    values = list(values)
+    if len(values) <= limit:
+        return str(values)
+    return (f"[{', '.join(map(str, values[:limit // 2]))}, ... "
+            f"{', '.join(map(str, values[-limit // 2:]))}] ({len(values)} values)")
+
+
+_MESSAGE_LIMIT = 2000  # characters of one rank's error text shared with the others
+
+
+def _raise_for_failures(group, world_size: int, failed, error, prefix: str):
+    """Raises on every rank of the group the errors of the ``failed`` ranks (a collective: every
+    rank calls it with the same ``failed``).  TypeError where every failure is one, else
+    ValueError; chained to this rank's own ``error``."""
+    mine = None if error is None else (type(error).__name__, str(error)[:_MESSAGE_LIMIT])
+    shared = [None] * world_size
+    dist.all_gather_object(shared, mine, group=group)
+    kind = TypeError if all(shared[k][0] == "TypeError" for k in failed) else ValueError
+    raise kind(prefix + "; ".join(f"rank {k}: {shared[k][0]}: {shared[k][1]}"
+                                  for k in failed)) from error
 
 
 class SliceLayout(NamedTuple):
@@ -180,6 +213,12 @@ class CPContext:
     def packed(self) -> bool:
         return self.sequence_offsets is not None
 
+    @functools.cached_property
+    def digests(self) -> tuple[int, int]:
+        """(of the global offsets, of the slice lengths): what every call's agreement compares,
+        computed once per context."""
+        return _digest(self.sequence_offsets), _digest(self.slice_lengths)
+
     @property
     def layout(self) -> SliceLayout:
         """This rank's SliceLayout (for an unpacked context without slice lengths, its start
@@ -231,19 +270,61 @@ def _all_gather(group, tensor: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.stack(out)
 
 
+def _integers(name: str, values) -> tuple[int, ...]:
+    """``values`` (a 1-D int tensor or a sequence of integers) as a tuple of ints; TypeError
+    naming the first value that is no integer (a float is refused, not truncated)."""
+    if isinstance(values, torch.Tensor):
+        if values.dtype not in (torch.int32, torch.int64) or values.dim() != 1:
+            raise TypeError(f"build_cp_context: {name} must be a 1-D int32 or int64 tensor, "
+                            f"got {values.dtype} of shape {tuple(values.shape)}")
+        return tuple(int(c) for c in values.tolist())
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"build_cp_context: {name} must be a 1-D int tensor or a sequence of "
+                        f"ints, got {type(values).__name__}")
+    out = []
+    for position, value in enumerate(values):
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            out.append(operator.index(value))
+        except TypeError:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+            raise TypeError(f"build_cp_context: {name} must hold integers, got "
+                            f"{type(value).__name__} {shown} at position {position}") from None
+    return tuple(out)
+
+
 def _as_offsets(cu_seqlens) -> tuple[int, ...]:
-    if isinstance(cu_seqlens, torch.Tensor):
-        if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1:
-            raise TypeError("build_cp_context: cu_seqlens must be a 1-D int32 or int64 tensor, "
-                            f"got {cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
-        offsets = tuple(int(c) for c in cu_seqlens.tolist())
-    else:
-        offsets = tuple(int(c) for c in cu_seqlens)
+    offsets = _integers("cu_seqlens", cu_seqlens)
     if len(offsets) < 2 or offsets[0] != 0:
         raise ValueError("build_cp_context: cu_seqlens must be [0, l_0, l_0 + l_1, ..., L] with "
-                         f"at least one sequence, got {list(offsets)}")
+                         f"at least one sequence, got {_shortened(offsets)}")
     check_offsets_increase("build_cp_context", offsets)
     return offsets
+
+
+def _build_arguments(world: int, cu_seqlens, local_length, slice_lengths):
+    """(offsets, local_length, slice_lengths) checked as one rank can alone."""
+    if local_length is not None and slice_lengths is not None:
+        raise ValueError("build_cp_context: pass local_length or slice_lengths, not both")
+    offsets = None if cu_seqlens is None else _as_offsets(cu_seqlens)
+    if local_length is not None and (isinstance(local_length, bool)
+                                     or not isinstance(local_length, int)):
+        raise TypeError(f"build_cp_context: local_length must be an int, got "
+                        f"{type(local_length).__name__}")
+    if local_length is not None and not 1 <= local_length < 2**62:
+        raise ValueError(f"build_cp_context: local_length must be at least 1 token, got "
+                         f"{local_length}")
+    if slice_lengths is not None:
+        slice_lengths = _integers("slice_lengths", slice_lengths)
+        if len(slice_lengths) != world:
+            raise ValueError(f"build_cp_context: slice_lengths has {len(slice_lengths)} entries "
+                             f"for a group of {world} ranks")
+    return offsets, local_length, slice_lengths
+
+
+# The row build_cp_context all_gathers (positions).
+_BUILD_STATUS, _BUILD_LOCAL, _BUILD_LENGTH, _BUILD_OFFSETS, _BUILD_SLICES = range(5)
 
 
 def build_cp_context(group=None, cu_seqlens=None, *, local_length: int | None = None,
@@ -254,54 +335,69 @@ def build_cp_context(group=None, cu_seqlens=None, *, local_length: int | None = 
         group: the torch.distributed process group whose ranks hold the slices, in rank order
             (None: the default group, which must be initialised).
         cu_seqlens: packed sequences (batch 1): the GLOBAL offsets [0, ..., L] before the
-            split, as in FlashAttention (a tensor or a list; the same on every rank).  Each
-            rank derives its local offsets and the sequences that cross its boundaries; the
-            mixer call then takes no cu_seqlens of its own.
-        local_length: this rank's slice length; the lengths are all_gathered once, here.
-        slice_lengths: every rank's slice length in rank order, the same on every rank
+            split, as in FlashAttention (a 1-D int tensor or a sequence of ints; the same on
+            every rank).  Each rank derives its local offsets and the sequences that cross its
+            boundaries; the mixer call then takes no cu_seqlens of its own.
+        local_length: this rank's slice length.
+        slice_lengths: every rank's slice length in rank order (ints), the same on every rank
             (instead of local_length).
 
     Without either length: packed, the global length split evenly (it must divide); unpacked,
     each call takes the lengths of its inputs, any of at least one token.
 
-    Raises ValueError or TypeError, the same on every rank given the same arguments, for
-    offsets that do not increase from 0, lengths below 1, lengths that do not sum to the
-    offsets' last value, or both length arguments.
+    One all_gather of a few int64 (a host sync) shares every rank's arguments' checks and
+    digests: the same ValueError or TypeError is raised on every rank for offsets that are not
+    integers increasing from 0, lengths that are not integers of at least 1 or do not sum to
+    the offsets' last value, both length arguments, or ranks that disagree on the offsets, on
+    the slice lengths or on which length argument they pass.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("build_cp_context: torch.distributed is not initialised "
                            "(call torch.distributed.init_process_group first)")
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
-    if local_length is not None and slice_lengths is not None:
-        raise ValueError("build_cp_context: pass local_length or slice_lengths, not both")
-    offsets = None if cu_seqlens is None else _as_offsets(cu_seqlens)
+    error, offsets = None, None
+    row = [0] * 5
+    try:
+        offsets, local_length, slice_lengths = _build_arguments(world, cu_seqlens, local_length,
+                                                                slice_lengths)
+        row[_BUILD_LOCAL] = int(local_length is not None)
+        row[_BUILD_LENGTH] = local_length if local_length is not None else 0
+        row[_BUILD_OFFSETS] = _digest(offsets)
+        row[_BUILD_SLICES] = _digest(slice_lengths)
+    except Exception as exc:  # shared below: the other ranks would wait in the gather
+        error, row[_BUILD_STATUS] = exc, 1
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if torch.cuda.is_available() else torch.device("cpu"))
+    mine = torch.tensor(row, dtype=torch.int64, device=_comm_device(group, device))
+    table = _all_gather(group, mine, world).tolist()
+    prefix = "build_cp_context: "
+    failed = [k for k, r in enumerate(table) if r[_BUILD_STATUS]]
+    if failed:
+        _raise_for_failures(group, world, failed, error, prefix)
+    for field, what in ((_BUILD_OFFSETS, "the global cu_seqlens"),
+                        (_BUILD_LOCAL, "whether each passes local_length"),
+                        (_BUILD_SLICES, "slice_lengths")):
+        if len({r[field] for r in table}) > 1:
+            shown = {_BUILD_OFFSETS: offsets, _BUILD_LOCAL: local_length is not None,
+                     _BUILD_SLICES: slice_lengths}[field]
+            _raise_disagreement(group, world, prefix, what, shown)
     if local_length is not None:
-        if isinstance(local_length, bool) or not isinstance(local_length, int):
-            raise TypeError(f"build_cp_context: local_length must be an int, got "
-                            f"{type(local_length).__name__}")
-        device = (torch.device("cuda", torch.cuda.current_device())
-                  if torch.cuda.is_available() else torch.device("cpu"))
-        mine = torch.tensor([local_length], dtype=torch.int64,
-                            device=_comm_device(group, device))
-        slice_lengths = tuple(int(n) for n in _all_gather(group, mine, world).flatten().tolist())
+        slice_lengths = tuple(r[_BUILD_LENGTH] for r in table)
     elif slice_lengths is None and offsets is not None:
         if offsets[-1] % world:
             raise ValueError(f"build_cp_context: {offsets[-1]} tokens do not split evenly over "
                              f"{world} ranks; pass local_length or slice_lengths")
         slice_lengths = (offsets[-1] // world,) * world
+    # Every rank holds the same lengths and offsets now: these raise on all or none.
     if slice_lengths is not None:
-        slice_lengths = tuple(int(n) for n in slice_lengths)
-        if len(slice_lengths) != world:
-            raise ValueError(f"build_cp_context: slice_lengths has {len(slice_lengths)} entries "
-                             f"for a group of {world} ranks")
         if min(slice_lengths) < 1:
             raise ValueError(f"build_cp_context: every slice needs at least one token, got "
-                             f"slice lengths {list(slice_lengths)}")
+                             f"slice lengths {_shortened(slice_lengths)}")
         if offsets is not None and sum(slice_lengths) != offsets[-1]:
             raise ValueError(f"build_cp_context: cu_seqlens cover {offsets[-1]} tokens but the "
                              f"slices hold {sum(slice_lengths)} (slice lengths "
-                             f"{list(slice_lengths)})")
+                             f"{_shortened(slice_lengths)})")
     if isinstance(cu_seqlens, torch.Tensor):
         tensor = cu_seqlens
     elif offsets is not None:
@@ -309,6 +405,16 @@ def build_cp_context(group=None, cu_seqlens=None, *, local_length: int | None = 
     else:
         tensor = None
     return CPContext(group, rank, world, tensor, slice_lengths, offsets)
+
+
+def _raise_disagreement(group, world_size: int, prefix: str, what: str, mine):
+    """Raises on every rank that the ranks disagree on ``what``, with each rank's value (a
+    collective: every rank calls it, having seen the same disagreement)."""
+    shown = [None] * world_size
+    dist.all_gather_object(shown, _shortened(mine) if isinstance(mine, tuple) else str(mine),
+                           group=group)
+    raise ValueError(prefix + f"the ranks disagree on {what}: "
+                     + ", ".join(f"{v} on rank {k}" for k, v in enumerate(shown)))
 
 
 # --- the per-mixer log decay: sum over the slice of log a, as the reference computes it -------
@@ -545,21 +651,46 @@ def _backend_name(mixer: str, x, backend) -> str:
     return dispatch.resolve(mixer, x, backend).name
 
 
+class _DoubleBackward(RuntimeError):
+    """A backward run with create_graph=True: its gradients would have to be differentiated
+    through the exchange between ranks, which is not differentiable."""
+
+
+def _double_backward(mixer: str) -> _DoubleBackward:
+    return _DoubleBackward(
+        f"{mixer} (context parallel): a double backward (create_graph=True, e.g. a gradient "
+        "penalty) is not supported through a context-parallel call: the adjoints exchanged "
+        "between ranks are not differentiable; take second derivatives without cp_context")
+
+
+# The failure flag of the adjoint packet: what went wrong on a rank.
+_FAILED, _CREATE_GRAPH = 1, 2
+
+
 def _exchange_adjoints(call: SliceCall, mu, failure, gathered_once=None) -> torch.Tensor:
     """The cotangent that later ranks put on this slice's end state, from every rank's mu (one
-    gather); raises on every rank where one rank's adjoint failed.  ``gathered_once``: a list
-    that records that the gather took place (then no rank waits for this one any more)."""
+    gather); raises on every rank where one rank's adjoint failed or was refused.
+    ``gathered_once``: a list that records that the gather took place (then no rank waits for
+    this one any more)."""
+    code = 0 if failure is None else (
+        _CREATE_GRAPH if isinstance(failure, _DoubleBackward) else _FAILED)
     # The flag by a fill, not a copy from the host: a CUDA graph can capture it.
-    flag = torch.full((1,), float(failure is not None), dtype=mu.dtype, device=mu.device)
+    flag = torch.full((1,), float(code), dtype=mu.dtype, device=mu.device)
     packet = torch.cat([mu.flatten(), flag])
     gathered = call.gather(packet)
     if gathered_once is not None:
         gathered_once.append(True)
     # Read on the host, which a CUDA graph's capture (the benchmark's GPU time) cannot do.
-    failed = [] if _capturing(gathered) else torch.nonzero(gathered[:, -1]).flatten().tolist()
+    codes = [] if _capturing(gathered) else [int(c) for c in gathered[:, -1].tolist()]
+    refused = [k for k, c in enumerate(codes) if c == _CREATE_GRAPH]
+    if refused:
+        raise RuntimeError(str(_double_backward(call.mixer))
+                           + f" (asked on rank(s) {refused})") from failure
+    failed = [k for k, c in enumerate(codes) if c]
     if failed:
+        here = "" if failure is None else f" (here: {type(failure).__name__}: {failure})"
         raise RuntimeError(f"{call.mixer} (context parallel): the backward's adjoint failed "
-                           f"on rank(s) {failed}") from failure
+                           f"on rank(s) {failed}{here}") from failure
     adjoints = gathered[:, :-1].reshape(gathered.shape[0], *mu.shape)
     return outgoing_cotangent(call.decays.to(mu.device), adjoints, call.layout.rank)
 
@@ -568,18 +699,32 @@ def _autocast_state(device_type: str):
     return (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
 
 
+def _keeps_graph() -> bool:
+    """Whether the running backward keeps the graph (retain_graph=True): then this one is not
+    the last through it.  Autograd's own flag, as torch's compiled functions read it; without
+    it, the graph goes after the first backward."""
+    flag = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return bool(flag()) if flag is not None else False
+
+
 class _SliceWithCarry(torch.autograd.Function):
     """The slice's forward from its entering state (graph kept), and the backward of
     the module docstring: the adjoint at the slice start, one all_gather, the slice's backward
-    with the later ranks' cotangent on its end state."""
+    with the later ranks' cotangent on its end state.
+
+    A backward with retain_graph=True keeps what the next needs: the slice's graph on a
+    reference backend; a SliceRun's phases consume their saved work, so the next backward
+    runs the slice's summary and forward again first.  create_graph=True is refused on every
+    rank (_double_backward)."""
 
     @staticmethod
     def forward(ctx, call: SliceCall, entering, x, initial_state, *params):
         needs = ctx.needs_input_grad
         ctx.call = call
         if call.runner is not None:  # the kernels' phases, no graph: the runner keeps theirs
-            y, states = call.runner.forward(
-                runner_entering(call.layout, entering, initial_state))
+            ctx.start = runner_entering(call.layout, entering, initial_state)
+            y, states = call.runner.forward(ctx.start)
+            ctx.phases_spent = False  # a backward consumes the runner's saved work
             call.names.append(_backend_name(call.mixer, x, call.backend))
             ctx.initial_state = (None if initial_state is None
                                  else (initial_state.shape, initial_state.dtype))
@@ -604,16 +749,32 @@ class _SliceWithCarry(torch.autograd.Function):
         return y.detach(), states.detach()
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dy, dstates):
+        # The engine runs a backward in grad mode only with create_graph=True.
+        refusal = _double_backward(ctx.call.mixer) if torch.is_grad_enabled() else None
+        keep = _keeps_graph()
+        with torch.no_grad():
+            if ctx.call.runner is not None:
+                grads = _SliceWithCarry._runner_backward(ctx, dy, dstates, refusal, keep)
+            else:
+                grads = _SliceWithCarry._graph_backward(ctx, dy, dstates, refusal, keep)
+        return (None, None, *grads)
+
+    @staticmethod
+    def _graph_backward(ctx, dy, dstates, refusal, keep):
+        """(dx, d initial_state, *d params) through the slice's kept graph."""
         call = ctx.call
-        if call.runner is not None:
-            return (None, None, *_SliceWithCarry._runner_backward(ctx, dy, dstates))
         x_leaf, h0_leaf, p_leaves = ctx.leaves
         device = x_leaf.device
         enabled, dtype = ctx.autocast
         failure = None
         try:
+            if refusal is not None:
+                raise refusal
+            if ctx.graph is None:
+                raise RuntimeError("the slice's graph was freed by an earlier backward: pass "
+                                   "retain_graph=True to every backward through it but the "
+                                   "last")
             if not call.layout.continued:  # nothing enters the slice: no adjoint to send
                 mu = torch.zeros_like(call.decays[0])
             else:
@@ -624,12 +785,14 @@ class _SliceWithCarry(torch.autograd.Function):
             mu, failure = torch.zeros_like(call.decays[0]), exc
         cotangent = _exchange_adjoints(call, mu.to(device), failure)
         y, states = ctx.graph
-        ctx.graph = None  # the kernels' saved tensors go with it
+        if not keep:
+            ctx.graph = None  # the kernels' saved tensors go with it
         leaves = [x_leaf, h0_leaf, *p_leaves]
         wanted = [t for t in leaves if t is not None and t.requires_grad]
         grads = torch.autograd.grad(
             [y, states], wanted,
-            [dy, with_end_cotangent(call.layout, dstates, cotangent)], allow_unused=True)
+            [dy, with_end_cotangent(call.layout, dstates, cotangent)], allow_unused=True,
+            retain_graph=keep)
         by_leaf = dict(zip(map(id, wanted), grads))
         out = []
         for t in leaves:
@@ -637,26 +800,35 @@ class _SliceWithCarry(torch.autograd.Function):
             if g is None and t is not None and t.requires_grad:
                 g = torch.zeros_like(t)  # initial-state rows this rank does not read
             out.append(g)
-        return (None, None, *out)
-
+        return out
 
     @staticmethod
-    def _runner_backward(ctx, dy, dstates):
+    def _runner_backward(ctx, dy, dstates, refusal, keep):
         """(dx, d initial_state, *d params) by the runner: the adjoint at the slice start
         leaves mid-way through its backward, which takes the later ranks' cotangent in."""
         call = ctx.call
-        ctx.saved_tensors  # noqa: B018 (autograd's check of in-place changes since the forward)
         exchanged = []
 
         def end_cotangent(mu):
             return _exchange_adjoints(call, mu, None, exchanged)
         try:
+            if refusal is not None:
+                raise refusal
+            # Autograd's checks: no in-place change since the forward, no graph freed by an
+            # earlier backward.
+            ctx.saved_tensors  # noqa: B018
+            if ctx.phases_spent:  # an earlier backward kept the graph: run them again
+                call.runner.summary()
+                call.runner.forward(ctx.start)
+            ctx.phases_spent = True
             dx, *d_params, d_entering = call.runner.backward(dy, dstates, end_cotangent)
         except Exception as exc:
             if not exchanged:  # the other ranks wait in the gather: tell them
                 mu = torch.zeros(dstates.shape, device=dstates.device, dtype=torch.float32)
                 _exchange_adjoints(call, mu, exc)
             raise
+        if not keep:
+            ctx.start = None
         needs = ctx.needs_input_grad[2:]
         d_h0 = None
         if needs[1]:
@@ -675,20 +847,23 @@ def run_with_carry(call: SliceCall, entering, x, initial_state, *params):
     return _SliceWithCarry.apply(call, entering, x, initial_state, *params)
 
 
-def _meta_row(mixer, x, initial_state, ctx: CPContext, needs_grad: bool, status: int):
+def _meta_row(mixer, x, initial_state, ctx: CPContext, needs_grad: bool, status: int,
+              heads: int, summary):
     row = [0] * _META_FIELDS
     row[_STATUS] = status
+    row[_RANK] = ctx.rank
     row[_PACKED] = int(ctx.packed)
-    if isinstance(x, torch.Tensor) and x.dim() == 3:
-        row[_BATCH], row[_LENGTH], row[_WIDTH] = x.shape
-        row[_DTYPE] = (SUPPORTED_DTYPES.index(x.dtype) if x.dtype in SUPPORTED_DTYPES
-                       else -1)
-    row[_HAS_INITIAL] = int(initial_state is not None)
-    row[_NEEDS_GRAD] = int(needs_grad)
     if ctx.packed:
         row[_CU_COUNT] = len(ctx.sequence_offsets)
-        row[_CU_SIGNATURE] = _signature(ctx.sequence_offsets)
-    row[_RANK] = ctx.rank
+    row[_CU_DIGEST], row[_SLICES_DIGEST] = ctx.digests
+    row[_MIXER_DIGEST] = _digest(mixer)
+    row[_HEADS] = heads
+    if isinstance(x, torch.Tensor) and x.dim() == 3:
+        row[_BATCH], row[_LENGTH], row[_WIDTH] = x.shape
+        row[_DTYPE] = _dtype_code(x.dtype)
+    row[_SUMMARY_DTYPE] = -1 if summary is None else _dtype_code(summary.dtype)
+    row[_HAS_INITIAL] = int(initial_state is not None)
+    row[_NEEDS_GRAD] = int(needs_grad)
     return row
 
 
@@ -728,46 +903,59 @@ def _check_local(mixer, x, initial_state, cu_seqlens, ctx: CPContext, group_rank
                              f"{x.device}")
 
 
-def _agree(mixer: str, ctx: CPContext, rows, error: Exception | None, comm_device):
+# What the ranks must agree on, in the order checked: (position, what, this rank's value shown
+# when the row holds a digest of it).
+_AGREED = (
+    (_PACKED, "packed or not (cu_seqlens in the context)", None),
+    (_CU_COUNT, "the number of global sequences", None),
+    (_CU_DIGEST, "the global cu_seqlens", lambda ctx, mixer: ctx.sequence_offsets),
+    (_SLICES_DIGEST, "the context's slice lengths", lambda ctx, mixer: ctx.slice_lengths),
+    (_MIXER_DIGEST, "the mixer", lambda ctx, mixer: mixer),
+    (_HEADS, "the number of heads", None),
+    (_BATCH, "the batch", None),
+    (_WIDTH, "the width", None),
+    (_DTYPE, "x's dtype", None),
+    (_SUMMARY_DTYPE, "the state's dtype", None),
+    (_HAS_INITIAL, "whether an initial state is given", None),
+    (_NEEDS_GRAD, "whether the call builds a graph (grad mode and requires_grad): every rank "
+                  "must run its backward", None),
+)
+
+
+def _agree(mixer: str, ctx: CPContext, row, error: Exception | None, comm_device):
     """All_gathers every rank's metadata and raises the same error on every rank when one
     failed or the ranks disagree; returns the slice lengths."""
-    mine = torch.tensor(rows, dtype=torch.int64, device=comm_device)
+    mine = torch.tensor(row, dtype=torch.int64, device=comm_device)
     table = _all_gather(ctx.group, mine, ctx.world_size).tolist()
     prefix = f"{mixer} (context parallel): "
-    failed = [k for k, row in enumerate(table) if row[_STATUS]]
+    failed = [k for k, r in enumerate(table) if r[_STATUS]]
     if failed:
-        messages = [None] * ctx.world_size
-        dist.all_gather_object(messages, None if error is None else
-                               f"{type(error).__name__}: {error}", group=ctx.group)
-        text = prefix + "; ".join(f"rank {k}: {messages[k]}" for k in failed)
-        raise ValueError(text) from error
-    if [row[_RANK] for row in table] != list(range(ctx.world_size)):
+        _raise_for_failures(ctx.group, ctx.world_size, failed, error, prefix)
+    if [r[_RANK] for r in table] != list(range(ctx.world_size)):
         raise ValueError(prefix + "the ranks' contexts were built in different groups")
-    for field, what in ((_PACKED, "packed or not (cu_seqlens in the context)"),
-                        (_CU_COUNT, "the number of global sequences"),
-                        (_CU_SIGNATURE, "the global cu_seqlens"),
-                        (_BATCH, "the batch"), (_WIDTH, "the width"), (_DTYPE, "x's dtype"),
-                        (_HAS_INITIAL, "whether an initial state is given"),
-                        (_NEEDS_GRAD, "whether the call builds a graph (grad mode and "
-                                      "requires_grad): every rank must run its backward")):
-        values = [row[field] for row in table]
-        if len(set(values)) > 1:
-            if field == _DTYPE:
-                values = [str(SUPPORTED_DTYPES[v]) if v >= 0 else "unsupported" for v in values]
-            raise ValueError(prefix + f"the ranks disagree on {what}: {values} by rank")
-    lengths = tuple(row[_LENGTH] for row in table)
+    for field, what, value in _AGREED:
+        values = [r[field] for r in table]
+        if len(set(values)) == 1:
+            continue
+        if value is not None:  # a digest: each rank's value, gathered to be shown
+            _raise_disagreement(ctx.group, ctx.world_size, prefix, what, value(ctx, mixer))
+        if field in (_DTYPE, _SUMMARY_DTYPE):
+            values = [str(SUPPORTED_DTYPES[v]) if v >= 0 else "unsupported" for v in values]
+        raise ValueError(prefix + f"the ranks disagree on {what}: {values} by rank")
+    lengths = tuple(r[_LENGTH] for r in table)
     if ctx.slice_lengths is not None and lengths != ctx.slice_lengths:
-        raise ValueError(prefix + f"the slices hold {list(lengths)} tokens by rank, the "
-                         f"context's slice lengths are {list(ctx.slice_lengths)}")
+        raise ValueError(prefix + f"the slices hold {_shortened(lengths)} tokens by rank, the "
+                         f"context's slice lengths are {_shortened(ctx.slice_lengths)}")
     return lengths
 
 
 @torch.compiler.disable
-def context_parallel(mixer: str, x, params: dict, *, cp_context: CPContext, backend="auto",
+def context_parallel(mixer: str, x, params, *, cp_context: CPContext, backend="auto",
                      return_backend: bool = False, initial_state=None,
                      output_final_state: bool = False, cu_seqlens=None):
     """The mixer over the sequence that the ranks of ``cp_context.group`` hold in slices: this
     rank's y (and states), as the functional forms return them with ``cp_context``.
+    ``params``: the mixer's parameters in its spec's order (or {name: tensor} in that order).
 
     ``initial_state``: [B, D] ([N, D] packed, N the global sequences), the same tensor on
     every rank; each rank reads the rows of the sequences that start in its slice (unpacked:
@@ -779,23 +967,31 @@ def context_parallel(mixer: str, x, params: dict, *, cp_context: CPContext, back
     packed, one row per sequence with a piece in the slice (``cp_context.sequence_ids``): the
     final state of each sequence that ends here, and for the last, when it continues on the
     next rank (``cp_context.continues_to_next``), the state at the slice end.  Gradients on
-    every returned row are taken in."""
+    every returned row are taken in.
+
+    Every check that can fail on one rank runs before the first collective, and the ranks
+    share their verdicts: a bad call on any rank raises the same error on every rank (only a
+    cp_context that is no CPContext, which names no group to tell, raises here alone)."""
     ctx = cp_context
     if not isinstance(ctx, CPContext):
         raise TypeError(f"{mixer}: cp_context must be a CPContext from "
                         f"samu.distributed.build_cp_context, got {type(ctx).__name__}")
-    if not isinstance(output_final_state, bool):
-        raise TypeError(f"{mixer}: output_final_state must be True or False, got "
-                        f"{output_final_state!r}")
     if isinstance(x, torch.Tensor):
         x = autocast_input(x)
-    tensors = [t for t in (x, initial_state, *params.values()) if isinstance(t, torch.Tensor)]
+    param_list = list(params.values()) if isinstance(params, dict) else list(params)
+    tensors = [t for t in (x, initial_state, *param_list) if isinstance(t, torch.Tensor)]
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    param_list = list(params.values())
     device = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
     comm_device = _comm_device(ctx.group, device)
-    error, status, summary, layout, runner = None, 0, None, None, None
+    error, status, summary, layout, runner, heads = None, 0, None, None, None, 0
     try:
+        spec = mixers.get(mixer)
+        mixers.check_count(mixer, param_list)
+        named = dict(zip(spec.parameter_names, param_list))
+        check_tensors(mixer, named)
+        if not isinstance(output_final_state, bool):
+            raise TypeError(f"{mixer}: output_final_state must be True or False, got "
+                            f"{output_final_state!r}")
         _check_local(mixer, x, initial_state, cu_seqlens, ctx, dist.get_rank(ctx.group),
                      dist.get_world_size(ctx.group))
         lengths = ctx.slice_lengths or (None,) * ctx.world_size
@@ -804,9 +1000,10 @@ def context_parallel(mixer: str, x, params: dict, *, cp_context: CPContext, back
         layout = slice_layout(ctx.rank, lengths, ctx.sequence_offsets)
         runner = slice_runner(mixer, layout, x, param_list, backend, initial_state)
         summary = slice_summary(mixer, layout, x, param_list, backend, initial_state, runner)
+        heads = spec.heads_of(named) if spec.has_heads else 0
     except Exception as exc:  # reported to every rank below instead of leaving them waiting
         error, status = exc, 1
-    meta = _meta_row(mixer, x, initial_state, ctx, needs_grad, status)
+    meta = _meta_row(mixer, x, initial_state, ctx, needs_grad, status, heads, summary)
     _agree(mixer, ctx, meta, error, comm_device)
     gather = _gatherer(ctx.group, ctx.world_size, comm_device, device)
     summaries = gather(summary)

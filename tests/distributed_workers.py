@@ -41,6 +41,14 @@ THREE_LAYOUTS = {
 }
 THREE_CASES = [(m, p, l) for m in ("samu", "rglru") for p in PRECISIONS for l in THREE_LAYOUTS
                if not (p == "triton_float32" and l == "packed_boundary")]
+# The same loss, backpropagated twice (retain_graph=True, then without): the gradients are
+# twice one backward's.  Packed over three ranks, the slices take both paths: a kernel SliceRun
+# (rank 1, through which one sequence runs) and the slice's graph (ranks 0 and 2, where
+# sequences start).  RG-LRU's kernels unpacked, where every rank runs a SliceRun: its graph
+# path cannot run twice (the kernels write dG over G), without context parallelism either.
+SECOND_BACKWARD_CASES = [(m, p, "packed_spanning_h0", "retain_graph") for m in ("samu", "rglru")
+                         for p in PRECISIONS if (m, p) != ("rglru", "triton_float32")]
+SECOND_BACKWARD_CASES.append(("rglru", "triton_float32", "plain_h0", "retain_graph"))
 
 # Two ranks of uneven slices (7 and 17 tokens, L = 24), lengths gathered by build_cp_context.
 TWO_SLICES = (7, 17)
@@ -87,7 +95,7 @@ def make_module(mixer: str, backend: str, params=None):
 def case_inputs(case, slices, layouts):
     """Every tensor of a case, the same in every process: x, parameters, dy, the initial state,
     the final states' cotangent, and a cotangent for each rank's state at its slice end."""
-    mixer, precision, layout_name = case
+    mixer, precision, layout_name = case[:3]
     layout = layouts[layout_name]
     dtype = PRECISIONS[precision][0]
     gen = torch.Generator().manual_seed(case_seed(case))
@@ -127,7 +135,7 @@ def full_sequence(case, slices, layouts) -> dict:
     SAMU)."""
     import samu
     t = case_inputs(case, slices, layouts)
-    mixer, precision, _ = case
+    mixer, precision = case[:2]
     backend = PRECISIONS[precision][1]
     x = t["x"].clone().requires_grad_()
     params = [p.clone().requires_grad_() for p in t["params"]]
@@ -156,12 +164,13 @@ def full_sequence(case, slices, layouts) -> dict:
 
 
 def cp_case(case, slices, layouts, rank: int, world: int, use_module: bool,
-            length_argument: str) -> dict:
-    """This rank's share of the same loss under context parallelism."""
+            length_argument: str, backwards: int = 1) -> dict:
+    """This rank's share of the same loss under context parallelism (its gradients from
+    ``backwards`` backward passes through one graph, divided by their number)."""
     import samu
     from samu.distributed import build_cp_context
     t = case_inputs(case, slices, layouts)
-    mixer, precision, _ = case
+    mixer, precision = case[:2]
     backend = PRECISIONS[precision][1]
     start = sum(slices[:rank])
     end = start + slices[rank]
@@ -187,32 +196,34 @@ def cp_case(case, slices, layouts, rank: int, world: int, use_module: bool,
         rows = d_states.shape[0] if ids is None else 1
         d_states[-rows:] = t["d_slice_end"][rank][:rows]
     loss = (y * t["dy"][:, start:end]).sum() + (states * d_states).sum()
-    loss.backward()
-    grads = [p.grad.clone() for p in leaves]
+    for n in range(backwards):
+        loss.backward(retain_graph=n < backwards - 1)
+    grads = [p.grad / backwards for p in leaves]
     for g in grads:
         torch.distributed.all_reduce(g)  # each rank holds its slice's share
     dh0 = None
     if h0 is not None:
-        dh0 = h0.grad.clone()
+        dh0 = h0.grad / backwards
         torch.distributed.all_reduce(dh0)
     with torch.no_grad():  # the no-graph path gives the same forward
         fn = getattr(samu, mixer)
         y_no_grad = fn(x.detach(), *[p.detach() for p in params], backend=backend,
                        initial_state=None if h0 is None else h0.detach(), cp_context=ctx)
-    return dict(y=y.detach(), y_no_grad=y_no_grad, states=states.detach(), dx=x.grad,
+    return dict(y=y.detach(), y_no_grad=y_no_grad, states=states.detach(),
+                dx=x.grad / backwards,
                 params=grads, dh0=dh0, sequence_ids=ids, continues=continues, backend=name,
                 local_cu_seqlens=(None if ctx.local_cu_seqlens is None
                                   else ctx.local_cu_seqlens.tolist()))
 
 
-def _init(rank: int, world: int, port: int):
+def _init(rank: int, world: int, port: int, timeout: float = 90):
     if KERNEL_DEVICE == "cpu":  # before samu is imported anywhere in this process
         os.environ["TRITON_INTERPRET"] = "1"
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world,
-                                         timeout=timedelta(seconds=90))
+                                         timeout=timedelta(seconds=timeout))
     import samu  # noqa: F401  (imported after TRITON_INTERPRET, as the kernels need)
 
 
@@ -243,6 +254,10 @@ def three_ranks(rank: int, world: int, port: int, out_dir: str):
         results[case_name(case)] = cp_case(case, THREE_SLICES, THREE_LAYOUTS, rank, world,
                                            use_module=case[1] == "triton_float32",
                                            length_argument="slice_lengths")
+    for case in SECOND_BACKWARD_CASES:
+        results[case_name(case)] = cp_case(case, THREE_SLICES, THREE_LAYOUTS, rank, world,
+                                           use_module=case[1] == "triton_float32",
+                                           length_argument="slice_lengths", backwards=2)
     try:
         _bad_parameter_on_the_middle_rank(rank)
     except Exception as exc:  # what the parent checks: every rank raised the middle rank's error
@@ -365,4 +380,152 @@ def two_gpus(rank: int, world: int, port: int, out_dir: str):
                 results[f"{wrap}-{mixer}"] = train(mixer, wrap, rank, world, device)
             except Exception as exc:  # reported by the parent as the error it is
                 results[f"{wrap}-{mixer}"] = f"{type(exc).__name__}: {exc}"
+    _finish(out_dir, rank, results)
+
+
+# --- ranks whose calls disagree or fail on one rank ------------------------------------------
+
+# Every collective of this group times out after this long: a rank left waiting fails the
+# test (with the parent's deadline) instead of hanging the suite.
+MISMATCH_TIMEOUT_SECONDS = 30
+MISMATCH_SLICES = (5, 5)
+# Offsets whose linear checksum sum((i + 1) c_i) is the same (88): only a digest tells them apart.
+COLLIDING_CU_SEQLENS = ((0, 1, 4, 6, 10), (0, 3, 4, 5, 10))
+
+
+def _mismatch_inputs(mixer: str = "samu", heads: int = RGLRU_HEADS):
+    """This test's whole sequence (1, 10, WIDTH) in float64 and the mixer's parameters."""
+    import samu
+    gen = torch.Generator().manual_seed(11)
+    module = (samu.SAMU(WIDTH) if mixer == "samu" else samu.RGLRU(WIDTH, num_heads=heads))
+    module.reset_parameters(generator=gen)
+    params = [p.detach().double() for p in module._parameters_in_order()]
+    x = torch.randn(1, sum(MISMATCH_SLICES), WIDTH, generator=gen, dtype=torch.float64)
+    return x, params
+
+
+def _slice_of(x, rank: int):
+    start = sum(MISMATCH_SLICES[:rank])
+    return x[:, start:start + MISMATCH_SLICES[rank]]
+
+
+def _mismatched_call(name: str, rank: int, group):
+    """One case: a call that must raise on every rank (the parent checks the words)."""
+    import samu
+    from samu.distributed import build_cp_context
+    x, params = _mismatch_inputs()
+    mine = _slice_of(x, rank)
+    reference = dict(backend="reference_chunked")
+
+    def context(**kwargs):
+        return build_cp_context(group, **kwargs)
+    if name == "cu_seqlens_collide_at_build":
+        ctx = context(cu_seqlens=COLLIDING_CU_SEQLENS[rank], slice_lengths=MISMATCH_SLICES)
+        samu.samu(mine, *params, cp_context=ctx, **reference)
+    elif name == "cu_seqlens_collide_in_the_call":  # both contexts built on both ranks
+        contexts = [context(cu_seqlens=cu, slice_lengths=MISMATCH_SLICES)
+                    for cu in COLLIDING_CU_SEQLENS]
+        samu.samu(mine, *params, cp_context=contexts[rank], **reference)
+    elif name == "slice_lengths_differ_in_the_call":  # rank 0 holds 5 tokens in both
+        contexts = [context(slice_lengths=(5, 5)), context(slice_lengths=(5, 6))]
+        held = mine if rank == 0 else torch.cat([mine, mine[:, :1]], 1)
+        samu.samu(held, *params, cp_context=contexts[rank], **reference)
+    elif name == "mixers_differ":
+        if rank == 0:
+            samu.samu(mine, *params, cp_context=context(), **reference)
+        else:
+            samu.rglru(mine, *_mismatch_inputs("rglru")[1], cp_context=context(), **reference)
+    elif name == "heads_differ":
+        samu.rglru(mine, *_mismatch_inputs("rglru", heads=2 * (rank + 1))[1],
+                   cp_context=context(), **reference)
+    elif name == "output_final_state_not_a_bool_on_one_rank":
+        samu.samu(mine, *params, cp_context=context(), output_final_state=1 if rank else True,
+                  **reference)
+    elif name == "parameter_missing_on_one_rank":
+        samu.functional.mix("samu", mine, *params[:len(params) - rank], cp_context=context(),
+                            **reference)
+    elif name == "parameter_none_on_one_rank":
+        given = [None if rank == 1 and i == 0 else p for i, p in enumerate(params)]
+        samu.samu(mine, *given, cp_context=context(), **reference)
+    elif name == "nested_cu_seqlens_on_one_rank":  # local_length: the build gathers
+        context(cu_seqlens=[[0, 10]] if rank else [0, 10], local_length=MISMATCH_SLICES[rank])
+    elif name == "fractional_slice_lengths":
+        context(slice_lengths=[2.7, 2.7])
+    elif name == "fractional_cu_seqlens":
+        context(cu_seqlens=[0, 2.5, 4], slice_lengths=(2, 2))
+    elif name == "nested_cu_seqlens":
+        context(cu_seqlens=[[0, 4]], slice_lengths=(2, 2))
+    elif name in ("create_graph_on_one_rank", "create_graph_on_the_kernels"):
+        kernels = name.endswith("kernels")
+        device = KERNEL_DEVICE if kernels else "cpu"
+        dtype = torch.float32 if kernels else torch.float64
+        xs = mine.to(device, dtype).requires_grad_()
+        y = samu.samu(xs, *[p.to(device, dtype) for p in params], cp_context=context(),
+                      backend="auto" if kernels else "reference_chunked")
+        torch.autograd.grad(y.square().sum(), xs, create_graph=rank == 0 or kernels)
+    elif name == "second_backward_through_overwritten_gates":
+        # Rank 0's slice, where a sequence starts, runs its graph (GemmScanFunction), which
+        # cannot run backward twice; rank 1's SliceRun can.
+        ctx = context(cu_seqlens=(0, 3, 10), slice_lengths=MISMATCH_SLICES)
+        rglru_params = [p.to(KERNEL_DEVICE, torch.float32) for p in _mismatch_inputs("rglru")[1]]
+        xs = mine.to(KERNEL_DEVICE, torch.float32).requires_grad_()
+        loss = samu.rglru(xs, *rglru_params, cp_context=ctx).sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+    elif name == "second_backward_without_retain_graph":
+        xs = mine.clone().requires_grad_()
+        loss = samu.samu(xs, *params, cp_context=context(), **reference).sum()
+        loss.backward()
+        loss.backward()
+    else:
+        raise KeyError(name)
+
+
+MISMATCH_CASES = ("cu_seqlens_collide_at_build", "cu_seqlens_collide_in_the_call",
+                  "slice_lengths_differ_in_the_call", "mixers_differ", "heads_differ",
+                  "output_final_state_not_a_bool_on_one_rank", "parameter_missing_on_one_rank",
+                  "parameter_none_on_one_rank", "nested_cu_seqlens_on_one_rank",
+                  "fractional_slice_lengths", "fractional_cu_seqlens", "nested_cu_seqlens",
+                  "create_graph_on_one_rank", "create_graph_on_the_kernels",
+                  "second_backward_without_retain_graph",
+                  "second_backward_through_overwritten_gates")
+
+
+def _good_call_error(rank: int, group) -> float:
+    """A good call after a failed one: the relative error of this rank's y and dx against one
+    process over the whole sequence (float64), which a collective paired with the failed
+    call's would spoil."""
+    import samu
+    from samu.distributed import build_cp_context
+    x, params = _mismatch_inputs()
+    whole = x.clone().requires_grad_()
+    want = samu.samu(whole, *params, backend="reference_chunked")
+    want.square().sum().backward()
+    mine = _slice_of(x, rank).clone().requires_grad_()
+    got = samu.samu(mine, *params, backend="reference_chunked",
+                    cp_context=build_cp_context(group, slice_lengths=MISMATCH_SLICES))
+    got.square().sum().backward()
+    pairs = ((got, _slice_of(want, rank)), (mine.grad, _slice_of(whole.grad, rank)))
+    return max(float((a - b).detach().norm() / b.norm()) for a, b in pairs)
+
+
+def mismatched_ranks(rank: int, world: int, port: int, out_dir: str):
+    """Each case of MISMATCH_CASES, then a good call, in a group whose collectives time out
+    after MISMATCH_TIMEOUT_SECONDS."""
+    _init(rank, world, port)
+    group = torch.distributed.new_group(
+        list(range(world)), timeout=timedelta(seconds=MISMATCH_TIMEOUT_SECONDS))
+    results = {}
+    for name in MISMATCH_CASES:
+        try:
+            _mismatched_call(name, rank, group)
+        except Exception as exc:  # what the parent checks: every rank raised, and what
+            outcome = (type(exc).__name__, str(exc))
+        else:
+            outcome = None
+        try:
+            after = _good_call_error(rank, group)
+        except Exception as exc:  # reported by the parent
+            after = f"{type(exc).__name__}: {exc}"
+        results[name] = dict(outcome=outcome, after=after)
     _finish(out_dir, rank, results)

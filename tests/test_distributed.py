@@ -2,12 +2,14 @@
 holding the whole sequence; and samu.model under DDP and FSDP2 against one process on the whole
 batch.
 
-Two groups of processes run, once each (module-scoped fixtures): three ranks (uneven slices
+Three groups of processes run, once each (module-scoped fixtures): three ranks (uneven slices
 10, 9, 11) for both mixers on the float64 reference and on the Triton backend in float32 (on
-CUDA where there is a GPU, else under Triton's interpreter); two ranks (slices 7 and 17, lengths gathered by build_cp_context)
-for the reference cases without initial state, the bad contexts, and the training runs.  The
-workers are in tests/distributed_workers.py; each writes its results with torch.save, and the
-tests here compare them with what this process computes over the whole sequence.
+CUDA where there is a GPU, else under Triton's interpreter), once with a second backward; two
+ranks (slices 7 and 17, lengths gathered by build_cp_context) for the reference cases without
+initial state, the bad contexts, and the training runs; two ranks in a group whose collectives
+time out in seconds, for calls that disagree or fail on one rank.  The workers are in
+tests/distributed_workers.py; each writes its results with torch.save, and the tests here
+compare them with what this process computes over the whole sequence.
 """
 from __future__ import annotations
 
@@ -33,19 +35,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_group(entry, world: int, out_dir, parent_work=None):
+def run_group(entry, world: int, out_dir, parent_work=None, deadline_s=DEADLINE_SECONDS):
     """Starts ``world`` ranks of ``entry``, runs ``parent_work()`` meanwhile, and returns
     (every rank's results, parent_work's result).  A worker's exception fails the test with its
     traceback; a group that outlives the deadline is killed and fails it too."""
     context = mp.start_processes(entry, args=(world, free_port(), str(out_dir)), nprocs=world,
                                  join=False, start_method="spawn")
-    deadline = time.monotonic() + DEADLINE_SECONDS
+    deadline = time.monotonic() + deadline_s
     try:
         mine = parent_work() if parent_work is not None else None
         while not context.join(timeout=1.0):
             if time.monotonic() > deadline:
                 pytest.fail(f"the {world} ranks of {entry.__name__} did not finish within "
-                            f"{DEADLINE_SECONDS} s")
+                            f"{deadline_s} s")
     except mp.ProcessRaisedException as exc:
         pytest.fail(f"a rank of {entry.__name__} raised:\n{exc}")
     except mp.ProcessExitedException as exc:
@@ -66,8 +68,8 @@ def references(cases, slices, layouts):
 def three_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("three_ranks")
     return run_group(workers.three_ranks, 3, out,
-                     lambda: references(workers.THREE_CASES, workers.THREE_SLICES,
-                                        workers.THREE_LAYOUTS))
+                     lambda: references(workers.THREE_CASES + workers.SECOND_BACKWARD_CASES,
+                                        workers.THREE_SLICES, workers.THREE_LAYOUTS))
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +124,15 @@ def check_case(case, ranks: list[dict], want: dict):
 
 @pytest.mark.parametrize("case", workers.THREE_CASES, ids=workers.case_name)
 def test_three_ranks_match_one_process(three_ranks, case):
+    ranks, want = three_ranks
+    check_case(case, ranks, want[workers.case_name(case)])
+
+
+@pytest.mark.parametrize("case", workers.SECOND_BACKWARD_CASES, ids=workers.case_name)
+def test_a_second_backward_with_retain_graph_matches_one_process(three_ranks, case):
+    """Two backwards through one context-parallel graph (the first with retain_graph) give
+    twice one backward's gradients, on the kernels' SliceRun (which runs its phases again) and
+    through the slice's kept graph."""
     ranks, want = three_ranks
     check_case(case, ranks, want[workers.case_name(case)])
 
@@ -326,3 +337,81 @@ def test_a_runner_refuses_a_backward_after_h0_changed_in_place():
     h0.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         (y.sum() + states.sum()).backward()
+
+
+# --- ranks that disagree, or fail on one rank ------------------------------------------------
+
+# (exception type, words in its message on every rank).
+MISMATCH_ERRORS = {
+    "cu_seqlens_collide_at_build": (
+        "ValueError", "build_cp_context: the ranks disagree on the global cu_seqlens: "
+        "[0, 1, 4, 6, 10] on rank 0, [0, 3, 4, 5, 10] on rank 1"),
+    "cu_seqlens_collide_in_the_call": (
+        "ValueError", "samu (context parallel): the ranks disagree on the global cu_seqlens: "
+        "[0, 1, 4, 6, 10] on rank 0, [0, 3, 4, 5, 10] on rank 1"),
+    "slice_lengths_differ_in_the_call": (
+        "ValueError", "the ranks disagree on the context's slice lengths: [5, 5] on rank 0, "
+        "[5, 6] on rank 1"),
+    "mixers_differ": ("ValueError", "the ranks disagree on the mixer: samu on rank 0, rglru on "
+                                    "rank 1"),
+    "heads_differ": ("ValueError", "the ranks disagree on the number of heads: [2, 4] by rank"),
+    "output_final_state_not_a_bool_on_one_rank": (
+        "TypeError", "rank 1: TypeError: samu: output_final_state must be True or False, got 1"),
+    "parameter_missing_on_one_rank": ("TypeError", "rank 1: TypeError: samu: takes 5 parameters"),
+    "parameter_none_on_one_rank": (
+        "TypeError", "rank 1: TypeError: samu: ctrl_weight must be a torch.Tensor, got NoneType"),
+    "nested_cu_seqlens_on_one_rank": (
+        "TypeError", "rank 1: TypeError: build_cp_context: cu_seqlens must hold integers, got "
+        "list [0, 10] at position 0"),
+    "fractional_slice_lengths": (
+        "TypeError", "slice_lengths must hold integers, got float 2.7 at position 0"),
+    "fractional_cu_seqlens": (
+        "TypeError", "cu_seqlens must hold integers, got float 2.5 at position 1"),
+    "nested_cu_seqlens": ("TypeError", "cu_seqlens must hold integers, got list [0, 4] at "
+                                       "position 0"),
+    "create_graph_on_one_rank": (
+        "RuntimeError", "a double backward (create_graph=True, e.g. a gradient penalty) is not "
+        "supported through a context-parallel call"),
+    "create_graph_on_the_kernels": ("RuntimeError", "asked on rank(s) [0, 1]"),
+    "second_backward_without_retain_graph": (
+        "RuntimeError", "the slice's graph was freed by an earlier backward: pass "
+        "retain_graph=True"),
+    # After the adjoints' exchange: the rank whose graph cannot run twice raises the kernels'
+    # own refusal, the other completes its backward (nothing waits).
+    "second_backward_through_overwritten_gates": [
+        ("RuntimeError", "so this graph cannot be backpropagated through twice"), None],
+}
+
+
+@pytest.fixture(scope="module")
+def mismatched_ranks(tmp_path_factory):
+    """Two ranks whose group times out in seconds, under a deadline a little longer: a rank
+    left waiting, or a collective paired with another call's, fails these tests instead of
+    hanging the suite."""
+    out = tmp_path_factory.mktemp("mismatched_ranks")
+    ranks, _ = run_group(workers.mismatched_ranks, 2, out,
+                         deadline_s=4 * workers.MISMATCH_TIMEOUT_SECONDS + 60)
+    return ranks
+
+
+def test_every_case_of_the_mismatched_group_is_checked():
+    assert set(MISMATCH_ERRORS) == set(workers.MISMATCH_CASES)
+
+
+@pytest.mark.parametrize("name", workers.MISMATCH_CASES)
+def test_a_call_that_disagrees_or_fails_on_one_rank_raises_on_every_rank(mismatched_ranks,
+                                                                         name):
+    """The error is raised on every rank before any summary is combined (none waits for a
+    collective that another rank skipped), and the next good call on the same group matches
+    one process over the whole sequence (no collective paired across calls)."""
+    expected = MISMATCH_ERRORS[name]
+    for rank, r in enumerate(mismatched_ranks):
+        want = expected[rank] if isinstance(expected, list) else expected
+        got = r[name]["outcome"]
+        if want is None:
+            assert got is None, (name, rank, got)
+        else:
+            assert got is not None, f"{name}: rank {rank} raised nothing"
+            assert got[0] == want[0] and want[1] in got[1], (name, rank, got)
+        after = r[name]["after"]
+        assert isinstance(after, float) and after <= 1e-12, (name, rank, after)
