@@ -345,6 +345,31 @@ def test_summary_spreads_over_seeds(doc):
     assert (table["min"] <= table["mean"]).all() and (table["mean"] <= table["max"]).all()
 
 
+def test_a_one_seed_run_draws_no_spread_and_marks_its_short_curves(doc):
+    """One seed: no band, bars or per-seed points, and the titles say so; a loss curve of one
+    logged point shows as a marker; no y-label runs into the title."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.collections import PathCollection
+    one = copy.deepcopy(doc)
+    one["runs"] = [r for r in one["runs"] if r["seed"] == 0]
+    for r in one["runs"]:
+        if r["task"] == "lm":
+            r["loss_curve"] = r["loss_curve"][-1:]
+    figs = T.figures(one)
+    assert "(one seed)" in figs["loss"].get_suptitle()
+    assert "(one seed)" in figs["accuracy"].get_suptitle()
+    lm = next(ax for ax in figs["loss"].axes if ax.get_title().startswith(T.TASK_NAMES["lm"]))
+    drawn = [line for line in lm.lines if len(line.get_xdata())]
+    assert drawn and all(line.get_marker() == "o" for line in drawn)
+    quality = figs["quality_speed"]
+    assert "one seed each" in quality.get_suptitle() and "each seed" not in quality.get_suptitle()
+    assert not any(isinstance(c, PathCollection) for ax in quality.axes for c in ax.collections)
+    renderer = FigureCanvasAgg(quality).get_renderer()
+    title = quality._suptitle.get_window_extent(renderer)
+    for ax in quality.axes:
+        assert not ax.yaxis.label.get_window_extent(renderer).overlaps(title), ax.get_ylabel()
+
+
 def test_figures_are_written_atomically(doc, tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "DATA", tmp_path)
     written = T.draw_figures(doc, "cpu")

@@ -22,6 +22,11 @@ def _title_note(doc: dict) -> str:
     return note
 
 
+def _one_seed(df) -> bool:
+    """Whether every (task, length, mixer) of a best_frame has one seed: no range to draw."""
+    return bool((df.groupby(["task", "seq_len", "mixer"])["seed"].nunique() <= 1).all())
+
+
 def figures(doc: dict) -> dict:
     """matplotlib Figures (no pyplot, so nothing is left open): loss curves per task and length,
     accuracy against sequence length (recall, copying), and quality against training speed."""
@@ -46,6 +51,7 @@ def figures(doc: dict) -> dict:
     palette = dict(zip(mixers, sns.color_palette("deep", len(mixers))))
     markers = dict(zip(mixers, ["o", "s", "^", "D", "v"]))
     note = _title_note(doc)
+    one_seed = _one_seed(df)
     out = {}
 
     # Loss curves: one panel per (task, length), the band the range over seeds.
@@ -60,15 +66,19 @@ def figures(doc: dict) -> dict:
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
     for ax, (task, length) in zip(axes, panels):
         part = curves[(curves["task"] == task) & (curves["seq_len"] == length)]
+        # A curve of one or two logged points (a short run) is drawn by its markers.
+        few = part.groupby(["Mixer", "seed"]).size().max() <= 2
         sns.lineplot(data=part, x="step", y="loss", hue="Mixer", hue_order=mixers,
-                     palette=palette, errorbar=_seed_range, ax=ax, legend=ax is axes[0])
+                     palette=palette, errorbar=_seed_range, ax=ax, legend=ax is axes[0],
+                     marker="o" if few else None)
         ax.set_title(f"{TASK_NAMES[task]}, L = {length}", fontsize=10)
         ax.set_ylabel("training loss (nats)")
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     if axes[0].get_legend() is not None:
         axes[0].get_legend().set_title("mixer")
-    fig.suptitle(f"Training loss (mean over seeds; band: range over seeds) — {note}", fontsize=11)
+    seeds = "one seed" if one_seed else "mean over seeds; band: range over seeds"
+    fig.suptitle(f"Training loss ({seeds}) — {note}", fontsize=11)
     fig.tight_layout()
     out["loss"] = fig
 
@@ -104,8 +114,8 @@ def figures(doc: dict) -> dict:
             legend.remove()
             axes[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0),
                             frameon=False)
-        fig.suptitle(f"Accuracy against sequence length (mean over seeds; bars: range) — {note}",
-                     fontsize=11)
+        seeds = "one seed" if one_seed else "mean over seeds; bars: range"
+        fig.suptitle(f"Accuracy against sequence length ({seeds}) — {note}", fontsize=11)
         fig.tight_layout()
         out["accuracy"] = fig
 
@@ -125,7 +135,8 @@ def figures(doc: dict) -> dict:
             if not len(grp):
                 continue
             x, y = grp[timed], grp["value"]
-            ax.scatter(x, y, color=palette[mixer], marker=markers[mixer], alpha=0.35, s=22)
+            if not one_seed:
+                ax.scatter(x, y, color=palette[mixer], marker=markers[mixer], alpha=0.35, s=22)
             ax.errorbar([x.mean()], [y.mean()],
                         xerr=[[x.mean() - x.min()], [x.max() - x.mean()]],
                         yerr=[[y.mean() - y.min()], [y.max() - y.mean()]],
@@ -143,16 +154,19 @@ def figures(doc: dict) -> dict:
                        else "training wall time per run (s)") if timed == "train_wall_s"
                       else "training tokens / s")
         metric = METRICS[task]
-        ax.set_ylabel("held-out accuracy (higher is better)" if metric == "accuracy"
-                      else "held-out bits per character (lower is better)")
+        ax.set_ylabel("held-out accuracy\n(higher is better)" if metric == "accuracy"
+                      else "held-out bits per character\n(lower is better)")
         ax.set_title(f"{TASK_NAMES[task]}, L = {longest}", fontsize=10)
-    handles, labels = axes[-1].get_legend_handles_labels()
-    if handles:
-        axes[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                        frameon=False)
+    from matplotlib.lines import Line2D
+    drawn = [m for m in mixers if (df["Mixer"] == m).any()]
+    axes[-1].legend(handles=[Line2D([], [], ls="none", marker=markers[m], color=palette[m],
+                                    markeredgecolor="black", markersize=9, label=m)
+                             for m in drawn],
+                    loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    seeds = ("one seed each" if one_seed
+             else "large marker: mean over seeds, bars: range; small: each seed")
     fig.suptitle(f"Quality against training {'time' if timed == 'train_wall_s' else 'speed'} "
-                 f"(large marker: mean over seeds, bars: range; "
-                 f"small: each seed) — {note}", fontsize=11)
+                 f"({seeds}) — {note}", fontsize=11)
     fig.tight_layout()
     out["quality_speed"] = fig
     if doc.get("recall_curves") if isinstance(doc, dict) else False:
