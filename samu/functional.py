@@ -245,9 +245,6 @@ def _run(mixer: str, x, params: dict, backend: str, initial_state=None, cu_seqle
     if torch.compiler.is_compiling():
         return _run_compiled(mixer, x, params, backend, state)
     chosen = _resolve(mixer, x, backend)
-    if resets is not None and chosen.kind == "triton":
-        raise NotImplementedError(f"{mixer}: resets run on the reference backends only so far; "
-                                  "pass backend='reference_chunked'")
     if chosen.kind == "triton" or not torch.is_autocast_enabled(x.device.type):
         # The kernels set every dtype themselves; entering autocast costs ~15 us of host time.
         return (*chosen.run(x, *params.values(), **state), chosen.name)

@@ -7,10 +7,13 @@ then held to the oracle: y, the final state, dx, every parameter gradient and d 
 with resets at chunk boundaries, at the first and the last token, inside rows, different in
 every row, with packed sequences and initial states.  On a CPU the Triton backends run under
 Triton's interpreter (conftest) at tiny sizes."""
+import dataclasses
+
 import pytest
 import torch
 
 from samu import backends, mixers
+from samu.ops.common import carry
 from samu.experiment import legality
 from samu.functional import FUNCTIONS, PARAMETER_NAMES
 from samu.modules import MODULES, build
@@ -18,6 +21,7 @@ from samu.modules import MODULES, build
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MIXERS = mixers.names()
 WIDTH = 32
+HEADS = 2  # RG-LRU's: blocks of 16 channels, and one head per group where G is recomputed
 
 
 def _backends(mixer, kinds=("reference",)):
@@ -25,8 +29,23 @@ def _backends(mixer, kinds=("reference",)):
 
 
 def _chunk(mixer, name):
-    config = backends.REGISTRY[mixer][name].config
+    config = name if not isinstance(name, str) else backends.REGISTRY[mixer][name].config
     return 8 if config is None else config.chunk
+
+
+def _variants(mixer):
+    """The default Triton configuration with each other carry path and backward option: the
+    carry by chunk_carry (not walked), by the look-back (every chunk a segment), and SAMU's
+    backward from a partial dx."""
+    config = backends.REGISTRY[mixer][backends.DEFAULTS[mixer]].config
+    walk = dict(walked_carry_chunks=0) if hasattr(config, "walked_carry_chunks") else {}
+    out = [dataclasses.replace(config, **walk, carry=carry.CarryPlan(
+        two_level_from=2, segment_chunks=1, lookback=True))]
+    if walk:
+        out.append(dataclasses.replace(config, **walk))
+    if hasattr(config, "partial_dx"):
+        out.append(dataclasses.replace(config, partial_dx=True))
+    return out
 
 
 def _rows_mask(length, chunk):
@@ -57,8 +76,7 @@ def _state(shape, chunk, packed, initial, seed):
 
 
 def _inputs(mixer, shape, seed, dtype=torch.float32):
-    x, params, dy = legality.make_inputs(mixer, shape, DEVICE, seed=seed, dtype=dtype)
-    return x, params, dy
+    return legality.make_inputs(mixer, shape, DEVICE, seed=seed, dtype=dtype, num_heads=HEADS)
 
 
 def _oracle(mixer, x, params, dy, state):
@@ -144,15 +162,38 @@ def _relative(got, want):
 
 
 # Every backend of every mixer (the Triton ones under the interpreter on a CPU), rows and packed.
-BACKEND_CASES = [(mixer, name, packed) for mixer in MIXERS for name in _backends(mixer)
-                 for packed in (False, True)]
+def _backend_cases():
+    """Rows and packed for the references and the default Triton backends, and for every
+    backend on a GPU; under the interpreter (slow) the other configurations take the packed
+    case, whose resets fall on the same chunk boundaries."""
+    cases = []
+    for mixer in MIXERS:
+        for name in _backends(mixer, ("reference", "triton")) + _variants(mixer):
+            both = (torch.cuda.is_available() or name == backends.DEFAULTS[mixer]
+                    or name in _backends(mixer))
+            cases += [(mixer, name, packed) for packed in ((False, True) if both else (True,))]
+    return cases
 
 
-@pytest.mark.parametrize("mixer, name, packed", BACKEND_CASES)
+BACKEND_CASES = _backend_cases()
+
+
+def _case_id(case):
+    mixer, name, packed = case
+    if not isinstance(name, str):
+        changed = [f"{f.name}={getattr(name, f.name)}" for f in dataclasses.fields(name)
+                   if getattr(name, f.name) != getattr(
+                       backends.REGISTRY[mixer][name.name].config, f.name)]
+        name = f"{name.name}[{','.join(changed)}]"
+    return f"{mixer}-{name}-{'packed' if packed else 'rows'}"
+
+
+@pytest.mark.parametrize("mixer, name, packed", BACKEND_CASES,
+                         ids=[_case_id(c) for c in BACKEND_CASES])
 def test_backend_with_resets_matches_the_oracle(mixer, name, packed):
     """y, the final state and every gradient of each backend with a mask and initial states
-    within 1e-5 of the float64 oracle (FP32 inputs), and the mask changes them (the same call
-    without it is far off)."""
+    within 1e-5 of the float64 oracle (FP32 inputs), where the mask changes each of them by
+    more than 1e-2."""
     chunk = _chunk(mixer, name)
     length = 2 * chunk + 5
     shape = (1 if packed else 2, length, WIDTH)
@@ -164,9 +205,33 @@ def test_backend_with_resets_matches_the_oracle(mixer, name, packed):
     assert max(errors.values()) < 1e-5, errors
     reset = 1 if packed else 0  # the sequence whose first token resets
     assert got["initial_state"][reset].abs().max().item() == 0.0
-    without = legality.outputs(mixer, name, x, params, dy,
-                               {k: v for k, v in state.items() if k != "resets"})
-    assert _relative(without["y"], want["y"]) > 1e-2
+    # A backend that ignored the mask would be this far off.
+    without = _oracle(mixer, x, params, dy, {k: v for k, v in state.items() if k != "resets"})
+    assert min(_relative(without[n], want[n]) for n in ("y", "final_state", "x")) > 1e-2
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_any_mask_bytes_and_layout(mixer):
+    """A torch.bool mask whose bytes are any values (a uint8 tensor viewed as bool) resets where
+    a byte is non-zero, on the default Triton backend as on the reference, and a mask that is
+    a strided view gives what its contiguous copy gives."""
+    shape = (2, 19, WIDTH)
+    x, params, _ = _inputs(mixer, shape, seed=9)
+    ps = list(params.values())
+    gen = torch.Generator().manual_seed(4)
+    raw = torch.randint(0, 256, shape[:2], generator=gen, dtype=torch.uint8)
+    raw[raw < 200] = 0  # a few resets, of byte values 200 to 255
+    mask = raw.to(DEVICE).view(torch.bool)
+    clean = raw.to(DEVICE) != 0
+    strided = torch.zeros(shape[1], 2 * shape[0], dtype=torch.bool, device=DEVICE)
+    strided[:, ::2] = clean.t()
+    for name in ("reference_chunked", backends.DEFAULTS[mixer]):
+        fn = FUNCTIONS[mixer]
+        want = fn(x, *ps, backend=name, resets=clean)
+        torch.testing.assert_close(fn(x, *ps, backend=name, resets=mask), want, rtol=0, atol=0)
+        view = strided[:, ::2].t()
+        assert not view.is_contiguous()
+        torch.testing.assert_close(fn(x, *ps, backend=name, resets=view), want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
@@ -212,7 +277,7 @@ def test_bad_masks_are_refused_by_name(mixer):
     """A mask of another dtype, shape or device is refused before anything runs, by the
     functional form, the module and step, with the same words on every backend."""
     batch, length = 2, 6
-    module = build(mixer, WIDTH)
+    module = build(mixer, WIDTH, HEADS)
     x = torch.randn(batch, length, WIDTH, device=DEVICE)
     ps = [p.to(DEVICE) for p in module._parameters_in_order()]
     for name in _backends(mixer, ("reference", "triton"))[:3]:
@@ -241,9 +306,9 @@ def test_steps_with_resets_equal_the_forward(mixer, name):
     """A prefill and steps with per-row resets equal the float64 oracle's forward with the same
     mask; a step whose row resets equals the scan's first token, whatever the state (FP32, no
     gradient: the one-launch kernel where the backend is a Triton one)."""
-    module = build(mixer, WIDTH, backend=name).to(DEVICE)
+    module = build(mixer, WIDTH, HEADS, backend=name).to(DEVICE)
     module.reset_parameters(generator=torch.Generator().manual_seed(2))
-    oracle = build(mixer, WIDTH, backend="reference_sequential").to(DEVICE).double()
+    oracle = build(mixer, WIDTH, HEADS, backend="reference_sequential").to(DEVICE).double()
     oracle.load_state_dict(module.state_dict())
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(3, 9, WIDTH, generator=gen).to(DEVICE)

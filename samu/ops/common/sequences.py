@@ -7,9 +7,17 @@ are those of a scan from zero: a chunk holding a start has decay 0, and nothing 
 backward cuts the adjoint in the same place (a_{t+1} -> 0 where t + 1 starts), adds the final
 state's gradient at each end, and writes d h0 = a_s dh_s at each start.
 
-Each feature is a constexpr (PACKED, HAS_INITIAL, HAS_FINAL), so a call without it compiles to the
-kernel it was before.  Every state load and store is masked to sequences 0 <= n < N_SEQ: no
-offsets, however wrong, make a kernel touch memory outside the [N, D] state buffers.
+A reset mask (HAS_RESETS) is one byte per token and row, loaded beside the tile's per-token
+values (``token_resets``): at a flagged token m = 1 (``reset_mask``) and a = 0 (``cut_resets``),
+so that nothing enters it forwards (h_t = u_t; a chunk holding one has decay 0, as one holding a
+start) and nothing leaves it backwards (a_t dh_t = 0: no d h0 there, no gradient into a); an
+initial state enters only the starts the mask leaves alone (``taken_starts``).  The flag only
+selects values: no mask byte moves an address.
+
+Each feature is a constexpr (PACKED, HAS_INITIAL, HAS_FINAL, HAS_RESETS), so a call without it
+compiles to the kernel it was before.  Every state load and store is masked to sequences
+0 <= n < N_SEQ: no offsets, however wrong, make a kernel touch memory outside the [N, D] state
+buffers.
 """
 from __future__ import annotations
 
@@ -20,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..layout import sequence_index
-from .launching import aligned, fp32_contiguous
+from .launching import aligned, fp32_contiguous, reset_bytes
 
 
 @triton.jit
@@ -103,6 +111,45 @@ def resets(starts, HAS_INITIAL: tl.constexpr):
 
 
 @triton.jit
+def token_resets(reset_ptr, b, rows, L, HAS_RESETS: tl.constexpr):
+    """[T] bool: the mask's flag of each tile row (token) of row b; false past the length and
+    without a mask.  The mask is [B, L] bytes."""
+    if HAS_RESETS:
+        ok = (rows >= 0) & (rows < L)
+        return tl.load(reset_ptr + b * L + rows, mask=ok, other=0) != 0
+    else:
+        return rows < 0
+
+
+@triton.jit
+def reset_mask(starts, flagged, HAS_INITIAL: tl.constexpr, HAS_RESETS: tl.constexpr):
+    """[T, 1]: where the state resets (m = 1, no gradient into a): resets' starts and the
+    mask's flagged tokens."""
+    if HAS_RESETS:
+        return resets(starts, HAS_INITIAL) | flagged[:, None]
+    else:
+        return resets(starts, HAS_INITIAL)
+
+
+@triton.jit
+def cut_resets(a, flagged, HAS_RESETS: tl.constexpr):
+    """a = 0 at the mask's flagged tokens: nothing enters them, nothing leaves them backwards."""
+    if HAS_RESETS:
+        return tl.where(flagged[:, None], 0.0, a)
+    else:
+        return a
+
+
+@triton.jit
+def taken_starts(starts, flagged, HAS_RESETS: tl.constexpr):
+    """The starts that an initial state enters: those the mask does not reset."""
+    if HAS_RESETS:
+        return starts & (flagged == 0)
+    else:
+        return starts
+
+
+@triton.jit
 def entering_state(h0_ptr, b, seq, starts, cols, D, N_SEQ, PACKED: tl.constexpr,
                    HAS_INITIAL: tl.constexpr):
     """The state entering each start: h0 of its sequence, or 0 where the state resets."""
@@ -143,6 +190,16 @@ class SequenceArgs(NamedTuple):
     packed: bool
     has_initial: bool
     output_final_state: bool
+    resets: torch.Tensor | None = None  # [B, L] bytes (reset_bytes), with a mask only
+    has_resets: bool = False
+
+    # How many tensors tensors_to_save gives (and with_saved takes back).
+    SAVED = 3
+
+    @property
+    def reset_flags(self) -> torch.Tensor:
+        """The mask's bytes as the kernels take them, or a placeholder they never read."""
+        return self.resets if self.has_resets else self.initial_state
 
     def final_state(self, width: int, device) -> torch.Tensor:
         """[N, D] FP32 for the output kernel to fill, or a placeholder."""
@@ -161,37 +218,42 @@ class SequenceArgs(NamedTuple):
         return alloc(self.initial_state)
 
     def tensors_to_save(self) -> tuple:
-        """(seq_index, initial_state), None where off, for an autograd.Function's
-        save_for_backward: an in-place change of either before the backward then raises
-        autograd's error instead of giving wrong gradients."""
+        """(seq_index, initial_state, resets), None where off (SAVED of them), for an
+        autograd.Function's save_for_backward: an in-place change of any before the backward then
+        raises autograd's error instead of giving wrong gradients."""
         return (self.seq_index if self.packed else None,
-                self.initial_state if self.has_initial else None)
+                self.initial_state if self.has_initial else None,
+                self.resets if self.has_resets else None)
 
     def without_tensors(self) -> "SequenceArgs":
         """The flags and count alone, for an autograd.Function's ctx: its backward takes the
         tensors from the saved ones (``with_saved``)."""
-        return self._replace(seq_index=None, initial_state=None)
+        return self._replace(seq_index=None, initial_state=None, resets=None)
 
-    def with_saved(self, seq_index, initial_state, placeholder: torch.Tensor) -> "SequenceArgs":
+    def with_saved(self, seq_index, initial_state, resets,
+                   placeholder: torch.Tensor) -> "SequenceArgs":
         """The arguments again from ``tensors_to_save``'s saved tensors; placeholder stands for
         those that are off: aligned x, as in the forward (the launch Sites key on x's dtype for
         a placeholder's, so another tensor would need its dtype in their keys)."""
         return self._replace(seq_index=placeholder if seq_index is None else seq_index,
-                             initial_state=placeholder if initial_state is None else initial_state)
+                             initial_state=placeholder if initial_state is None else initial_state,
+                             resets=resets)
 
 
-def sequence_args(x: torch.Tensor, initial_state, cu_seqlens, output_final_state: bool
-                  ) -> SequenceArgs:
+def sequence_args(x: torch.Tensor, initial_state, cu_seqlens, output_final_state: bool,
+                  resets=None) -> SequenceArgs:
     """The kernels' arguments for checked state keywords (samu.functional checks them); the
-    sequence index stays in [0, N) even for offsets that were not checked (sequence_index)."""
+    sequence index stays in [0, N) even for offsets that were not checked (sequence_index).
+    resets: a torch.bool [B, L] mask, or None."""
     batch, length, _ = x.shape
     packed = cu_seqlens is not None
     placeholder = aligned(x)  # a pointer the kernels never read, aligned as compiled for
     seq_index = sequence_index(cu_seqlens, length) if packed else placeholder
     count = cu_seqlens.numel() - 1 if packed else batch
     h0 = placeholder if initial_state is None else initial_state  # FP32, contiguous
+    flags = None if resets is None else reset_bytes(resets)
     return SequenceArgs(seq_index, h0, count, packed, initial_state is not None,
-                        bool(output_final_state))
+                        bool(output_final_state), flags, resets is not None)
 
 
 # SAMU's chunk sum of r where the chunk holds a packed sequence's start: its decay is 0.

@@ -21,8 +21,10 @@ Initial states, packed sequences (cu_seqlens) and final states follow samu.ops.l
 samu.ops.samu.chunk: the forward folds each sequence start into the scan inputs (a_s -> 0,
 u_s -> u_s + a_s h0), so that a chunk holding one has decay 0 and the carry needs nothing else;
 the backward cuts the adjoint there, adds the final state's gradient at each end and writes
-d h0 = a_s dh_s at each start.  Each feature is a constexpr (PACKED, HAS_INITIAL, HAS_FINAL,
-HAS_DFINAL): a call without it compiles to the kernel it was before.
+d h0 = a_s dh_s at each start.  A reset mask is one byte per token, loaded beside each tile's
+gates: a = 0 and m = 1 at a flagged token, in every kernel (samu.ops.common.sequences).  Each
+feature is a constexpr (PACKED, HAS_INITIAL, HAS_FINAL, HAS_DFINAL, HAS_RESETS): a call without
+it compiles to the kernel it was before.
 
 Bytes per element of [B, L, D] (BF16 x, y, dy, dx; G and dG hold two values per element):
   forward   gate GEMM reads x (2) and writes G (4)                                       6
@@ -60,9 +62,10 @@ from ..common.math import (FAST_MATH, _ptx_approx, exp_fast, one_minus_a_squared
                            softplus, to_element, transition)
 from ..common.reduce import named_columns, sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
-from ..common.sequences import (adjoint_inputs, entering_state, fold_starts, load_at, resets,
-                                row_sequences, sequence_args, slice_run_sequences, store_at,
-                                take_end_cotangent)
+from ..common.sequences import (SequenceArgs, adjoint_inputs, cut_resets, entering_state,
+                                fold_starts, load_at, reset_mask, row_sequences, sequence_args,
+                                slice_run_sequences, store_at, taken_starts, take_end_cotangent,
+                                token_resets)
 from ..recurrence import GATE_SCALE
 
 MIXER = "rglru"
@@ -142,10 +145,10 @@ def _transition_rsqrt(log_a, is_first):
 
 
 @triton.jit
-def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, col0, L, N,
-                  N_SEQ, D: tl.constexpr, DG: tl.constexpr, T: tl.constexpr, BN: tl.constexpr,
-                  V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
-                  HAS_INITIAL: tl.constexpr):
+def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, reset_ptr, b, k,
+                  col0, L, N, N_SEQ, D: tl.constexpr, DG: tl.constexpr, T: tl.constexpr,
+                  BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr,
+                  PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_RESETS: tl.constexpr):
     """Chunk k's local scan from h_in = 0, sequence starts folded into its inputs: returns
     (prod a, h, first token, mask, columns, their places in the group, column mask, each row's
     sequence, ends)."""
@@ -161,13 +164,15 @@ def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b,
     ga = sigmoid_fast(tl.load(g_at + BW, mask=ok, other=0.0).to(tl.float32) + ba[None, :])
     log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
     seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
-    a, m, _ = transition(log_a, resets(starts, HAS_INITIAL))
+    flagged = token_resets(reset_ptr, b, rows, L, HAS_RESETS)
+    a, m, _ = transition(log_a, reset_mask(starts, flagged, HAS_INITIAL, HAS_RESETS))
+    a = cut_resets(a, flagged, HAS_RESETS)
     gx = sigmoid_fast(tl.load(g_at, mask=ok, other=0.0).to(tl.float32) + bx[None, :])
     x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
     u = m * gx * x
     if PACKED or HAS_INITIAL:
-        entering = entering_state(h0_ptr, b, seq, starts, _state_columns(cols, col_ok, D),
-                                  D, N_SEQ, PACKED, HAS_INITIAL)
+        entering = entering_state(h0_ptr, b, seq, taken_starts(starts, flagged, HAS_RESETS),
+                                  _state_columns(cols, col_ok, D), D, N_SEQ, PACKED, HAS_INITIAL)
         a, u = fold_starts(a, u, starts, entering)
     p, h = tl.associative_scan((a, u), 0, affine_combine)
     return p, h, first, ok, cols, local, col_ok, seq, ends
@@ -175,19 +180,20 @@ def _forward_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b,
 
 # N_SEQ, the number of sequences, only masks state rows: one compiled kernel serves every count.
 @triton.jit(do_not_specialize=["N_SEQ"])
-def _summary_kernel(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, decay_ptr,
-                    end_ptr, col0, L, N, NC, N_SEQ, D: tl.constexpr, DG: tl.constexpr,
+def _summary_kernel(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, reset_ptr, h0_ptr,
+                    decay_ptr, end_ptr, col0, L, N, NC, N_SEQ, D: tl.constexpr, DG: tl.constexpr,
                     T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr,
-                    RUN: tl.constexpr, PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr):
+                    RUN: tl.constexpr, PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
+                    HAS_RESETS: tl.constexpr):
     """Per (chunk, channel block of the group): the chunk's decay prod a and its end state from
-    h_in = 0 (a chunk holding a sequence start has decay 0: its a is folded to 0 there), into
-    the group's [B, NC, DG] summaries."""
+    h_in = 0 (a chunk holding a sequence start or a reset has decay 0: its a is folded to 0
+    there), into the group's [B, NC, DG] summaries."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
     p, h, _, _, _, local, col_ok, _, _ = _forward_tile(
-        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, col0, L, N, N_SEQ, D,
-        DG, T, BN, V, BW, RUN, PACKED, HAS_INITIAL)
+        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, reset_ptr, b, k, col0, L, N,
+        N_SEQ, D, DG, T, BN, V, BW, RUN, PACKED, HAS_INITIAL, HAS_RESETS)
     state = (b * NC + k) * DG + local
     tr = tl.arange(0, T)
     tl.store(decay_ptr + state, last_row(p, tr, T), mask=col_ok)
@@ -195,19 +201,19 @@ def _summary_kernel(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, 
 
 
 @triton.jit(do_not_specialize=["N_SEQ"])
-def _output_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr, seq_ptr, h0_ptr,
-                   final_ptr, col0, L, N, NC, N_SEQ, D: tl.constexpr, DG: tl.constexpr,
-                   T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr,
-                   RUN: tl.constexpr, PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
-                   HAS_FINAL: tl.constexpr):
+def _output_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr, seq_ptr,
+                   reset_ptr, h0_ptr, final_ptr, col0, L, N, NC, N_SEQ, D: tl.constexpr,
+                   DG: tl.constexpr, T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
+                   BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
+                   HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr, HAS_RESETS: tl.constexpr):
     """Per (chunk, channel block of the group): y = h, rebuilt from the chunk's entering state
     (the group's [B, NC, DG]); h at each sequence's last token into final (HAS_FINAL)."""
     pid = tl.program_id(0)
     b = (pid // NC).to(tl.int64)
     k = pid % NC
     p, h, first, ok, cols, local, col_ok, seq, ends = _forward_tile(
-        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, col0, L, N, N_SEQ, D,
-        DG, T, BN, V, BW, RUN, PACKED, HAS_INITIAL)
+        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, reset_ptr, b, k, col0, L, N,
+        N_SEQ, D, DG, T, BN, V, BW, RUN, PACKED, HAS_INITIAL, HAS_RESETS)
     h_in = tl.load(h_in_ptr + (b * NC + k) * DG + local, mask=col_ok, other=0.0)
     y_at = _rows_at(y_ptr, first, tl.arange(0, T), cols, D)
     h = h + p * h_in[None, :]
@@ -218,13 +224,13 @@ def _output_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr, s
 
 
 @triton.jit(do_not_specialize=["N_SEQ"])
-def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, seq_ptr, dfinal_ptr, decay_ptr,
-                            end_ptr, col0, L, N, NC, N_SEQ, D: tl.constexpr, DG: tl.constexpr,
-                            T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
+def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, seq_ptr, reset_ptr, dfinal_ptr,
+                            decay_ptr, end_ptr, col0, L, N, NC, N_SEQ, D: tl.constexpr,
+                            DG: tl.constexpr, T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
                             BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
-                            HAS_DFINAL: tl.constexpr):
+                            HAS_DFINAL: tl.constexpr, HAS_RESETS: tl.constexpr):
     """Per (chunk, channel block of the group): the chunk's decay prod a (as the reverse carry
-    reads it: cut at packed starts; chunk 0's is never read) and the adjoint carry a_s dh_s
+    reads it: cut at packed starts and resets; chunk 0's is never read) and the adjoint carry a_s dh_s
     leaving the chunk's first token s, with nothing entering from the right, into the group's
     [B, NC, DG] summaries.  Rows latest first: the reverse recurrence is a forward scan
     (Triton's reverse scan shuffles even within a thread).  The final state's gradient enters
@@ -245,6 +251,7 @@ def _reverse_summary_kernel(dy_ptr, g_ptr, ba_ptr, a_param_ptr, seq_ptr, dfinal_
     dy = tl.load(dy_at, mask=ok, other=0.0).to(tl.float32)
     a, dy = adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L,
                            _state_columns(cols, col_ok, D), D, N_SEQ, PACKED, HAS_DFINAL)
+    a = cut_resets(a, token_resets(reset_ptr, b, rows, L, HAS_RESETS), HAS_RESETS)
     p, v = tl.associative_scan((a, a * dy), 0, affine_combine)
     state = (b * NC + k) * DG + local
     tl.store(decay_ptr + state, last_row(p, tl.arange(0, T), T), mask=col_ok)
@@ -268,11 +275,12 @@ def _adjoint_latest_first(a, dy, carry, T: tl.constexpr):
 
 @triton.jit(do_not_specialize=["N_SEQ"])
 def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr, h_in_ptr,
-                     carry_ptr, seq_ptr, h0_ptr, dfinal_ptr, dh0_ptr, part_ptr, dsp_part_ptr,
-                     col0, L, N, NC, N_SEQ, SPAN, NSPAN, D: tl.constexpr, DG: tl.constexpr,
-                     T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr,
-                     RUN: tl.constexpr, PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
-                     HAS_DFINAL: tl.constexpr):
+                     carry_ptr, seq_ptr, reset_ptr, h0_ptr, dfinal_ptr, dh0_ptr, part_ptr,
+                     dsp_part_ptr, col0, L, N, NC, N_SEQ, SPAN, NSPAN, D: tl.constexpr,
+                     DG: tl.constexpr, T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
+                     BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
+                     HAS_INITIAL: tl.constexpr, HAS_DFINAL: tl.constexpr,
+                     HAS_RESETS: tl.constexpr):
     """Per (span of SPAN chunks, channel block of the group), each chunk recomputed from its
     entering state h_in and adjoint carry (the group's [B, NC, DG]): dG = [dGx | dGa] into dg
     (G itself by default, each tile written after it is read), dx's direct term dh m gx (the GEMM adds dG W_cat^T to
@@ -301,8 +309,11 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_par
         ga = sigmoid_fast(tl.load(g_at + BW, mask=ok, other=0.0).to(tl.float32) + ba[None, :])
         log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
         seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
+        flagged = token_resets(reset_ptr, b, rows, L, HAS_RESETS)
         state_cols = _state_columns(cols, col_ok, D)
-        a, m, dm_dlog_a = _transition_rsqrt(log_a, resets(starts, HAS_INITIAL))
+        a, m, dm_dlog_a = _transition_rsqrt(log_a, reset_mask(starts, flagged, HAS_INITIAL,
+                                                              HAS_RESETS))
+        a = cut_resets(a, flagged, HAS_RESETS)  # no gradient into a, d h0 or a later dh
         gx = sigmoid_fast(tl.load(g_at, mask=ok, other=0.0).to(tl.float32) + bx[None, :])
         x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
         gate_x = gx * x
@@ -313,8 +324,8 @@ def _backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_par
         if PACKED or HAS_INITIAL:
             # From the folded inputs (a_s h_{s-1} is then 0 at a start), plus a_s h0 at each
             # start (0 where the state resets); the folded a_s = 0 also cuts the adjoint there.
-            entering = entering_state(h0_ptr, b, seq, starts, state_cols, D, N_SEQ, PACKED,
-                                          HAS_INITIAL)
+            entering = entering_state(h0_ptr, b, seq, taken_starts(starts, flagged, HAS_RESETS),
+                                      state_cols, D, N_SEQ, PACKED, HAS_INITIAL)
             a_cut, u_fold = fold_starts(a, u, starts, entering)
             a_h_prev = decayed_previous_state(a_cut, u_fold, h_in, T)
             if HAS_INITIAL:
@@ -429,10 +440,10 @@ def tiles(config: GemmConfig, bw: int, width: int, group_width: int) -> dict:
 
 
 # The state keywords' constexprs of each kernel (samu.ops.common.sequences).
-FEATURES = {"summary": ("PACKED", "HAS_INITIAL"),
-            "output": ("PACKED", "HAS_INITIAL", "HAS_FINAL"),
-            "reverse_summary": ("PACKED", "HAS_DFINAL"),
-            "backward": ("PACKED", "HAS_INITIAL", "HAS_DFINAL")}
+FEATURES = {"summary": ("PACKED", "HAS_INITIAL", "HAS_RESETS"),
+            "output": ("PACKED", "HAS_INITIAL", "HAS_FINAL", "HAS_RESETS"),
+            "reverse_summary": ("PACKED", "HAS_DFINAL", "HAS_RESETS"),
+            "backward": ("PACKED", "HAS_INITIAL", "HAS_DFINAL", "HAS_RESETS")}
 
 
 def launch_plan(config: GemmConfig, width: int, heads: int = 16, features: bool = False):
@@ -528,17 +539,18 @@ class _ForwardSites(NamedTuple):
 @functools.lru_cache(maxsize=256)
 def _forward_sites(config: GemmConfig, groups: _Groups, shape: tuple, count: int, dtype,
                    state_dtype, device, packed: bool, has_initial: bool,
-                   has_final: bool) -> _ForwardSites:
+                   has_final: bool, has_resets: bool = False) -> _ForwardSites:
     """The forward's launches for this signature, which fixes every int the kernels take and
     every tensor dtype (x's and G's, the initial state's or its placeholder's; the rest FP32),
     as launching.Site requires."""
     batch, length, width = shape
     n_chunks = cdiv(length, config.chunk)
     meta = tiles(config, groups.bw, width, groups.width)
-    flags = dict(PACKED=packed, HAS_INITIAL=has_initial)
-    summary_meta = dict(with_state_keywords(meta["summary"], packed or has_initial), **flags)
-    output_meta = dict(with_state_keywords(meta["output"], packed or has_initial or has_final),
-                       **flags, HAS_FINAL=has_final)
+    flags = dict(PACKED=packed, HAS_INITIAL=has_initial, HAS_RESETS=has_resets)
+    summary_meta = dict(with_state_keywords(meta["summary"], packed or has_initial or has_resets),
+                        **flags)
+    output_meta = dict(with_state_keywords(meta["output"], packed or has_initial or has_final
+                                           or has_resets), **flags, HAS_FINAL=has_final)
     summary_grid = (batch * n_chunks, cdiv(groups.width, meta["summary"]["BN"]))
     output_grid = (batch * n_chunks, cdiv(groups.width, meta["output"]["BN"]))
     return _ForwardSites(tuple(Site(_summary_kernel, summary_grid, summary_meta) for _ in groups),
@@ -568,7 +580,8 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None, summary=None):
     seq, h0 = sequences.seq_index, sequences.initial_state
     sites = _forward_sites(config, groups, x.shape, sequences.count, x.dtype, h0.dtype, x.device,
                            sequences.packed, sequences.has_initial,
-                           sequences.output_final_state)
+                           sequences.output_final_state, sequences.has_resets)
+    flags = sequences.reset_flags
     f32 = dict(device=x.device, dtype=torch.float32)
     if summary is None:
         gates = torch.empty(groups.per_group, tokens, 2 * groups.bw, device=x.device,
@@ -591,10 +604,10 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None, summary=None):
     for g, heads, col0 in groups:
         if summary is None:
             _gate_products(x_heads, w_cat, heads, gates)
-            sites.summary[g](x, gates, bx, ba, a_param, seq, h0, decay, end, col0, length, tokens,
-                             n_chunks, sequences.count)
+            sites.summary[g](x, gates, bx, ba, a_param, seq, flags, h0, decay, end, col0, length,
+                             tokens, n_chunks, sequences.count)
         chunk_carry(decay, end, reverse=False, out=h_in[g], plan=config.carry)
-        sites.output[g](x, gates, y, bx, ba, a_param, h_in[g], seq, h0, final, col0, length,
+        sites.output[g](x, gates, y, bx, ba, a_param, h_in[g], seq, flags, h0, final, col0, length,
                         tokens, n_chunks, sequences.count)
     residuals = (residual,) if config.recompute else (gates.view(-1), residual)
     return y, (final if sequences.output_final_state else None), residuals
@@ -631,17 +644,19 @@ class _BackwardSites(NamedTuple):
 @functools.lru_cache(maxsize=256)
 def _backward_sites(config: GemmConfig, groups: _Groups, shape: tuple, count: int,
                     dtypes: tuple, device, packed: bool, has_initial: bool,
-                    has_dfinal: bool) -> _BackwardSites:
+                    has_dfinal: bool, has_resets: bool = False) -> _BackwardSites:
     """_forward_sites' twin for the backward; dtypes: x's, dy's and the initial state's (or its
     placeholder's).  The backward kernel's spans follow the device's SM count."""
     batch, length, width = shape
     n_chunks = cdiv(length, config.chunk)
     meta = tiles(config, groups.bw, width, groups.width)
-    reverse_meta = dict(with_state_keywords(meta["reverse_summary"], packed or has_dfinal),
-                        PACKED=packed, HAS_DFINAL=has_dfinal)
+    reverse_meta = dict(with_state_keywords(meta["reverse_summary"],
+                                            packed or has_dfinal or has_resets),
+                        PACKED=packed, HAS_DFINAL=has_dfinal, HAS_RESETS=has_resets)
     backward_meta = dict(with_state_keywords(meta["backward"], packed or has_initial
-                                             or has_dfinal),
-                         PACKED=packed, HAS_INITIAL=has_initial, HAS_DFINAL=has_dfinal)
+                                             or has_dfinal or has_resets),
+                         PACKED=packed, HAS_INITIAL=has_initial, HAS_DFINAL=has_dfinal,
+                         HAS_RESETS=has_resets)
     col_blocks = cdiv(groups.width, meta["backward"]["BN"])
     per_span, spans = _spans(config, groups, batch, n_chunks, col_blocks, device)
     reverse_grid = (batch * n_chunks, cdiv(groups.width, meta["reverse_summary"]["BN"]))
@@ -682,11 +697,12 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
     seq, h0 = sequences.seq_index, sequences.initial_state
     has_dfinal = d_final is not None
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
+    flags = sequences.reset_flags
 
     def sites_with(has_dfinal: bool) -> _BackwardSites:
         return _backward_sites(config, groups, x.shape, sequences.count,
                                (x.dtype, dy.dtype, h0.dtype), x.device, sequences.packed,
-                               sequences.has_initial, has_dfinal)
+                               sequences.has_initial, has_dfinal, sequences.has_resets)
     sites = sites_with(has_dfinal)
     f32 = dict(device=x.device, dtype=torch.float32)
     x_heads = _heads(x, groups.heads)
@@ -716,8 +732,8 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
     for g, heads, col0 in groups:
         if saved_gates is None:
             _gate_products(x_heads, w_cat, heads, gates)
-        sites.reverse_summary[g](dy, gates, ba, a_param, seq, d_final, decay, end, col0, length,
-                                 tokens, n_chunks, sequences.count)
+        sites.reverse_summary[g](dy, gates, ba, a_param, seq, flags, d_final, decay, end, col0,
+                                 length, tokens, n_chunks, sequences.count)
         chunk_carry(decay, end, reverse=True, out=carry, plan=config.carry)
         if end_cotangent is not None:
             # The reverse summary's chunk decays are whole products of a (no start cuts them).
@@ -728,7 +744,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
                 has_dfinal = True
                 sites = sites_with(True)
                 chunk_carry(decay, end, reverse=True, out=carry, plan=config.carry)
-        sites.main[g](x, dy, gates, d_gates, dx, bx, ba, a_param, h_in[g], carry, seq, h0,
+        sites.main[g](x, dy, gates, d_gates, dx, bx, ba, a_param, h_in[g], carry, seq, flags, h0,
                       d_final, d_h0, part, dsp_part, col0, length, tokens, n_chunks,
                       sequences.count, per_span, spans)
         sum_partials(part, dsp_part, a_param, out=grads, group=(col0, width))
@@ -791,9 +807,10 @@ class _SlicePass(NamedTuple):
         n_chunks = self.decay.shape[1]
         grid = (batch * n_chunks, cdiv(self.groups.width, self.meta[role]["BN"]))
         launching.launch(kernel, grid, first, self.gates, *flags.pop("inputs"),
-                         self.sequences.seq_index, flags.pop("state"), self.decay, self.end,
-                         col0, length, batch * length, n_chunks, self.sequences.count,
-                         **with_state_keywords(self.meta[role], True), PACKED=False, **flags)
+                         self.sequences.seq_index, self.sequences.reset_flags, flags.pop("state"),
+                         self.decay, self.end, col0, length, batch * length, n_chunks,
+                         self.sequences.count, **with_state_keywords(self.meta[role], True),
+                         PACKED=False, HAS_RESETS=False, **flags)
 
 
 def slice_summary(x, params, config: GemmConfig, initial_state=None, resets: bool = False):
@@ -947,10 +964,11 @@ class GemmScanFunction(torch.autograd.Function):
                 "a GemmConfig with gradient_over_gates=False")
         ctx.gates_spent = ctx.config.gradient_over_gates and not ctx.config.recompute
         x, *saved = ctx.saved_tensors
-        residuals, (w_cat, *params) = saved[:ctx.residual_count], saved[ctx.residual_count:-2]
-        seq_index, h0 = saved[-2:]
+        kept = SequenceArgs.SAVED
+        residuals = saved[:ctx.residual_count]
+        w_cat, *params = saved[ctx.residual_count:-kept]
         # the forward's placeholder (aligned x): the same compiled kernel variants as the forward
-        sequences = ctx.sequences.with_saved(seq_index, h0, placeholder=aligned(x))
+        sequences = ctx.sequences.with_saved(*saved[-kept:], placeholder=aligned(x))
         grads = backward(x, params, residuals, dy, d_final, sequences, ctx.config, w_cat,
                          overwrite_gates=True)
         return (*grads, None, None, None)
@@ -958,12 +976,12 @@ class GemmScanFunction(torch.autograd.Function):
 
 def run_with(config: GemmConfig):
     """The backend of one configuration: run(x, *parameters, initial_state=None,
-    cu_seqlens=None, output_final_state=False) -> (y, final state or None)."""
+    cu_seqlens=None, output_final_state=False, resets=None) -> (y, final state or None)."""
     def run(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
-            initial_state=None, cu_seqlens=None, output_final_state=False):
+            initial_state=None, cu_seqlens=None, output_final_state=False, resets=None):
         if initial_state is not None:
             initial_state = fp32_contiguous(initial_state)  # differentiable: autograd casts back
-        sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state)
+        sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state, resets)
         return GemmScanFunction.apply(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias,
                                       a_param, initial_state, sequences.seq_index, config,
                                       sequences)

@@ -9,6 +9,8 @@ FP32 per-chunk state rows [B, L/T, D] 4/T bytes per element each time one is wri
 The two full-width kernels (summary+controller, backward main) pass over a chunk's tile twice;
 the second pass re-reads it from L2.  FLOPs are ~40 per element: far under the memory time;
 the kernels are bound by instruction issue (docs/PERFORMANCE.md counts them).
+A reset mask adds one byte per token, read by each kernel beside r (a = 0 and m = 1 at a flagged
+token; a chunk holding one has the sum of r START_MARK, decay 0: samu.ops.common.sequences).
 """
 from __future__ import annotations
 
@@ -31,9 +33,10 @@ from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transiti
 from ..common.reduce import sum_partials, weight_partials, weight_rows
 from ..common.scan import (DROP, KEEP, affine_combine, decayed_previous_state, last_row,
                            load_tile, row_offsets, shifted_rows, store_tile)
-from ..common.sequences import (START_MARK, adjoint_inputs, entering_state, fold_starts, load_at,
-                                resets, row_sequences, sequence_args, slice_run_sequences,
-                                store_at, take_end_cotangent)
+from ..common.sequences import (START_MARK, SequenceArgs, adjoint_inputs, cut_resets,
+                                entering_state, fold_starts, load_at, reset_mask, row_sequences,
+                                sequence_args, slice_run_sequences, store_at, taken_starts,
+                                take_end_cotangent, token_resets)
 
 MIXER = "samu"
 
@@ -53,13 +56,13 @@ def _tile(b, k, rows, cols, L, D, row_units, T: tl.constexpr, V: tl.constexpr):
 # N_SEQ, the number of sequences, only masks state rows: one compiled kernel serves every count.
 @triton.jit(do_not_specialize=["row_units", "N_SEQ"])
 def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_ptr, h0_ptr,
-                         r_ptr, g_ptr, r_sum_ptr, end_ptr, rate_ptr, L, D, NC, N_SEQ, row_units,
-                         T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
+                         reset_ptr, r_ptr, g_ptr, r_sum_ptr, end_ptr, rate_ptr, L, D, NC, N_SEQ,
+                         row_units, T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                          PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
-                         L2_HINTS: tl.constexpr):
+                         HAS_RESETS: tl.constexpr, L2_HINTS: tl.constexpr):
     """Per chunk, full width: the controller (r, g) and the chunk summary: its end state and
     its sum of r (the chunk's decay is exp(-c softplus(a_param) sum r), rebuilt by the carry;
-    START_MARK where the chunk holds a packed sequence's start, whose decay is 0).  Program 0
+    START_MARK where the chunk holds a packed sequence's start or a reset, whose decay is 0).  Program 0
     also writes the per-channel rate c softplus(a_param) [D] that every later kernel of the
     call reads instead of recomputing it."""
     pid = tl.program_id(0)
@@ -68,6 +71,7 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_
     rows = k * T + tl.arange(0, T)
     row_ok = rows < L
     seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
+    flagged = token_resets(reset_ptr, b, rows, L, HAS_RESETS)
     # Per-thread partial dot products; one cross-thread reduction after the loop.
     z0 = tl.zeros([T, BD], dtype=tl.float32)
     z1 = tl.zeros([T, BD], dtype=tl.float32)
@@ -88,8 +92,10 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_
     r_sum = tl.sum(r, axis=0)
     if PACKED:
         r_sum = tl.where(tl.max(starts.to(tl.int32), axis=0) > 0, START_MARK, r_sum)
+    if HAS_RESETS:
+        r_sum = tl.where(tl.max(flagged.to(tl.int32), axis=0) > 0, START_MARK, r_sum)
     tl.store(r_sum_ptr + b * NC + k, r_sum)
-    is_first = resets(starts, HAS_INITIAL)
+    is_first = reset_mask(starts, flagged, HAS_INITIAL, HAS_RESETS)
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         base, offs, ok = _tile(b, k, rows, cols, L, D, row_units, T, V)
@@ -98,10 +104,11 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_
         if pid == 0:
             tl.store(rate_ptr + cols, lam, mask=cols < D)
         a, m, _ = transition(-lam[None, :] * r[:, None], is_first)
+        a = cut_resets(a, flagged, HAS_RESETS)
         u = m * g[:, None] * x
         if PACKED or HAS_INITIAL:
-            entering = entering_state(h0_ptr, b, seq, starts, cols, D, N_SEQ, PACKED,
-                                      HAS_INITIAL)
+            entering = entering_state(h0_ptr, b, seq, taken_starts(starts, flagged, HAS_RESETS),
+                                      cols, D, N_SEQ, PACKED, HAS_INITIAL)
             a, u = fold_starts(a, u, starts, entering)
         _, h = tl.associative_scan((a, u), 0, affine_combine)
         tl.store(end_ptr + (b * NC + k) * D + cols, last_row(h, tl.arange(0, T), T),
@@ -110,10 +117,10 @@ def _samu_summary_kernel(x_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, seq_
 
 @triton.jit(do_not_specialize=["row_units", "N_SEQ"])
 def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, r_sum_ptr, end_ptr, rate_ptr,
-                        skip_ptr, seq_ptr, h0_ptr, final_ptr, L, D, NC, N_SEQ, row_units,
-                        T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
+                        skip_ptr, seq_ptr, h0_ptr, reset_ptr, final_ptr, L, D, NC, N_SEQ,
+                        row_units, T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr,
-                        WALKED_CARRY: tl.constexpr):
+                        HAS_RESETS: tl.constexpr, WALKED_CARRY: tl.constexpr):
     """Per (chunk, channel block): y = h + skip x with h rebuilt from the chunk's entering state;
     h at each sequence's last token into final (HAS_FINAL).  The entering state is chunk_carry's
     (h_in), or with WALKED_CARRY walked here over the chunk summaries (r_sum, end) and written to
@@ -130,11 +137,14 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, r_sum_ptr, end_ptr
     r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
     g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
     lam = tl.load(rate_ptr + cols, mask=cols < D, other=0.0)
-    a, m, _ = transition(-lam[None, :] * r[:, None], resets(starts, HAS_INITIAL))
+    flagged = token_resets(reset_ptr, b, rows, L, HAS_RESETS)
+    a, m, _ = transition(-lam[None, :] * r[:, None],
+                         reset_mask(starts, flagged, HAS_INITIAL, HAS_RESETS))
+    a = cut_resets(a, flagged, HAS_RESETS)
     u = m * g[:, None] * x
     if PACKED or HAS_INITIAL:
-        entering = entering_state(h0_ptr, b, seq, starts, cols, D, N_SEQ, PACKED,
-                                  HAS_INITIAL)
+        entering = entering_state(h0_ptr, b, seq, taken_starts(starts, flagged, HAS_RESETS),
+                                  cols, D, N_SEQ, PACKED, HAS_INITIAL)
         a, u = fold_starts(a, u, starts, entering)
     p, h = tl.associative_scan((a, u), 0, affine_combine)
     if WALKED_CARRY:
@@ -150,10 +160,11 @@ def _samu_output_kernel(x_ptr, y_ptr, r_ptr, g_ptr, h_in_ptr, r_sum_ptr, end_ptr
 
 
 @triton.jit(do_not_specialize=["row_units", "N_SEQ"])
-def _samu_reverse_summary_kernel(dy_ptr, r_ptr, rate_ptr, seq_ptr, dfinal_ptr,
+def _samu_reverse_summary_kernel(dy_ptr, r_ptr, rate_ptr, seq_ptr, reset_ptr, dfinal_ptr,
                                  end_ptr, L, D, NC, N_SEQ, row_units,
                                  T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
-                                 PACKED: tl.constexpr, HAS_DFINAL: tl.constexpr):
+                                 PACKED: tl.constexpr, HAS_DFINAL: tl.constexpr,
+                                 HAS_RESETS: tl.constexpr):
     """Per (chunk, channel block): the adjoint carry a_s dh_s leaving the chunk's first token,
     with nothing entering from the right.  Rows are taken latest first, so the reverse
     recurrence is a forward scan (Triton's reverse scan shuffles even within a thread).  The
@@ -170,18 +181,19 @@ def _samu_reverse_summary_kernel(dy_ptr, r_ptr, rate_ptr, seq_ptr, dfinal_ptr,
     a = exp_fast(-lam[None, :] * r[:, None])
     a, dy = adjoint_inputs(a, dy, seq_ptr, dfinal_ptr, b, rows, L, cols, D, N_SEQ, PACKED,
                            HAS_DFINAL)
+    a = cut_resets(a, token_resets(reset_ptr, b, rows, L, HAS_RESETS), HAS_RESETS)
     _, v = tl.associative_scan((a, a * dy), 0, affine_combine)
     tl.store(end_ptr + (b * NC + k) * D + cols, last_row(v, tl.arange(0, T), T), mask=cols < D)
 
 
 @triton.jit
 def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr,
-                        dfinal_ptr, dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, L, D,
-                        NC, N_SEQ, row_units,
+                        dfinal_ptr, dh0_ptr, b, k, rows, cols, seq, starts, ends, flagged, r, g,
+                        L, D, NC, N_SEQ, row_units,
                         T: tl.constexpr, V: tl.constexpr, NEED_H: tl.constexpr,
                         PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
-                        HAS_DFINAL: tl.constexpr, WALKED_CARRY: tl.constexpr,
-                        POLICY: tl.constexpr):
+                        HAS_DFINAL: tl.constexpr, HAS_RESETS: tl.constexpr,
+                        WALKED_CARRY: tl.constexpr, POLICY: tl.constexpr):
     """Recompute one [T, BD] tile of the backward: x, dy, a, m, dh and (if NEED_H) dlog a, and
     then d h0 = a_s dh_s at each start (HAS_INITIAL).  rows run latest first: the adjoint is a
     forward scan; a_t h_{t-1} is unrolled from the earliest row.  The carry is chunk_carry's, or
@@ -192,7 +204,8 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr,
     dy = load_tile(dy_ptr + base + offs, ok, POLICY).to(tl.float32)
     lam = tl.load(rate_ptr + cols, mask=cols < D, other=0.0)
     log_a = -lam[None, :] * r[:, None]
-    a, m, dm_dlog_a = transition(log_a, resets(starts, HAS_INITIAL))
+    a, m, dm_dlog_a = transition(log_a, reset_mask(starts, flagged, HAS_INITIAL, HAS_RESETS))
+    a = cut_resets(a, flagged, HAS_RESETS)  # no gradient into a, d h0 or a later token's dh
     gx = g[:, None] * x
     state = (b * NC + k) * D + cols
     if WALKED_CARRY:
@@ -215,8 +228,8 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr,
         h_in = tl.load(h_in_ptr + state, mask=cols < D, other=0.0)
         u = m * gx
         if PACKED or HAS_INITIAL:
-            entering = entering_state(h0_ptr, b, seq, starts, cols, D, N_SEQ, PACKED,
-                                      HAS_INITIAL)
+            entering = entering_state(h0_ptr, b, seq, taken_starts(starts, flagged, HAS_RESETS),
+                                      cols, D, N_SEQ, PACKED, HAS_INITIAL)
             a_fold, u_fold = fold_starts(a, u, starts, entering)
             a_h_prev = decayed_previous_state(a_fold, u_fold, h_in, T) + (u_fold - u)
         else:
@@ -229,13 +242,14 @@ def _samu_chunk_adjoint(x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr,
 
 @triton.jit(do_not_specialize=["row_units", "N_SEQ"])
 def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, carry_ptr,
-                          r_sum_ptr, rate_ptr, log_temp_ptr, skip_ptr, seq_ptr, h0_ptr, dfinal_ptr,
-                          dh0_ptr, dz_ptr, part_ptr, dsp_part_ptr, L, D, NC, N_SEQ, TOKENS,
-                          row_units,
+                          r_sum_ptr, rate_ptr, log_temp_ptr, skip_ptr, seq_ptr, h0_ptr, reset_ptr,
+                          dfinal_ptr, dh0_ptr, dz_ptr, part_ptr, dsp_part_ptr, L, D, NC, N_SEQ,
+                          TOKENS, row_units,
                           T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                           PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr,
-                          HAS_DFINAL: tl.constexpr, WALKED_CARRY: tl.constexpr,
-                          PARTIAL_DX: tl.constexpr, L2_HINTS: tl.constexpr):
+                          HAS_DFINAL: tl.constexpr, HAS_RESETS: tl.constexpr,
+                          WALKED_CARRY: tl.constexpr, PARTIAL_DX: tl.constexpr,
+                          L2_HINTS: tl.constexpr):
     """Per chunk, full width.  Pass 1 reduces dr, dg per token (and per-channel and scalar
     partials) and writes dz = (dz_r, dz_g) per token into dz [2, TOKENS]; pass 2 writes
     dx = dh m g + skip dy + W^T dz.  With PARTIAL_DX, pass 1 also writes dh m g + skip dy into
@@ -251,6 +265,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
     rows = k * T + (T - 1 - tl.arange(0, T))  # latest first (see _samu_chunk_adjoint)
     row_ok = rows < L
     seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
+    flagged = token_resets(reset_ptr, b, rows, L, HAS_RESETS)
     r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
     g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
@@ -264,8 +279,8 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         cols = d0 + tl.arange(0, BD)
         base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
             x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr, dfinal_ptr,
-            dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, N_SEQ,
-            row_units, T, V, True, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY,
+            dh0_ptr, b, k, rows, cols, seq, starts, ends, flagged, r, g, L, D, NC, N_SEQ,
+            row_units, T, V, True, PACKED, HAS_INITIAL, HAS_DFINAL, HAS_RESETS, WALKED_CARRY,
             L2_HINTS * (1 - PARTIAL_DX) * KEEP)  # with PARTIAL_DX pass 2 reads dx instead
         dr_part += dla * -lam[None, :]
         dg_part += dh * m * x
@@ -294,8 +309,9 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, r_ptr, g_ptr, h_in_ptr, 
         else:
             base, offs, ok, x, dy, m, dh, dla, lam, log_a = _samu_chunk_adjoint(
                 x_ptr, dy_ptr, h_in_ptr, carry_ptr, r_sum_ptr, rate_ptr, h0_ptr, dfinal_ptr,
-                dh0_ptr, b, k, rows, cols, seq, starts, ends, r, g, L, D, NC, N_SEQ,
-                row_units, T, V, False, PACKED, HAS_INITIAL, HAS_DFINAL, WALKED_CARRY,
+                dh0_ptr, b, k, rows, cols, seq, starts, ends, flagged, r, g, L, D, NC, N_SEQ,
+                row_units, T, V, False, PACKED, HAS_INITIAL, HAS_DFINAL, HAS_RESETS,
+                WALKED_CARRY,
                 L2_HINTS * DROP)
             dx = dh * m * g[:, None] + skip * dy
         dx += dz0[:, None] * w0[None, :] + dz1[:, None] * w1[None, :]
@@ -369,10 +385,10 @@ def tiles(config: SamuConfig, width: int) -> dict:
 
 
 # The state keywords' constexprs of each kernel (samu.ops.common.sequences).
-FEATURES = {"summary": ("PACKED", "HAS_INITIAL"),
-            "output": ("PACKED", "HAS_INITIAL", "HAS_FINAL"),
-            "reverse_summary": ("PACKED", "HAS_DFINAL"),
-            "backward": ("PACKED", "HAS_INITIAL", "HAS_DFINAL")}
+FEATURES = {"summary": ("PACKED", "HAS_INITIAL", "HAS_RESETS"),
+            "output": ("PACKED", "HAS_INITIAL", "HAS_FINAL", "HAS_RESETS"),
+            "reverse_summary": ("PACKED", "HAS_DFINAL", "HAS_RESETS"),
+            "backward": ("PACKED", "HAS_INITIAL", "HAS_DFINAL", "HAS_RESETS")}
 
 
 def launch_plan(config: SamuConfig, width: int, features: bool = False):
@@ -425,7 +441,8 @@ def _forward_plan(config: SamuConfig, shape: tuple, count: int, dtype, state_dty
     batch, length, width = shape
     n_chunks = cdiv(length, config.chunk)
     meta = _launch_meta(config, width, keywords)
-    flags = dict(PACKED="PACKED" in keywords, HAS_INITIAL="HAS_INITIAL" in keywords)
+    flags = dict(PACKED="PACKED" in keywords, HAS_INITIAL="HAS_INITIAL" in keywords,
+                 HAS_RESETS="HAS_RESETS" in keywords)
     walked = config.walks_carry(n_chunks, batch * length * width)
     summary = Site(_samu_summary_kernel, (batch * n_chunks,),
                    dict(T=config.chunk, **meta["summary"], **flags, L2_HINTS=config.l2_hints))
@@ -450,12 +467,13 @@ def _backward_plan(config: SamuConfig, shape: tuple, count: int, dtypes: tuple, 
     n_chunks = cdiv(length, config.chunk)
     meta = _launch_meta(config, width, keywords)
     flags = dict(PACKED="PACKED" in keywords, HAS_INITIAL="HAS_INITIAL" in keywords,
-                 HAS_DFINAL="HAS_DFINAL" in keywords)
+                 HAS_DFINAL="HAS_DFINAL" in keywords, HAS_RESETS="HAS_RESETS" in keywords)
     items = batch * n_chunks
     reverse_summary = Site(_samu_reverse_summary_kernel,
                            (items, cdiv(width, meta["reverse_summary"]["BD"])),
                            dict(T=config.chunk, **meta["reverse_summary"],
-                                PACKED=flags["PACKED"], HAS_DFINAL=flags["HAS_DFINAL"]))
+                                PACKED=flags["PACKED"], HAS_DFINAL=flags["HAS_DFINAL"],
+                                HAS_RESETS=flags["HAS_RESETS"]))
     main = Site(_samu_backward_kernel, (items,),
                 dict(T=config.chunk, **meta["backward"], **flags, WALKED_CARRY=walked,
                      PARTIAL_DX=config.partial_dx, L2_HINTS=config.l2_hints))
@@ -504,9 +522,9 @@ def _summaries(x, params, sequences, plan: _ForwardPlan, rate, r, g, r_sum):
     batch, length, width = x.shape
     w, bias, a_param, log_temp = params
     end = torch.empty(batch, plan.n_chunks, width, device=x.device, dtype=torch.float32)
-    plan.summary(x, w, bias, a_param, log_temp, sequences.seq_index, sequences.initial_state, r,
-                 g, r_sum, end, rate, length, width, plan.n_chunks, sequences.count,
-                 plan.meta["summary_units"])
+    plan.summary(x, w, bias, a_param, log_temp, sequences.seq_index, sequences.initial_state,
+                 sequences.reset_flags, r, g, r_sum, end, rate, length, width, plan.n_chunks,
+                 sequences.count, plan.meta["summary_units"])
     return end
 
 
@@ -529,7 +547,8 @@ def forward(x, params, sequences, config: SamuConfig, summary=None, zero_gaps: b
     seq, h0 = sequences.seq_index, sequences.initial_state
     plan = _plan_of(x, sequences, config, _keywords(PACKED=sequences.packed,
                                                     HAS_INITIAL=sequences.has_initial,
-                                                    HAS_FINAL=sequences.output_final_state))
+                                                    HAS_FINAL=sequences.output_final_state,
+                                                    HAS_RESETS=sequences.has_resets))
     n_chunks = plan.n_chunks
     if summary is None:
         buffer, buffers = _residual_buffer(batch, length, width, n_chunks, x.device, zero_gaps)
@@ -546,8 +565,8 @@ def forward(x, params, sequences, config: SamuConfig, summary=None, zero_gaps: b
         chunk_carry(r_sum, end, reverse=False, rate=rate, out=h_in, plan=config.carry)
     y = torch.empty_like(x)
     final = sequences.final_state(width, x.device)
-    plan.output(x, y, r, g, h_in, r_sum, end, rate, skip, seq, h0, final, length, width,
-                n_chunks, sequences.count, plan.meta["output_units"])
+    plan.output(x, y, r, g, h_in, r_sum, end, rate, skip, seq, h0, sequences.reset_flags, final,
+                length, width, n_chunks, sequences.count, plan.meta["output_units"])
     return y, (final if sequences.output_final_state else None), (buffer,)
 
 
@@ -591,7 +610,8 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
         return _backward_plan(config, x.shape, sequences.count, (x.dtype, dy.dtype, h0.dtype),
                               x.device, _keywords(PACKED=sequences.packed,
                                                   HAS_INITIAL=sequences.has_initial,
-                                                  HAS_DFINAL=has_dfinal), walked)
+                                                  HAS_DFINAL=has_dfinal,
+                                                  HAS_RESETS=sequences.has_resets), walked)
     plan = plan_with(has_dfinal)
     meta = plan.meta
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
@@ -604,7 +624,8 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
     _, (end, part, dz, rows, *dsp_part) = workspace(
         (items * width, items * 4, 2 * tokens, splits * 2 * width)
         + ((items * width,) if walked else ()), x.device)
-    plan.reverse_summary(dy, r, rate, seq, d_final, end, length, width, n_chunks,
+    flags = sequences.reset_flags
+    plan.reverse_summary(dy, r, rate, seq, flags, d_final, end, length, width, n_chunks,
                          sequences.count, meta["reverse_summary_units"])
     if walked:  # the backward kernel walks the reverse summaries: its rows go elsewhere
         carry, dsp_part = end, dsp_part[0]
@@ -625,8 +646,8 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
         dsp_part = end  # end is spent: the carry has read it
     dx = torch.empty_like(x)
     d_h0 = sequences.initial_state_gradient()
-    plan.main(x, dy, dx, w, r, g, h_in, carry, r_sum, rate, log_temp, skip, seq, h0, d_final,
-              d_h0, dz, part, dsp_part, length, width, n_chunks, sequences.count, tokens,
+    plan.main(x, dy, dx, w, r, g, h_in, carry, r_sum, rate, log_temp, skip, seq, h0, flags,
+              d_final, d_h0, dz, part, dsp_part, length, width, n_chunks, sequences.count, tokens,
               meta["backward_units"])
     weight_partials(x, dz, programs, out=rows)
     grads = sum_partials(part, dsp_part, a_param, front=rows,
@@ -702,9 +723,10 @@ def start_adjoint(x, params, dy, d_end, config: SamuConfig):
     end = exact(run.buffers[0], (batch, n_chunks, width))  # the h_in piece: no forward follows
     grid = (batch * n_chunks, cdiv(width, meta["reverse_summary"]["BD"]))
     launching.launch(_samu_reverse_summary_kernel, grid, aligned(dy), run.buffers[2], rate,
-                     run.sequences.seq_index, fp32_contiguous(d_end), end, length, width,
-                     n_chunks, run.sequences.count, meta["reverse_summary_units"], T=config.chunk,
-                     **meta["reverse_summary"], PACKED=False, HAS_DFINAL=True)
+                     run.sequences.seq_index, run.sequences.reset_flags, fp32_contiguous(d_end),
+                     end, length, width, n_chunks, run.sequences.count,
+                     meta["reverse_summary_units"], T=config.chunk, **meta["reverse_summary"],
+                     PACKED=False, HAS_DFINAL=True, HAS_RESETS=False)
     carry = chunk_carry(r_sum, end, reverse=True, rate=rate, plan=config.carry)
     return _start_adjoint(end, carry, r_sum, rate)
 
@@ -784,21 +806,22 @@ class SamuFunction(torch.autograd.Function):
     def backward(ctx, dy, d_final):
         refuse_double_backward("samu")
         x, *rest = ctx.saved_tensors
-        params, residuals, (seq_index, h0) = rest[:5], rest[5:-2], rest[-2:]
+        saved = SequenceArgs.SAVED
+        params, residuals, kept = rest[:5], rest[5:-saved], rest[-saved:]
         # the forward's placeholder (aligned x): the same compiled kernel variants as the forward
-        sequences = ctx.sequences.with_saved(seq_index, h0, placeholder=aligned(x))
+        sequences = ctx.sequences.with_saved(*kept, placeholder=aligned(x))
         grads = backward(x, params, residuals, dy, d_final, sequences, ctx.config)
         return (*grads, None, None, None)
 
 
 def run_with(config: SamuConfig):
     """The backend of one configuration: run(x, *parameters, initial_state=None,
-    cu_seqlens=None, output_final_state=False) -> (y, final state or None)."""
+    cu_seqlens=None, output_final_state=False, resets=None) -> (y, final state or None)."""
     def run(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, initial_state=None,
-            cu_seqlens=None, output_final_state=False):
+            cu_seqlens=None, output_final_state=False, resets=None):
         if initial_state is not None:
             initial_state = fp32_contiguous(initial_state)  # differentiable: autograd casts back
-        sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state)
+        sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state, resets)
         return SamuFunction.apply(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip,
                                   initial_state, sequences.seq_index, config, sequences)
     return run
