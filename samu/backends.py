@@ -8,6 +8,7 @@ backends could not be loaded (no triton, or no numpy for Triton's interpreter),
 """
 from __future__ import annotations
 
+import inspect
 import re
 import threading
 import warnings
@@ -61,6 +62,7 @@ class Backend:
     run: Callable = field(repr=False, compare=False)
     materialized_state_sized_transition: bool = False
     config: object = None  # a Triton backend's frozen configuration (chunk, launches)
+    takes_resets: bool = False  # its run takes a reset mask (the keyword resets)
 
     @property
     def description(self) -> str:
@@ -266,8 +268,19 @@ def from_config(mixer: str, config) -> Backend:
 
 @lru_cache(maxsize=None)
 def _backend_of_configuration(mixer: str, config) -> Backend:
-    return Backend(config.name, mixer, "triton", family_of(mixer, config).run_with(config),
-                   config=config)
+    run = family_of(mixer, config).run_with(config)
+    return Backend(config.name, mixer, "triton", run, config=config,
+                   takes_resets=takes_keyword(run, "resets"))
+
+
+def takes_keyword(fn, keyword: str) -> bool:
+    """Whether fn has a parameter of that name (a reset mask: every built-in backend; a kernel
+    family or a mixer's reference that has none refuses the mask by name instead of failing
+    inside)."""
+    try:
+        return keyword in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 _registered = False
@@ -331,7 +344,8 @@ def _register_mixer(spec) -> str | None:
     for scan in SCANS:
         register(Backend(f"reference_{scan}", spec.name, "reference",
                          _reference_run(reference, scan),
-                         materialized_state_sized_transition=True))
+                         materialized_state_sized_transition=True,
+                         takes_resets=takes_keyword(reference, "resets")))
     try:
         families = tuple(mixers.load(path) for path in spec.kernel_families)
     except ImportError as exc:  # the reference backends still work; say why the rest do not
@@ -342,8 +356,9 @@ def _register_mixer(spec) -> str | None:
     _CONFIGURATION_MODULES[spec.name] = families
     for module in families:
         for config in module.CONFIGS:
-            register(Backend(config.name, spec.name, "triton", module.run_with(config),
-                             config=config))
+            run = module.run_with(config)
+            register(Backend(config.name, spec.name, "triton", run, config=config,
+                             takes_resets=takes_keyword(run, "resets")))
     return None
 
 

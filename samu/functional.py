@@ -245,11 +245,21 @@ def _run(mixer: str, x, params: dict, backend: str, initial_state=None, cu_seqle
     if torch.compiler.is_compiling():
         return _run_compiled(mixer, x, params, backend, state)
     chosen = _resolve(mixer, x, backend)
+    if resets is not None:
+        check_takes_resets(mixer, chosen)
     if chosen.kind == "triton" or not torch.is_autocast_enabled(x.device.type):
         # The kernels set every dtype themselves; entering autocast costs ~15 us of host time.
         return (*chosen.run(x, *params.values(), **state), chosen.name)
     with torch.autocast(x.device.type, enabled=False):
         return (*chosen.run(x, *params.values(), **state), chosen.name)
+
+
+def check_takes_resets(mixer: str, chosen) -> None:
+    """ValueError naming the backend where its run takes no reset mask, and those that do."""
+    if not chosen.takes_resets:
+        able = [n for n, b in backends.REGISTRY[mixer].items() if b.takes_resets]
+        raise ValueError(f"{mixer}: backend {chosen.name} does not take a reset mask (resets); "
+                         f"these do: {able}")
 
 
 class _Traced(NamedTuple):
@@ -285,6 +295,8 @@ def _run_compiled(mixer: str, x, params: dict, backend, state: dict):
         backends.check_name(mixer, backend)
         name = backend
     chosen = backends.REGISTRY[mixer][name]
+    if state.get("resets") is not None:
+        check_takes_resets(mixer, chosen)
     from . import custom_ops
     if state.get("cu_seqlens") is not None:  # its values, checked when the graph runs
         state = dict(state, cu_seqlens=custom_ops.checked_cu_seqlens(mixer, x, state["cu_seqlens"]))

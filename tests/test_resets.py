@@ -16,6 +16,7 @@ from samu import backends, mixers
 from samu.ops.common import carry
 from samu.experiment import legality
 from samu.functional import FUNCTIONS, PARAMETER_NAMES
+from samu.functional import mix as functional_mix
 from samu.modules import MODULES, build
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -25,7 +26,8 @@ HEADS = 2  # RG-LRU's: blocks of 16 channels, and one head per group where G is 
 
 
 def _backends(mixer, kinds=("reference",)):
-    return [n for n, b in backends.REGISTRY[mixer].items() if b.kind in kinds]
+    """The registered backends of these kinds that take a reset mask (Backend.takes_resets)."""
+    return [n for n, b in backends.REGISTRY[mixer].items() if b.kind in kinds and b.takes_resets]
 
 
 def _chunk(mixer, name):
@@ -330,3 +332,44 @@ def test_steps_with_resets_equal_the_forward(mixer, name):
         assert _relative(y_t, first) < 1e-6
         _, h_none = module.step(x[:, 0], None)
         assert _relative(h, h_none.double()) < 1e-6
+
+
+def _plain_reference(x, decay, scan="chunked", initial_state=None, cu_seqlens=None,
+                     output_final_state=False):
+    """A reference that takes no reset mask: h_t = a h_{t-1} + x_t."""
+    from samu.ops.layout import scan_sequences, with_final_state
+    from samu.ops.recurrence import carry_dtype
+
+    def scan_inputs(reset):
+        cdt = carry_dtype(x)
+        a = torch.sigmoid(decay.to(cdt)).expand(x.shape).contiguous()
+        return torch.log(a), a, x.to(cdt)
+    h, seqs = scan_sequences(x, scan_inputs, scan, initial_state, cu_seqlens)
+    return with_final_state(h.to(x.dtype), h, seqs, output_final_state)
+
+
+PLAIN = mixers.MixerSpec(
+    name="plain", label="Plain", parameter_names=("decay",),
+    width_of=lambda params: params["decay"].shape[0], check_shapes=lambda params, width: None,
+    parameter_count=lambda width, num_heads: width,
+    dynamic_control_values_per_token=lambda width: 0,
+    reference=f"{__name__}:_plain_reference", module="samu.modules:SAMU")
+
+
+def test_a_backend_without_resets_refuses_the_mask_by_name():
+    """Every built-in reference and default backend takes the mask; a backend whose run has no
+    resets keyword (here a registered mixer's reference) refuses it before running, naming
+    itself, and runs without it."""
+    for mixer in MIXERS:
+        named = backends.REGISTRY[mixer]
+        assert all(named[n].takes_resets for n in ("reference_chunked", "reference_sequential",
+                                                   backends.DEFAULTS[mixer]))
+    with backends.registered_mixer(PLAIN):
+        assert not any(b.takes_resets for b in backends.REGISTRY["plain"].values())
+        x = torch.randn(1, 5, 4)
+        decay = torch.zeros(4)
+        mask = torch.zeros(1, 5, dtype=torch.bool)
+        with pytest.raises(ValueError, match="plain: backend reference_chunked does not take a "
+                                             r"reset mask \(resets\); these do: \[\]"):
+            functional_mix("plain", x, decay, backend="reference_chunked", resets=mask)
+        assert functional_mix("plain", x, decay, backend="reference_chunked").shape == x.shape

@@ -15,7 +15,7 @@ import torch
 
 from ..._runtime import INTERPRETING
 from .launching import aligned, cdiv, fp32_contiguous, refuse_double_backward, sm_count, workspace
-from .sequences import sequence_args
+from .sequences import SequenceArgs, sequence_args
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,9 @@ class SinglePassFunction(torch.autograd.Function):
         ctx.spent = family.SPENDS_RESIDUALS
         x, *rest = ctx.saved_tensors
         n = ctx.n_params
-        params, residuals, (seq_index, h0) = rest[:n], rest[n:-2], rest[-2:]
-        sequences = ctx.sequences.with_saved(seq_index, h0, placeholder=aligned(x))
+        kept = SequenceArgs.SAVED
+        params, residuals = rest[:n], rest[n:-kept]
+        sequences = ctx.sequences.with_saved(*rest[-kept:], placeholder=aligned(x))
         grads = family.backward(x, params, residuals, dy, d_final, sequences, ctx.config)
         return (None, None, None, grads[-1], None, grads[0], *grads[1:-1])
 
