@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from samu import backends, mixers
+from samu import backends, mixers, model
 from samu.ops.common import carry
 from samu.experiment import legality
 from samu.functional import FUNCTIONS, PARAMETER_NAMES
@@ -373,3 +373,101 @@ def test_a_backend_without_resets_refuses_the_mask_by_name():
                                              r"reset mask \(resets\); these do: \[\]"):
             functional_mix("plain", x, decay, backend="reference_chunked", resets=mask)
         assert functional_mix("plain", x, decay, backend="reference_chunked").shape == x.shape
+
+
+# Griffin's recurrent block: the convolution and the mixer both reset.
+
+def _griffin(mixer, backend="reference_chunked", dtype=torch.float64):
+    """A block whose convolution taps and biases are larger than at initialisation, so that a
+    tap that leaks across a reset shows."""
+    block = model.RecurrentBlock(mixer, 8, lru_width=WIDTH, num_heads=HEADS, backend=backend)
+    gen = torch.Generator().manual_seed(6)
+    block.reset_parameters(generator=gen)
+    with torch.no_grad():
+        for p in (block.conv_1d.w, block.conv_1d.b, block.linear_x.bias):
+            p.normal_(0.0, 0.5, generator=gen)
+    return block.to(device=DEVICE, dtype=dtype)
+
+
+def _block_outputs(block, x, state, calls):
+    """y, the final state and the gradients of x, every parameter and the initial state of
+    ``calls(x, h0) -> (y, RecurrentBlockState)``, for fixed random cotangents."""
+    x = x.detach().requires_grad_()
+    h0 = model.RecurrentBlockState(*(t.detach().requires_grad_() for t in state))
+    y, final = calls(x, h0)
+    gen = torch.Generator().manual_seed(8)
+    cotangents = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(DEVICE)
+                  for t in (y, *final)]
+    inputs = [x, *block.parameters(), *h0]
+    grads = torch.autograd.grad([y, *final], inputs, cotangents)
+    return [y, *final, *grads]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_griffin_block_with_resets_equals_segments_apart(mixer, packed):
+    """The block with a mask (and initial states) equals the runs between resets called
+    apart: y, the final conv and mixer states, and the gradients of x, every parameter and
+    both initial states.  Resets one and two tokens apart (inside the convolution's reach), at
+    a start and at the last token."""
+    block = _griffin(mixer)
+    gen = torch.Generator().manual_seed(7)
+    if packed:
+        shape, offsets, positions = (1, 20, 8), [0, 6, 8, 20], [[3, 6, 10, 11, 19]]
+    else:
+        shape, offsets, positions = (2, 13, 8), None, [[0, 4, 5, 12], [2, 9]]
+    count = shape[0] if offsets is None else len(offsets) - 1
+    x = torch.randn(shape, generator=gen, dtype=torch.float64).to(DEVICE)
+    state = model.RecurrentBlockState(
+        torch.randn(count, block.conv_width - 1, WIDTH, generator=gen, dtype=torch.float64),
+        torch.randn(count, WIDTH, generator=gen, dtype=torch.float64))
+    state = model.RecurrentBlockState(*(t.to(DEVICE) for t in state))
+    mask = legality.reset_mask(positions, shape[0], shape[1], DEVICE)
+    keywords = {"resets": mask, "initial_state": state}
+    cu = None
+    if offsets is not None:
+        cu = torch.tensor(offsets, device=DEVICE)
+        keywords["cu_seqlens"] = cu
+
+    def at_once(x, h0):
+        return block(x, cu_seqlens=cu, initial_state=h0, output_final_state=True, resets=mask)
+
+    def apart(x, h0):
+        pieces, finals = {}, {}
+        for row, first, end, sequence, entered in _segments(keywords, *shape[:2]):
+            start = (model.RecurrentBlockState(h0.conv[sequence:sequence + 1],
+                                               h0.mixer[sequence:sequence + 1])
+                     if entered else None)
+            pieces[(row, first)], finals[sequence] = block(
+                x[row:row + 1, first:end], initial_state=start, output_final_state=True)
+        y = torch.cat([torch.cat([pieces[k] for k in sorted(pieces) if k[0] == row], dim=1)
+                       for row in range(shape[0])])
+        return y, model.RecurrentBlockState(*(torch.cat([finals[n][i] for n in sorted(finals)])
+                                              for i in range(2)))
+
+    got = _block_outputs(block, x, state, at_once)
+    want = _block_outputs(block, x, state, apart)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    without = block(x, cu_seqlens=cu, initial_state=state)
+    assert _relative(without, got[0]) > 1e-2
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_griffin_steps_with_resets_equal_the_forward(mixer):
+    """A prefill and steps whose rows reset at different steps equal one forward with the
+    mask, on the default Triton backend (the one-launch step kernels) against the float64
+    reference block."""
+    oracle = _griffin(mixer)
+    block = _griffin(mixer, backends.DEFAULTS[mixer], torch.float32)
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 9, 8, generator=gen).to(DEVICE)
+    mask = legality.reset_mask([[5], [6, 7], [0, 8]], 3, 9, DEVICE)
+    with torch.no_grad():
+        want = oracle(x.double(), resets=mask)
+        y, state = block(x[:, :5], output_final_state=True, resets=mask[:, :5])
+        ys = [y]
+        for t in range(5, 9):
+            y_t, state = block.step(x[:, t], state, resets=mask[:, t])
+            ys.append(y_t[:, None])
+    assert _relative(torch.cat(ys, 1), want) < 1e-5
