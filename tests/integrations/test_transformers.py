@@ -249,25 +249,35 @@ def block_calls(block, x, positions, cuts):
                                 use_cache=True)[0] for a, b in zip(cuts, cuts[1:])], dim=1)
 
 
-@pytest.mark.parametrize("cuts", [[0, 16], [0, 6, 7, 8, 13, 16], [0, 5, 6, 10, 11, 16]],
-                         ids=["one-call", "prefill-steps-prefill", "resets-at-steps"])
-def test_block_with_cache_and_resets_equals_its_sequences_apart(float64_scan, cuts):
+CUTS = {"one-call": [0, 16], "prefill-steps-prefill": [0, 6, 7, 8, 13, 16],
+        "resets-at-steps": [0, 5, 6, 10, 11, 16]}
+TRITON = "triton-" + backends.DEFAULTS["rglru"]
+
+
+@pytest.mark.parametrize("backend, cuts", [(REFERENCE, c) for c in CUTS.values()]
+                         + [(TRITON, CUTS["resets-at-steps"])],
+                         ids=[*CUTS, TRITON + "-resets-at-steps"])
+def test_block_with_cache_and_resets_equals_its_sequences_apart(float64_scan, backend, cuts):
     """The recurrent block, its cache continued over calls of several tokens and of one (a
     decode step), resets in prefills and at steps (positions 0 at 6, 10 and 15; 5 and 10 are
-    a call's first token), against each sequence through transformers' block alone."""
+    a call's first token), against each sequence through transformers' block alone; the
+    reference in float64, the Triton backend (under the interpreter on a CPU) in FP32."""
     model = tiny_model()
     block = recurrent_block(model)
-    patched_model = copy.deepcopy(model)
-    samu_hf.patch(patched_model, backend=REFERENCE)
+    triton = backend.startswith("triton-")
+    patched_model = copy.deepcopy(model).float() if triton else copy.deepcopy(model)
+    samu_hf.patch(patched_model, backend=backend.removeprefix("triton-"))
     x = torch.randn(2, 16, HIDDEN, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     positions = packed_positions([[0, 6, 10, 15], [0, 5, 10]], 16)
-    got = block_calls(recurrent_block(patched_model), x, positions, cuts)
+    got = block_calls(recurrent_block(patched_model), x.to(patched_model.dtype), positions,
+                      cuts).double()
+    tol = dict(rtol=1e-4, atol=1e-5) if triton else {}
     for row in range(2):
         for a, b in segments(positions[row].tolist()):
             with torch.no_grad():
                 alone = block(x[row:row + 1, a:b], position_ids=positions[row:row + 1, a:b],
                               attention_mask=None, use_cache=False)[0]
-            assert_close(got[row:row + 1, a:b], alone, f"row {row}, tokens {a}:{b}")
+            assert_close(got[row:row + 1, a:b], alone, f"row {row}, tokens {a}:{b}", **tol)
 
 
 def test_cache_stays_in_transformers_format(float64_scan):
@@ -418,6 +428,57 @@ def test_transformers_state_dict_converts_to_samu_block():
     w = samu_block.conv_1d.w
     assert torch.equal(w, block.conv_1d.weight[:, 0, :].t())
     assert torch.equal(samu_block.mixer.gate_a_bias, block.rg_lru.recurrent_gate_bias.reshape(-1))
+
+
+def test_triton_kernels_under_the_interpreter():
+    """The registry's default RG-LRU Triton backend (the interpreter on a CPU), FP32, against
+    the patched float64 reference (held to the sequences apart above): logits and every
+    gradient, with resets at the backend's chunk boundaries, at a row's first and last token."""
+    name = backends.DEFAULTS["rglru"]
+    chunk = backends.REGISTRY["rglru"][name].config.chunk
+    length = 2 * chunk + 1
+    oracle = tiny_model()
+    model = copy.deepcopy(oracle).float()
+    samu_hf.patch(oracle, backend=REFERENCE)
+    handle = samu_hf.patch(model, backend=name)
+    ids = tokens(2, length)
+    positions = packed_positions([[0, chunk, 2 * chunk], [0, 1, chunk]], length)
+    probe = torch.randn(2, length, VOCAB, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(8))
+    results = []
+    for m in (oracle, model):
+        m.zero_grad()
+        logits = m(input_ids=ids, position_ids=positions, use_cache=False).logits
+        (logits * probe.to(logits.dtype)).sum().backward()
+        results.append((logits.detach().double(), grads(m)))
+    assert set(handle.last_backends.values()) == {name}
+    (want, want_grads), (got, got_grads) = results
+    assert_close(got, want, "logits", rtol=1e-4, atol=1e-4)
+    assert got_grads.keys() == want_grads.keys()
+    for n in want_grads:
+        assert_close(got_grads[n].double(), want_grads[n], n, rtol=1e-3, atol=1e-4)
+
+
+def test_triton_decode_steps_under_the_interpreter(float64_scan, monkeypatch):
+    """Generation with the Triton backend: its prefill and one-launch steps (the step kernel,
+    once per recurrent block and new token after the first) give the tokens of transformers
+    in float64."""
+    from samu.ops.rglru import step as step_kernel
+    launches = []
+    kernel = step_kernel.step
+
+    def counted(*args, **kwargs):
+        launches.append(args[0].shape)
+        return kernel(*args, **kwargs)
+    monkeypatch.setattr(step_kernel, "step", counted)
+    name = backends.DEFAULTS["rglru"]
+    oracle = tiny_model()
+    model = copy.deepcopy(oracle).float()
+    handle = samu_hf.patch(model, backend=name)
+    ids = tokens(2, 6)
+    assert torch.equal(greedy(model, ids, new=4), greedy(oracle, ids, new=4))
+    assert set(handle.last_backends.values()) == {name}
+    assert len(launches) == 2 * 3  # two recurrent blocks, three steps after the prefill
 
 
 def test_samu_block_conv_resets_packed_and_stepped(float64_scan):
