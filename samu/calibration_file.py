@@ -10,6 +10,7 @@ import fcntl
 import json
 import math
 import os
+import reprlib
 from pathlib import Path
 
 from .shapes import Shape
@@ -17,6 +18,34 @@ from .shapes import Shape
 
 class CalibrationFileError(ValueError):
     """A calibration file that cannot be trusted for dispatch; the message names file and entry."""
+
+
+# A calibration file is a few hundred kB (every shape, mixer and backend of a GPU); a larger one
+# is refused before it is parsed.
+MAX_FILE_BYTES = 16 * 2**20
+
+# An error echoes at most about this many characters of a value from the file: a hostile file's
+# value may be a gigabyte.
+ECHO_CHARACTERS = 80
+_echo = reprlib.Repr()
+_echo.maxstring = _echo.maxother = _echo.maxlong = ECHO_CHARACTERS
+_echo.maxlevel, _echo.maxdict, _echo.maxlist, _echo.maxtuple = 2, 4, 4, 4
+
+
+def shown(value) -> str:
+    """repr(value), cut to about ECHO_CHARACTERS (strings are cut before they are copied)."""
+    return _echo.repr(value)
+
+
+def named_directory(path, named_by: str) -> Path:
+    """The calibration directory that ``named_by`` (set_calibration_dir, SAMU_CALIBRATION_DIR)
+    names, absolute (a relative path taken against the working directory now); one that is not
+    an existing directory is refused, whichever names it."""
+    folder = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+    if not folder.is_dir():
+        what = "a file, not a directory" if folder.exists() else "not a directory (none there)"
+        raise NotADirectoryError(f"{named_by}: {folder} is {what}")
+    return folder
 
 
 def lock_path(path) -> Path:
@@ -46,8 +75,12 @@ def read(path) -> dict:
     too deeply, a key twice in one object, or not a readable file (a directory, a symlink loop).
     A missing file raises FileNotFoundError: to a caller that is no file, not a broken one."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f, object_pairs_hook=_refuse_repeated_keys)
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise CalibrationFileError(f"{path}: larger than {MAX_FILE_BYTES} bytes, too large "
+                                       "to be a calibration file")
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_refuse_repeated_keys)
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -57,12 +90,16 @@ def read(path) -> dict:
                                    f"{exc}") from None
     except UnicodeDecodeError as exc:
         raise CalibrationFileError(f"{path}: not UTF-8 text: {exc}") from None
+    except CalibrationFileError:
+        raise
+    except ValueError as exc:  # an integer of more digits than Python converts, say
+        raise CalibrationFileError(f"{path}: not a calibration file's JSON: {exc}") from None
     except RecursionError:
         raise CalibrationFileError(f"{path}: nested too deeply to be a calibration file "
                                    "(it is {gpu, environment, shapes: {shape: {mixer: "
                                    "entry}}})") from None
     except _RepeatedKey as exc:
-        raise CalibrationFileError(f"{path}: the key {exc.args[0]!r} appears twice in one "
+        raise CalibrationFileError(f"{path}: the key {shown(exc.args[0])} appears twice in one "
                                    "object; JSON readers keep only the last") from None
 
 
@@ -105,14 +142,23 @@ def _check_finite(record: dict, fields, where: str) -> None:
         value = record.get(field)
         if value is not None and not is_finite_number(value):
             raise CalibrationFileError(f"{where}: {field!r} must be a finite number or null, got "
-                                       f"{type(value).__name__} {value!r}")
+                                       f"{type(value).__name__} {shown(value)}")
 
 
 def parse_shape_key(key, path) -> tuple[int, int, int]:
+    if len(key) > ECHO_CHARACTERS:  # Shape.parse's message would echo it whole
+        raise CalibrationFileError(f"{path}: shape key {shown(key)} ({len(key)} characters) is "
+                                   "too long to be BATCHxLENGTHxWIDTH")
     try:
         return tuple(Shape.parse(key))
     except ValueError as exc:
         raise CalibrationFileError(f"{path}: shape key {key!r}: {exc}") from None
+
+
+def _brief(value) -> str:
+    """A name or digest from the file as a message gives it: a short string as it is, anything
+    else as ``shown``."""
+    return value if isinstance(value, str) and len(value) <= ECHO_CHARACTERS else shown(value)
 
 
 def choices(doc, path, registry: dict, check_settings: bool = True) -> dict:
@@ -145,7 +191,7 @@ def choices(doc, path, registry: dict, check_settings: bool = True) -> dict:
                                        f"{{mixer: entry}}, got {type(mixers).__name__}")
         for mixer, entry in mixers.items():
             out[(mixer, shape)] = _checked_choice(entry, registry, f"{path}: shape {key}, "
-                                                  f"mixer {mixer}", mixer, check_settings)
+                                                  f"mixer {_brief(mixer)}", mixer, check_settings)
     return out
 
 
@@ -162,8 +208,8 @@ def _checked_choice(entry, registry: dict, where: str, mixer: str, check_setting
 
     def registered(name, field):
         if not isinstance(name, str) or name not in names:
-            raise CalibrationFileError(f"{where}: {field} {name!r} is not a registered backend "
-                                       f"of {mixer}; registered: {sorted(names)}")
+            raise CalibrationFileError(f"{where}: {field} {shown(name)} is not a registered "
+                                       f"backend of {mixer}; registered: {sorted(names)}")
 
     _check_finite(entry, ENTRY_NUMBERS, where)
     ranking, recorded = entry["ranking"], entry["backends"]
@@ -191,7 +237,7 @@ def _checked_choice(entry, registry: dict, where: str, mixer: str, check_setting
     chosen = entry["chosen"]
     if chosen is not None and not isinstance(chosen, str):
         raise CalibrationFileError(f"{where}: 'chosen' must be a backend name or null, got "
-                                   f"{type(chosen).__name__} {chosen!r}")
+                                   f"{type(chosen).__name__} {shown(chosen)}")
     if chosen is None:
         return None
     registered(chosen, "chosen")  # "" included: an empty choice is no way to say "none"
@@ -208,7 +254,7 @@ def _checked_choice(entry, registry: dict, where: str, mixer: str, check_setting
     if (check_settings and settings.get(chosen) is not None
             and settings[chosen] != names[chosen].settings):
         raise CalibrationFileError(f"{where}: chosen {chosen!r} was calibrated with launch "
-                                   f"settings {settings[chosen]}, and its registered "
+                                   f"settings {_brief(settings[chosen])}, and its registered "
                                    f"configuration's are {names[chosen].settings}: recalibrate "
                                    "this shape (make reproduce)")
     return chosen

@@ -24,7 +24,9 @@ Only that directory is read: a GPU without a file there has no calibrated choice
 run), and no later directory is tried.  ``calibration_source(slug)`` says which file ``auto``
 would read and why.  The directory and the file's stat are looked up again at most every
 ``RECHECK_SECONDS``, and at once after ``set_calibration_dir`` or ``forget_calibration``; a
-file that fails its checks raises ``CalibrationFileError`` naming the file and the entry.
+file that fails its checks raises ``CalibrationFileError`` naming the file and the entry (and
+is not read again until it changes).  A directory named by ``set_calibration_dir`` or
+``SAMU_CALIBRATION_DIR`` that is not one (missing, or a file) raises NotADirectoryError.
 """
 from __future__ import annotations
 
@@ -67,16 +69,26 @@ def _device_slug(index: int) -> str:
 # ~10 us of host time, too much for every call.
 RECHECK_SECONDS = 1.0
 
-# gpu slug -> (checked at, (path, stat stamp), choices); a missing file is cached as no choices.
+# gpu slug -> (checked at, (path, stat stamp), choices); a missing file is cached as no choices,
+# a file that failed its checks as _Unusable until its stamp changes.
 _CHOICES: dict[str, tuple[float, tuple, dict]] = {}
+
+
+class _Unusable(NamedTuple):
+    message: str  # the CalibrationFileError a look-up raises again
 _USER_DIR: Path | None = None  # set_calibration_dir's directory
 
 
 class CalibrationSource(NamedTuple):
     """The calibration file ``auto`` reads for one GPU, and which rule of the lookup chose it."""
-    path: Path  # it may not exist: then that GPU has no calibrated choice
-    origin: str  # "set_calibration_dir", "SAMU_CALIBRATION_DIR", "SAMU_DATA_DIR", "checkout"
-                 # or "packaged"
+    path: Path | None  # it may not exist: then that GPU has no calibrated choice; None: no file
+    origin: str  # "set_calibration_dir", "SAMU_CALIBRATION_DIR", "SAMU_DATA_DIR", "checkout",
+                 # "packaged", or NO_CUDA
+
+
+# The origin of calibration_source() in a process without CUDA: there auto runs the chunked
+# reference (or, under TRITON_INTERPRET=1, the default Triton backend) and reads no file.
+NO_CUDA = "no CUDA: auto reads no calibration file"
 
 
 def set_calibration_dir(path) -> None:
@@ -84,13 +96,8 @@ def set_calibration_dir(path) -> None:
     folder and the packaged copy; ``None`` restores the default lookup (see the module docstring).
     The directory must exist; a relative path is taken against the working directory now."""
     global _USER_DIR
-    if path is None:
-        _USER_DIR = None
-    else:
-        folder = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
-        if not folder.is_dir():
-            raise NotADirectoryError(f"set_calibration_dir: {folder} is not a directory")
-        _USER_DIR = folder
+    _USER_DIR = None if path is None else calibration_file.named_directory(
+        path, "set_calibration_dir")
     forget_calibration()
 
 
@@ -105,8 +112,11 @@ def calibration_source(slug: str | None = None) -> CalibrationSource:
        checkout (origin ``"checkout"``);
     4. the copy packaged with samu, ``samu/_calibration``: origin ``"packaged"``.
 
-    No later directory is tried when the file is missing from the chosen one."""
+    No later directory is tried when the file is missing from the chosen one.  Without a slug
+    in a process without CUDA it is ``(None, NO_CUDA)``: auto reads no file there."""
     if slug is None:
+        if not torch.cuda.is_available():
+            return CalibrationSource(None, NO_CUDA)
         slug = gpu_slug()
     folder, origin = _calibration_dir()
     return CalibrationSource(folder / f"{slug}.json", origin)
@@ -116,8 +126,9 @@ def _calibration_dir() -> tuple[Path, str]:
     if _USER_DIR is not None:
         return _USER_DIR, "set_calibration_dir"
     named = paths.calibration_dir_from_env()
-    if named is not None:
-        return named, paths.CALIBRATION_DIR_ENV
+    if named is not None:  # refused, as set_calibration_dir refuses it, where it is no directory
+        return (calibration_file.named_directory(named, paths.CALIBRATION_DIR_ENV),
+                paths.CALIBRATION_DIR_ENV)
     if paths.DATA_FROM_ENV:
         return paths.DATA / "calibration", "SAMU_DATA_DIR"
     if paths.in_checkout():
@@ -155,6 +166,8 @@ def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str
     if cached is None or now - cached[0] > RECHECK_SECONDS:
         cached = _recheck(slug, now, cached)
     choices = cached[2]
+    if isinstance(choices, _Unusable):
+        raise CalibrationFileError(choices.message)
     key = (mixer, tuple(shape))
     if choices.get(key) is not None:
         return choices[key]
@@ -201,8 +214,13 @@ def _recheck(slug: str, now: float, cached) -> tuple[float, tuple, dict]:
             what = "a directory" if S_ISDIR(stat.st_mode) else "not a regular file"
             raise CalibrationFileError(f"{path}: cannot be read as a calibration file: {what}")
         stamp = (path, stat.st_mtime_ns, stat.st_size, stat.st_ino)
-        # A file that fails its checks raises here and is not cached: it is read again next time.
-        choices = cached[2] if cached is not None and cached[1] == stamp else _load_choices(path)
+        if cached is not None and cached[1] == stamp:
+            choices = cached[2]
+        else:
+            try:
+                choices = _load_choices(path)
+            except CalibrationFileError as exc:  # not parsed again until the file changes
+                choices = _Unusable(str(exc))
     cached = _CHOICES[slug] = (now, stamp, choices)
     return cached
 

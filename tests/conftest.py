@@ -1,12 +1,22 @@
 """Kernel tests run on CUDA when there is one, else under Triton's interpreter (set before samu
 is imported, which is why it is set here)."""
 import os
+import warnings
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# torch loads its forward-mode AD decompositions at a process's first jvp, each through
+# torch.jit.script, which warns that it is deprecated: 18 warnings a process, none about samu.
+# Loaded here with that warning silenced; any other use of torch.jit.script still warns.
+_load_jvp_decompositions = getattr(torch.autograd.forward_ad, "_maybe_load_decompositions", None)
+if _load_jvp_decompositions is not None:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", DeprecationWarning)
+        _load_jvp_decompositions()
 
 # Under pytest-xdist each worker gets its share of the cores.  With torch's default (every core
 # per process) the workers' OpenMP threads oversubscribe the machine, and a test of many tiny

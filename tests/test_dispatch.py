@@ -10,9 +10,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 import samu
-from samu import backends, dispatch, paths
+from samu import backends, calibration_file, dispatch, paths
 
 SLUG = "test-gpu"
 CHUNK8, CHUNK16 = "fused_controller_hierarchical_chunk8", "fused_controller_hierarchical_chunk16"
@@ -179,6 +180,110 @@ def test_a_file_that_appears_is_read_at_the_next_recheck(lookup, monkeypatch):
     _write(lookup / "data" / "calibration", CHUNK16, slug="late-gpu")
     monkeypatch.setattr(dispatch, "RECHECK_SECONDS", 0.0)
     assert dispatch.calibrated_choice("samu", (1, 8, 16), "late-gpu") == CHUNK16
+
+
+@pytest.mark.parametrize("thing", ["missing", "a regular file"])
+def test_a_named_directory_that_is_none_is_refused_by_the_variable_as_by_the_function(
+        lookup, monkeypatch, thing):
+    """SAMU_CALIBRATION_DIR naming no directory meant "no calibration" in silence while
+    set_calibration_dir refused the same path: both refuse it, with one message."""
+    named = lookup / "named"
+    if thing == "a regular file":
+        named.write_text("{}")
+    with pytest.raises(NotADirectoryError) as by_call:
+        samu.set_calibration_dir(named)
+    monkeypatch.setenv("SAMU_CALIBRATION_DIR", str(named))
+    dispatch.forget_calibration()
+    with pytest.raises(NotADirectoryError) as by_env:
+        dispatch.calibration_source(SLUG)
+    with pytest.raises(NotADirectoryError):
+        _choice()
+    assert str(by_env.value) == str(by_call.value).replace("set_calibration_dir",
+                                                           "SAMU_CALIBRATION_DIR")
+    assert str(named) in str(by_env.value)
+    named.unlink(missing_ok=True)
+    named.mkdir()
+    dispatch.forget_calibration()
+    assert dispatch.calibration_source(SLUG).path == named / f"{SLUG}.json"
+    assert _choice() is None
+
+
+def test_a_failing_file_is_parsed_once_until_it_changes(lookup, monkeypatch):
+    """A file that fails its checks is not parsed again on every look-up (a large one took
+    seconds each): its error is remembered until the file's stamp changes."""
+    broken = lookup / "data" / "calibration" / f"{SLUG}.json"
+    broken.write_text('{"shapes": 1}')
+    reads = []
+    real = calibration_file.read
+    monkeypatch.setattr(calibration_file, "read", lambda path: reads.append(path) or real(path))
+    monkeypatch.setattr(dispatch, "RECHECK_SECONDS", 0.0)
+    for _ in range(5):
+        with pytest.raises(dispatch.CalibrationFileError, match="'shapes' must be an object"):
+            _choice()
+    assert len(reads) == 1
+    _write(lookup / "data" / "calibration", CHUNK16)  # changed: read again, and used
+    assert _choice() == CHUNK16 and len(reads) == 2
+
+
+HUGE = "z" * 2_000_000
+
+
+@pytest.mark.parametrize("where", ["chosen", "ranking", "backend", "settings", "mixer", "shape",
+                                   "repeated key", "tolerance"])
+def test_a_hostile_file_is_refused_in_a_short_message(lookup, where):
+    """A value of megabytes is echoed in a few characters (the message stays short), and the
+    message still names the file and the field."""
+    doc = _doc(CHUNK8)
+    entry = doc["shapes"]["1x8x16"]["samu"]
+    if where == "chosen":
+        entry["chosen"] = HUGE
+    elif where == "ranking":
+        entry["ranking"] = [HUGE]
+    elif where == "backend":
+        entry["backends"][0]["backend"] = HUGE
+    elif where == "settings":
+        entry["backends"][0]["settings"] = {"chunk": HUGE, "warps": list(range(10**5))}
+    elif where == "mixer":
+        doc["shapes"]["1x8x16"] = {HUGE: entry}
+    elif where == "shape":
+        doc["shapes"] = {HUGE: {"samu": entry}}
+    elif where == "tolerance":
+        entry["memory_tolerance"] = HUGE
+    text = json.dumps(doc)
+    if where == "repeated key":
+        text = text[:-1] + f', "{HUGE}": 1, "{HUGE}": 2}}'
+    path = lookup / "data" / "calibration" / f"{SLUG}.json"
+    path.write_text(text)
+    with pytest.raises(dispatch.CalibrationFileError) as info:
+        _choice()
+    message = str(info.value)
+    assert str(path) in message and "zzzz" in message
+    assert len(message) < len(str(path)) + 600, message
+
+
+def test_a_file_too_large_or_with_an_unconvertible_number_is_refused(lookup, monkeypatch):
+    path = lookup / "data" / "calibration" / f"{SLUG}.json"
+    monkeypatch.setattr(calibration_file, "MAX_FILE_BYTES", 8192)
+    monkeypatch.setattr(dispatch, "RECHECK_SECONDS", 0.0)
+    path.write_text(json.dumps({**_doc(CHUNK8), "padding": "p" * 9000}))
+    with pytest.raises(dispatch.CalibrationFileError, match="larger than 8192 bytes"):
+        _choice()
+    path.write_text('{"gpu": ' + "9" * 5000 + "}")  # more digits than Python converts
+    with pytest.raises(dispatch.CalibrationFileError, match="not a calibration file's JSON"):
+        _choice()
+
+
+def test_without_cuda_the_source_says_auto_reads_no_file(lookup, monkeypatch):
+    """In an installed wheel on a CPU, calibration_source() named samu/_calibration/cpu.json,
+    which no wheel holds and auto never reads: without CUDA it says that auto reads no file."""
+    _not_a_checkout(monkeypatch, lookup)
+    source = samu.calibration_source()
+    if torch.cuda.is_available():
+        assert source.path.name == f"{dispatch.gpu_slug()}.json"
+    else:
+        assert source == (None, dispatch.NO_CUDA)
+        assert "no calibration file" in source.origin
+    assert dispatch.calibration_source(SLUG).path == lookup / "packaged" / f"{SLUG}.json"
 
 
 # --- what a wheel and an sdist carry ---------------------------------------------------------

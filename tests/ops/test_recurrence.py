@@ -204,3 +204,18 @@ def test_chunked_reference_gradients_equal_oracle(mixer):
         grads[scan] = torch.autograd.grad(y, [x, h0, *params], dy)
     for want, got in zip(grads["sequential"], grads["chunked"]):
         torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-12)
+
+
+def test_forward_mode_ad_prints_no_torchscript_deprecation(tmp_path):
+    """A pytest run whose first jvp is here prints none of the 18 torch.jit.script deprecation
+    warnings torch gives while loading its forward-mode decompositions (tests/conftest.py)."""
+    import subprocess
+    import sys
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+         "-W", "always::DeprecationWarning",
+         f"{__file__}::test_bounded_sqrt_under_torch_func"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+    assert "torch.jit.script" not in done.stdout + done.stderr
