@@ -270,4 +270,4 @@ def test_notebook_parameters_are_the_parameters_cell():
     assert defaults["width"] == 32 and defaults["progress_log"] is None
     assert defaults["tasks"]["lm"] == {"lengths": [64]}
     assert pipeline.notebook_parameters("03_timing") == {
-        "batch": 1, "length": 16, "width": 16, "shape_index": 0, "seed": 0}
+        "batch": 1, "length": 16, "width": 16, "shape_index": 0, "seed": 0, "mixers": None}
