@@ -1,4 +1,4 @@
-"""Time packed sequences, decode steps and torch.compile for both mixers (samu.experiment.features)
+"""Time packed sequences, decode steps and torch.compile for every mixer (samu.experiment.features)
 and write data/features/<gpu>.json and data/figures/<gpu>_features.png; each timing is also a row
 of data/benchmarks/<gpu>/benchmark_features.jsonl (samu.experiment.benchmark_rows).
 
@@ -12,7 +12,7 @@ import argparse
 import torch
 from tqdm import tqdm
 
-from samu import dispatch, paths
+from samu import dispatch, mixers, paths
 from samu.experiment import benchmark_rows, features, protocol, schema
 
 
@@ -25,7 +25,7 @@ def draw(doc: dict, path) -> None:
     import matplotlib.pyplot as plt
     from samu.experiment import report
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    names = {"rglru": "RG-LRU", "samu": "SAMU"}
+    names = mixers.LABELS
     ax = axes[0]
     variants = [v for v in PACKING_VARIANTS if v in doc["packing"][0]]
     on_gpu = doc["packing"][0]["packed"]["gpu_time_ms"] is not None
@@ -47,7 +47,7 @@ def draw(doc: dict, path) -> None:
     ax.set_title(f"{len(doc['packing'][0]['lengths'])} sequences, {shape[1]} tokens, D = "
                  f"{shape[2]}: {'GPU time' if on_gpu else 'median'} (ms)")
     ax = axes[1]
-    for mixer in ("rglru", "samu"):
+    for mixer in dict.fromkeys(r["mixer"] for r in doc["decode"]):
         rows = [r for r in doc["decode"] if r["mixer"] == mixer]
         ax.plot([r["batch"] for r in rows], [r["host_us_per_step"] for r in rows], "o-",
                 label=f"{names[mixer]} host wall")
@@ -111,9 +111,9 @@ def main(argv=None) -> int:
     compile_shapes = args.compile_shape or [[1, 128, 2048], [4, 2048, 2048]]
     slug = dispatch.gpu_slug()
     doc = {"environment": protocol.environment(), "packing": [], "decode": [], "compile": []}
-    work = 2 * (1 + 1 + len(compile_shapes))
+    work = len(mixers.names()) * (1 + 1 + len(compile_shapes))
     with tqdm(total=work, desc="features") as bar:
-        for mixer in ("rglru", "samu"):
+        for mixer in mixers.names():
             bar.set_postfix_str(f"{mixer} packing")
             doc["packing"].append(features.time_packing(mixer, "auto", args.length, args.width,
                                                         device, count=args.sequences))
