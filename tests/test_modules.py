@@ -197,6 +197,7 @@ def test_a_checked_signature_still_refuses_a_parameter_changed_in_kind():
         samu.samu(x, m.ctrl_weight, m.ctrl_bias, m.a_param.long(), m.log_temp, m.skip)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta:UserWarning")
 @pytest.mark.parametrize("mixer", ["rglru", "samu"])
 @pytest.mark.parametrize("layout", ["coo", "csr"])
 def test_a_sparse_input_is_refused_by_name(mixer, layout):
@@ -228,6 +229,10 @@ class _Stepping(torch.nn.Module):
         return self.mixer.step(x_t)[0]
 
 
+# torch.jit.trace warns that it is deprecated, and the tracer that the checks' Python branches
+# are constants of the trace: the test is about the refusal, not these.
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 @pytest.mark.parametrize("mixer", ["rglru", "samu"])
 def test_torch_jit_trace_of_the_kernels_is_refused_and_says_what_to_use(mixer):
     """The tracer cannot record a Triton launch (it failed inside Triton, or read out of its

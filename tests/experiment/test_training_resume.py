@@ -130,6 +130,11 @@ def _add_runs(path, record, seeds, barrier):
         finished.add(_job(study, seed), record)
 
 
+# Python 3.12 warns on every fork of a process with threads (torch's); the children here run
+# no torch, only file and JSON work.
+FORK_WARNING = "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"
+
+
 def _run_together(*targets):
     """Each (function, args) in a process of its own, started together; every one must exit 0
     within a deadline (one that fails breaks the barrier instead of leaving the others waiting)."""
@@ -149,6 +154,7 @@ def _run_together(*targets):
     assert [p.exitcode for p in procs] == [0] * len(procs)
 
 
+@pytest.mark.filterwarnings(FORK_WARNING)
 def test_processes_opening_one_file_at_once(whole, tmp_path):
     """Openings at once of one finished file all read every run (a shared temporary name made
     about half of them fail with FileNotFoundError), and leave the file as it was."""
@@ -161,6 +167,7 @@ def test_processes_opening_one_file_at_once(whole, tmp_path):
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.filterwarnings(FORK_WARNING)
 def test_runs_added_while_other_processes_open_the_file_are_all_kept(whole, tmp_path):
     """Two processes add runs while another opens the file again and again: no opening rewrites
     the file from a stale snapshot, so every added run is there at the end."""
