@@ -16,9 +16,9 @@ published, is never written again, and an aggregate and an inclusive state lie i
 own, so no read can see half of one.  Polling loads the flags only (acquire loads, no
 read-modify-write) and backs off between rounds (``pause``).
 
-The look-back reads WINDOW predecessors at once, a lane each, nearest first; it waits only
-while a lane up to the nearest inclusive one has published nothing, and combines the window
-with the recurrence's associative operator up to that lane.  A tile whose chunk holds a sequence
+The look-back polls the flags of WINDOW predecessors at once, nearest first; it waits only
+while a lane up to the nearest inclusive one has published nothing, then combines those lanes'
+rows with the recurrence's operator (h -> decay h + end), nearest first, up to that lane.  A tile whose chunk holds a sequence
 start (a reset: its decay is exactly 0) publishes its end state as inclusive at once: a walk
 stops there.
 
@@ -43,7 +43,7 @@ import triton.language as tl
 from . import scan
 from .carry import _publish
 from .math import INTERPRETER, exp_fast, transition
-from .scan import affine_combine, last_row
+from .scan import affine_combine
 from .sequences import entering_state, fold_starts, load_at, resets
 
 # A tile's flag: 0 nothing yet, then its aggregate, then its inclusive state.
@@ -112,13 +112,6 @@ def ticket(counter_ptr, n_tiles, N_CB, NC, ORDER: tl.constexpr):
 
 
 @triton.jit
-def _compose_outer(a1, b1, a2, b2):
-    """(a1, b1) after (a2, b2): a scan of it over lanes nearest first composes the nearer
-    predecessors' maps over the farther ones."""
-    return affine_combine(a2, b2, a1, b1)
-
-
-@triton.jit
 def _window_ready(flags, lanes, WINDOW: tl.constexpr):
     """(ready, the last lane the window uses): ready once every lane up to the nearest
     inclusive one (or every lane, without one) has published."""
@@ -134,7 +127,9 @@ def look_back(flag_ptr, decay_ptr, end_ptr, incl_ptr, rate, me, row, step, flag_
     """The state entering a tile at scan step ``step`` from its predecessors.  Predecessor j
     (1 <= j <= step) has its flag and decay at index me - j flag_step and its rows (end state,
     inclusive state) at element row - j row_step + cols.  The decay is a [BD] row, or with
-    SCALAR_DECAY a sum of r per tile whose decay is exp(-rate sum) (SAMU)."""
+    SCALAR_DECAY a sum of r per tile whose decay is exp(-rate sum) (SAMU).  Each round polls the
+    flags of WINDOW predecessors at once, then walks the ready ones nearest first, a [BD] row at
+    a time (the registers of one row, not of a window of them), up to an inclusive state."""
     lanes = tl.arange(0, WINDOW)
     entering = tl.zeros_like(rate)
     between = tl.full(rate.shape, 1.0, tl.float32)
@@ -142,34 +137,38 @@ def look_back(flag_ptr, decay_ptr, end_ptr, incl_ptr, rate, me, row, step, flag_
     while seen < step:
         dist = seen + 1 + lanes
         valid = dist <= step
-        at = tl.where(valid, me - dist * flag_step, me)
-        flags = tl.where(valid, acquire(flag_ptr + at), INCLUSIVE)  # the row's start: 0 enters
+        at = flag_ptr + tl.where(valid, me - dist * flag_step, me)
+        flags = tl.where(valid, acquire(at), INCLUSIVE)  # past the row's start: 0 enters
         ready, last_used = _window_ready(flags, lanes, WINDOW)
         ns = FIRST_PAUSE
         while ready == 0:
             ns = pause(ns)
-            flags = tl.where(valid, acquire(flag_ptr + at), INCLUSIVE)
+            flags = tl.where(valid, acquire(at), INCLUSIVE)
             ready, last_used = _window_ready(flags, lanes, WINDOW)
-        used = valid & (lanes <= last_used)
-        inclusive = used & (flags == INCLUSIVE)
-        aggregate = used & (flags == AGGREGATE)
-        rows = (row - dist.to(tl.int64) * row_step)[:, None] + cols[None, :]
-        ok = col_ok[None, :]
-        value = tl.load(end_ptr + rows, mask=aggregate[:, None] & ok, other=0.0,
-                        cache_modifier=".cg")
-        value += tl.load(incl_ptr + rows, mask=inclusive[:, None] & ok, other=0.0,
-                         cache_modifier=".cg")
-        if SCALAR_DECAY:
-            r_sum = tl.load(decay_ptr + at, mask=aggregate, other=0.0, cache_modifier=".cg")
-            decay = exp_fast(-rate[None, :] * r_sum[:, None])
-        else:
-            decay = tl.load(decay_ptr + rows, mask=aggregate[:, None] & ok, other=1.0,
-                            cache_modifier=".cg")
-        through, total = tl.associative_scan((decay, value), 0, _compose_outer)
-        entering += between * last_row(total, lanes, WINDOW)
-        between *= last_row(through, lanes, WINDOW)
-        stopped = tl.max(inclusive.to(tl.int32), axis=0) > 0
-        seen = tl.where(stopped, step, seen + WINDOW)
+        # every lane up to last_used has published; flags only rise, so these values hold
+        lane = 0
+        stop = tl.minimum(last_used + 1, step - seen)
+        while lane < stop:
+            flag = tl.max(tl.where(lanes == lane, flags, 0), axis=0)
+            d = seen + 1 + lane
+            rows = row - d.to(tl.int64) * row_step + cols
+            inclusive = flag == INCLUSIVE
+            if inclusive:
+                entering += between * tl.load(incl_ptr + rows, mask=col_ok, other=0.0,
+                                              cache_modifier=".cg")
+                seen = step
+                lane = stop
+            else:
+                entering += between * tl.load(end_ptr + rows, mask=col_ok, other=0.0,
+                                              cache_modifier=".cg")
+                if SCALAR_DECAY:
+                    r_sum = tl.load(decay_ptr + me - d * flag_step, cache_modifier=".cg")
+                    between *= exp_fast(-rate * r_sum)
+                else:
+                    between *= tl.load(decay_ptr + rows, mask=col_ok, other=1.0,
+                                       cache_modifier=".cg")
+                lane += 1
+        seen = tl.where(seen < step, seen + WINDOW, step)
     return entering
 
 

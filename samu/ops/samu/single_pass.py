@@ -65,31 +65,37 @@ def _tile_of(flag_ptr, N_TILES, N_GROUPS, L, D, NC, N_CB, T: tl.constexpr, BD: t
 
 
 @triton.jit
-def _share(part_ptr, total_ptr, flag_ptr, N_TILES, N_GROUPS, group, me, N_CB, p0, p1, p2, p3,
-           T: tl.constexpr):
-    """Store this tile's four per-token partials [T] as its row of the group's exchange and
-    arrive; the group's last tile sums the rows and publishes the totals [4 T]."""
+def _share(part_ptr, total_ptr, flag_ptr, N_TILES, N_GROUPS, group, me, N_CB, p0, p1, extra,
+           T: tl.constexpr, WIDTH: tl.constexpr):
+    """Store this tile's per-token partials p0, p1 ([T] each) and, where WIDTH is 4 T, a scalar
+    partial as its row of the group's exchange and arrive; the group's last tile sums the rows
+    (in channel-block order) and publishes the totals."""
     lanes = tl.arange(0, T)
-    row = part_ptr + me * (4 * T)
+    row = part_ptr + me * WIDTH
     tl.store(row + lanes, p0)
     tl.store(row + T + lanes, p1)
-    tl.store(row + 2 * T + lanes, p2)
-    tl.store(row + 3 * T + lanes, p3)
+    if WIDTH > 2 * T:
+        tl.store(row + 2 * T + lanes, tl.where(lanes == 0, extra, 0.0))
+        tl.store(row + 3 * T + lanes, tl.zeros([T], dtype=tl.float32))
     if arrive(flag_ptr + N_TILES, group, N_CB):
-        total = exchange_sum(part_ptr, group, N_CB, 4 * T)
-        tl.store(total_ptr + group * (4 * T) + tl.arange(0, 4 * T), total)
+        total = exchange_sum(part_ptr, group, N_CB, WIDTH)
+        tl.store(total_ptr + group * WIDTH + tl.arange(0, WIDTH), total)
         publish(flag_ptr + N_TILES + N_GROUPS, group, 1)
 
 
 @triton.jit
-def _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, T: tl.constexpr):
-    """The group's first two summed partials [T] each, once published."""
+def _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, T: tl.constexpr,
+            WIDTH: tl.constexpr):
+    """The group's summed per-token partials ([T] each) and scalar (0 where WIDTH is 2 T), once
+    published."""
     wait_for(flag_ptr + N_TILES + N_GROUPS + group)
     lanes = tl.arange(0, T)
-    row = total_ptr + group * (4 * T)
+    row = total_ptr + group * WIDTH
+    extra = 0.0
+    if WIDTH > 2 * T:
+        extra = tl.load(row + 2 * T, cache_modifier=".cg")
     return (tl.load(row + lanes, cache_modifier=".cg"),
-            tl.load(row + T + lanes, cache_modifier=".cg"),
-            tl.load(row + 2 * T + lanes, cache_modifier=".cg"))
+            tl.load(row + T + lanes, cache_modifier=".cg"), extra)
 
 
 @triton.jit
@@ -130,11 +136,10 @@ def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_pt
     if PHASE != 2:
         w0 = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=col_ok, other=0.0)
-        none = tl.zeros([T], dtype=tl.float32)
         _share(part_ptr, total_ptr, flag_ptr, N_TILES, N_GROUPS, group, me, N_CB,
-               tl.sum(x * w0[None, :], axis=1), tl.sum(x * w1[None, :], axis=1), none, none, T)
+               tl.sum(x * w0[None, :], axis=1), tl.sum(x * w1[None, :], axis=1), 0.0, T, 2 * T)
     if PHASE != 1:
-        z0, z1, _ = _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, T)
+        z0, z1, _ = _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, T, 2 * T)
         r = tl.where(row_ok, sigmoid_fast(z0 + tl.load(bias_ptr)), 0.0)  # r = 0: a = 1
         g = sigmoid_fast(z1 + tl.load(bias_ptr + 1))
         kept = rows < tl.where(cb == 0, L, 0)  # one tile of the chunk keeps r, g
@@ -145,27 +150,27 @@ def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_pt
         _, _, _, a, u = scan_inputs(-lam[None, :] * r[:, None], g[:, None] * x, starts, h0_ptr,
                                     b, seq, cols, D, N_SEQ, PACKED, HAS_INITIAL)
         p, h = tl.associative_scan((a, u), 0, affine_combine)
-        h_in = _chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, p, h, tl.sum(r, axis=0),
-                      _any(starts), _first(starts), me, group * D, step, N_CB, D, cols, col_ok,
-                      T, WINDOW, INCLUSIVE_EVERY)
-        h = h + p * h_in[None, :]
+        y = h + tl.load(skip_ptr) * x  # x is spent: less held across the look-back
+        tr = tl.arange(0, T)
+        h_in = _chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, last_row(p, tr, T),
+                      last_row(h, tr, T), tl.sum(r, axis=0), _any(starts), _first(starts), me,
+                      group * D, step, N_CB, D, cols, col_ok, WINDOW, INCLUSIVE_EVERY)
         if HAS_FINAL:
-            store_at(final_ptr, h, b, seq, ends, cols, D, N_SEQ, PACKED)
-        y = h + tl.load(skip_ptr) * x
+            store_at(final_ptr, h + p * h_in[None, :], b, seq, ends, cols, D, N_SEQ, PACKED)
+        y += p * h_in[None, :]
         tl.store(y_ptr + base + offs, to_element(y, y_ptr), mask=ok)
 
 
 @triton.jit
-def _chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, p, v, r_sum, holds_start, entry_cut,
-           me, row, step, flag_step, row_step, cols, col_ok, T: tl.constexpr,
-           WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr):
-    """Publish a scanned tile's aggregate (its sum of r; its last row of v, the end state from
-    zero), find the state entering it by the look-back, store and publish its inclusive state;
-    return the entering state.  A tile holding a sequence start (its decay is then exactly 0:
-    the start cuts it) publishes its end state as inclusive at once; its look-back is skipped
-    where nothing enters its first row (entry_cut)."""
-    tr = tl.arange(0, T)
-    end = last_row(v, tr, T)
+def _chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, decay, end, r_sum, holds_start,
+           entry_cut, me, row, step, flag_step, row_step, cols, col_ok, WINDOW: tl.constexpr,
+           INCLUSIVE_EVERY: tl.constexpr):
+    """Publish a scanned tile's aggregate (its sum of r, whose decay exp(-rate sum r) is the
+    product of its a; ``end``, its end state from zero), find the state entering it by the
+    look-back, store and publish its inclusive state decay h_in + end; return h_in.  A tile
+    holding a sequence start (its decay is then exactly 0: the start cuts it) publishes its end
+    state as inclusive at once; its look-back is skipped where nothing enters its first row
+    (entry_cut)."""
     at = row + cols
     tl.store(end_ptr + at, end, mask=col_ok)
     tl.store(r_sum_ptr + me, r_sum)
@@ -176,7 +181,7 @@ def _chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, p, v, r_sum, holds_start
                      tl.where(entry_cut, 0, step), flag_step, row_step, cols, col_ok, True,
                      WINDOW)
     if not holds_start:
-        tl.store(incl_ptr + at, last_row(p, tr, T) * h_in + end, mask=col_ok)
+        tl.store(incl_ptr + at, decay * h_in + end, mask=col_ok)
         if INCLUSIVE_EVERY > 0:
             if step % INCLUSIVE_EVERY == 0:
                 publish(flag_ptr, me, INCLUSIVE)
@@ -215,47 +220,49 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_pt
     gx = g[:, None] * x
     a, m, dm_dlog_a, a_in, u_in = scan_inputs(-lam[None, :] * r[:, None], gx, starts, h0_ptr,
                                               b, seq, cols, D, N_SEQ, PACKED, HAS_INITIAL)
-    q, w = adjoint_scan(a, dy, ends, dfinal_ptr, b, seq, cols, D, N_SEQ, T, PACKED, HAS_DFINAL)
     at = group * D + cols
+    # d log a = dh (a_t h_{t-1} + gx dm/dlog a), formed before the carry is known: a_t h_{t-1}
+    # as a product from the folded inputs and the forward's state entering the chunk, plus
+    # a_s h0 at each start (u_in - m gx), so that fewer tiles are held across the look-back
+    h_in = tl.load(h_ptr + at - D, mask=cols < tl.where(k > 0, D, 0), other=0.0)
+    dla_per_dh = decayed_previous_state(a_in, u_in, h_in, T) + (u_in - m * gx) + gx * dm_dlog_a
+    q, w = adjoint_scan(a, dy, ends, dfinal_ptr, b, seq, cols, D, N_SEQ, T, PACKED, HAS_DFINAL)
     if PHASE != 2:
         # The carry leaving the first token s is a_s dh_s = a_s q_s c + a_s w_s for the carry c
         # entering at the last: a_s q_s is the chunk's decay, exp(-rate sum r); a start (its a
         # folded to 0) cuts it.
-        carry = _chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, a_in * q, a_in * w,
-                       tl.sum(r, axis=0), _any(starts), _first(ends), me, group * D, step,
-                       -N_CB, -D, cols, col_ok, T, WINDOW, INCLUSIVE_EVERY)
+        a_s = last_row(a_in, tr, T)
+        carry = _chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, a_s * last_row(q, tr, T),
+                       a_s * last_row(w, tr, T), tl.sum(r, axis=0), _any(starts), _first(ends),
+                       me, group * D, step, -N_CB, -D, cols, col_ok, WINDOW, INCLUSIVE_EVERY)
     else:
         carry = tl.load(incl_ptr + at + D, mask=cols < tl.where(k + 1 < NC, D, 0), other=0.0,
                         cache_modifier=".cg")
     dh = w + q * carry[None, :]
-    h_in = tl.load(h_ptr + at - D, mask=cols < tl.where(k > 0, D, 0), other=0.0)
-    # a_t h_{t-1} as a product from the folded inputs, and a_s h0 at each start (u_in - m gx)
-    a_h_prev = decayed_previous_state(a_in, u_in, h_in, T) + (u_in - m * gx)
-    dla = dh * (a_h_prev + gx * dm_dlog_a)
+    dla = dh * dla_per_dh
     if PHASE != 2:
         if HAS_INITIAL:
             store_at(dh0_ptr, a * dh, b, seq, starts, cols, D, N_SEQ, PACKED)
-        none = tl.zeros([T], dtype=tl.float32)
         _share(part_ptr, total_ptr, flag_ptr, N_TILES, N_GROUPS, group, me, N_CB,
                tl.sum(dla * -lam[None, :], axis=1), tl.sum(dh * m * x, axis=1),
-               tl.sum(dy * x, axis=1), none, T)
+               tl.sum(tl.sum(dy * x, axis=0), axis=0), T, 4 * T)
     if PHASE != 1:
-        dr, dg, d_skip = _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, T)
+        c = 8.0 * tl.exp(tl.load(log_temp_ptr))
+        tl.store(dsp_ptr + at, tl.sum(dla * (-c * r[:, None]), axis=0), mask=col_ok)
+        dx = dh * m * g[:, None] + tl.load(skip_ptr) * dy  # dx but W^T dz: less held
+        dr, dg, d_skip = _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, T, 4 * T)
         dz0 = tl.where(row_ok, dr * r * (1.0 - r), 0.0)
         dz1 = tl.where(row_ok, dg * g * (1.0 - g), 0.0)
         w0 = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=col_ok, other=0.0)
-        dx = dh * m * g[:, None] + tl.load(skip_ptr) * dy
         dx += dz0[:, None] * w0[None, :] + dz1[:, None] * w1[None, :]
         tl.store(dx_ptr + base + offs, to_element(dx, dx_ptr), mask=ok)
-        c = 8.0 * tl.exp(tl.load(log_temp_ptr))
         wide = group * (2 * D) + cols
         tl.store(dw_ptr + wide, tl.sum(dz0[:, None] * x, axis=0), mask=col_ok)
         tl.store(dw_ptr + wide + D, tl.sum(dz1[:, None] * x, axis=0), mask=col_ok)
-        tl.store(dsp_ptr + at, tl.sum(dla * (-c * r[:, None]), axis=0), mask=col_ok)
         # sum_d dla log a = r_t sum_d dla (-rate): d log_temp from the exchanged dr
         scalars = tl.where(tr == 0, tl.sum(r * dr, axis=0), 0.0)
-        scalars = tl.where(tr == 1, tl.sum(d_skip, axis=0), scalars)
+        scalars = tl.where(tr == 1, d_skip, scalars)
         scalars = tl.where(tr == 2, tl.sum(dz0, axis=0), scalars)
         scalars = tl.where(tr == 3, tl.sum(dz1, axis=0), scalars)
         tl.store(scalar_ptr + group * 4 + tr, scalars, mask=tr < tl.where(cb == 0, 4, 0))
@@ -371,8 +378,8 @@ def forward(x, params, sequences, config: SamuSinglePassConfig, zero_gaps: bool 
     residual, (incl, r, g) = workspace(_residual_numels(batch, length, width, plan.n_chunks),
                                        x.device, zero_gaps=zero_gaps)
     words, (r_sum, end, part, total) = scratch.allocate(
-        (scratch.n_tiles, scratch.n_groups * width, scratch.n_tiles * 4 * config.chunk,
-         scratch.n_groups * 4 * config.chunk), x.device)
+        (scratch.n_tiles, scratch.n_groups * width, scratch.n_tiles * 2 * config.chunk,
+         scratch.n_groups * 2 * config.chunk), x.device)
     y = torch.empty_like(x)
     final = sequences.final_state(width, x.device)
     for site in plan.sites:
