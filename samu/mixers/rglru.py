@@ -45,7 +45,7 @@ SPEC = MixerSpec(
     module="samu.modules:RGLRU",
     function="samu.functional:rglru",
     backward="samu.ops.rglru.backward:rglru_backward",
-    kernel_families=("samu.ops.rglru.gemm",),
+    kernel_families=("samu.ops.rglru.gemm", "samu.ops.rglru.single_pass"),
     # The gemm family was fastest at every shape measured on the H200 (docs/PERFORMANCE.md).
     default_backend="gemm_fused_hierarchical_chunk8",
     has_heads=True,

@@ -112,6 +112,36 @@ def ticket(counter_ptr, n_tiles, N_CB, NC, ORDER: tl.constexpr):
 
 
 @triton.jit
+def tile_of(flag_ptr, N_TILES, N_GROUPS, NC, N_CB, PHASE: tl.constexpr, ORDER: tl.constexpr,
+            REVERSE: tl.constexpr):
+    """This program's tile from its ticket: (batch row (int64), chunk, scan step, channel
+    block, group, tile index).  The int32 words at flag_ptr hold the tiles' flags, the groups'
+    arrival counts and totals flags, then two ticket counters (one per launch of a split).
+    REVERSE: the scan runs from the last chunk."""
+    counter = flag_ptr + N_TILES + 2 * N_GROUPS + PHASE // 2
+    b, step, cb = ticket(counter, N_TILES, N_CB, NC, ORDER)
+    b = b.to(tl.int64)
+    if REVERSE:
+        k = NC - 1 - step
+    else:
+        k = step
+    group = b * NC + k
+    return b, k, step, cb, group, group * N_CB + cb
+
+
+@triton.jit
+def any_row(flags):
+    """Whether any row of a tile's [T] flags holds."""
+    return tl.max(flags.to(tl.int32), axis=0) > 0
+
+
+@triton.jit
+def first_row_has(flags):
+    """Whether the tile's row 0 has the flag."""
+    return tl.sum(tl.where(tl.arange(0, flags.shape[0]) == 0, flags.to(tl.int32), 0), axis=0) > 0
+
+
+@triton.jit
 def _window_ready(flags, lanes, WINDOW: tl.constexpr):
     """(ready, the last lane the window uses): ready once every lane up to the nearest
     inclusive one (or every lane, without one) has published."""
@@ -170,6 +200,38 @@ def look_back(flag_ptr, decay_ptr, end_ptr, incl_ptr, rate, me, row, step, flag_
                 lane += 1
         seen = tl.where(seen < step, seen + WINDOW, step)
     return entering
+
+
+@triton.jit
+def chain(flag_ptr, decay_ptr, end_ptr, incl_ptr, rate, decay, end, r_sum, holds_start,
+          entry_cut, me, row, step, flag_step, row_step, cols, col_ok,
+          SCALAR_DECAY: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr):
+    """Publish a scanned tile's aggregate (``decay``, the product of its a, [BD], published as
+    a row, or with SCALAR_DECAY as the tile's sum of r; ``end``, its end state from zero), find
+    the state entering it by the look-back, store and publish its inclusive state
+    decay h_in + end; return h_in.  A tile holding a sequence start (its decay is then exactly
+    0: the start cuts it) publishes its end state as inclusive at once; its look-back is
+    skipped where nothing enters its first row (entry_cut).  INCLUSIVE_EVERY (tests): 0, no
+    tile but a start's publishes its inclusive state; k, only every k-th step's (the row is
+    stored all the same: a split launch and the backward read it)."""
+    at = row + cols
+    tl.store(end_ptr + at, end, mask=col_ok)
+    if SCALAR_DECAY:
+        tl.store(decay_ptr + me, r_sum)
+    else:
+        tl.store(decay_ptr + at, decay, mask=col_ok)
+    if holds_start:
+        tl.store(incl_ptr + at, end, mask=col_ok)
+    publish(flag_ptr, me, tl.where(holds_start, INCLUSIVE, AGGREGATE))
+    h_in = look_back(flag_ptr, decay_ptr, end_ptr, incl_ptr, rate, me, row,
+                     tl.where(entry_cut, 0, step), flag_step, row_step, cols, col_ok,
+                     SCALAR_DECAY, WINDOW)
+    if not holds_start:
+        tl.store(incl_ptr + at, decay * h_in + end, mask=col_ok)
+        if INCLUSIVE_EVERY > 0:
+            if step % INCLUSIVE_EVERY == 0:
+                publish(flag_ptr, me, INCLUSIVE)
+    return h_in
 
 
 @triton.jit

@@ -8,13 +8,14 @@ first and are zeroed by one fill, the launch before the kernel's.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 
 from ..._runtime import INTERPRETING
-from .launching import aligned, cdiv, fp32_contiguous, refuse_double_backward, sm_count, workspace
+from .launching import aligned, fp32_contiguous, refuse_double_backward, sm_count, workspace
 from .sequences import SequenceArgs, sequence_args
 
 
@@ -40,15 +41,76 @@ class Lookback:
         if self.inclusive_every < 0:
             raise ValueError("Lookback: inclusive_every must be >= 0")
 
-    def phases(self, channel_blocks: int, device) -> tuple[int, ...]:
-        """The kernel's PHASE of each launch: (0,) one launch; (1, 2) the exchange apart."""
-        split = (self.split or self.ticket_order != 0 or channel_blocks > sm_count(device)
-                 or (INTERPRETING and channel_blocks > 1))
+    def phases(self, channel_blocks: int, device, exchanges: bool = True) -> tuple[int, ...]:
+        """The kernel's PHASE of each launch: (0,) one launch; (1, 2) the exchange apart.  A
+        kernel whose tiles exchange nothing (``exchanges`` off) waits only on earlier tickets
+        and always runs in one."""
+        split = exchanges and (self.split or self.ticket_order != 0
+                               or channel_blocks > sm_count(device)
+                               or (INTERPRETING and channel_blocks > 1))
         return (1, 2) if split else (0,)
 
     def meta(self) -> dict:
         return dict(WINDOW=self.window, ORDER=self.ticket_order,
                     INCLUSIVE_EVERY=self.inclusive_every)
+
+
+@dataclass(frozen=True)
+class SinglePassConfig:
+    """A single-pass backend: tokens per chunk, each kernel's launch (the family's Launch) and
+    the look-back's settings.  The name is generated from the chunk (the family's NAME); the
+    rest is tuning."""
+    chunk: int
+    forward: object = None
+    backward: object = None
+    lookback: Lookback = Lookback()
+    NAME: ClassVar[str] = "singlepass_chunk{chunk}"
+
+    @property
+    def name(self) -> str:
+        return self.NAME.format(chunk=self.chunk)
+
+    def launches(self) -> dict:
+        return {role: getattr(self, role) for role in FEATURES}
+
+
+# The state keywords' constexprs of each kernel of a single-pass family (its roles).
+FEATURES = {"forward": ("PACKED", "HAS_INITIAL", "HAS_FINAL"),
+            "backward": ("PACKED", "HAS_INITIAL", "HAS_DFINAL")}
+
+
+def launch_plan(kernels: dict, config: SinglePassConfig, tiles_of_role: dict,
+                features: bool) -> list:
+    """(kernel, constexprs, compile options) of each role's kernel, in one launch (PHASE 0),
+    from its tile constexprs, without the state keywords or (features=True) with all."""
+    plan = []
+    for role, kernel in kernels.items():
+        constexprs = dict(tiles_of_role[role], PHASE=0, **config.lookback.meta(),
+                          **dict.fromkeys(FEATURES[role], features))
+        options = {name: constexprs.pop(name) for name in ("num_warps", "maxnreg")
+                   if name in constexprs}
+        plan.append((kernel, constexprs, options))
+    return plan
+
+
+def entry_points(module_name: str) -> tuple:
+    """(run_with, slice_summary, start_adjoint) of the family module ``module_name``: its
+    backends' run and the context-parallel phases, from its forward and backward."""
+    def family():
+        return sys.modules[module_name]
+
+    def run_with(config):
+        """The backend of one configuration (samu.ops.common.single_pass.runner)."""
+        return runner(family(), config)
+
+    def family_slice_summary(x, params, config, initial_state=None, resets: bool = False):
+        """(A, h) of a slice (samu.ops.common.single_pass.slice_summary)."""
+        return slice_summary(family(), x, params, config, initial_state, resets)
+
+    def family_start_adjoint(x, params, dy, d_end, config):
+        """mu of a continued slice (samu.ops.common.single_pass.start_adjoint)."""
+        return start_adjoint(family(), x, params, dy, d_end, config)
+    return run_with, family_slice_summary, family_start_adjoint
 
 
 class Scratch(NamedTuple):
@@ -105,7 +167,8 @@ class SinglePassFunction(torch.autograd.Function):
         kept = SequenceArgs.SAVED
         params, residuals = rest[:n], rest[n:-kept]
         sequences = ctx.sequences.with_saved(*rest[-kept:], placeholder=aligned(x))
-        grads = family.backward(x, params, residuals, dy, d_final, sequences, ctx.config)
+        grads = family.backward(x, params, residuals, dy, d_final, sequences, ctx.config,
+                                spend_residuals=True)
         return (None, None, None, grads[-1], None, grads[0], *grads[1:-1])
 
 
@@ -159,7 +222,3 @@ def start_adjoint(family, x, params, dy, d_end, config):
     grads = family.backward(x, params, residuals, aligned(dy), fp32_contiguous(d_end),
                             sequences, config)
     return grads[-1]
-
-
-def channel_blocks(width: int, block: int) -> int:
-    return cdiv(width, block)

@@ -25,17 +25,18 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from ..common import single_pass as host
+from ..common.single_pass import FEATURES  # the family's (samu.ops.common.family)
 from ..common.launching import (Site, aligned, cdiv, fp32_contiguous, piece_sizes, pieces,
                                 with_state_keywords, workspace)
-from ..common.lookback import (AGGREGATE, INCLUSIVE, adjoint_scan, arrive, exchange_sum,
-                               look_back, publish, scan_inputs, ticket, wait_for)
+from ..common.lookback import (adjoint_scan, any_row, arrive, chain, exchange_sum,
+                               first_row_has, publish, scan_inputs, tile_of, wait_for)
 from ..common.math import sigmoid_fast, softplus, to_element
 from ..common.reduce import sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
@@ -44,24 +45,6 @@ from .chunk import Launch, _tile, gradient_sizes, tiles
 
 MIXER = "samu"
 SPENDS_RESIDUALS = False
-
-
-@triton.jit
-def _tile_of(flag_ptr, N_TILES, N_GROUPS, L, D, NC, N_CB, T: tl.constexpr, BD: tl.constexpr,
-             PHASE: tl.constexpr, ORDER: tl.constexpr, REVERSE: tl.constexpr):
-    """This program's tile from its ticket: (batch row (int64), chunk, scan step, channel
-    block, group, tile index, columns).  The int32 words hold the tiles' flags, the groups'
-    arrival counts and totals flags, then two ticket counters (one per launch of a split)."""
-    counter = flag_ptr + N_TILES + 2 * N_GROUPS + PHASE // 2
-    b, step, cb = ticket(counter, N_TILES, N_CB, NC, ORDER)
-    b = b.to(tl.int64)
-    if REVERSE:
-        k = NC - 1 - step
-    else:
-        k = step
-    group = b * NC + k
-    cols = cb * BD + tl.arange(0, BD)
-    return b, k, step, cb, group, group * N_CB + cb, cols
 
 
 @triton.jit
@@ -99,17 +82,6 @@ def _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, T: tl.constexpr,
 
 
 @triton.jit
-def _any(flags):
-    return tl.max(flags.to(tl.int32), axis=0) > 0
-
-
-@triton.jit
-def _first(flags):
-    """Whether the tile's row 0 has the flag."""
-    return tl.sum(tl.where(tl.arange(0, flags.shape[0]) == 0, flags.to(tl.int32), 0), axis=0) > 0
-
-
-@triton.jit
 def _rate(a_param_ptr, log_temp_ptr, cols, D):
     """c softplus(a_param) of the tile's channels, c = 8 exp(log_temp)."""
     c = 8.0 * tl.exp(tl.load(log_temp_ptr))
@@ -126,8 +98,9 @@ def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_pt
                          HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr):
     """One tile of the forward (module docstring).  PHASE 0: all of it; PHASE 1: the
     controller's exchange only; PHASE 2: the rest, the exchange's totals read."""
-    b, k, step, cb, group, me, cols = _tile_of(flag_ptr, N_TILES, N_GROUPS, L, D, NC, N_CB, T,
-                                               BD, PHASE, ORDER, False)
+    b, k, step, cb, group, me = tile_of(flag_ptr, N_TILES, N_GROUPS, NC, N_CB, PHASE, ORDER,
+                                        False)
+    cols = cb * BD + tl.arange(0, BD)
     rows = k * T + tl.arange(0, T)
     row_ok = rows < L
     col_ok = cols < D
@@ -152,40 +125,14 @@ def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_pt
         p, h = tl.associative_scan((a, u), 0, affine_combine)
         y = h + tl.load(skip_ptr) * x  # x is spent: less held across the look-back
         tr = tl.arange(0, T)
-        h_in = _chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, last_row(p, tr, T),
-                      last_row(h, tr, T), tl.sum(r, axis=0), _any(starts), _first(starts), me,
-                      group * D, step, N_CB, D, cols, col_ok, WINDOW, INCLUSIVE_EVERY)
+        h_in = chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, last_row(p, tr, T),
+                     last_row(h, tr, T), tl.sum(r, axis=0), any_row(starts),
+                     first_row_has(starts), me, group * D, step, N_CB, D, cols, col_ok, True,
+                     WINDOW, INCLUSIVE_EVERY)
         if HAS_FINAL:
             store_at(final_ptr, h + p * h_in[None, :], b, seq, ends, cols, D, N_SEQ, PACKED)
         y += p * h_in[None, :]
         tl.store(y_ptr + base + offs, to_element(y, y_ptr), mask=ok)
-
-
-@triton.jit
-def _chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, decay, end, r_sum, holds_start,
-           entry_cut, me, row, step, flag_step, row_step, cols, col_ok, WINDOW: tl.constexpr,
-           INCLUSIVE_EVERY: tl.constexpr):
-    """Publish a scanned tile's aggregate (its sum of r, whose decay exp(-rate sum r) is the
-    product of its a; ``end``, its end state from zero), find the state entering it by the
-    look-back, store and publish its inclusive state decay h_in + end; return h_in.  A tile
-    holding a sequence start (its decay is then exactly 0: the start cuts it) publishes its end
-    state as inclusive at once; its look-back is skipped where nothing enters its first row
-    (entry_cut)."""
-    at = row + cols
-    tl.store(end_ptr + at, end, mask=col_ok)
-    tl.store(r_sum_ptr + me, r_sum)
-    if holds_start:
-        tl.store(incl_ptr + at, end, mask=col_ok)
-    publish(flag_ptr, me, tl.where(holds_start, INCLUSIVE, AGGREGATE))
-    h_in = look_back(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, me, row,
-                     tl.where(entry_cut, 0, step), flag_step, row_step, cols, col_ok, True,
-                     WINDOW)
-    if not holds_start:
-        tl.store(incl_ptr + at, decay * h_in + end, mask=col_ok)
-        if INCLUSIVE_EVERY > 0:
-            if step % INCLUSIVE_EVERY == 0:
-                publish(flag_ptr, me, INCLUSIVE)
-    return h_in
 
 
 @triton.jit(do_not_specialize=["row_units", "N_SEQ"])
@@ -204,8 +151,9 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_pt
     chunk k - 1's.  PHASE 1 (split): up to the exchange; PHASE 2: from the saved carry (this
     launch's incl rows, written in phase 1) on.  Rows of d ctrl_weight [groups, 2 D], d softplus
     [groups, D] and the scalars [groups, 4] (d log_temp, d skip, d ctrl_bias) for sum_partials."""
-    b, k, step, cb, group, me, cols = _tile_of(flag_ptr, N_TILES, N_GROUPS, L, D, NC, N_CB, T,
-                                               BD, PHASE, ORDER, True)
+    b, k, step, cb, group, me = tile_of(flag_ptr, N_TILES, N_GROUPS, NC, N_CB, PHASE, ORDER,
+                                        True)
+    cols = cb * BD + tl.arange(0, BD)
     tr = tl.arange(0, T)
     rows = k * T + (T - 1 - tr)
     row_ok = rows < L
@@ -232,9 +180,10 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_pt
         # entering at the last: a_s q_s is the chunk's decay, exp(-rate sum r); a start (its a
         # folded to 0) cuts it.
         a_s = last_row(a_in, tr, T)
-        carry = _chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, a_s * last_row(q, tr, T),
-                       a_s * last_row(w, tr, T), tl.sum(r, axis=0), _any(starts), _first(ends),
-                       me, group * D, step, -N_CB, -D, cols, col_ok, WINDOW, INCLUSIVE_EVERY)
+        carry = chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, a_s * last_row(q, tr, T),
+                      a_s * last_row(w, tr, T), tl.sum(r, axis=0), any_row(starts),
+                      first_row_has(ends), me, group * D, step, -N_CB, -D, cols, col_ok, True,
+                      WINDOW, INCLUSIVE_EVERY)
     else:
         carry = tl.load(incl_ptr + at + D, mask=cols < tl.where(k + 1 < NC, D, 0), other=0.0,
                         cache_modifier=".cg")
@@ -269,28 +218,15 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_pt
 
 
 @dataclass(frozen=True)
-class SamuSinglePassConfig:
-    """One single-pass SAMU backend: tokens per chunk, each kernel's launch (chunk.Launch: a
-    tile is 32 x warps x vector channels, each thread holding every token of its channels) and
-    the look-back's settings.  The name is generated from the chunk; the rest is tuning."""
-    chunk: int
+class SamuSinglePassConfig(host.SinglePassConfig):
+    """One single-pass SAMU backend (host.SinglePassConfig); its launches are chunk.Launch: a
+    tile is 32 x warps x vector channels, each thread holding every token of its channels."""
     forward: Launch = Launch(4, 1)
     backward: Launch = Launch(4, 1)
-    lookback: host.Lookback = host.Lookback()
-
-    @property
-    def name(self) -> str:
-        return f"fused_singlepass_chunk{self.chunk}"
-
-    def launches(self) -> dict[str, Launch]:
-        return {role: getattr(self, role) for role in KERNELS}
+    NAME: ClassVar[str] = "fused_singlepass_chunk{chunk}"
 
 
 KERNELS = {"forward": _samu_forward_kernel, "backward": _samu_backward_kernel}
-
-# The state keywords' constexprs of each kernel (samu.ops.common.sequences).
-FEATURES = {"forward": ("PACKED", "HAS_INITIAL", "HAS_FINAL"),
-            "backward": ("PACKED", "HAS_INITIAL", "HAS_DFINAL")}
 
 # Launches per forward+backward (samu.backends.describe): the forward's fill and kernel, the
 # backward's fill, kernel and sum_partials; a split exchange launches each kernel twice.
@@ -303,16 +239,10 @@ def launch_count(config: SamuSinglePassConfig, split: bool = False) -> int:
 
 
 def launch_plan(config: SamuSinglePassConfig, width: int, features: bool = False):
-    """(kernel, constexprs, compile options) of each kernel a backend launches at this width
-    (one launch each: PHASE 0), without the state keywords or (features=True) with all."""
-    plan = []
-    for role, kernel in KERNELS.items():
-        constexprs = dict(tiles(config, width)[role], T=config.chunk, PHASE=0,
-                          **config.lookback.meta(), **dict.fromkeys(FEATURES[role], features))
-        options = {name: constexprs.pop(name) for name in ("num_warps", "maxnreg")
-                   if name in constexprs}
-        plan.append((kernel, constexprs, options))
-    return plan
+    """(kernel, constexprs, compile options) of each kernel a backend launches at this width,
+    without the state keywords or (features=True) with all."""
+    roles = {role: dict(tiles(config, width)[role], T=config.chunk) for role in KERNELS}
+    return host.launch_plan(KERNELS, config, roles, features)
 
 
 class _Plan(NamedTuple):
@@ -388,9 +318,11 @@ def forward(x, params, sequences, config: SamuSinglePassConfig, zero_gaps: bool 
     return y, (final if sequences.output_final_state else None), (residual,)
 
 
-def backward(x, params, residuals, dy, d_final, sequences, config: SamuSinglePassConfig):
+def backward(x, params, residuals, dy, d_final, sequences, config: SamuSinglePassConfig,
+             spend_residuals: bool = False):
     """(dx, d ctrl_weight, d ctrl_bias, d a_param, d log_temp, d skip, d initial_state or None):
-    the fill, the backward kernel and sum_partials.  dy and d_final may be None."""
+    the fill, the backward kernel and sum_partials.  dy and d_final may be None.  Nothing is
+    written over the residuals (spend_residuals changes nothing)."""
     x = aligned(x)
     batch, length, width = x.shape
     w, _, a_param, log_temp, skip = [fp32_contiguous(p) for p in params]
@@ -426,25 +358,7 @@ def _parameter_gradients(flat, width: int) -> tuple:
     return weight.view(2, width), bias, a_param, log_temp.view(()), skip.view(())
 
 
-def run_with(config: SamuSinglePassConfig):
-    """The backend of one configuration (samu.ops.common.single_pass.runner)."""
-    return host.runner(_family(), config)
-
-
-def _family():
-    import sys
-    return sys.modules[__name__]
-
-
-def slice_summary(x, params, config: SamuSinglePassConfig, initial_state=None,
-                  resets: bool = False):
-    """(A, h) of a slice (samu.ops.common.single_pass.slice_summary)."""
-    return host.slice_summary(_family(), x, params, config, initial_state, resets)
-
-
-def start_adjoint(x, params, dy, d_end, config: SamuSinglePassConfig):
-    """mu of a continued slice (samu.ops.common.single_pass.start_adjoint)."""
-    return host.start_adjoint(_family(), x, params, dy, d_end, config)
+run_with, slice_summary, start_adjoint = host.entry_points(__name__)
 
 
 # Each chunk's launches where they differ from SamuSinglePassConfig's defaults.
