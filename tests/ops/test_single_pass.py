@@ -1,7 +1,7 @@
 """The single-pass backends (samu.ops.<mixer>.single_pass) against the float64 oracle under SPEC
 section 4's legality rule, at tiny sizes with several chunks and channel blocks, so that the
-look-back runs across tiles and windows: with states, packing, heads, an adversarial ticket order
-and walks that cross aggregates.  On a CPU they run under Triton's interpreter (conftest), where
+look-back runs across tiles and windows: with states, packing, resets, heads, an adversarial
+ticket order and walks that cross aggregates.  On a CPU they run under Triton's interpreter (conftest), where
 a group of several channel blocks takes the split exchange (Lookback.phases)."""
 import dataclasses
 import sys
@@ -34,31 +34,38 @@ def _small(mixer, width, **lookback):
                                lookback=Lookback(window=2, **lookback))
 
 
-# (label, B, L, D, cu_seqlens, initial state, lookback settings), chunks of 8: five chunks and
-# three channel blocks (the last partial) with walks over aggregates only, windows of two; two
-# batch rows taken chain by chain; packed starts inside a chunk, at a chunk's first token (16) and
-# a one-token sequence (16-17); one channel block, whose exchange runs in the same launch.
+# (label, B, L, D, cu_seqlens, initial state, reset positions per row, lookback settings),
+# chunks of 8: five chunks and three channel blocks (the last partial) with walks over aggregates
+# only, windows of two; two batch rows taken chain by chain; packed starts inside a chunk, at a
+# chunk's first token (16) and a one-token sequence (16-17); resets at a row's first token
+# (over its initial state), on a chunk boundary and inside chunks, alone and packed; one channel
+# block, whose exchange runs in the same launch.
 CASES = [
-    ("aggregates_only", 1, 37, 80, None, False, dict(inclusive_every=0)),
-    ("state_chain_order", 2, 21, 64, None, True, dict(ticket_order=1, inclusive_every=2)),
-    ("packed_state", 1, 29, 48, [0, 5, 16, 17, 29], True, {}),
-    ("packed_reset", 1, 29, 48, [0, 5, 16, 17, 29], False, dict(inclusive_every=0)),
-    ("one_block_one_launch", 1, 37, 32, None, True, dict(inclusive_every=0)),
+    ("aggregates_only", 1, 37, 80, None, False, None, dict(inclusive_every=0)),
+    ("state_chain_order", 2, 21, 64, None, True, None, dict(ticket_order=1, inclusive_every=2)),
+    ("packed_state", 1, 29, 48, [0, 5, 16, 17, 29], True, None, {}),
+    ("packed_reset", 1, 29, 48, [0, 5, 16, 17, 29], False, None, dict(inclusive_every=0)),
+    ("resets_state", 2, 29, 48, None, True, [[0, 8, 13], [20]], dict(inclusive_every=0)),
+    ("resets_packed", 1, 29, 48, [0, 5, 16, 17, 29], True, [[3, 16, 24]],
+     dict(ticket_order=1)),
+    ("one_block_one_launch", 1, 37, 32, None, True, None, dict(inclusive_every=0)),
 ]
 
 
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
-@pytest.mark.parametrize("label, batch, length, width, cu, initial, lookback", CASES,
+@pytest.mark.parametrize("label, batch, length, width, cu, initial, resets, lookback", CASES,
                          ids=[c[0] for c in CASES])
-def test_single_pass_is_legal(mixer, label, batch, length, width, cu, initial, lookback):
+def test_single_pass_is_legal(mixer, label, batch, length, width, cu, initial, resets,
+                              lookback):
     if not _single_pass(mixer):
         pytest.skip(f"{mixer} has no single-pass backend yet")
     config = _small(mixer, width, **lookback)
     shape = (batch, length, width)
     heads = {"rglru": dict(num_heads=width // 16)}.get(mixer, {})
     inputs = legality.make_inputs(mixer, shape, DEVICE, seed=length + width, **heads)
-    state = (legality.make_state(shape, DEVICE, seed=3, cu_seqlens=cu, initial=initial)
-             if cu is not None or initial else None)
+    state = (legality.make_state(shape, DEVICE, seed=3, cu_seqlens=cu, initial=initial,
+                                 resets=resets)
+             if cu is not None or initial or resets else None)
     entry = legality.check_legality(mixer, config, inputs=inputs, state=state)
     assert entry["legal"], entry["reason"]
 

@@ -19,7 +19,7 @@ read-modify-write) and backs off between rounds (``pause``).
 The look-back polls the flags of WINDOW predecessors at once, nearest first; it waits only
 while a lane up to the nearest inclusive one has published nothing, then combines those lanes'
 rows with the recurrence's operator (h -> decay h + end), nearest first, up to that lane.  A tile whose chunk holds a sequence
-start (a reset: its decay is exactly 0) publishes its end state as inclusive at once: a walk
+start or a reset (its decay is exactly 0) publishes its end state as inclusive at once: a walk
 stops there.
 
 SAMU's controller and its dz reduce over every channel of a token, so the tiles of one chunk
@@ -44,7 +44,8 @@ from . import scan
 from .carry import _publish
 from .math import INTERPRETER, exp_fast, transition
 from .scan import affine_combine
-from .sequences import entering_state, fold_starts, load_at, resets
+from .sequences import (cut_resets, entering_state, fold_starts, load_at, reset_mask,
+                        taken_starts)
 
 # A tile's flag: 0 nothing yet, then its aggregate, then its inclusive state.
 AGGREGATE = tl.constexpr(1)
@@ -261,13 +262,17 @@ def exchange_sum(part_ptr, group, N_CB, WIDTH: tl.constexpr):
 # --- a tile's scans, shared by the single-pass kernels of both mixers ---------------------------
 
 @triton.jit
-def scan_inputs(log_a, gx, starts, h0_ptr, b, seq, cols, D, N_SEQ, PACKED: tl.constexpr,
-                HAS_INITIAL: tl.constexpr):
+def scan_inputs(log_a, gx, starts, flagged, h0_ptr, b, seq, cols, D, N_SEQ,
+                PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_RESETS: tl.constexpr):
     """(a, m, dm/dlog a, and the scan's inputs a, u = m gx with each start folded in:
-    sequences.fold_starts) of a tile from its log a and gate x."""
-    a, m, dm_dlog_a = transition(log_a, resets(starts, HAS_INITIAL))
+    sequences.fold_starts) of a tile from its log a and gate x.  At a token the mask flags
+    (HAS_RESETS) m = 1 and a = 0, whatever state would enter it; an initial state enters only
+    the starts the mask leaves alone (samu.ops.common.sequences)."""
+    a, m, dm_dlog_a = transition(log_a, reset_mask(starts, flagged, HAS_INITIAL, HAS_RESETS))
+    a = cut_resets(a, flagged, HAS_RESETS)
     if PACKED or HAS_INITIAL:
-        entering = entering_state(h0_ptr, b, seq, starts, cols, D, N_SEQ, PACKED, HAS_INITIAL)
+        entering = entering_state(h0_ptr, b, seq, taken_starts(starts, flagged, HAS_RESETS),
+                                  cols, D, N_SEQ, PACKED, HAS_INITIAL)
         a_in, u_in = fold_starts(a, m * gx, starts, entering)
     else:
         a_in, u_in = a, m * gx

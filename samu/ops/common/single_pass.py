@@ -75,8 +75,15 @@ class SinglePassConfig:
 
 
 # The state keywords' constexprs of each kernel of a single-pass family (its roles).
-FEATURES = {"forward": ("PACKED", "HAS_INITIAL", "HAS_FINAL"),
-            "backward": ("PACKED", "HAS_INITIAL", "HAS_DFINAL")}
+FEATURES = {"forward": ("PACKED", "HAS_INITIAL", "HAS_FINAL", "HAS_RESETS"),
+            "backward": ("PACKED", "HAS_INITIAL", "HAS_DFINAL", "HAS_RESETS")}
+
+
+def flags(sequences, **more) -> tuple:
+    """One call's state-keyword constexprs as (name, value) pairs (a launch plan's cache key):
+    the sequences' and ``more`` (HAS_FINAL or HAS_DFINAL)."""
+    return (("PACKED", sequences.packed), ("HAS_INITIAL", sequences.has_initial),
+            *more.items(), ("HAS_RESETS", sequences.has_resets))
 
 
 def launch_plan(kernels: dict, config: SinglePassConfig, tiles_of_role: dict,
@@ -174,11 +181,12 @@ class SinglePassFunction(torch.autograd.Function):
 
 def runner(family, config):
     """The backend of one configuration: run(x, *parameters, initial_state=None,
-    cu_seqlens=None, output_final_state=False) -> (y, final state or None)."""
-    def run(x, *params, initial_state=None, cu_seqlens=None, output_final_state=False):
+    cu_seqlens=None, output_final_state=False, resets=None) -> (y, final state or None)."""
+    def run(x, *params, initial_state=None, cu_seqlens=None, output_final_state=False,
+            resets=None):
         if initial_state is not None:
             initial_state = fp32_contiguous(initial_state)  # differentiable: autograd casts back
-        sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state)
+        sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state, resets)
         return SinglePassFunction.apply(family, config, sequences, initial_state,
                                         sequences.seq_index, x, *params)
     return run

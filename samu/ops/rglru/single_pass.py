@@ -40,7 +40,7 @@ from ..common.lookback import (adjoint_scan, any_row, chain, first_row_has, scan
 from ..common.math import sigmoid_fast, softplus, to_element
 from ..common.reduce import sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
-from ..common.sequences import row_sequences, store_at
+from ..common.sequences import row_sequences, store_at, token_resets
 from .gemm import (Launch, _chunk_tile, _gate_products, _gate_weights, _gemm_dtype, _heads,
                    _rows_at, _state_columns, _weight_gradient, gradient_columns, tiles)
 
@@ -50,13 +50,13 @@ SPENDS_RESIDUALS = True
 
 
 @triton.jit
-def _gated_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, cb, L, N,
-                N_SEQ, rows_in_chunk, D: tl.constexpr, T: tl.constexpr, BN: tl.constexpr,
-                V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr, PACKED: tl.constexpr,
-                HAS_INITIAL: tl.constexpr):
+def _gated_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, reset_ptr, b, k,
+                cb, L, N, N_SEQ, rows_in_chunk, D: tl.constexpr, T: tl.constexpr,
+                BN: tl.constexpr, V: tl.constexpr, BW: tl.constexpr, RUN: tl.constexpr,
+                PACKED: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_RESETS: tl.constexpr):
     """One tile's gates and scan inputs, rows in the given order: (columns, column mask, the
     tile's first token, mask, G's offsets, x, gx, ga, softplus(a_param), each row's sequence,
-    starts, ends, and scan_inputs' a, m, dm/dlog a, a and u folded)."""
+    starts or resets, ends, and scan_inputs' a, m, dm/dlog a, a and u folded)."""
     local = tl.multiple_of(cb * BN + tl.arange(0, BN), V)
     if D % BN == 0:
         col_ok = tl.full([BN], 1, tl.int1)
@@ -74,35 +74,37 @@ def _gated_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k
     sp = softplus(tl.load(a_param_ptr + local, mask=col_ok, other=0.0))
     log_a = tl.where((rows < L)[:, None], -8.0 * ga * sp[None, :], 0.0)
     seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
-    a, m, dm_dlog_a, a_in, u_in = scan_inputs(log_a, gx * x, starts, h0_ptr, b, seq,
+    flagged = token_resets(reset_ptr, b, rows, L, HAS_RESETS)
+    a, m, dm_dlog_a, a_in, u_in = scan_inputs(log_a, gx * x, starts, flagged, h0_ptr, b, seq,
                                               _state_columns(local, col_ok, D), D, N_SEQ,
-                                              PACKED, HAS_INITIAL)
-    return (local, col_ok, first, ok, within, x, gx, ga, sp, seq, starts, ends, a, m, dm_dlog_a,
-            a_in, u_in)
+                                              PACKED, HAS_INITIAL, HAS_RESETS)
+    return (local, col_ok, first, ok, within, x, gx, ga, sp, seq, starts, starts | flagged, ends,
+            a, m, dm_dlog_a, a_in, u_in)
 
 
 @triton.jit(do_not_specialize=["N_SEQ"])
 def _rglru_forward_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr,
-                          final_ptr, incl_ptr, flag_ptr, decay_ptr, end_ptr, L, N, NC, N_CB,
+                          reset_ptr, final_ptr, incl_ptr, flag_ptr, decay_ptr, end_ptr, L, N, NC, N_CB,
                           N_TILES, N_GROUPS, N_SEQ, D: tl.constexpr, DG: tl.constexpr,
                           T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
                           BW: tl.constexpr, RUN: tl.constexpr, WINDOW: tl.constexpr,
                           PHASE: tl.constexpr, ORDER: tl.constexpr,
                           INCLUSIVE_EVERY: tl.constexpr, PACKED: tl.constexpr,
-                          HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr):
+                          HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr,
+                          HAS_RESETS: tl.constexpr):
     """One tile of the forward (module docstring): y = h from the entering state its look-back
     finds; h at each sequence's last token into final (HAS_FINAL).  DG (= D) and PHASE (0) are
     gemm.tiles' and the plan's, unused."""
     b, k, step, cb, group, me = tile_of(flag_ptr, N_TILES, N_GROUPS, NC, N_CB, PHASE, ORDER,
                                         False)
     tr = tl.arange(0, T)
-    (cols, col_ok, first, ok, _, _, _, _, _, seq, starts, ends, _, _, _, a, u) = _gated_tile(
-        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, cb, L, N, N_SEQ, tr,
-        D, T, BN, V, BW, RUN, PACKED, HAS_INITIAL)
+    (cols, col_ok, first, ok, _, _, _, _, _, seq, _, cuts, ends, _, _, _, a, u) = _gated_tile(
+        x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, reset_ptr, b, k, cb, L, N,
+        N_SEQ, tr, D, T, BN, V, BW, RUN, PACKED, HAS_INITIAL, HAS_RESETS)
     p, h = tl.associative_scan((a, u), 0, affine_combine)
     h_in = chain(flag_ptr, decay_ptr, end_ptr, incl_ptr, tl.zeros([BN], tl.float32),
                  last_row(p, tr, T),
-                 last_row(h, tr, T), 0.0, any_row(starts), first_row_has(starts), me,
+                 last_row(h, tr, T), 0.0, any_row(cuts), first_row_has(cuts), me,
                  group * D, step, N_CB, D, cols, col_ok, False, WINDOW, INCLUSIVE_EVERY)
     h += p * h_in[None, :]
     tl.store(_rows_at(y_ptr, first, tr, cols, D), to_element(h, y_ptr), mask=ok)
@@ -112,14 +114,16 @@ def _rglru_forward_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_
 
 @triton.jit(do_not_specialize=["N_SEQ"])
 def _rglru_backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr,
-                           h_ptr, seq_ptr, h0_ptr, dfinal_ptr, dh0_ptr, flag_ptr, decay_ptr,
+                           h_ptr, seq_ptr, h0_ptr, reset_ptr, dfinal_ptr, dh0_ptr, flag_ptr,
+                           decay_ptr,
                            end_ptr, incl_ptr, part_ptr, dsp_ptr, L, N, NC, N_CB, N_TILES,
                            N_GROUPS, N_SEQ, D: tl.constexpr, DG: tl.constexpr,
                            T: tl.constexpr, BN: tl.constexpr, V: tl.constexpr,
                            BW: tl.constexpr, RUN: tl.constexpr, WINDOW: tl.constexpr,
                            PHASE: tl.constexpr, ORDER: tl.constexpr,
                            INCLUSIVE_EVERY: tl.constexpr, PACKED: tl.constexpr,
-                           HAS_INITIAL: tl.constexpr, HAS_DFINAL: tl.constexpr):
+                           HAS_INITIAL: tl.constexpr, HAS_DFINAL: tl.constexpr,
+                           HAS_RESETS: tl.constexpr):
     """One tile of the backward, rows latest first (the adjoint is then a forward scan): its
     aggregate is the chunk's decay and the adjoint carry a_s dh_s leaving its first token from
     nothing entering at its last; the look-back gives the carry entering from the right.
@@ -130,9 +134,10 @@ def _rglru_backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr,
                                         True)
     tr = tl.arange(0, T)
     latest_first = T - 1 - tr
-    (cols, col_ok, first, ok, within, x, gx, ga, sp, seq, starts, ends, a, m, dm_dlog_a, a_in,
-     u_in) = _gated_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, b, k, cb,
-                         L, N, N_SEQ, latest_first, D, T, BN, V, BW, RUN, PACKED, HAS_INITIAL)
+    (cols, col_ok, first, ok, within, x, gx, ga, sp, seq, starts, cuts, ends, a, m, dm_dlog_a,
+     a_in, u_in) = _gated_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr,
+                               reset_ptr, b, k, cb, L, N, N_SEQ, latest_first, D, T, BN, V, BW,
+                               RUN, PACKED, HAS_INITIAL, HAS_RESETS)
     state_cols = _state_columns(cols, col_ok, D)
     at = group * D + cols
     gate_x = gx * x
@@ -148,7 +153,7 @@ def _rglru_backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr,
     a_s = last_row(a_in, tr, T)  # a start (folded to 0) cuts the carry leaving the chunk
     carry = chain(flag_ptr, decay_ptr, end_ptr, incl_ptr, tl.zeros_like(sp),
                   a_s * last_row(q, tr, T),
-                  a_s * last_row(w, tr, T), 0.0, any_row(starts), first_row_has(ends), me,
+                  a_s * last_row(w, tr, T), 0.0, any_row(cuts), first_row_has(ends), me,
                   group * D, step, -N_CB, -D, cols, col_ok, False, WINDOW, INCLUSIVE_EVERY)
     dh = w + q * carry[None, :]
     if HAS_INITIAL:
@@ -240,8 +245,7 @@ def forward(x, params, sequences, config: RglruSinglePassConfig, zero_gaps: bool
     bx, ba, a_param = [fp32_contiguous(p) for p in (gate_x_bias, gate_a_bias, a_param)]
     seq, h0 = sequences.seq_index, sequences.initial_state
     plan = _plan("forward", config, x.shape, heads, sequences.count, (x.dtype, h0.dtype),
-                 x.device, (("PACKED", sequences.packed), ("HAS_INITIAL", sequences.has_initial),
-                            ("HAS_FINAL", sequences.output_final_state)))
+                 x.device, host.flags(sequences, HAS_FINAL=sequences.output_final_state))
     gates = torch.empty(heads, batch * length, 2 * bw, device=x.device,
                         dtype=_gemm_dtype(x.dtype))
     _gate_products(_heads(x, heads), _gate_weights(gate_x_weight, gate_a_weight, x.dtype),
@@ -252,7 +256,8 @@ def forward(x, params, sequences, config: RglruSinglePassConfig, zero_gaps: bool
     words, (decay, end) = plan.scratch.allocate((incl.numel(), incl.numel()), x.device)
     y = torch.empty_like(x)
     final = sequences.final_state(width, x.device)
-    plan.site(x, gates, y, bx, ba, a_param, seq, h0, final, incl, words, decay, end,
+    plan.site(x, gates, y, bx, ba, a_param, seq, h0, sequences.reset_flags, final, incl, words,
+              decay, end,
               *_call_ints(plan, x.shape, sequences.count))
     return y, (final if sequences.output_final_state else None), (gates.view(-1), incl.view(-1))
 
@@ -281,8 +286,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: RglruSinglePa
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
     plan = _plan("backward", config, x.shape, heads, sequences.count,
                  (x.dtype, dy.dtype, h0.dtype), x.device,
-                 (("PACKED", sequences.packed), ("HAS_INITIAL", sequences.has_initial),
-                  ("HAS_DFINAL", has_dfinal)))
+                 host.flags(sequences, HAS_DFINAL=has_dfinal))
     gates = residuals[0].view(heads, batch * length, 2 * bw)
     if not spend_residuals:
         gates = gates.clone()
@@ -292,8 +296,8 @@ def backward(x, params, residuals, dy, d_final, sequences, config: RglruSinglePa
         x.device)
     dx = torch.empty_like(x)
     d_h0 = sequences.initial_state_gradient()
-    plan.site(x, dy, gates, gates, dx, bx, ba, a_param, aligned(residuals[1]), seq, h0, d_final,
-              d_h0, words, decay, end, incl, part, dsp,
+    plan.site(x, dy, gates, gates, dx, bx, ba, a_param, aligned(residuals[1]), seq, h0,
+              sequences.reset_flags, d_final, d_h0, words, decay, end, incl, part, dsp,
               *_call_ints(plan, x.shape, sequences.count))
     grads = sum_partials(part, dsp, a_param, rows=(0, 0, groups, 2 * width, width))
     w_cat = _gate_weights(gate_x_weight, gate_a_weight, x.dtype)

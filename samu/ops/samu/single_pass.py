@@ -40,7 +40,7 @@ from ..common.lookback import (adjoint_scan, any_row, arrive, chain, exchange_su
 from ..common.math import sigmoid_fast, softplus, to_element
 from ..common.reduce import sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
-from ..common.sequences import row_sequences, store_at
+from ..common.sequences import row_sequences, store_at, token_resets
 from .chunk import Launch, _tile, gradient_sizes, tiles
 
 MIXER = "samu"
@@ -90,12 +90,13 @@ def _rate(a_param_ptr, log_temp_ptr, cols, D):
 
 @triton.jit(do_not_specialize=["row_units", "N_SEQ"])
 def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, skip_ptr,
-                         seq_ptr, h0_ptr, final_ptr, r_ptr, g_ptr, incl_ptr, flag_ptr, r_sum_ptr,
+                         seq_ptr, h0_ptr, reset_ptr, final_ptr, r_ptr, g_ptr, incl_ptr, flag_ptr, r_sum_ptr,
                          end_ptr, part_ptr, total_ptr, L, D, NC, N_CB, N_TILES, N_GROUPS, N_SEQ,
                          row_units, T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                          WINDOW: tl.constexpr, PHASE: tl.constexpr, ORDER: tl.constexpr,
                          INCLUSIVE_EVERY: tl.constexpr, PACKED: tl.constexpr,
-                         HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr):
+                         HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr,
+                         HAS_RESETS: tl.constexpr):
     """One tile of the forward (module docstring).  PHASE 0: all of it; PHASE 1: the
     controller's exchange only; PHASE 2: the rest, the exchange's totals read."""
     b, k, step, cb, group, me = tile_of(flag_ptr, N_TILES, N_GROUPS, NC, N_CB, PHASE, ORDER,
@@ -120,14 +121,16 @@ def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_pt
         tl.store(g_ptr + b * L + rows, g, mask=kept)
         lam = _rate(a_param_ptr, log_temp_ptr, cols, D)
         seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
-        _, _, _, a, u = scan_inputs(-lam[None, :] * r[:, None], g[:, None] * x, starts, h0_ptr,
-                                    b, seq, cols, D, N_SEQ, PACKED, HAS_INITIAL)
+        flagged = token_resets(reset_ptr, b, rows, L, HAS_RESETS)
+        _, _, _, a, u = scan_inputs(-lam[None, :] * r[:, None], g[:, None] * x, starts, flagged,
+                                    h0_ptr, b, seq, cols, D, N_SEQ, PACKED, HAS_INITIAL,
+                                    HAS_RESETS)
         p, h = tl.associative_scan((a, u), 0, affine_combine)
         y = h + tl.load(skip_ptr) * x  # x is spent: less held across the look-back
         tr = tl.arange(0, T)
         h_in = chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, last_row(p, tr, T),
-                     last_row(h, tr, T), tl.sum(r, axis=0), any_row(starts),
-                     first_row_has(starts), me, group * D, step, N_CB, D, cols, col_ok, True,
+                     last_row(h, tr, T), tl.sum(r, axis=0), any_row(starts | flagged),
+                     first_row_has(starts | flagged), me, group * D, step, N_CB, D, cols, col_ok, True,
                      WINDOW, INCLUSIVE_EVERY)
         if HAS_FINAL:
             store_at(final_ptr, h + p * h_in[None, :], b, seq, ends, cols, D, N_SEQ, PACKED)
@@ -137,13 +140,15 @@ def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_pt
 
 @triton.jit(do_not_specialize=["row_units", "N_SEQ"])
 def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_ptr, skip_ptr,
-                          r_ptr, g_ptr, h_ptr, seq_ptr, h0_ptr, dfinal_ptr, dh0_ptr, flag_ptr,
+                          r_ptr, g_ptr, h_ptr, seq_ptr, h0_ptr, reset_ptr, dfinal_ptr, dh0_ptr,
+                          flag_ptr,
                           r_sum_ptr, end_ptr, incl_ptr, part_ptr, total_ptr, dw_ptr, scalar_ptr,
                           dsp_ptr, L, D, NC, N_CB, N_TILES, N_GROUPS, N_SEQ, row_units,
                           T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                           WINDOW: tl.constexpr, PHASE: tl.constexpr, ORDER: tl.constexpr,
                           INCLUSIVE_EVERY: tl.constexpr, PACKED: tl.constexpr,
-                          HAS_INITIAL: tl.constexpr, HAS_DFINAL: tl.constexpr):
+                          HAS_INITIAL: tl.constexpr, HAS_DFINAL: tl.constexpr,
+                          HAS_RESETS: tl.constexpr):
     """One tile of the backward, rows latest first (the adjoint is then a forward scan).  Its
     aggregate is the chunk's decay (its sum of r) and the adjoint carry a_s dh_s leaving its
     first token s from nothing entering at its last; the look-back gives the carry entering
@@ -166,8 +171,10 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_pt
     g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
     lam = _rate(a_param_ptr, log_temp_ptr, cols, D)
     gx = g[:, None] * x
-    a, m, dm_dlog_a, a_in, u_in = scan_inputs(-lam[None, :] * r[:, None], gx, starts, h0_ptr,
-                                              b, seq, cols, D, N_SEQ, PACKED, HAS_INITIAL)
+    flagged = token_resets(reset_ptr, b, rows, L, HAS_RESETS)
+    a, m, dm_dlog_a, a_in, u_in = scan_inputs(-lam[None, :] * r[:, None], gx, starts, flagged,
+                                              h0_ptr, b, seq, cols, D, N_SEQ, PACKED,
+                                              HAS_INITIAL, HAS_RESETS)
     at = group * D + cols
     # d log a = dh (a_t h_{t-1} + gx dm/dlog a), formed before the carry is known: a_t h_{t-1}
     # as a product from the folded inputs and the forward's state entering the chunk, plus
@@ -181,7 +188,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_pt
         # folded to 0) cuts it.
         a_s = last_row(a_in, tr, T)
         carry = chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, a_s * last_row(q, tr, T),
-                      a_s * last_row(w, tr, T), tl.sum(r, axis=0), any_row(starts),
+                      a_s * last_row(w, tr, T), tl.sum(r, axis=0), any_row(starts | flagged),
                       first_row_has(ends), me, group * D, step, -N_CB, -D, cols, col_ok, True,
                       WINDOW, INCLUSIVE_EVERY)
     else:
@@ -302,8 +309,7 @@ def forward(x, params, sequences, config: SamuSinglePassConfig, zero_gaps: bool 
     w, bias, a_param, log_temp, skip = [fp32_contiguous(p) for p in params]
     seq, h0 = sequences.seq_index, sequences.initial_state
     plan = _plan("forward", config, x.shape, sequences.count, (x.dtype, h0.dtype), x.device,
-                 (("PACKED", sequences.packed), ("HAS_INITIAL", sequences.has_initial),
-                  ("HAS_FINAL", sequences.output_final_state)))
+                 host.flags(sequences, HAS_FINAL=sequences.output_final_state))
     scratch = plan.scratch
     residual, (incl, r, g) = workspace(_residual_numels(batch, length, width, plan.n_chunks),
                                        x.device, zero_gaps=zero_gaps)
@@ -313,8 +319,8 @@ def forward(x, params, sequences, config: SamuSinglePassConfig, zero_gaps: bool 
     y = torch.empty_like(x)
     final = sequences.final_state(width, x.device)
     for site in plan.sites:
-        site(x, y, w, bias, a_param, log_temp, skip, seq, h0, final, r, g, incl, words, r_sum,
-             end, part, total, *_call_ints(plan, x.shape, sequences.count))
+        site(x, y, w, bias, a_param, log_temp, skip, seq, h0, sequences.reset_flags, final, r, g,
+             incl, words, r_sum, end, part, total, *_call_ints(plan, x.shape, sequences.count))
     return y, (final if sequences.output_final_state else None), (residual,)
 
 
@@ -331,8 +337,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuSinglePas
     has_dfinal = d_final is not None
     d_final = fp32_contiguous(d_final) if has_dfinal else h0
     plan = _plan("backward", config, x.shape, sequences.count, (x.dtype, dy.dtype, h0.dtype),
-                 x.device, (("PACKED", sequences.packed), ("HAS_INITIAL", sequences.has_initial),
-                            ("HAS_DFINAL", has_dfinal)))
+                 x.device, host.flags(sequences, HAS_DFINAL=has_dfinal))
     scratch = plan.scratch
     groups = scratch.n_groups
     h, r, g = pieces(aligned(residuals[0]),
@@ -343,8 +348,8 @@ def backward(x, params, residuals, dy, d_final, sequences, config: SamuSinglePas
     dx = torch.empty_like(x)
     d_h0 = sequences.initial_state_gradient()
     for site in plan.sites:
-        site(x, dy, dx, w, a_param, log_temp, skip, r, g, h, seq, h0, d_final, d_h0, words,
-             r_sum, end, incl, part, total, dw, scalars, dsp,
+        site(x, dy, dx, w, a_param, log_temp, skip, r, g, h, seq, h0, sequences.reset_flags,
+             d_final, d_h0, words, r_sum, end, incl, part, total, dw, scalars, dsp,
              *_call_ints(plan, x.shape, sequences.count))
     flat = sum_partials(scalars, dsp, a_param, front=dw,
                         rows=(groups, 2 * width, groups, 4, width))
