@@ -42,12 +42,14 @@ def _count(x: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
 @torch.library.custom_op("samu::scan_forward", mutates_args=())
 def scan_forward(x: torch.Tensor, params: list[torch.Tensor],
                  initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
-                 mixer: str, backend: str, output_final_state: bool) -> list[torch.Tensor]:
-    """[y, final state (empty unless asked for), *residuals] of one backend's forward."""
+                 resets: Optional[torch.Tensor], mixer: str, backend: str,
+                 output_final_state: bool) -> list[torch.Tensor]:
+    """[y, final state (empty unless asked for), *residuals] of one backend's forward; resets,
+    the reset mask (torch.bool [B, L]) or None."""
     module, config = _family(mixer, backend)
     if initial_state is not None:
         initial_state = fp32_contiguous(initial_state)
-    sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state)
+    sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state, resets)
     y, final, residuals = module.forward(x, params, sequences, config)
     if final is None:
         final = x.new_empty(0, dtype=torch.float32)
@@ -55,7 +57,8 @@ def scan_forward(x: torch.Tensor, params: list[torch.Tensor],
 
 
 @scan_forward.register_fake
-def _scan_forward_fake(x, params, initial_state, cu_seqlens, mixer, backend, output_final_state):
+def _scan_forward_fake(x, params, initial_state, cu_seqlens, resets, mixer, backend,
+                       output_final_state):
     module, config = _family(mixer, backend)
     batch, length, width = x.shape
     final_shape = (_count(x, cu_seqlens), width) if output_final_state else (0,)
@@ -69,14 +72,14 @@ def _scan_forward_fake(x, params, initial_state, cu_seqlens, mixer, backend, out
 def scan_backward(x: torch.Tensor, params: list[torch.Tensor], residuals: list[torch.Tensor],
                   dy: Optional[torch.Tensor], d_final: Optional[torch.Tensor],
                   initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
-                  mixer: str, backend: str) -> list[torch.Tensor]:
+                  resets: Optional[torch.Tensor], mixer: str, backend: str) -> list[torch.Tensor]:
     """[dx, the parameter gradients flattened into one FP32 vector, d initial state (empty
     without one)] of one backend.  A custom op's outputs may not alias each other, and the
     kernels' parameter gradients are views of one buffer: one small copy joins them."""
     module, config = _family(mixer, backend)
     if initial_state is not None:
         initial_state = fp32_contiguous(initial_state)
-    sequences = sequence_args(x, initial_state, cu_seqlens, False)
+    sequences = sequence_args(x, initial_state, cu_seqlens, False, resets)
     grads = module.backward(x, params, residuals, dy, d_final, sequences, config)
     d_h0 = grads[-1] if grads[-1] is not None else x.new_empty(0, dtype=torch.float32)
     flat = torch.cat([g.reshape(-1).float() for g in grads[1:-1]])
@@ -84,8 +87,8 @@ def scan_backward(x: torch.Tensor, params: list[torch.Tensor], residuals: list[t
 
 
 @scan_backward.register_fake
-def _scan_backward_fake(x, params, residuals, dy, d_final, initial_state, cu_seqlens, mixer,
-                        backend):
+def _scan_backward_fake(x, params, residuals, dy, d_final, initial_state, cu_seqlens, resets,
+                        mixer, backend):
     d_h0 = (x.new_empty(initial_state.shape, dtype=torch.float32) if initial_state is not None
             else x.new_empty(0, dtype=torch.float32))
     flat = x.new_empty(sum(p.numel() for p in params), dtype=torch.float32)
@@ -93,25 +96,25 @@ def _scan_backward_fake(x, params, residuals, dy, d_final, initial_state, cu_seq
 
 
 def _setup_context(ctx, inputs, output):
-    x, params, initial_state, cu_seqlens, mixer, backend, output_final_state = inputs
-    ctx.save_for_backward(x, initial_state, cu_seqlens, *params, *output[2:])
+    x, params, initial_state, cu_seqlens, resets, mixer, backend, output_final_state = inputs
+    ctx.save_for_backward(x, initial_state, cu_seqlens, resets, *params, *output[2:])
     ctx.n_params = len(params)
     ctx.names = (mixer, backend)
     ctx.output_final_state = output_final_state
 
 
 def _backward(ctx, grads):
-    x, initial_state, cu_seqlens, *rest = ctx.saved_tensors
+    x, initial_state, cu_seqlens, resets, *rest = ctx.saved_tensors
     params, residuals = rest[:ctx.n_params], rest[ctx.n_params:]
     dy, d_final = grads[0], grads[1]
     if not ctx.output_final_state:
         d_final = None
     out = torch.ops.samu.scan_backward(x, params, residuals, dy, d_final, initial_state,
-                                       cu_seqlens, *ctx.names)
+                                       cu_seqlens, resets, *ctx.names)
     d_h0 = out[2] if initial_state is not None else None
     sizes = [p.numel() for p in params]
     d_params = [g.view(p.shape) for g, p in zip(out[1].split(sizes), params)]
-    return out[0], d_params, d_h0, None, None, None, None
+    return out[0], d_params, d_h0, None, None, None, None, None
 
 
 scan_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -140,10 +143,10 @@ def checked_cu_seqlens(mixer: str, x: torch.Tensor, cu_seqlens: torch.Tensor) ->
 
 
 def run(mixer: str, backend: str, x, params, initial_state=None, cu_seqlens=None,
-        output_final_state: bool = False):
+        output_final_state: bool = False, resets=None):
     """(y, final state or None) of a registered Triton backend through the custom ops."""
     if initial_state is not None:  # traced: no alignment check here (the ops align)
         initial_state = initial_state.float().contiguous()
-    out = torch.ops.samu.scan_forward(x, list(params), initial_state, cu_seqlens, mixer, backend,
-                                      output_final_state)
+    out = torch.ops.samu.scan_forward(x, list(params), initial_state, cu_seqlens, resets, mixer,
+                                      backend, output_final_state)
     return out[0], (out[1] if output_final_state else None)

@@ -40,12 +40,12 @@ def test_opcheck(mixer, name, packed):
     cu = torch.tensor([0, 5, 6, 19], device=DEVICE) if packed else None
     h0 = torch.randn(count, 32, device=DEVICE)
     params = _params(module)
-    args = (x, params, h0, cu, mixer, name, True)
+    args = (x, params, h0, cu, None, mixer, name, True)
     torch.library.opcheck(torch.ops.samu.scan_forward.default, args)
     out = torch.ops.samu.scan_forward(*args)
     dy, d_final = torch.randn_like(x), torch.randn(count, 32, device=DEVICE)
     torch.library.opcheck(torch.ops.samu.scan_backward.default,
-                          (x, params, out[2:], dy, d_final, h0, cu, mixer, name))
+                          (x, params, out[2:], dy, d_final, h0, cu, None, mixer, name))
 
 
 def test_only_the_op_zeroes_the_residual_buffers_gaps(monkeypatch):
@@ -63,7 +63,7 @@ def test_only_the_op_zeroes_the_residual_buffers_gaps(monkeypatch):
     module(x)
     assert flags == [False]  # the forward's residuals (the backward's workspace is not run)
     flags.clear()
-    out = torch.ops.samu.scan_forward(x, _params(module), None, None, "samu", name, False)
+    out = torch.ops.samu.scan_forward(x, _params(module), None, None, None, "samu", name, False)
     assert flags == [True]
     n_chunks = chunk.cdiv(19, backends.REGISTRY["samu"][name].config.chunk)
     h_in, rate, r, g, r_sum = chunk.pieces(out[2], chunk._residual_numels(1, 19, 32, n_chunks))
