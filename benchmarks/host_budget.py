@@ -23,14 +23,15 @@ import time
 
 import torch
 
-from samu import functional
+from samu import backends, functional
 from samu.experiment import benchmark_rows, legality, protocol
+from samu.mixers import MIXERS
 from samu.ops.common import launching
-from samu.ops.rglru import gemm as rglru_gemm
-from samu.ops.samu import chunk as samu_chunk
+from samu.ops.common.function import FamilyFunction
 
-# Each mixer's autograd Function, whose forward and backward bodies the run times.
-FUNCTIONS = {"samu": samu_chunk.SamuFunction, "rglru": rglru_gemm.GemmScanFunction}
+# The mixers with Triton kernel families: their autograd Function (every family's), whose
+# forward and backward bodies the run times.
+KERNEL_MIXERS = [mixer for mixer in MIXERS if backends.kernel_families(mixer)]
 ROUNDS = 7  # interleaved rounds of the Linear and the mixer (median of their medians)
 
 
@@ -86,7 +87,7 @@ def main():
     parser.add_argument("--profile", action="store_true",
                         help="also print each mixer's costliest functions (cProfile, stubbed "
                              "and live)")
-    parser.add_argument("--mixer", choices=list(FUNCTIONS), action="append",
+    parser.add_argument("--mixer", choices=KERNEL_MIXERS, action="append",
                         help="only this mixer (repeatable; default every one)")
     args = parser.parse_args()
     shape = (1, args.length, args.width)
@@ -109,7 +110,7 @@ def main():
     print(f"torch.nn.Linear({args.width}, {args.width}) forward+backward {linear_us:.0f} us")
     table.add(None, {"operation": "torch.nn.Linear forward+backward"}, shape,
               {"host_wall_us": linear_us})
-    for mixer in args.mixer or list(FUNCTIONS):
+    for mixer in args.mixer or KERNEL_MIXERS:
         inputs = legality.make_inputs(mixer, shape, "cuda")
         module = protocol.build_module(mixer, args.width, "auto", "cuda")
         x = inputs[0].detach().requires_grad_()
@@ -152,7 +153,7 @@ def main():
         paired = {k: sorted(v)[len(v) // 2] for k, v in rounds.items()}
         # One instrumented forward+backward: the module call, the Function's forward and
         # backward bodies, the engine's whole y.backward(), and the launches inside them.
-        function = FUNCTIONS[mixer]
+        function = FamilyFunction
         spans = {k: [] for k in ("module call", "forward body", "y.backward()", "backward body",
                                  "launches")}
         counts = []

@@ -268,7 +268,8 @@ def from_config(mixer: str, config) -> Backend:
 
 @lru_cache(maxsize=None)
 def _backend_of_configuration(mixer: str, config) -> Backend:
-    run = family_of(mixer, config).run_with(config)
+    from .ops.common.function import run_with
+    run = run_with(family_of(mixer, config), config)
     return Backend(config.name, mixer, "triton", run, config=config,
                    takes_resets=takes_keyword(run, "resets"))
 
@@ -351,12 +352,13 @@ def _register_mixer(spec) -> str | None:
     except ImportError as exc:  # the reference backends still work; say why the rest do not
         return _reason_triton_failed(exc)
     from .ops.common.family import check_family
+    from .ops.common.function import run_with
     for module in families:
         check_family(module)
     _CONFIGURATION_MODULES[spec.name] = families
     for module in families:
         for config in module.CONFIGS:
-            run = module.run_with(config)
+            run = run_with(module, config)
             register(Backend(config.name, spec.name, "triton", run, config=config,
                              takes_resets=takes_keyword(run, "resets")))
     return None

@@ -464,7 +464,7 @@ def _mismatched_call(name: str, rank: int, group):
                       backend="auto" if kernels else "reference_chunked")
         torch.autograd.grad(y.square().sum(), xs, create_graph=rank == 0 or kernels)
     elif name == "second_backward_through_overwritten_gates":
-        # Rank 0's slice, where a sequence starts, runs its graph (GemmScanFunction), which
+        # Rank 0's slice, where a sequence starts, runs its graph (the families' autograd Function), which
         # cannot run backward twice; rank 1's SliceRun can.
         ctx = context(cu_seqlens=(0, 3, 10), slice_lengths=MISMATCH_SLICES)
         rglru_params = [p.to(KERNEL_DEVICE, torch.float32) for p in _mismatch_inputs("rglru")[1]]

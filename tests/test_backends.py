@@ -370,4 +370,4 @@ def test_every_kernel_family_implements_the_interface():
     with pytest.raises(TypeError, match="lacks .*forward"):
         family.check_family(types.SimpleNamespace(__name__="half_a_family", MIXER="samu",
                                                   CONFIGS=(), KERNELS={}, FEATURES={},
-                                                  LAUNCHES={}, run_with=None))
+                                                  LAUNCHES={}, SliceRun=None))

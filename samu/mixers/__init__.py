@@ -37,8 +37,9 @@ class MixerSpec:
         ``reset_parameters(generator=None)``).
     function: path of its named functional form; None: ``samu.functional.mix`` serves it.
     backward: path of its hand-derived backward formulas (tests hold them to autograd).
-    kernel_families: paths of its Triton families; each module has MIXER, CONFIGS and
-        run_with(config) (samu.ops.common.family).
+    kernel_families: paths of its Triton families; each module implements
+        samu.ops.common.family.KernelFamily (MIXER, CONFIGS, forward, backward, ...), and
+        samu.ops.common.function makes its backends.
     default_backend: what ``auto`` runs on CUDA without a calibrated choice, and under
         Triton's interpreter.
     log_decay: path of ``fn(x, *params) -> [B, D]``, the sum of log a over x's tokens in the

@@ -13,6 +13,7 @@ from samu import backends
 from samu.experiment import legality
 from samu.functional import FUNCTIONS, PARAMETER_NAMES
 from samu.ops.common import carry, launching
+from samu.ops.common.function import run_with
 from samu.ops.common.math import softplus
 from samu.ops.common.scan import row_offsets
 from samu.ops.rglru import gemm as rglru_gemm
@@ -315,7 +316,7 @@ def test_samu_register_cap_reaches_the_launch_and_is_left_off_with_a_state_keywo
     want = legality.oracle("samu", x, params, dy)
     assert max(legality.relative_errors(got, want).values()) < 0.02
     assert caps == [("output", 128), ("backward", 128)]
-    run = samu_chunk.run_with(config)
+    run = run_with(samu_chunk, config)
     ps = [p.float() for p in params.values()]
     for keywords, expected in ((dict(initial_state=torch.zeros(1, 32, device=DEVICE)),
                                 [("output", None), ("backward", None)]),

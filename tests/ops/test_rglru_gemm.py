@@ -11,6 +11,7 @@ from samu import backends
 from samu.experiment import legality
 from samu.functional import FUNCTIONS
 from samu.ops.common import launching
+from samu.ops.common.function import run_with
 from samu.ops.rglru import gemm
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -287,6 +288,26 @@ def test_launch_plan_covers_every_kernel_and_keeps_the_chunk_in_each_thread():
                 assert meta["D"] == width and meta["BW"] == width // heads
 
 
+def test_the_entering_states_padding_is_zeroed_for_a_custom_op():
+    """The entering states of head groups whose [B, NC, DG] pieces end mid-line leave padding
+    between the pieces: forward zeroes it unless zero_gaps is off (a custom op's outputs must
+    hold nothing uninitialised), and hands W_cat, the backward's, out last."""
+    from samu.ops.common.sequences import sequence_args
+    config = next(c for c in gemm.CONFIGS if c.recompute and c.chunk == 8)
+    x, params, _ = _inputs((1, 21, 30), 10, seed=12)  # groups of 2 heads of 3: 18 per piece
+    params = list(params.values())
+    shapes = gemm._entering_state_shapes(gemm._groups(config, params[0]), 1, 3)
+    padding = torch.ones(launching.carved_size(shapes), device=DEVICE)
+    for piece in launching.carve(padding, shapes):
+        piece.zero_()
+    assert padding.sum() > 0
+    sequences = sequence_args(x, None, None, False)
+    _, _, (entering, w_cat) = gemm.forward(x, params, sequences, config, zero_gaps=True)
+    assert bool((entering[padding.bool()] == 0).all())
+    want = torch.cat([params[0], params[2]], dim=2).to(w_cat.dtype)
+    assert torch.equal(w_cat, want)
+
+
 def test_gate_gradient_in_its_own_buffer_is_legal_and_survives_a_second_backward():
     """gradient_over_gates=False (sweeps pass it): dG gets a buffer of its own, so the saved G
     stays intact and a retained graph backpropagates twice to the same gradient."""
@@ -298,7 +319,7 @@ def test_gate_gradient_in_its_own_buffer_is_legal_and_survives_a_second_backward
     assert max(legality.relative_errors(got, want).values()) < 0.02
     xg = x.clone().requires_grad_()
     ps = [p.clone().requires_grad_() for p in params.values()]
-    y, _ = gemm.run_with(config)(xg, *ps)
+    y, _ = run_with(gemm, config)(xg, *ps)
     (first,) = torch.autograd.grad(y, xg, dy, retain_graph=True)
     (second,) = torch.autograd.grad(y, xg, dy)
     assert torch.equal(first, second)
@@ -317,7 +338,7 @@ def test_backward_register_cap_is_left_off_where_a_state_keyword_is_on(monkeypat
 
     monkeypatch.setattr(launching, "launch", spy)
     x, params, dy = _inputs((1, 24, 32), 2, seed=11)
-    run = gemm.run_with(config)
+    run = run_with(gemm, config)
     for h0 in (None, torch.zeros(1, 32, device=DEVICE)):
         xg = x.clone().requires_grad_()
         y, _ = run(xg, *params.values(), initial_state=h0)

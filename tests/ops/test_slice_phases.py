@@ -85,7 +85,7 @@ def test_a_slice_from_a_sequence_start_ends_in_the_final_state(mixer, name, with
 
 
 RUN_CASES = [(m, n) for m, n in CASES
-             if hasattr(backends.family_of(m, backends.REGISTRY[m][n].config), "SliceRun")]
+             if backends.family_of(m, backends.REGISTRY[m][n].config).SliceRun is not None]
 
 
 @pytest.mark.parametrize("mixer, name", RUN_CASES)

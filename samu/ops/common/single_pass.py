@@ -1,6 +1,7 @@
 """Host side of the single-pass families (samu.ops.<mixer>.single_pass): their scratch, when the
-exchange runs in a launch of its own, their autograd.Function, and the context-parallel phases
-that every family serves from its forward and backward.
+exchange runs in a launch of its own, and the context-parallel phases that every family serves
+from its forward and backward (their autograd.Function is every family's,
+samu.ops.common.function).
 
 The kernels' side is samu.ops.common.lookback.  A call's scratch is one workspace: its int32
 words (each tile's flag, each group's arrival count and totals flag, two ticket counters) come
@@ -15,8 +16,8 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from ..._runtime import INTERPRETING
-from .launching import aligned, fp32_contiguous, refuse_double_backward, sm_count, workspace
-from .sequences import SequenceArgs, sequence_args
+from .launching import aligned, fp32_contiguous, sm_count, workspace
+from .sequences import sequence_args
 
 
 @dataclass(frozen=True)
@@ -101,14 +102,10 @@ def launch_plan(kernels: dict, config: SinglePassConfig, tiles_of_role: dict,
 
 
 def entry_points(module_name: str) -> tuple:
-    """(run_with, slice_summary, start_adjoint) of the family module ``module_name``: its
-    backends' run and the context-parallel phases, from its forward and backward."""
+    """(slice_summary, start_adjoint) of the family module ``module_name``: the
+    context-parallel phases, from its forward and backward."""
     def family():
         return sys.modules[module_name]
-
-    def run_with(config):
-        """The backend of one configuration (samu.ops.common.single_pass.runner)."""
-        return runner(family(), config)
 
     def family_slice_summary(x, params, config, initial_state=None, resets: bool = False):
         """(A, h) of a slice (samu.ops.common.single_pass.slice_summary)."""
@@ -117,7 +114,7 @@ def entry_points(module_name: str) -> tuple:
     def family_start_adjoint(x, params, dy, d_end, config):
         """mu of a continued slice (samu.ops.common.single_pass.start_adjoint)."""
         return start_adjoint(family(), x, params, dy, d_end, config)
-    return run_with, family_slice_summary, family_start_adjoint
+    return family_slice_summary, family_start_adjoint
 
 
 class Scratch(NamedTuple):
@@ -141,55 +138,6 @@ class Scratch(NamedTuple):
 
 def scratch(batch: int, n_chunks: int, channel_blocks: int) -> Scratch:
     return Scratch(batch * n_chunks * channel_blocks, batch * n_chunks)
-
-
-class SinglePassFunction(torch.autograd.Function):
-    """Eager autograd over a single-pass family's forward and backward (any mixer): outputs y and
-    the final state (None unless asked for).  A family whose backward writes over its saved
-    residuals (SPENDS_RESIDUALS) refuses a second backward through the same graph."""
-
-    @staticmethod
-    def forward(ctx, family, config, sequences, initial_state, seq_index, x, *params):
-        y, final, residuals = family.forward(x, params, sequences, config, zero_gaps=False)
-        # The initial state and sequence index are saved, not kept on ctx: autograd then
-        # refuses a backward after an in-place change to them instead of reading new values.
-        ctx.save_for_backward(x, *params, *residuals, *sequences.tensors_to_save())
-        ctx.family, ctx.config, ctx.n_params = family, config, len(params)
-        ctx.sequences = sequences.without_tensors()
-        ctx.spent = False
-        ctx.set_materialize_grads(False)
-        return y, final
-
-    @staticmethod
-    def backward(ctx, dy, d_final):
-        family = ctx.family
-        refuse_double_backward(family.MIXER)
-        if ctx.spent:
-            raise RuntimeError(f"{family.MIXER}: {ctx.config.name} wrote its gradient over its "
-                               "saved residuals in the first backward, so this graph cannot be "
-                               "backpropagated through twice (retain_graph=True)")
-        ctx.spent = family.SPENDS_RESIDUALS
-        x, *rest = ctx.saved_tensors
-        n = ctx.n_params
-        kept = SequenceArgs.SAVED
-        params, residuals = rest[:n], rest[n:-kept]
-        sequences = ctx.sequences.with_saved(*rest[-kept:], placeholder=aligned(x))
-        grads = family.backward(x, params, residuals, dy, d_final, sequences, ctx.config,
-                                spend_residuals=True)
-        return (None, None, None, grads[-1], None, grads[0], *grads[1:-1])
-
-
-def runner(family, config):
-    """The backend of one configuration: run(x, *parameters, initial_state=None,
-    cu_seqlens=None, output_final_state=False, resets=None) -> (y, final state or None)."""
-    def run(x, *params, initial_state=None, cu_seqlens=None, output_final_state=False,
-            resets=None):
-        if initial_state is not None:
-            initial_state = fp32_contiguous(initial_state)  # differentiable: autograd casts back
-        sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state, resets)
-        return SinglePassFunction.apply(family, config, sequences, initial_state,
-                                        sequences.seq_index, x, *params)
-    return run
 
 
 # --- context parallelism's phases (samu.distributed), from a family's forward and backward ----

@@ -56,14 +56,13 @@ import triton.language as tl
 from ..common import launching
 from ..common.carry import DEFAULT_PLAN, CarryPlan, chunk_carry
 from ..common.launching import (Site, aligned, carve, carved_size, cdiv, fp32_contiguous,
-                                refuse_double_backward, register_cap, sm_count, tile_width,
-                                with_state_keywords)
+                                register_cap, sm_count, tile_width, with_state_keywords)
 from ..common.math import (FAST_MATH, _ptx_approx, exp_fast, one_minus_a_squared, sigmoid_fast,
                            softplus, to_element, transition)
 from ..common.reduce import named_columns, sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
-from ..common.sequences import (SequenceArgs, adjoint_inputs, cut_resets, entering_state,
-                                fold_starts, load_at, reset_mask, row_sequences, sequence_args,
+from ..common.sequences import (adjoint_inputs, cut_resets, entering_state, fold_starts,
+                                load_at, reset_mask, row_sequences, sequence_args,
                                 slice_run_sequences, store_at, taken_starts, take_end_cotangent,
                                 token_resets)
 from ..recurrence import GATE_SCALE
@@ -557,16 +556,18 @@ def _forward_sites(config: GemmConfig, groups: _Groups, shape: tuple, count: int
                          tuple(Site(_output_kernel, output_grid, output_meta) for _ in groups))
 
 
-def forward(x, params, sequences, config: GemmConfig, w_cat=None, summary=None):
+def forward(x, params, sequences, config: GemmConfig, zero_gaps: bool = True, w_cat=None,
+            summary=None):
     """(y, final state or None, residuals): per head group, the gate GEMM and the forward's
     kernels.  The residuals the backward needs beside x and the parameters: G flat (its
     [H, B L, 2 bw] layout read back from the weights' shape, x's GEMM dtype) unless the
     configuration recomputes it, then the chunks' entering states, each group's [B, NC, DG]
-    FP32 carved from one flat buffer.  w_cat: W_cat when the caller has it.  ``summary``:
+    FP32 carved from one flat buffer (its padding zeroed unless ``zero_gaps`` is off,
+    samu.ops.common.family), then W_cat.  w_cat: W_cat when the caller has it.  ``summary``:
     (G, decay, end, chunk 0's whole decay) of the gate GEMM and summary kernel over the same
     x, unpacked, from a zero initial state (or the reset, in a call without one), one head
-    group (SliceRun): reused instead of
-    running them again, chunk 0's end state moved by its decay times the initial state."""
+    group (SliceRun): reused instead of running them again, chunk 0's end state moved by its
+    decay times the initial state."""
     x = aligned(x)
     gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
     batch, length, width = x.shape
@@ -597,7 +598,7 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None, summary=None):
         if sequences.has_initial:  # linear in it: h0 enters chunk 0 decayed
             end[:, 0] += first_decay * h0
     shapes = _entering_state_shapes(groups, batch, n_chunks)
-    residual = torch.empty(carved_size(shapes), **f32)
+    residual = (torch.zeros if zero_gaps else torch.empty)(carved_size(shapes), **f32)
     h_in = carve(residual, shapes)
     y = torch.empty_like(x)
     final = sequences.final_state(width, x.device)
@@ -609,17 +610,26 @@ def forward(x, params, sequences, config: GemmConfig, w_cat=None, summary=None):
         chunk_carry(decay, end, reverse=False, out=h_in[g], plan=config.carry)
         sites.output[g](x, gates, y, bx, ba, a_param, h_in[g], seq, flags, h0, final, col0, length,
                         tokens, n_chunks, sequences.count)
-    residuals = (residual,) if config.recompute else (gates.view(-1), residual)
+    residuals = (residual, w_cat) if config.recompute else (gates.view(-1), residual, w_cat)
     return y, (final if sequences.output_final_state else None), residuals
 
 
 def residual_specs(config: GemmConfig, batch: int, length: int, width: int, dtype, params):
     """(shape, dtype) of each of forward's residuals, for a compiled graph's fake tensors."""
+    heads, bw, _ = params[0].shape
     shapes = _entering_state_shapes(_groups(config, params[0]), batch,
                                     cdiv(length, config.chunk))
-    entering = [((carved_size(shapes),), torch.float32)]
-    return entering if config.recompute else [((2 * batch * length * width,), _gemm_dtype(dtype))
-                                              ] + entering
+    kept = [((carved_size(shapes),), torch.float32), ((heads, bw, 2 * bw), _gemm_dtype(dtype))]
+    gates = [((2 * batch * length * width,), _gemm_dtype(dtype))]
+    return kept if config.recompute else gates + kept
+
+
+def spent_residuals(config: GemmConfig):
+    """The saved G, which the backward overwrites with dG (samu.ops.common.family)."""
+    if config.recompute or not config.gradient_over_gates:
+        return None
+    return ("the saved gate pre-activations (a gemm_recompute_* backend, or a GemmConfig with "
+            "gradient_over_gates=False, keeps them)")
 
 
 def _spans(config: GemmConfig, groups: _Groups, batch: int, n_chunks: int, col_blocks: int,
@@ -666,15 +676,14 @@ def _backward_sites(config: GemmConfig, groups: _Groups, shape: tuple, count: in
         per_span, spans)
 
 
-def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w_cat=None,
-             overwrite_gates: bool = False, end_cotangent=None):
+def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig,
+             spend_residuals: bool = False, end_cotangent=None):
     """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param,
     d initial_state or None): per head group, G recomputed (or the saved G), the backward's
     kernels (dG written over G, or into a buffer of its own without gradient_over_gates) and
-    GEMMs.  A saved G is overwritten only with overwrite_gates (the caller then refuses a second
-    backward through the same graph, which would read dG as G); else it is copied first.  dy
-    and d_final may be
-    None (no gradient reached them).  w_cat: W_cat when the caller kept it from the forward.
+    GEMMs, with the forward's W_cat.  A saved G is overwritten only with spend_residuals (the
+    caller then refuses a second backward through the same graph, which would read dG as G);
+    else it is copied first.  dy and d_final may be None (no gradient reached them).
     ``end_cotangent`` (unpacked, one head group): called once the adjoint carry is known with
     mu, FP32 [B, D], the adjoint leaving the first token for the state entering it; it returns
     a cotangent to add on the final state (or None), which the rest of the backward takes in
@@ -684,14 +693,12 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
     x = aligned(x)
     gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param = params
     saved_gates = None if config.recompute else residuals[0]
-    residual = residuals[-1]
+    residual, w_cat = residuals[-2:]
     batch, length, width = x.shape
     groups = _groups(config, gate_x_weight)
     tokens = batch * length
     n_chunks = cdiv(length, config.chunk)
     h_in = carve(residual, _entering_state_shapes(groups, batch, n_chunks))
-    if w_cat is None:
-        w_cat = _gate_weights(gate_x_weight, gate_a_weight, x.dtype)
     bx, ba, a_param = [fp32_contiguous(p) for p in (gate_x_bias, gate_a_bias, a_param)]
     dy = torch.zeros_like(x) if dy is None else aligned(dy)
     seq, h0 = sequences.seq_index, sequences.initial_state
@@ -711,7 +718,7 @@ def backward(x, params, residuals, dy, d_final, sequences, config: GemmConfig, w
                             dtype=_gemm_dtype(x.dtype))
     else:
         gates = saved_gates.view(groups.heads, tokens, 2 * groups.bw)
-        if config.gradient_over_gates and not overwrite_gates:
+        if config.gradient_over_gates and not spend_residuals:
             gates = gates.clone()
     d_gates = gates if config.gradient_over_gates else torch.empty_like(gates)
     summary_shape = (batch, n_chunks, groups.width)
@@ -913,8 +920,8 @@ class SliceRun:
         """(y, final state FP32 [B, D]) from ``entering``, the state entering the slice (None
         with ``resets``)."""
         sequences = slice_run_sequences(self, entering)
-        y, final, residuals = forward(self.x, self.params, sequences, self.config, self._w_cat,
-                                      summary=self._summary)
+        y, final, residuals = forward(self.x, self.params, sequences, self.config,
+                                      w_cat=self._w_cat, summary=self._summary)
         self._summary = None  # its chunk-0 end state now holds the entering state
         self._saved = (sequences, residuals)
         return y, final
@@ -926,66 +933,8 @@ class SliceRun:
         sequences, residuals = self._saved
         self._saved = None
         grads = backward(self.x, self.params, residuals, dy, d_final, sequences, self.config,
-                         self._w_cat, overwrite_gates=True, end_cotangent=end_cotangent)
+                         spend_residuals=True, end_cotangent=end_cotangent)
         return grads
-
-
-class GemmScanFunction(torch.autograd.Function):
-    """Eager autograd over forward and backward.  The outputs are y and the final state (None
-    unless asked for); the backward takes both gradients and returns one for the initial
-    state.  Saved: x, G unless recomputed (the backward writes dG over it unless
-    gradient_over_gates is off), the chunks' entering states, W_cat and the parameters."""
-
-    @staticmethod
-    def forward(ctx, x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
-                initial_state, seq_index, config: GemmConfig, sequences):
-        x = aligned(x)
-        params = (gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param)
-        w_cat = _gate_weights(gate_x_weight, gate_a_weight, x.dtype)
-        y, final, residuals = forward(x, params, sequences, config, w_cat)
-        # The initial state and sequence index are saved, not kept on ctx: autograd then
-        # refuses a backward after an in-place change to them instead of reading new values.
-        ctx.save_for_backward(x, *residuals, w_cat, *params, *sequences.tensors_to_save())
-        ctx.residual_count = len(residuals)
-        ctx.gates_spent = False
-        ctx.config = config
-        ctx.sequences = sequences.without_tensors()
-        ctx.set_materialize_grads(False)
-        return y, final
-
-    @staticmethod
-    def backward(ctx, dy, d_final):
-        refuse_double_backward("rglru")
-        if ctx.gates_spent:  # a flag, not a version bump: saved-tensor hooks skip that check
-            raise RuntimeError(
-                f"rglru: {ctx.config.name} wrote its gradient over the saved gate "
-                "pre-activations in the first backward, so this graph cannot be backpropagated "
-                "through twice (retain_graph=True); use a gemm_recompute_* backend for that, or "
-                "a GemmConfig with gradient_over_gates=False")
-        ctx.gates_spent = ctx.config.gradient_over_gates and not ctx.config.recompute
-        x, *saved = ctx.saved_tensors
-        kept = SequenceArgs.SAVED
-        residuals = saved[:ctx.residual_count]
-        w_cat, *params = saved[ctx.residual_count:-kept]
-        # the forward's placeholder (aligned x): the same compiled kernel variants as the forward
-        sequences = ctx.sequences.with_saved(*saved[-kept:], placeholder=aligned(x))
-        grads = backward(x, params, residuals, dy, d_final, sequences, ctx.config, w_cat,
-                         overwrite_gates=True)
-        return (*grads, None, None, None)
-
-
-def run_with(config: GemmConfig):
-    """The backend of one configuration: run(x, *parameters, initial_state=None,
-    cu_seqlens=None, output_final_state=False, resets=None) -> (y, final state or None)."""
-    def run(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param,
-            initial_state=None, cu_seqlens=None, output_final_state=False, resets=None):
-        if initial_state is not None:
-            initial_state = fp32_contiguous(initial_state)  # differentiable: autograd casts back
-        sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state, resets)
-        return GemmScanFunction.apply(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias,
-                                      a_param, initial_state, sequences.seq_index, config,
-                                      sequences)
-    return run
 
 
 # The backward kernel's launch per chunk: capped registers buy resident programs (it is

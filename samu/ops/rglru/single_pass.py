@@ -45,8 +45,6 @@ from .gemm import (Launch, _chunk_tile, _gate_products, _gate_weights, _gemm_dty
                    _rows_at, _state_columns, _weight_gradient, gradient_columns, tiles)
 
 MIXER = "rglru"
-# The backward writes dG over the saved G: a graph is backpropagated through once.
-SPENDS_RESIDUALS = True
 
 
 @triton.jit
@@ -310,7 +308,15 @@ def backward(x, params, residuals, dy, d_final, sequences, config: RglruSinglePa
             d_h0 if sequences.has_initial else None)
 
 
-run_with, slice_summary, start_adjoint = host.entry_points(__name__)
+slice_summary, start_adjoint = host.entry_points(__name__)
+# No SliceRun: the backward takes no cotangent mid-way, so context parallelism runs the phases
+# apart (slice_summary, start_adjoint).
+SliceRun = None
+
+
+def spent_residuals(config: RglruSinglePassConfig):
+    """The saved G, which the backward overwrites with dG (samu.ops.common.family)."""
+    return "the saved gate pre-activations (a gemm_recompute_* backend keeps them)"
 
 
 # Each chunk's launches where they differ from RglruSinglePassConfig's defaults.

@@ -26,17 +26,16 @@ import triton.language as tl
 from ..common.carry import DEFAULT_PLAN, CarryPlan, chunk_carry, walked_carry
 from ..common import launching
 from ..common.launching import (Site, aligned, cdiv, exact, fp32_contiguous, piece_sizes,
-                                pieces, refuse_double_backward, register_cap, row_stride_units,
-                                sm_count, tile_width, vector_width, with_state_keywords,
-                                workspace)
+                                pieces, register_cap, row_stride_units, sm_count, tile_width,
+                                vector_width, with_state_keywords, workspace)
 from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
 from ..common.reduce import sum_partials, weight_partials, weight_rows
 from ..common.scan import (DROP, KEEP, affine_combine, decayed_previous_state, last_row,
                            load_tile, row_offsets, shifted_rows, store_tile)
-from ..common.sequences import (START_MARK, SequenceArgs, adjoint_inputs, cut_resets,
-                                entering_state, fold_starts, load_at, reset_mask, row_sequences,
-                                sequence_args, slice_run_sequences, store_at, taken_starts,
-                                take_end_cotangent, token_resets)
+from ..common.sequences import (START_MARK, adjoint_inputs, cut_resets, entering_state,
+                                fold_starts, load_at, reset_mask, row_sequences, sequence_args,
+                                slice_run_sequences, store_at, taken_starts, take_end_cotangent,
+                                token_resets)
 
 MIXER = "samu"
 
@@ -580,14 +579,20 @@ def residual_specs(config: SamuConfig, batch: int, length: int, width: int, dtyp
     return [((sum(sizes),), torch.float32)]
 
 
+def spent_residuals(config: SamuConfig):
+    """None: the backward writes over nothing it was given (samu.ops.common.family)."""
+    return None
+
+
 # Programs per SM of the d ctrl_weight reduction (split over tokens): enough loads in flight.
 WEIGHT_PROGRAMS_PER_SM = 4
 
 
 def backward(x, params, residuals, dy, d_final, sequences, config: SamuConfig,
-             end_cotangent=None):
+             spend_residuals: bool = False, end_cotangent=None):
     """(dx, d ctrl_weight, d ctrl_bias, d a_param, d log_temp, d skip, d initial_state or
     None): the backward's kernels.  dy and d_final may be None (no gradient reached them).
+    Nothing is written over the residuals (spend_residuals changes nothing).
     ``end_cotangent`` (unpacked only): called once the adjoint carry is known with mu, FP32
     [B, D], the adjoint leaving the first token for the state entering it; it returns a
     cotangent to add on the final state (or None), which the rest of the backward takes in
@@ -780,51 +785,8 @@ class SliceRun:
         sequences, residuals = self._saved
         self._saved = None
         grads = backward(self.x, self.params, residuals, dy, d_final, sequences, self.config,
-                         end_cotangent)
+                         end_cotangent=end_cotangent)
         return grads
-
-
-class SamuFunction(torch.autograd.Function):
-    """Eager autograd over forward and backward.  The outputs are y and the final state (None
-    unless asked for); the backward takes both gradients and returns one for the initial
-    state."""
-
-    @staticmethod
-    def forward(ctx, x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, initial_state,
-                seq_index, config: SamuConfig, sequences):
-        params = (ctrl_weight, ctrl_bias, a_param, log_temp, skip)
-        y, final, residuals = forward(x, params, sequences, config, zero_gaps=False)
-        # The initial state and sequence index are saved, not kept on ctx: autograd then
-        # refuses a backward after an in-place change to them instead of reading new values.
-        ctx.save_for_backward(x, *params, *residuals, *sequences.tensors_to_save())
-        ctx.config = config
-        ctx.sequences = sequences.without_tensors()
-        ctx.set_materialize_grads(False)
-        return y, final
-
-    @staticmethod
-    def backward(ctx, dy, d_final):
-        refuse_double_backward("samu")
-        x, *rest = ctx.saved_tensors
-        saved = SequenceArgs.SAVED
-        params, residuals, kept = rest[:5], rest[5:-saved], rest[-saved:]
-        # the forward's placeholder (aligned x): the same compiled kernel variants as the forward
-        sequences = ctx.sequences.with_saved(*kept, placeholder=aligned(x))
-        grads = backward(x, params, residuals, dy, d_final, sequences, ctx.config)
-        return (*grads, None, None, None)
-
-
-def run_with(config: SamuConfig):
-    """The backend of one configuration: run(x, *parameters, initial_state=None,
-    cu_seqlens=None, output_final_state=False, resets=None) -> (y, final state or None)."""
-    def run(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip, initial_state=None,
-            cu_seqlens=None, output_final_state=False, resets=None):
-        if initial_state is not None:
-            initial_state = fp32_contiguous(initial_state)  # differentiable: autograd casts back
-        sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state, resets)
-        return SamuFunction.apply(x, ctrl_weight, ctrl_bias, a_param, log_temp, skip,
-                                  initial_state, sequences.seq_index, config, sequences)
-    return run
 
 
 # Each chunk's launches where they differ from SamuConfig's defaults.

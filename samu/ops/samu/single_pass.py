@@ -44,7 +44,6 @@ from ..common.sequences import row_sequences, store_at, token_resets
 from .chunk import Launch, _tile, gradient_sizes, tiles
 
 MIXER = "samu"
-SPENDS_RESIDUALS = False
 
 
 @triton.jit
@@ -363,7 +362,15 @@ def _parameter_gradients(flat, width: int) -> tuple:
     return weight.view(2, width), bias, a_param, log_temp.view(()), skip.view(())
 
 
-run_with, slice_summary, start_adjoint = host.entry_points(__name__)
+slice_summary, start_adjoint = host.entry_points(__name__)
+# No SliceRun: the backward takes no cotangent mid-way, so context parallelism runs the phases
+# apart (slice_summary, start_adjoint).
+SliceRun = None
+
+
+def spent_residuals(config: SamuSinglePassConfig):
+    """None: the backward writes over nothing it was given (samu.ops.common.family)."""
+    return None
 
 
 # Each chunk's launches where they differ from SamuSinglePassConfig's defaults.
