@@ -47,7 +47,10 @@ from pathlib import Path
 
 import torch
 
-MIXERS = ("rglru", "samu")
+def _mixers() -> list[str]:
+    """The registry's mixers that context parallelism serves (each gives its log_decay)."""
+    from samu.mixers import MIXERS
+    return [name for name, spec in MIXERS.items() if spec.log_decay is not None]
 
 
 def _modules():
@@ -57,9 +60,9 @@ def _modules():
 
 
 def make_inputs(mixer: str, length: int, width: int, device, dtype, seed: int = 0):
-    import samu
+    from samu.modules import build
     gen = torch.Generator().manual_seed(seed)
-    module = samu.RGLRU(width) if mixer == "rglru" else samu.SAMU(width)
+    module = build(mixer, width)
     module.reset_parameters(generator=gen)
     params = [p.detach().to(device) for p in module._parameters_in_order()]
     x = torch.randn(1, length, width, generator=gen).to(device=device, dtype=dtype)
@@ -301,8 +304,8 @@ def _spawn(worker, world: int, work: str, gpus: int, dist_backend: str) -> None:
 
 def check_worker(rank: int, world: int, work_dir: str, gpus: int, dist_backend: str):
     device = _join(rank, world, work_dir, gpus, dist_backend)
-    import samu
     from samu.distributed import build_cp_context
+    from samu.functional import FUNCTIONS
     job = torch.load(Path(work_dir) / "job.pt")
     results = {}
     for name, case in job.items():
@@ -315,7 +318,7 @@ def check_worker(rank: int, world: int, work_dir: str, gpus: int, dist_backend: 
         h0 = case.get("initial_state")
         h0 = None if h0 is None else h0.to(device).requires_grad_()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            y, states, backend = getattr(samu, case["mixer"])(
+            y, states, backend = FUNCTIONS[case["mixer"]](
                 x, *params, backend="auto", initial_state=h0, output_final_state=True,
                 return_backend=True, cp_context=ctx)
         d_final = case["d_final_state"].to(device)
@@ -416,8 +419,8 @@ def check(args, device) -> int:
 def distributed_worker(rank: int, world: int, work_dir: str, gpus: int, dist_backend: str):
     """This rank's timings of the real context-parallel call (see the module docstring)."""
     device = _join(rank, world, work_dir, gpus, dist_backend)
-    import samu
     from samu.distributed import build_cp_context
+    from samu.functional import FUNCTIONS
     dist = torch.distributed
     job = torch.load(Path(work_dir) / "job.pt")
     _, protocol, _ = _modules()
@@ -433,7 +436,7 @@ def distributed_worker(rank: int, world: int, work_dir: str, gpus: int, dist_bac
         ctx = build_cp_context()
         xg = xs.detach().requires_grad_()
         ps = [p.detach().requires_grad_() for p in params]
-        fn = getattr(samu, mixer)
+        fn = FUNCTIONS[mixer]
 
         def share():
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -517,7 +520,7 @@ def main(argv=None) -> int:
                         default=[2**17, 2**18, 2**19, 2**20])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--width", type=int, default=2048)
-    parser.add_argument("--mixers", nargs="+", default=list(MIXERS), choices=MIXERS)
+    parser.add_argument("--mixers", nargs="+", default=_mixers(), choices=_mixers())
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=None,
