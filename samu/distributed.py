@@ -57,6 +57,10 @@ before any summary is combined; a host sync) and one of 2 x rows x D values of t
 memory: the slice's saved activations, and while a pass runs its FP32 chunk summaries and
 per-token gates (SAMU's r and g; RG-LRU's gate products of one head group).
 
+A reset mask comes in slices too, each rank's [B, L_r] (``resets=``): a row of a slice that holds
+a reset has A_r = 0, and the slice runs and takes its adjoint with its mask, through the generic
+phases (calls and autograd: the SliceRuns and the kernels' summary phases take no mask).
+
 Parameter gradients are each rank's share (its slice's terms): the full gradient is their sum
 over the group, as data parallelism sums them (an all_reduce; DDP's average over equal slices
 of a loss that is each rank's mean).  Every rank must run the backward of every
@@ -76,7 +80,7 @@ import torch
 import torch.distributed as dist
 
 from .functional import (FUNCTIONS, SUPPORTED_DTYPES, _capturing, autocast_input, check_call,
-                         check_offsets_increase, check_tensors)
+                         check_offsets_increase, check_resets, check_tensors)
 from . import backends, mixers
 from .ops.recurrence import carry_dtype
 
@@ -454,13 +458,14 @@ def kernel_phases(mixer: str, x, backend):
 
 
 def slice_runner(mixer: str, layout: SliceLayout, x, params, backend="auto",
-                 initial_state=None):
+                 initial_state=None, resets=None):
     """The kernel family's SliceRun over this rank's slice (its summary, forward and backward
     sharing their work), where the slice is unpacked or carries one sequence through, on a
-    Triton backend whose family has one; else None (the phases run apart).  A slice where the
-    sequence starts without an initial state resets there.  The kernels check nothing: the
-    mixer's checks run first (functional.check_call)."""
-    if layout.packed and not layout.carries_through:
+    Triton backend whose family has one; else None (the phases run apart, as with a reset
+    mask, which the SliceRuns do not take).  A slice where the sequence starts without an
+    initial state resets there.  The kernels check nothing: the mixer's checks run first
+    (functional.check_call)."""
+    if resets is not None or (layout.packed and not layout.carries_through):
         return None
     phases = kernel_phases(mixer, x, backend)
     run = None if phases is None else getattr(phases[0], "SliceRun", None)
@@ -498,11 +503,13 @@ def runner_entering(layout: SliceLayout, entering, initial_state) -> torch.Tenso
 
 
 def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
-                  initial_state=None, runner=None) -> torch.Tensor:
+                  initial_state=None, runner=None, resets=None) -> torch.Tensor:
     """[2, rows, D] in the carry dtype: (A, hloc) of the slice, h_out = A * h_in + hloc.  Runs
     without a graph.  Where no later rank reads it (the slice ends at a sequence end), zeros,
     after the mixer's checks (functional.check_call).  ``runner``: the slice's
-    slice_runner, whose summary the forward then reuses."""
+    slice_runner, whose summary the forward then reuses.  ``resets``: this slice's [B, L_r]
+    reset mask (or None): hloc by the mixer with it, A zero in a row that holds a reset (the
+    kernels' phases take no mask: the generic path runs)."""
     cdt = carry_dtype(x)
     rows = layout.rows or x.shape[0]
     zeros = x.new_zeros(rows, x.shape[2], dtype=cdt)
@@ -526,21 +533,23 @@ def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
                 check_call(mixer, x, params, backend)
             return torch.stack([zeros, zeros])
         if layout.carries_through:
-            phases = kernel_phases(mixer, x, backend)
+            phases = kernel_phases(mixer, x, backend) if resets is None else None
             if phases is not None:  # the kernel phases check nothing: check_call does
                 check_call(mixer, x, params, backend)
                 module, config = phases
                 decay, hloc = module.slice_summary(x, params, config)
                 return torch.stack([decay, hloc])
-            _, hloc, _ = _call(mixer, x, params, backend, initial_state=zeros)
+            _, hloc, _ = _call(mixer, x, params, backend, initial_state=zeros, resets=resets)
             decay = torch.exp(log_decay(mixer, x, params))
+            if resets is not None:  # nothing crosses a reset: no host sync reads the mask
+                decay = torch.where(resets.any(1)[:, None], torch.zeros_like(decay), decay)
             return torch.stack([decay, hloc.to(cdt)])
         # A sequence starts in the slice: only its last piece reaches the end, from its start.
         tail = layout.piece_offsets[-2] if layout.packed else 0
         rows0 = _new_rows(layout, initial_state)
         if layout.packed and rows0 is not None:
             rows0 = rows0[-1:]
-        phases = kernel_phases(mixer, x[:, tail:], backend)
+        phases = kernel_phases(mixer, x[:, tail:], backend) if resets is None else None
         if phases is not None:  # as above: the summary kernel and carry from the start
             check_call(mixer, x, params, backend)
             module, config = phases
@@ -548,8 +557,14 @@ def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
             _, hloc = module.slice_summary(x[:, tail:], params, config, initial_state=start,
                                            resets=rows0 is None)
             return torch.stack([zeros, hloc.to(cdt)])
-        _, hloc, _ = _call(mixer, x[:, tail:], params, backend, initial_state=rows0)
+        _, hloc, _ = _call(mixer, x[:, tail:], params, backend, initial_state=rows0,
+                           resets=_tokens(resets, tail))
         return torch.stack([zeros, hloc.to(cdt)])
+
+
+def _tokens(resets, begin: int = 0, end: int | None = None):
+    """The mask of tokens begin..end of the slice (None without one)."""
+    return None if resets is None else resets[:, begin:end]
 
 
 def incoming_state(summaries: torch.Tensor, rank: int) -> torch.Tensor:
@@ -571,37 +586,42 @@ def outgoing_cotangent(decays: torch.Tensor, adjoints: torch.Tensor, rank: int) 
 
 
 def run_slice(mixer: str, layout: SliceLayout, x, params, backend="auto", entering=None,
-              initial_state=None):
+              initial_state=None, resets=None):
     """(y, states, backend name) of the slice: its continued piece from ``entering`` [rows, D],
-    the sequences that start in it from their initial-state rows (or reset).  ``states``:
-    [B, D] unpacked, the state at the slice end; packed, one row per piece (the sequences of
-    ``CPContext.sequence_ids``), each the state at its piece's end."""
+    the sequences that start in it from their initial-state rows (or reset), with this slice's
+    reset mask ``resets`` (or None).  ``states``: [B, D] unpacked, the state at the slice end;
+    packed, one row per piece (the sequences of ``CPContext.sequence_ids``), each the state at
+    its piece's end."""
     new_rows = _new_rows(layout, initial_state)
     if not layout.continued:
         cu = _local_cu(layout, x.device) if layout.packed else None
-        return _call(mixer, x, params, backend, initial_state=new_rows, cu_seqlens=cu)
+        return _call(mixer, x, params, backend, initial_state=new_rows, cu_seqlens=cu,
+                     resets=resets)
     if layout.carries_through:
-        return _call(mixer, x, params, backend, initial_state=entering)
+        return _call(mixer, x, params, backend, initial_state=entering, resets=resets)
     if new_rows is not None:  # one call: the continued piece enters its state, the rest theirs
         rows = torch.cat([entering, new_rows.to(entering.dtype)])
         return _call(mixer, x, params, backend, initial_state=rows,
-                     cu_seqlens=_local_cu(layout, x.device))
+                     cu_seqlens=_local_cu(layout, x.device), resets=resets)
     # Without initial states the new sequences reset, which a call with states cannot say.
     head = layout.head
-    y0, s0, name0 = _call(mixer, x[:, :head], params, backend, initial_state=entering)
+    y0, s0, name0 = _call(mixer, x[:, :head], params, backend, initial_state=entering,
+                          resets=_tokens(resets, 0, head))
     y1, s1, name1 = _call(mixer, x[:, head:], params, backend,
-                          cu_seqlens=_local_cu(layout, x.device, begin=1))
+                          cu_seqlens=_local_cu(layout, x.device, begin=1),
+                          resets=_tokens(resets, head))
     name = name0 if name0 == name1 else f"{name0}+{name1}"
     return torch.cat([y0, y1], dim=1), torch.cat([s0, s1]), name
 
 
 def head_adjoint(mixer: str, layout: SliceLayout, x, params, backend, entering, dy,
-                 dstates) -> torch.Tensor:
+                 dstates, resets=None) -> torch.Tensor:
     """mu [rows, D]: d<(dy, dstates), (y, states)> / d entering, through a recomputed forward
-    of the continued piece (a slice that starts at a sequence start has none)."""
+    of the continued piece (a slice that starts at a sequence start has none), with the
+    slice's reset mask (then by autograd: the kernels' phases take no mask)."""
     head = layout.head
     dfinal = dstates[:1] if layout.packed else dstates
-    phases = kernel_phases(mixer, x[:, :head], backend)
+    phases = kernel_phases(mixer, x[:, :head], backend) if resets is None else None
     if phases is not None:
         module, config = phases
         with torch.no_grad():
@@ -610,7 +630,7 @@ def head_adjoint(mixer: str, layout: SliceLayout, x, params, backend, entering, 
     with torch.enable_grad():
         state = entering.detach().requires_grad_()
         y, final, _ = _call(mixer, x[:, :head].detach(), [p.detach() for p in params], backend,
-                            initial_state=state)
+                            initial_state=state, resets=_tokens(resets, 0, head))
         (mu,) = torch.autograd.grad([y, final], [state],
                                     [dy[:, :head], dfinal.to(final.dtype)])
     return mu
@@ -638,6 +658,7 @@ class SliceCall(NamedTuple):
     decays: torch.Tensor  # [world, rows, D]: every rank's A, for the backward
     runner: object
     names: list  # the backend that ran, filled by the forward
+    resets: torch.Tensor | None = None  # this slice's reset mask
 
 
 def _gatherer(group, world_size: int, comm_device, device):
@@ -740,7 +761,7 @@ class _SliceWithCarry(torch.autograd.Function):
                        else initial_state.detach().requires_grad_(needs[3]))
             p_leaves = [p.detach().requires_grad_(n) for p, n in zip(params, needs[4:])]
             y, states, name = run_slice(call.mixer, call.layout, x_leaf, p_leaves, call.backend,
-                                        entering, h0_leaf)
+                                        entering, h0_leaf, call.resets)
         call.names.append(name)
         ctx.entering = entering
         ctx.graph = (y, states)
@@ -780,7 +801,7 @@ class _SliceWithCarry(torch.autograd.Function):
             else:
                 with torch.autocast(device.type, dtype=dtype, enabled=enabled):
                     mu = head_adjoint(call.mixer, call.layout, x_leaf, p_leaves, call.backend,
-                                      ctx.entering, dy, dstates)
+                                      ctx.entering, dy, dstates, call.resets)
         except Exception as exc:  # reported to every rank instead of leaving them waiting
             mu, failure = torch.zeros_like(call.decays[0]), exc
         cotangent = _exchange_adjoints(call, mu.to(device), failure)
@@ -952,7 +973,7 @@ def _agree(mixer: str, ctx: CPContext, row, error: Exception | None, comm_device
 @torch.compiler.disable
 def context_parallel(mixer: str, x, params, *, cp_context: CPContext, backend="auto",
                      return_backend: bool = False, initial_state=None,
-                     output_final_state: bool = False, cu_seqlens=None):
+                     output_final_state: bool = False, cu_seqlens=None, resets=None):
     """The mixer over the sequence that the ranks of ``cp_context.group`` hold in slices: this
     rank's y (and states), as the functional forms return them with ``cp_context``.
     ``params``: the mixer's parameters in its spec's order (or {name: tensor} in that order).
@@ -968,6 +989,11 @@ def context_parallel(mixer: str, x, params, *, cp_context: CPContext, backend="a
     final state of each sequence that ends here, and for the last, when it continues on the
     next rank (``cp_context.continues_to_next``), the state at the slice end.  Gradients on
     every returned row are taken in.
+
+    ``resets``: this rank's [B, L_r] slice of the reset mask (torch.bool, the tokens of its
+    slice of x), or None; ranks may differ in passing one.  A slice with a mask runs the
+    generic phases (a call with the mask, and autograd for the adjoint): a row that holds a
+    reset has A = 0, and a reset at the slice's first token ignores the entering state.
 
     Every check that can fail on one rank runs before the first collective, and the ranks
     share their verdicts: a bad call on any rank raises the same error on every rank (only a
@@ -994,12 +1020,15 @@ def context_parallel(mixer: str, x, params, *, cp_context: CPContext, backend="a
                             f"{output_final_state!r}")
         _check_local(mixer, x, initial_state, cu_seqlens, ctx, dist.get_rank(ctx.group),
                      dist.get_world_size(ctx.group))
+        if resets is not None:
+            check_resets(mixer, x, resets)
         lengths = ctx.slice_lengths or (None,) * ctx.world_size
         if not ctx.packed:
             lengths = tuple(x.shape[1] if k == ctx.rank else n for k, n in enumerate(lengths))
         layout = slice_layout(ctx.rank, lengths, ctx.sequence_offsets)
-        runner = slice_runner(mixer, layout, x, param_list, backend, initial_state)
-        summary = slice_summary(mixer, layout, x, param_list, backend, initial_state, runner)
+        runner = slice_runner(mixer, layout, x, param_list, backend, initial_state, resets)
+        summary = slice_summary(mixer, layout, x, param_list, backend, initial_state, runner,
+                                resets)
         heads = spec.heads_of(named) if spec.has_heads else 0
     except Exception as exc:  # reported to every rank below instead of leaving them waiting
         error, status = exc, 1
@@ -1008,7 +1037,7 @@ def context_parallel(mixer: str, x, params, *, cp_context: CPContext, backend="a
     gather = _gatherer(ctx.group, ctx.world_size, comm_device, device)
     summaries = gather(summary)
     entering = incoming_state(summaries, ctx.rank) if layout.continued else None
-    call = SliceCall(mixer, backend, layout, gather, summaries[:, 0], runner, [])
+    call = SliceCall(mixer, backend, layout, gather, summaries[:, 0], runner, [], resets)
     if needs_grad:
         y, states = run_with_carry(call, entering, x, initial_state, *param_list)
         name = call.names[0]
@@ -1017,7 +1046,7 @@ def context_parallel(mixer: str, x, params, *, cp_context: CPContext, backend="a
         name = _backend_name(mixer, x, backend)
     else:
         y, states, name = run_slice(mixer, layout, x, param_list, backend, entering,
-                                    initial_state)
+                                    initial_state, resets)
     out = (y, states) if output_final_state else (y,)
     if return_backend:
         out = (*out, name)

@@ -337,12 +337,11 @@ def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
     parameters."""
     if cp_context is not None:  # this rank's slice of a sequence split over ranks, which
         # checks everything there, sharing its verdict with the other ranks
-        if resets is not None:
-            raise NotImplementedError(f"{mixer}: resets with cp_context are not supported yet")
         from .distributed import context_parallel
         return context_parallel(mixer, x, params, cp_context=cp_context, backend=backend,
                                 return_backend=return_backend, initial_state=initial_state,
-                                output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+                                output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                resets=resets)
     spec = mixers.get(mixer)
     mixers.check_count(mixer, params)
     named = dict(zip(spec.parameter_names, params))

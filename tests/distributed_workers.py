@@ -38,6 +38,15 @@ THREE_LAYOUTS = {
     # a sequence starts exactly at rank 1's first token and crosses into rank 2, where a
     # one-token sequence and a last one start (new sequences reset: no initial state)
     "packed_boundary": dict(batch=1, cu_seqlens=(0, 5, 10, 21, 22, 30), initial=False),
+    # Reset masks (global token positions per row): row 0 resets at its first token (h0
+    # ignored), at rank 1's first token (its entering state ignored), inside rank 1 and at the
+    # last token; row 1 carries through rank 1 and resets at rank 2's first token.
+    "plain_h0_resets": dict(batch=2, cu_seqlens=None, initial=True,
+                            resets=((0, 10, 14, 29), (5, 19, 25))),
+    # sequence 1 resets at its start (h0 ignored) and inside rank 1, which it crosses, and at
+    # rank 2's first token
+    "packed_spanning_h0_resets": dict(batch=1, cu_seqlens=(0, 5, 21, 22, 30), initial=True,
+                                      resets=((5, 12, 19, 29),)),
 }
 THREE_CASES = [(m, p, l) for m in ("samu", "rglru") for p in PRECISIONS for l in THREE_LAYOUTS
                if not (p == "triton_float32" and l == "packed_boundary")]
@@ -59,7 +68,8 @@ TWO_LAYOUTS = {
 TWO_CASES = [(m, "reference_float64", l) for m in ("samu", "rglru") for l in TWO_LAYOUTS]
 
 ERROR_CASES = ("cu_seqlens_short", "slice_lengths_mismatch", "ranks_disagree_on_cu_seqlens",
-               "wrong_width_on_one_rank", "cu_seqlens_passed_to_the_call", "grad_mode_differs")
+               "wrong_width_on_one_rank", "cu_seqlens_passed_to_the_call", "grad_mode_differs",
+               "resets_of_the_whole_sequence_on_one_rank")
 
 # LayerNorm: the model's RMSNorm computes in FP32 whatever the dtype, LayerNorm in float64.
 TRAINING = dict(vocab_size=13, width=16, layers=2, mlp_expansion=2, rglru_heads=2,
@@ -116,8 +126,14 @@ def case_inputs(case, slices, layouts):
     params = [p.to(device) for p in params]
     x, dy, d_final, d_slice_end = (t.to(device) for t in (x, dy, d_final, d_slice_end))
     h0 = None if h0 is None else h0.to(device)
+    resets = None
+    if "resets" in layout:
+        resets = torch.zeros(batch, length, dtype=torch.bool)
+        for row, positions in enumerate(layout["resets"]):
+            resets[row, list(positions)] = True
+        resets = resets.to(device)
     return dict(x=x, params=params, dy=dy, h0=h0, d_final=d_final, d_slice_end=d_slice_end,
-                cu_seqlens=cu)
+                cu_seqlens=cu, resets=resets)
 
 
 def slice_end_rows(rank: int, slices, cu) -> tuple[list, bool]:
@@ -144,7 +160,7 @@ def full_sequence(case, slices, layouts) -> dict:
           else torch.tensor(t["cu_seqlens"], dtype=torch.int32, device=x.device))
     fn = samu.functional.FUNCTIONS[mixer]
     y, final = fn(x, *params, backend=backend, initial_state=h0, cu_seqlens=cu,
-                  output_final_state=True)
+                  output_final_state=True, resets=t["resets"])
     loss = (y * t["dy"]).sum() + (final * t["d_final"]).sum()
     state_at = {}
     hidden = y if mixer == "rglru" else y - params[-1] * x  # h, differentiable
@@ -180,15 +196,18 @@ def cp_case(case, slices, layouts, rank: int, world: int, use_module: bool,
     x = t["x"][:, start:end].clone().requires_grad_()
     params = [p.clone().requires_grad_() for p in t["params"]]
     h0 = None if t["h0"] is None else t["h0"].clone().requires_grad_()
+    resets = None if t["resets"] is None else t["resets"][:, start:end]  # this rank's slice
     if use_module:
         module = make_module(mixer, backend, params=[p.detach() for p in params]).to(x.device)
-        y, states = module(x, initial_state=h0, output_final_state=True, cp_context=ctx)
+        y, states = module(x, initial_state=h0, output_final_state=True, cp_context=ctx,
+                           resets=resets)
         name = module.last_backend
         leaves = [getattr(module, n) for n in parameter_names(mixer)]
     else:
         fn = getattr(samu, mixer)
         y, states, name = fn(x, *params, backend=backend, initial_state=h0,
-                             output_final_state=True, return_backend=True, cp_context=ctx)
+                             output_final_state=True, return_backend=True, cp_context=ctx,
+                             resets=resets)
         leaves = params
     ids, continues = slice_end_rows(rank, slices, t["cu_seqlens"])
     d_states = t["d_final"].clone() if ids is None else t["d_final"][ids].clone()
@@ -208,7 +227,8 @@ def cp_case(case, slices, layouts, rank: int, world: int, use_module: bool,
     with torch.no_grad():  # the no-graph path gives the same forward
         fn = getattr(samu, mixer)
         y_no_grad = fn(x.detach(), *[p.detach() for p in params], backend=backend,
-                       initial_state=None if h0 is None else h0.detach(), cp_context=ctx)
+                       initial_state=None if h0 is None else h0.detach(), cp_context=ctx,
+                       resets=resets)
     return dict(y=y.detach(), y_no_grad=y_no_grad, states=states.detach(),
                 dx=x.grad / backwards,
                 params=grads, dh0=dh0, sequence_ids=ids, continues=continues, backend=name,
@@ -288,6 +308,9 @@ def _error_case(name: str, rank: int):
     elif name == "cu_seqlens_passed_to_the_call":
         cu = torch.tensor([0, TWO_SLICES[rank]], dtype=torch.int32)
         module(x, cu_seqlens=cu, cp_context=build_cp_context())
+    elif name == "resets_of_the_whole_sequence_on_one_rank":  # not its slice's
+        length = sum(TWO_SLICES) if rank == 1 else TWO_SLICES[rank]
+        module(x, cp_context=build_cp_context(), resets=torch.zeros(1, length, dtype=torch.bool))
     elif name == "grad_mode_differs":
         x.requires_grad_()
         with torch.set_grad_enabled(rank == 0):

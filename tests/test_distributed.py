@@ -158,6 +158,9 @@ EXPECTED_ERRORS = {
     "wrong_width_on_one_rank": "rank 1: ValueError: samu: x has width 17",
     "cu_seqlens_passed_to_the_call": "the packed layout comes from the context",
     "grad_mode_differs": "disagree on whether the call builds a graph",
+    "resets_of_the_whole_sequence_on_one_rank":
+        "rank 1: ValueError: samu: resets must have x's shape without the width, [1, 17], got "
+        "[1, 24]",
 }
 
 
