@@ -543,3 +543,24 @@ def test_compiled_with_resets_equals_eager(mixer, name):
         assert _relative(unmasked, want[0].double()) > 1e-2
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("mixer, name", _family_backends())
+def test_kernel_entry_points_refuse_a_mask_they_would_misread(mixer, name):
+    """The custom op and the step kernel, called directly (past the functional checks), refuse
+    a mask whose shape, dtype or device does not fit x: the kernels index it by x's shape."""
+    import importlib
+    module = build(mixer, WIDTH, HEADS, backend=name).to(DEVICE)
+    params = [p.detach() for p in module._parameters_in_order()]
+    x = torch.randn(2, 19, WIDTH, device=DEVICE)
+    step = importlib.import_module(f"samu.ops.{mixer}.step").step
+    for shape, dtype, device in (((2, 3), torch.bool, DEVICE), ((2, 19), torch.uint8, DEVICE),
+                                 ((2, 19), torch.bool, "meta")):
+        mask = torch.zeros(shape, dtype=dtype, device=device)
+        if device != "meta":  # a meta input would send the op to its fake implementation
+            with pytest.raises(ValueError,
+                               match=r"the reset mask must be torch.bool \[2, 19\]"):
+                torch.ops.samu.scan_forward(x, params, None, None, mask, mixer, name, False)
+        row_mask = torch.zeros(shape[1:], dtype=dtype, device=device)
+        with pytest.raises(ValueError, match=r"the reset mask must be torch.bool \[2\]"):
+            step(x[:, 0], torch.zeros(2, WIDTH, device=DEVICE), *params, resets=row_mask)

@@ -159,10 +159,17 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def reset_bytes(resets: torch.Tensor) -> torch.Tensor:
+def reset_bytes(resets, shape: tuple, device) -> torch.Tensor:
     """A torch.bool reset mask as the kernels read it: one uint8 per token (or row), contiguous
     and aligned (a copy only when it is not).  Any byte is a valid flag (non-zero resets): the
-    kernels only compare it, so no value can move an address."""
+    kernels only compare it, so no value can move an address; its shape and device are checked
+    here (the callers check them with clearer words first), since the kernels index it by the
+    shape of x."""
+    if (not isinstance(resets, torch.Tensor) or resets.dtype != torch.bool
+            or tuple(resets.shape) != tuple(shape) or resets.device != device):
+        got = (f"{resets.dtype} {list(resets.shape)} on {resets.device}"
+               if isinstance(resets, torch.Tensor) else type(resets).__name__)
+        raise ValueError(f"the reset mask must be torch.bool {list(shape)} on {device}, got {got}")
     return aligned(resets.view(torch.uint8))
 
 

@@ -251,7 +251,7 @@ def sequence_args(x: torch.Tensor, initial_state, cu_seqlens, output_final_state
     seq_index = sequence_index(cu_seqlens, length) if packed else placeholder
     count = cu_seqlens.numel() - 1 if packed else batch
     h0 = placeholder if initial_state is None else initial_state  # FP32, contiguous
-    flags = None if resets is None else reset_bytes(resets)
+    flags = None if resets is None else reset_bytes(resets, (batch, length), x.device)
     return SequenceArgs(seq_index, h0, count, packed, initial_state is not None,
                         bool(output_final_state), flags, resets is not None)
 

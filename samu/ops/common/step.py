@@ -51,5 +51,5 @@ def step_operands(x_t: torch.Tensor, state, params, resets=None) -> StepOperands
     y = torch.empty((batch, width), device=x.device, dtype=x.dtype)
     h = torch.empty((batch, width), device=x.device, dtype=torch.float32)
     h0 = h if state is None else rows(state if state.dtype == torch.float32 else state.float())
-    flags = h if resets is None else reset_bytes(resets)
+    flags = h if resets is None else reset_bytes(resets, (batch,), x.device)
     return StepOperands(x, h0, y, h, [fp32_contiguous(p) for p in params], flags)
