@@ -86,8 +86,15 @@ def test_the_exchange_splits_only_where_a_group_cannot_be_resident(mixer):
 
 
 def test_lookback_settings_are_checked():
-    with pytest.raises(ValueError, match="window must be a power of two"):
-        Lookback(window=3)
+    """Windows are powers of two up to 32 (one bit a lane); rows past 2^31 elements a batch
+    row are refused by name (the look-back's offsets are 32-bit)."""
+    from samu.ops.common import single_pass
+    with pytest.raises(ValueError, match="at most 2\\^31 - 1 elements of chunk rows"):
+        single_pass.scratch(1, 2 ** 20, 2 ** 11, 16)
+    assert single_pass.scratch(2, 4, 64, 2) == (16, 8)
+    for window in (3, 64):
+        with pytest.raises(ValueError, match="window must be a power of two up to 32"):
+            Lookback(window=window)
     with pytest.raises(ValueError, match="ticket_order"):
         Lookback(ticket_order=2)
 

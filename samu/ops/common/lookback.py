@@ -10,11 +10,12 @@ from the tiles before it (``look_back``, Merrill and Garland's decoupled look-ba
 its inclusive state (flag INCLUSIVE), and writes its output from registers.
 
 Publication is a release/acquire pair: a tile stores its rows, every thread of it passes a
-barrier, and one thread sets the flag with a release exchange (``publish``); a reader loads the
-flag with an acquire load (``acquire``) and reads the rows after it, past L1 (.cg).  A row, once
-published, is never written again, and an aggregate and an inclusive state lie in rows of their
-own, so no read can see half of one.  Polling loads the flags only (acquire loads, no
-read-modify-write) and backs off between rounds (``pause``).
+barrier, and one thread sets the flag with a release exchange (``publish``); a reader polls the
+flags with relaxed loads (``relaxed``: no read-modify-write), and once they show what it waits
+for, one acquire fence (``fence``; a single flag is read with an acquire load, ``acquire``)
+orders its reads of the rows, which go past L1 (.cg).  A row, once published, is never written
+again, and an aggregate and an inclusive state lie in rows of their own, so no read can see half
+of one.  Polls back off between rounds (``pause``).
 
 The look-back polls the flags of WINDOW predecessors at once, nearest first; it waits only
 while a lane up to the nearest inclusive one has published nothing, then combines those lanes'
@@ -61,15 +62,40 @@ LAST_PAUSE = tl.constexpr(512)
 
 
 @triton.jit
-def acquire(ptrs):
-    """The int32 values at ptrs, each an acquire load at GPU scope (PTX ld.acquire.gpu): the
-    rows a tile published before its flag are visible after it.  The interpreter runs programs
-    one at a time: a plain load."""
+def _flags_at(ptrs, INSTRUCTION: tl.constexpr):
+    """The int32 values at ptrs, each loaded by one PTX load INSTRUCTION; the interpreter runs
+    programs one at a time: a plain load."""
     if INTERPRETER:
         return tl.load(ptrs, volatile=True)
     else:
-        return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptrs],
+        return tl.inline_asm_elementwise(INSTRUCTION + " $0, [$1];", "=r,l", [ptrs],
                                          dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def acquire(ptrs):
+    """Flags, each an acquire load at GPU scope (PTX ld.acquire.gpu): the rows a tile published
+    before its flag are visible after it."""
+    return _flags_at(ptrs, "ld.acquire.gpu.global.b32")
+
+
+@triton.jit
+def relaxed(ptrs):
+    """Flags, each a relaxed load at GPU scope (PTX ld.relaxed.gpu: coherent in L2, no
+    ordering): the polls, which ``fence`` orders once they see what they wait for."""
+    return _flags_at(ptrs, "ld.relaxed.gpu.global.b32")
+
+
+@triton.jit
+def fence(token):
+    """An acquire-release fence at GPU scope (PTX fence.acq_rel.gpu) after the relaxed polls that
+    saw the flags: the rows published before them are then visible.  ``token`` (a polled value)
+    orders it after the polls; returned, it orders the reads after it."""
+    if INTERPRETER:
+        return token
+    else:
+        return tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r",
+                                         [token], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -131,25 +157,48 @@ def tile_of(flag_ptr, N_TILES, N_GROUPS, NC, N_CB, PHASE: tl.constexpr, ORDER: t
 
 
 @triton.jit
-def any_row(flags):
-    """Whether any row of a tile's [T] flags holds."""
-    return tl.max(flags.to(tl.int32), axis=0) > 0
+def boundaries(cuts, entry, holds_by_row, entry_by_row, FROM_ROWS: tl.constexpr):
+    """(whether the tile holds a cut, whether its entry row is one): from its rows' [T] flags
+    (cuts: sequence starts and resets; entry: the flags whose row 0 stops what enters) where
+    FROM_ROWS (packed sequences or a reset mask), else the scalars given (an unpacked row's only
+    start is its first token: no cross-thread reduction)."""
+    if FROM_ROWS:
+        first = tl.arange(0, entry.shape[0]) == 0
+        return (tl.max(cuts.to(tl.int32), axis=0) > 0,
+                tl.max(tl.where(first, entry.to(tl.int32), 0), axis=0) > 0)
+    else:
+        return holds_by_row, entry_by_row
 
 
 @triton.jit
-def first_row_has(flags):
-    """Whether the tile's row 0 has the flag."""
-    return tl.sum(tl.where(tl.arange(0, flags.shape[0]) == 0, flags.to(tl.int32), 0), axis=0) > 0
+def _or(a, b):
+    return a | b
 
 
 @triton.jit
-def _window_ready(flags, lanes, WINDOW: tl.constexpr):
-    """(ready, the last lane the window uses): ready once every lane up to the nearest
-    inclusive one (or every lane, without one) has published."""
+def _poll(flag_ptr, me, seen, step, flag_step, WINDOW: tl.constexpr):
+    """(ready, the last lane the window uses, a bit per inclusive lane) of the window of
+    predecessors seen + 1 .. seen + WINDOW, nearest first: ready once every lane up to the
+    nearest inclusive one (or every lane, without one) has published.  A lane is a relaxed load
+    of its flag (one per thread of a warp); a lane past the row's start counts as inclusive,
+    with nothing in it."""
+    lanes = tl.arange(0, WINDOW)
+    dist = seen + 1 + lanes
+    valid = dist <= step
+    flags = tl.where(valid, relaxed(flag_ptr + tl.where(valid, me - dist * flag_step, me)),
+                     INCLUSIVE)
     first_inclusive = tl.min(tl.where(flags == INCLUSIVE, lanes, WINDOW), axis=0)
     first_empty = tl.min(tl.where(flags == 0, lanes, WINDOW), axis=0)
+    inclusive = tl.reduce((flags == INCLUSIVE).to(tl.int32) << lanes, 0, _or)
     last_used = tl.minimum(first_inclusive, WINDOW - 1)
-    return first_empty > last_used, last_used
+    return first_empty > last_used, last_used, inclusive
+
+
+@triton.jit
+def _compose_outer(a1, b1, a2, b2):
+    """(a1, b1) after (a2, b2): a scan of it over lanes nearest first composes the nearer
+    predecessors' maps (h -> decay h + end) over the farther ones."""
+    return affine_combine(a2, b2, a1, b1)
 
 
 @triton.jit
@@ -157,49 +206,46 @@ def look_back(flag_ptr, decay_ptr, end_ptr, incl_ptr, rate, me, row, step, flag_
               cols, col_ok, SCALAR_DECAY: tl.constexpr, WINDOW: tl.constexpr):
     """The state entering a tile at scan step ``step`` from its predecessors.  Predecessor j
     (1 <= j <= step) has its flag and decay at index me - j flag_step and its rows (end state,
-    inclusive state) at element row - j row_step + cols.  The decay is a [BD] row, or with
-    SCALAR_DECAY a sum of r per tile whose decay is exp(-rate sum) (SAMU).  Each round polls the
-    flags of WINDOW predecessors at once, then walks the ready ones nearest first, a [BD] row at
-    a time (the registers of one row, not of a window of them), up to an inclusive state."""
-    lanes = tl.arange(0, WINDOW)
+    inclusive state) at element row - j row_step + cols (row_step an int32 whose divisibility
+    is the tile's vector width's: the window's rows then take the tile's layout).  The decay is
+    a [BD] row, or with SCALAR_DECAY a sum of r per tile whose decay is exp(-rate sum) (SAMU).
+    Each round polls the flags of WINDOW predecessors at once (at most 32);
+    once every lane up to the nearest inclusive one has published, one fence, then one load
+    brings those lanes' rows ([WINDOW, BD], masked to them: one round trip), which are composed
+    nearest first in each thread's registers (the lanes lie in a thread, as a tile's tokens)."""
+    lanes = tl.arange(0, WINDOW)[:, None]
+    ok = col_ok[None, :]
+    end_row = end_ptr + row
+    incl_row = incl_ptr + row
     entering = tl.zeros_like(rate)
     between = tl.full(rate.shape, 1.0, tl.float32)
     seen = step * 0
     while seen < step:
-        dist = seen + 1 + lanes
-        valid = dist <= step
-        at = flag_ptr + tl.where(valid, me - dist * flag_step, me)
-        flags = tl.where(valid, acquire(at), INCLUSIVE)  # past the row's start: 0 enters
-        ready, last_used = _window_ready(flags, lanes, WINDOW)
+        ready, last_used, inclusive = _poll(flag_ptr, me, seen, step, flag_step, WINDOW)
         ns = FIRST_PAUSE
         while ready == 0:
             ns = pause(ns)
-            flags = tl.where(valid, acquire(at), INCLUSIVE)
-            ready, last_used = _window_ready(flags, lanes, WINDOW)
-        # every lane up to last_used has published; flags only rise, so these values hold
-        lane = 0
-        stop = tl.minimum(last_used + 1, step - seen)
-        while lane < stop:
-            flag = tl.max(tl.where(lanes == lane, flags, 0), axis=0)
-            d = seen + 1 + lane
-            rows = row - d.to(tl.int64) * row_step + cols
-            inclusive = flag == INCLUSIVE
-            if inclusive:
-                entering += between * tl.load(incl_ptr + rows, mask=col_ok, other=0.0,
-                                              cache_modifier=".cg")
-                seen = step
-                lane = stop
-            else:
-                entering += between * tl.load(end_ptr + rows, mask=col_ok, other=0.0,
-                                              cache_modifier=".cg")
-                if SCALAR_DECAY:
-                    r_sum = tl.load(decay_ptr + me - d * flag_step, cache_modifier=".cg")
-                    between *= exp_fast(-rate * r_sum)
-                else:
-                    between *= tl.load(decay_ptr + rows, mask=col_ok, other=1.0,
-                                       cache_modifier=".cg")
-                lane += 1
-        seen = tl.where(seen < step, seen + WINDOW, step)
+            ready, last_used, inclusive = _poll(flag_ptr, me, seen, step, flag_step, WINDOW)
+        last_used = fence(last_used)
+        dist = seen + 1 + lanes
+        used = (dist <= step) & (lanes <= last_used)
+        stops = used & (((inclusive >> lanes) & 1) != 0)
+        offsets = cols[None, :] - dist * row_step
+        value = tl.load(tl.where(stops, incl_row, end_row) + offsets, mask=used & ok, other=0.0,
+                        cache_modifier=".cg")
+        if SCALAR_DECAY:
+            r_sum = tl.load(decay_ptr + (me - dist * flag_step), mask=used & ~stops, other=0.0,
+                            cache_modifier=".cg")
+            decay = exp_fast(-rate[None, :] * r_sum)
+        else:
+            decay = tl.load(decay_ptr + row + offsets, mask=used & ~stops & ok, other=1.0,
+                            cache_modifier=".cg")
+        # lanes past the last used one hold (1, 0): the identity
+        through, total = tl.associative_scan((decay, value), 0, _compose_outer)
+        last = lanes == WINDOW - 1
+        entering += between * tl.sum(tl.where(last, total, 0.0), axis=0)
+        between *= tl.sum(tl.where(last, through, 0.0), axis=0)
+        seen = tl.where(((inclusive >> last_used) & 1) != 0, step, seen + WINDOW)
     return entering
 
 

@@ -29,14 +29,15 @@ class Lookback:
     Triton's interpreter, which runs programs one at a time.  Tests only: ticket_order 1 takes
     the tiles chain by chain (split launches), inclusive_every k publishes only every k-th
     tile's inclusive state (0: none), so that walks cross aggregates."""
-    window: int = 8
+    window: int = 16
     split: bool = False
     ticket_order: int = 0
     inclusive_every: int = 1
 
     def __post_init__(self):
-        if self.window < 1 or self.window & (self.window - 1):
-            raise ValueError(f"Lookback: window must be a power of two, got {self.window}")
+        if self.window < 1 or self.window & (self.window - 1) or self.window > 32:
+            raise ValueError(f"Lookback: window must be a power of two up to 32 (a bit per "
+                             f"lane of an int32), got {self.window}")
         if self.ticket_order not in (0, 1):
             raise ValueError(f"Lookback: ticket_order must be 0 or 1, got {self.ticket_order}")
         if self.inclusive_every < 0:
@@ -136,7 +137,13 @@ class Scratch(NamedTuple):
         return words, floats
 
 
-def scratch(batch: int, n_chunks: int, channel_blocks: int) -> Scratch:
+def scratch(batch: int, n_chunks: int, width: int, channel_blocks: int) -> Scratch:
+    """A call's scratch sizes.  ValueError where a batch row's chunk rows ([NC, D]) pass 2^31
+    elements: the look-back addresses a row's predecessors with 32-bit offsets."""
+    if n_chunks * width >= 2 ** 31:
+        raise ValueError(f"the single-pass kernels take at most 2^31 - 1 elements of chunk rows "
+                         f"per batch row ({n_chunks} chunks x {width} channels); use a longer "
+                         "chunk or another backend")
     return Scratch(batch * n_chunks * channel_blocks, batch * n_chunks)
 
 

@@ -35,8 +35,7 @@ import triton.language as tl
 from ..common import single_pass as host
 from ..common.single_pass import FEATURES  # the family's (samu.ops.common.family)
 from ..common.launching import Site, aligned, carve, carved_size, cdiv, fp32_contiguous
-from ..common.lookback import (adjoint_scan, any_row, chain, first_row_has, scan_inputs,
-                               tile_of)
+from ..common.lookback import adjoint_scan, boundaries, chain, scan_inputs, tile_of
 from ..common.math import sigmoid_fast, softplus, to_element
 from ..common.reduce import sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
@@ -100,9 +99,10 @@ def _rglru_forward_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_
         x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, reset_ptr, b, k, cb, L, N,
         N_SEQ, tr, D, T, BN, V, BW, RUN, PACKED, HAS_INITIAL, HAS_RESETS)
     p, h = tl.associative_scan((a, u), 0, affine_combine)
+    holds, entry = boundaries(cuts, cuts, k == 0, k == 0, PACKED or HAS_RESETS)
     h_in = chain(flag_ptr, decay_ptr, end_ptr, incl_ptr, tl.zeros([BN], tl.float32),
                  last_row(p, tr, T),
-                 last_row(h, tr, T), 0.0, any_row(cuts), first_row_has(cuts), me,
+                 last_row(h, tr, T), 0.0, holds, entry, me,
                  group * D, step, N_CB, D, cols, col_ok, False, WINDOW, INCLUSIVE_EVERY)
     h += p * h_in[None, :]
     tl.store(_rows_at(y_ptr, first, tr, cols, D), to_element(h, y_ptr), mask=ok)
@@ -149,9 +149,10 @@ def _rglru_backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr,
     q, w = adjoint_scan(a, dy, ends, dfinal_ptr, b, seq, state_cols, D, N_SEQ, T, PACKED,
                         HAS_DFINAL)
     a_s = last_row(a_in, tr, T)  # a start (folded to 0) cuts the carry leaving the chunk
+    holds, entry = boundaries(cuts, ends, k == 0, k * T + T == L, PACKED or HAS_RESETS)
     carry = chain(flag_ptr, decay_ptr, end_ptr, incl_ptr, tl.zeros_like(sp),
                   a_s * last_row(q, tr, T),
-                  a_s * last_row(w, tr, T), 0.0, any_row(cuts), first_row_has(ends), me,
+                  a_s * last_row(w, tr, T), 0.0, holds, entry, me,
                   group * D, step, -N_CB, -D, cols, col_ok, False, WINDOW, INCLUSIVE_EVERY)
     dh = w + q * carry[None, :]
     if HAS_INITIAL:
@@ -215,7 +216,7 @@ def _plan(role: str, config: RglruSinglePassConfig, shape: tuple, heads: int, co
     if any(on for _, on in flags):  # as gemm: no register cap with a state keyword
         meta.pop("maxnreg", None)
     blocks = cdiv(width, meta["BN"])
-    scratch = host.scratch(batch, n_chunks, blocks)
+    scratch = host.scratch(batch, n_chunks, width, blocks)
     (phase,) = config.lookback.phases(blocks, device, exchanges=False)
     site = Site(KERNELS[role], (scratch.n_tiles,),
                 dict(meta, PHASE=phase, **config.lookback.meta(), **dict(flags)))
@@ -319,7 +320,8 @@ def spent_residuals(config: RglruSinglePassConfig):
     return "the saved gate pre-activations (a gemm_recompute_* backend keeps them)"
 
 
-# Each chunk's launches where they differ from RglruSinglePassConfig's defaults.
-LAUNCHES: dict = {}
+# Each chunk's launches where they differ from RglruSinglePassConfig's defaults: chunk 8 takes
+# wider tiles (more values a thread, no spill; sm_90a counts in docs/PERFORMANCE.md).
+LAUNCHES: dict = {8: dict(forward=Launch(2, 4), backward=Launch(2, 2))}
 
 CONFIGS = tuple(RglruSinglePassConfig(chunk, **LAUNCHES.get(chunk, {})) for chunk in (8, 16))

@@ -35,8 +35,8 @@ from ..common import single_pass as host
 from ..common.single_pass import FEATURES  # the family's (samu.ops.common.family)
 from ..common.launching import (Site, aligned, cdiv, fp32_contiguous, piece_sizes, pieces,
                                 with_state_keywords, workspace)
-from ..common.lookback import (adjoint_scan, any_row, arrive, chain, exchange_sum,
-                               first_row_has, publish, scan_inputs, tile_of, wait_for)
+from ..common.lookback import (adjoint_scan, arrive, boundaries, chain, exchange_sum, publish,
+                               scan_inputs, tile_of, wait_for)
 from ..common.math import sigmoid_fast, softplus, to_element
 from ..common.reduce import sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
@@ -127,9 +127,11 @@ def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_pt
         p, h = tl.associative_scan((a, u), 0, affine_combine)
         y = h + tl.load(skip_ptr) * x  # x is spent: less held across the look-back
         tr = tl.arange(0, T)
+        holds, entry = boundaries(starts | flagged, starts | flagged, k == 0, k == 0,
+                                  PACKED or HAS_RESETS)
         h_in = chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, last_row(p, tr, T),
-                     last_row(h, tr, T), tl.sum(r, axis=0), any_row(starts | flagged),
-                     first_row_has(starts | flagged), me, group * D, step, N_CB, D, cols, col_ok, True,
+                     last_row(h, tr, T), tl.sum(r, axis=0), holds, entry, me,
+                     group * (row_units * V), step, N_CB, row_units * V, cols, col_ok, True,
                      WINDOW, INCLUSIVE_EVERY)
         if HAS_FINAL:
             store_at(final_ptr, h + p * h_in[None, :], b, seq, ends, cols, D, N_SEQ, PACKED)
@@ -186,9 +188,11 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_pt
         # entering at the last: a_s q_s is the chunk's decay, exp(-rate sum r); a start (its a
         # folded to 0) cuts it.
         a_s = last_row(a_in, tr, T)
+        holds, entry = boundaries(starts | flagged, ends, k == 0, k * T + T == L,
+                                  PACKED or HAS_RESETS)
         carry = chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, a_s * last_row(q, tr, T),
-                      a_s * last_row(w, tr, T), tl.sum(r, axis=0), any_row(starts | flagged),
-                      first_row_has(ends), me, group * D, step, -N_CB, -D, cols, col_ok, True,
+                      a_s * last_row(w, tr, T), tl.sum(r, axis=0), holds, entry, me,
+                      group * (row_units * V), step, -N_CB, -(row_units * V), cols, col_ok, True,
                       WINDOW, INCLUSIVE_EVERY)
     else:
         carry = tl.load(incl_ptr + at + D, mask=cols < tl.where(k + 1 < NC, D, 0), other=0.0,
@@ -227,7 +231,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_pt
 class SamuSinglePassConfig(host.SinglePassConfig):
     """One single-pass SAMU backend (host.SinglePassConfig); its launches are chunk.Launch: a
     tile is 32 x warps x vector channels, each thread holding every token of its channels."""
-    forward: Launch = Launch(4, 1)
+    forward: Launch = Launch(2, 2)
     backward: Launch = Launch(4, 1)
     NAME: ClassVar[str] = "fused_singlepass_chunk{chunk}"
 
@@ -270,7 +274,7 @@ def _plan(role: str, config: SamuSinglePassConfig, shape: tuple, count: int, dty
     n_chunks = cdiv(length, config.chunk)
     meta = dict(with_state_keywords(tiles(config, width)[role], any(v for _, v in flags)))
     blocks = cdiv(width, meta["BD"])
-    scratch = host.scratch(batch, n_chunks, blocks)
+    scratch = host.scratch(batch, n_chunks, width, blocks)
     phases = config.lookback.phases(blocks, device)
     sites = tuple(Site(KERNELS[role], (scratch.n_tiles,),
                        dict(T=config.chunk, **meta, **config.lookback.meta(), PHASE=phase,
