@@ -1,0 +1,90 @@
+"""The single-pass kernels counted before they are timed, on any machine (docs/PERFORMANCE.md,
+"Single-pass scans"): each kernel compiled for the H200 (sm_90a, tools/inspect_kernels.py's
+compiler) at its registered launch, its registers, spills, SASS instructions per element (every
+instruction once, over the T x V values a thread holds) and those of one look-back round (the
+largest loop), the programs an SM holds, and its grid against the 132 SMs at each default shape (samu.experiment.pipeline.GPU_SHAPES).
+
+    python benchmarks/count_single_pass.py                 # both mixers, D = 2048, 16 heads
+    python benchmarks/count_single_pass.py --width 2560 --heads 10
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+import inspect_kernels  # noqa: E402  (tools/ is no package)
+
+from samu import backends  # noqa: E402
+from samu.experiment.pipeline import GPU_SHAPES  # noqa: E402
+from samu.ops.common.launching import cdiv  # noqa: E402
+from samu.shapes import Shape  # noqa: E402
+
+SMS = 132  # the H200's
+REGISTERS_PER_SM = 65536
+PROGRAMS_PER_SM = 32
+# The int32 words of the tiles' flags and the reset mask's bytes (inspect_kernels types the
+# rest).
+POINTER_TYPES = {"flag_ptr": "*i32", "seq_ptr": "*i32", "reset_ptr": "*u8"}
+
+
+_SIGNATURE = inspect_kernels.signature
+
+
+def signature(fn, constexprs):
+    sig = _SIGNATURE(fn, constexprs)
+    return {**sig, **{n: t for n, t in POINTER_TYPES.items() if n in sig}}
+
+
+def resident(registers: int, warps: int) -> int:
+    """Programs an SM holds at this register count (allocated 8 at a time a thread)."""
+    per_program = -(-registers // 8) * 8 * 32 * warps
+    return min(PROGRAMS_PER_SM, REGISTERS_PER_SM // per_program)
+
+
+def counts(mixer: str, width: int, heads: int):
+    """(backend, kernel, registers, spills, instructions per element, per look-back round,
+    programs an SM holds, channels a tile) of each single-pass kernel."""
+    inspect_kernels.signature = signature
+    for name in backends.available(mixer):
+        if "singlepass" not in name.split("_"):
+            continue
+        config = backends.REGISTRY[mixer][name].config
+        family = backends.family_of(mixer, config)
+        plan = (family.launch_plan(config, width, heads) if mixer == "rglru"
+                else family.launch_plan(config, width))
+        for kernel, constexprs, options in plan:
+            regs, spills, _, _, instructions = inspect_kernels.compile_stats(
+                kernel, constexprs, options, specialized_ints=("L", "NC"))
+            values = constexprs["T"] * constexprs["V"]
+            loops = inspect_kernels.loop_bodies(instructions)
+            block = constexprs.get("BD", constexprs.get("BN"))
+            yield (name, kernel.fn.__name__, regs, spills, len(instructions) / values,
+                   max(loops, default=0) / values, resident(regs, options["num_warps"]),
+                   block, config.chunk)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--heads", type=int, default=16)
+    args = parser.parse_args()
+    for mixer in backends.REGISTRY:
+        for name, kernel, regs, spills, per, per_round, held, block, chunk in counts(
+                mixer, args.width, args.heads):
+            print(f"{name:32s} {kernel:24s} regs {regs:3d} spill {spills:4d} B  "
+                  f"{per:6.1f} instructions/element ({per_round:5.1f} a look-back round)  "
+                  f"{held} programs/SM, {block} channels a tile")
+            grids = []
+            for shape in map(Shape.parse, GPU_SHAPES):
+                batch, length, d = shape
+                tiles = batch * cdiv(length, chunk) * cdiv(d, block)
+                grids.append(f"{shape.label}: {tiles} tiles = {tiles / (SMS * held):.1f} x "
+                             f"{SMS * held} resident")
+            print("    " + "; ".join(grids), flush=True)
+
+
+if __name__ == "__main__":
+    main()
