@@ -110,3 +110,23 @@ def test_launches_per_call_are_counted(mixer, capsys):
             assert count == 5
         backends.describe()
         assert f"{name}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_any_mask_bytes_reset_alike_and_a_bad_mask_is_refused(mixer):
+    """A mask's bytes only select values: any non-zero byte resets as True does, bit for bit; a
+    mask of the wrong shape, given straight to a backend's run (past the functional checks), is
+    refused before any kernel reads it."""
+    shape = (1, 19, 32)
+    x, params, _ = legality.make_inputs(mixer, shape, DEVICE, seed=4,
+                                        **({"num_heads": 2} if mixer == "rglru" else {}))
+    raw = torch.zeros(shape[:2], dtype=torch.uint8)
+    raw[0, [0, 7, 8, 15]] = torch.tensor([255, 1, 200, 128], dtype=torch.uint8)
+    for name in _single_pass(mixer):
+        run = backends.REGISTRY[mixer][name].run
+        ps = list(params.values())
+        want, _ = run(x, *ps, resets=(raw != 0).to(DEVICE))
+        got, _ = run(x, *ps, resets=raw.to(DEVICE).view(torch.bool))
+        assert torch.equal(got, want), name
+        with pytest.raises(ValueError, match="the reset mask must be torch.bool"):
+            run(x, *ps, resets=torch.zeros(1, shape[1] + 1, dtype=torch.bool, device=DEVICE))
