@@ -1,7 +1,7 @@
 """RG-LRU's identity: block-diagonal per-channel gates (Griffin/Hawk)."""
 from __future__ import annotations
 
-from . import MixerSpec
+from .spec import MixerSpec
 
 
 # docs/PERFORMANCE.md, "The two numbers": 8 bw forward (its gates) + ~28 bw backward, bw = D /

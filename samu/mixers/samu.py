@@ -1,7 +1,7 @@
 """SAMU's identity: two per-token scalars from an FP32 controller, shared by every channel."""
 from __future__ import annotations
 
-from . import MixerSpec, check_shape
+from .spec import MixerSpec, check_shape
 
 
 FLOPS_PER_ELEMENT = 40 + 80
