@@ -308,8 +308,9 @@ def test_steps_with_resets_equal_the_forward(mixer, name):
     """A prefill and steps with per-row resets equal the float64 oracle's forward with the same
     mask; a step whose row resets equals the scan's first token, whatever the state (FP32, no
     gradient: the one-launch kernel where the backend is a Triton one)."""
-    module = build(mixer, WIDTH, HEADS, backend=name).to(DEVICE)
-    module.reset_parameters(generator=torch.Generator().manual_seed(2))
+    module = build(mixer, WIDTH, HEADS, backend=name)
+    module.reset_parameters(generator=torch.Generator().manual_seed(2))  # a CPU generator
+    module = module.to(DEVICE)
     oracle = build(mixer, WIDTH, HEADS, backend="reference_sequential").to(DEVICE).double()
     oracle.load_state_dict(module.state_dict())
     gen = torch.Generator().manual_seed(3)

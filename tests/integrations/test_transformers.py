@@ -252,6 +252,8 @@ def block_calls(block, x, positions, cuts):
 CUTS = {"one-call": [0, 16], "prefill-steps-prefill": [0, 6, 7, 8, 13, 16],
         "resets-at-steps": [0, 5, 6, 10, 11, 16]}
 TRITON = "triton-" + backends.DEFAULTS["rglru"]
+# The Triton backends run on CUDA where there is a GPU, under the interpreter on a CPU.
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("backend, cuts", [(REFERENCE, c) for c in CUTS.values()]
@@ -265,12 +267,14 @@ def test_block_with_cache_and_resets_equals_its_sequences_apart(float64_scan, ba
     model = tiny_model()
     block = recurrent_block(model)
     triton = backend.startswith("triton-")
-    patched_model = copy.deepcopy(model).float() if triton else copy.deepcopy(model)
+    patched_model = (copy.deepcopy(model).float().to(KERNEL_DEVICE) if triton
+                     else copy.deepcopy(model))
     samu_hf.patch(patched_model, backend=backend.removeprefix("triton-"))
     x = torch.randn(2, 16, HIDDEN, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     positions = packed_positions([[0, 6, 10, 15], [0, 5, 10]], 16)
-    got = block_calls(recurrent_block(patched_model), x.to(patched_model.dtype), positions,
-                      cuts).double()
+    device = patched_model.device
+    got = block_calls(recurrent_block(patched_model), x.to(device, patched_model.dtype),
+                      positions.to(device), cuts).double().cpu()
     tol = dict(rtol=1e-4, atol=1e-5) if triton else {}
     for row in range(2):
         for a, b in segments(positions[row].tolist()):
@@ -430,7 +434,7 @@ def test_transformers_state_dict_converts_to_samu_block():
     assert torch.equal(samu_block.mixer.gate_a_bias, block.rg_lru.recurrent_gate_bias.reshape(-1))
 
 
-def test_triton_kernels_under_the_interpreter():
+def test_triton_kernels_against_the_reference():
     """The registry's default RG-LRU Triton backend (the interpreter on a CPU), FP32, against
     the patched float64 reference (held to the sequences apart above): logits and every
     gradient, with resets at the backend's chunk boundaries, at a row's first and last token."""
@@ -438,7 +442,7 @@ def test_triton_kernels_under_the_interpreter():
     chunk = backends.REGISTRY["rglru"][name].config.chunk
     length = 2 * chunk + 1
     oracle = tiny_model()
-    model = copy.deepcopy(oracle).float()
+    model = copy.deepcopy(oracle).float().to(KERNEL_DEVICE)
     samu_hf.patch(oracle, backend=REFERENCE)
     handle = samu_hf.patch(model, backend=name)
     ids = tokens(2, length)
@@ -448,9 +452,12 @@ def test_triton_kernels_under_the_interpreter():
     results = []
     for m in (oracle, model):
         m.zero_grad()
-        logits = m(input_ids=ids, position_ids=positions, use_cache=False).logits
-        (logits * probe.to(logits.dtype)).sum().backward()
-        results.append((logits.detach().double(), grads(m)))
+        device = m.device
+        logits = m(input_ids=ids.to(device), position_ids=positions.to(device),
+                   use_cache=False).logits
+        (logits * probe.to(device, logits.dtype)).sum().backward()
+        results.append((logits.detach().double().cpu(),
+                        {n: g.cpu() for n, g in grads(m).items()}))
     assert set(handle.last_backends.values()) == {name}
     (want, want_grads), (got, got_grads) = results
     assert_close(got, want, "logits", rtol=1e-4, atol=1e-4)
@@ -459,7 +466,7 @@ def test_triton_kernels_under_the_interpreter():
         assert_close(got_grads[n].double(), want_grads[n], n, rtol=1e-3, atol=1e-4)
 
 
-def test_triton_decode_steps_under_the_interpreter(float64_scan, monkeypatch):
+def test_triton_decode_steps(float64_scan, monkeypatch):
     """Generation with the Triton backend: its prefill and one-launch steps (the step kernel,
     once per recurrent block and new token after the first) give the tokens of transformers
     in float64."""
@@ -473,10 +480,11 @@ def test_triton_decode_steps_under_the_interpreter(float64_scan, monkeypatch):
     monkeypatch.setattr(step_kernel, "step", counted)
     name = backends.DEFAULTS["rglru"]
     oracle = tiny_model()
-    model = copy.deepcopy(oracle).float()
+    model = copy.deepcopy(oracle).float().to(KERNEL_DEVICE)
     handle = samu_hf.patch(model, backend=name)
     ids = tokens(2, 6)
-    assert torch.equal(greedy(model, ids, new=4), greedy(oracle, ids, new=4))
+    assert torch.equal(greedy(model, ids.to(KERNEL_DEVICE), new=4).cpu(),
+                       greedy(oracle, ids, new=4))
     assert set(handle.last_backends.values()) == {name}
     assert len(launches) == 2 * 3  # two recurrent blocks, three steps after the prefill
 
