@@ -39,14 +39,18 @@ test: $(SETUP)
 reproduce: $(SETUP)
 	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.pipeline --shapes "$$SHAPES"
 
-# The training study (notebook 05: recall, selective copying and a character LM for each mixer,
-# beside its training speed), with samu.experiment.training.GPU_PARAMETERS on CUDA and the
-# notebook's small defaults otherwise. Executed notebook: data/runs/<gpu>/05_training.ipynb;
-# results: data/training/<gpu>.json; figures: data/figures/<gpu>_training_*.png. PART=k (1, 2 or
-# 3) runs the k-th third of the runs (data/training/<gpu>.part-k-of-3.json); the part that finds
-# all three files merges them into data/training/<gpu>.json.
+# The training studies (notebook 05; samu.experiment.training.CONFIGURATIONS): CONFIG=small (the
+# default on a GPU: recall, copying and a character LM at width 256), recall (Zoology's recall
+# curves) or scale (L = 8192, width 512: where a recurrent step is cheaper than attention's), or
+# all; at a GPU's size on CUDA, at a CPU's otherwise (without CONFIG on a CPU: all three).
+# Executed notebook: data/runs/<gpu>/[<config>/]05_training.ipynb; results:
+# data/training/<gpu>[.<config>].json; figures: data/figures/<gpu>_training_[<config>_]*.png.
+# PART=k runs the k-th of the configuration's parts (small 3, recall 2, scale 3: each under ten
+# minutes on an H200), writing data/training/<gpu>[.<config>].part-k-of-n.json; the part that
+# finds every part's file merges them.  A part stopped short goes on where it stopped when run
+# again.
 train: $(SETUP)
-	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.training $(if $(PART),--part $(PART)/3)
+	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.training $(if $(CONFIG),--config $(CONFIG)) $(if $(PART),--part $(PART))
 
 # JupyterLab on the repository root (notebooks/ and data/runs/ side by side); it prints the URL it
 # serves. LAB_ARGS go to jupyter lab, e.g. make lab LAB_ARGS="--no-browser --port 8899". Jupyter

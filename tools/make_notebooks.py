@@ -491,144 +491,99 @@ else:
     display(Image(data=report.png_bytes(host_cost.figure(host_df, host_env["gpu"]))))
     display(host_df.round(2).tail(6))'''),
 ])
-save("05_training", [
-    md('# 05 — Training: what each mixer learns, beside its training speed\n\nThe same small model (`samu.model.SequenceModel`: token embedding, pre-norm residual blocks of mixer and GELU MLP, final norm, tied head) is trained with each mixer on three tasks, from fixed seeds; only the mixer differs. **RG-LRU** and **SAMU** are the library\'s modules inside Griffin\'s recurrent block (input and gate projections, a short causal convolution, the mixer, a GeLU gate; `recurrent_block = "bare"` runs the mixer alone); **attention** is the yardstick: causal self-attention (`scaled_dot_product_attention`, rotary positions) with the usual heads of `attention_head_dim` channels. Every run has the same fixed number of steps (warm-up, then cosine decay to the last step); every (task, length, mixer) is trained at each learning rate of `lr` and scored at its best, flagged when the best is at the edge of the sweep: on a grid (`lr_search = "grid"`) every seed runs every rate; with `"first_seed"` (the GPU parameters) the first seed runs every rate, the sweep widens by one rate past an edge best (at most twice), and the other seeds run at the best rate. Every task is generated on the fly; nothing is downloaded.\n\n- **Multi-query associative recall** (MQAR, as in Zoology): key-value pairs, then every key queried once later in the sequence (Zoology\'s power law: most queries soon after the pairs, a heavy tail to the end), among noise. It measures in-context recall, the ability that separates attention from fixed-size recurrent states; with the pairs fixed, a longer sequence adds noise and distance. Scored only at the answer positions. Before a model binds keys to values it can guess among the values present: accuracy 1 / pairs, the dashed line of the figure.\n- **Selective copying**: a few data tokens scattered among noise tokens, then a separator and one marker per data token, where the model must give the data tokens in order. It measures selection by content: skipping noise needs gates that depend on the input (SAMU\'s two per-token scalars, RG-LRU\'s per-channel gates). Scored only at the markers.\n- **Character-level language model** on the Python standard library\'s own `*.py` files (present wherever Python is; bytes as tokens, split by folder into training and validation): natural data, scored in bits per character on the held-out files.\n\n**Sanity first.** Attention solves recall and copying at this size when trained well, so the study compares mixers only when attention reaches `sanity_bar` on both at their shortest length; otherwise the conclusion says *yardstick failed its sanity bar: no comparison*. The GPU parameters\' bar is 0.95. The CPU defaults below must run in well under a minute under nbval, too few steps for the study\'s own runs to reach that, so their bar is 0.2, just above chance (0.125): they exercise the study and are no GPU result. The yardstick\'s own check below shows attention learning recall on a CPU (width 64, L = 64, 4 pairs, 400 steps: accuracy 0.9 or more, `training.yardstick_run`, which `tests/experiment/test_training.py` runs too).\n\nTraining speed: wall time per step and tokens per second after warm-up, and on CUDA the GPU time per step (CUDA events around forward, backward and the optimizer step; evaluation excluded). `make train` runs this notebook on a GPU with `samu.experiment.training.GPU_PARAMETERS` (BF16 autocast, the Triton kernels) and writes `data/training/<gpu>.json` and `data/figures/<gpu>_training_*.png`.'),
-    params('''mixers = ["attention", "rglru", "samu"]
-seeds = [0]
-width = 32
-layers = 2
-mlp_expansion = 2
-tasks = {"mqar": {"lengths": [32], "num_pairs": 4, "vocab_size": 16},
-         "copy": {"lengths": [32], "num_tokens": 4, "data_vocab": 8, "noise_vocab": 8},
-         "lm": {"lengths": [64]}}
-steps = {"mqar": 100, "copy": 100, "lm": 10}  # or one number for every task
-batch_size = 32  # or a dict by task
-lr = [1e-3, 3e-3]  # one rate, or the sweep: every run at each, each mixer scored at its best
-lr_search = "grid"  # "grid": every seed at every rate; "first_seed": the first seed sweeps (widened past an edge best), the others run at its best
-warmup_steps = 10
-eval_batches = 2
-timing_warmup_steps = 2
-log_every = 10
-time_budget_s = None  # an optional safety cap on the whole study's measured training; None: none
-recurrent_block = "griffin"  # or "bare": the recurrent mixers without Griffin's block
-attention_heads = "standard"  # width // attention_head_dim heads; "matched" or a number
-attention_head_dim = 16
-sanity_bar = 0.2  # attention's accuracy needed on recall and copying before any comparison
-recall_curves = None  # Zoology's recall curves (a dict, see GPU_PARAMETERS); None: off (slow on a CPU)
-part = None  # "k/n": only the k-th of n parts of the runs (make train with PART set); the last merges them
-backend = "auto"  # the recurrent mixers' backend: one value, or a dict by mixer
-write = True  # write data/training/<gpu>.json and the figures
+def training_notebook():
+    """Notebook 05: a section per study configuration (samu.experiment.training.CONFIGURATIONS),
+    its tasks described from the task table (TASKS)."""
+    from samu.experiment import training
+
+    tasks = "\n".join(f"- {spec.description}" for spec in training.TASKS.values())
+    studies = "\n".join(f"- `{c.name}`: {c.description}"
+                        for c in training.CONFIGURATIONS.values())
+    cells = [
+        md("# 05 — Training: what each mixer learns, beside its training speed\n\n"
+           "The same model (`samu.model.SequenceModel`: token embedding, pre-norm residual blocks of mixer and GELU MLP, final norm, tied head) is trained with each mixer from fixed seeds; only the mixer differs. The recurrent mixers are the library's modules inside Griffin's recurrent block (input and gate projections, a short causal convolution, the mixer, a GeLU gate; `recurrent_block = \"bare\"` runs the mixer alone); **attention** is the yardstick: causal self-attention (`scaled_dot_product_attention`, rotary positions) with the usual heads of `attention_head_dim` channels. Every run has the same fixed number of steps (warm-up, then cosine decay to the last step); each mixer is trained at every rate of a learning-rate sweep and scored at its best, flagged when the best is at the edge of the sweep (`lr_search = \"first_seed\"`: the first seed sweeps, widened past an edge best, and the other seeds run at its best). Every task is generated on the fly; nothing is downloaded. The tasks (`training.TASKS`):\n\n"
+           + tasks + "\n\n"
+           "**Sanity first.** Attention solves recall and copying at these sizes when trained well, so a study compares mixers only when attention reaches its `sanity_bar` on the tasks that count for it, at their shortest length; otherwise its conclusion says *yardstick failed its sanity bar: no comparison*. The recall curves have a bar of their own. At a CPU's size the studies run too few steps to reach a GPU's bars: they exercise every step and are no result.\n\n"
+           "The studies (`training.CONFIGURATIONS`), each in a section of its own below, at a GPU's size on CUDA (`make train CONFIG=<name>`, in parts: `PART=k`) and at a CPU's otherwise:\n\n"
+           + studies + "\n\n"
+           "Training speed: wall time per step and tokens per second after warm-up, and on CUDA the GPU time per step (CUDA events around forward, backward and the optimizer step; evaluation excluded). Each study writes `data/training/<device>[.<config>].json` and `data/figures/<device>_training_[<config>_]*.png`."),
+        params('''configurations = None  # the studies to run (names of training.CONFIGURATIONS); None: every one
+size = None  # "gpu" or "cpu": the studies' sizes; None: "gpu" on CUDA, else "cpu"
+studies = None  # {name: its parameters} to run instead (make train passes those it checked); None: training.CONFIGURATIONS at `size`
+overrides = {}  # parameters that replace each study's own, e.g. {"processes": 4}; checked like them
+part = None  # the k-th part of one study's runs ("k/n", or k of its own parts); the part that finds every part merges them
+write = True  # write the result files and figures
 progress_log = None  # a file that receives one line per finished run (make train prints them)
 device = None  # "cuda", "cuda:1" or "cpu"; None: CUDA when there is one, else the CPU
+devices = None  # the devices the runs spread over, e.g. ["cuda:0", "cuda:1"]; None: just `device`
 cpu_threads = 1  # torch's intra-op threads on a CPU: these models are tiny, more threads only contend
-speed_steps = 4  # with processes > 1: steps each configuration is timed alone, the speed the study reports
-processes = 1  # runs at once on each device (worker processes); 1: one after another in this kernel
-cuda_graph = True  # on CUDA each training step replays one CUDA graph, so a step costs its GPU work, not its launches
-devices = None  # the devices the runs spread over, e.g. ["cuda:0", "cuda:1"]; None: just `device`'''),
-    code('''import os
+yardstick = True  # first, attention learning recall at a CPU's size (about 20 s on a CPU)'''),
+        code('''import os
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default (FP fusion on); Triton 3.9 warns while unset
 ''' + QUIET_TQDM + '''
 import torch
 from IPython.display import Image, Markdown, display
-from samu import model, paths
-from samu.experiment import protocol, report, training
+from samu import paths
+from samu.experiment import protocol, training
 device = str(device or protocol.default_device())
+size = size or ("gpu" if device.startswith("cuda") else "cpu")
 if device == "cpu" and cpu_threads:
     torch.set_num_threads(cpu_threads)
-slug = protocol.device_slug(device)  # the results are labelled by the device trained on
-study = training.study_from_parameters(
-    mixers, seeds, width, layers, mlp_expansion, tasks, steps, batch_size, lr, warmup_steps,
-    eval_batches, timing_warmup_steps=timing_warmup_steps, log_every=log_every,
-    time_budget_s=time_budget_s, backend=backend, recurrent_block=recurrent_block,
-    attention_heads=attention_heads, attention_head_dim=attention_head_dim, sanity_bar=sanity_bar,
-    recall_curves=recall_curves, part=part, speed_steps=speed_steps,
-    cuda_graph=cuda_graph, lr_search=lr_search)
-pool = training.RunPool(device, processes, devices)  # closed after the last runs
-# Each run's record is kept as it finishes: run again after a stop, the study goes on from there.
-finished = training.FinishedRuns(training.finished_path(
-    training.part_path(slug, study.part) if study.part else training.result_path(slug)),
-    study.describe()) if write else None
-if finished is not None and finished.records:
-    print(f"going on after a stop: {len(finished.records)} runs finished before "
-          f"({paths.relative(finished.path)})")
-runs = {name: study.planned_runs(name) for name in study.tasks}
-print(f"device {device} ({slug}), {training.dtype_name(device)}; runs per task {runs}; "
-      f"{study.total_steps():,} training steps in all; {pool.workers} at once on {list(pool.devices)}")'''),
-    md("## The models\n\nParameters by part for each task's vocabulary. The MLPs and the embedding are the same for every mixer; the mixers differ (with Griffin's block the mixer part is the whole block: its projections and convolution besides the mixer). Every run records its mixer and total parameters."),
-    code('for name in study.tasks:\n    print(f"{training.TASK_NAMES[name]} (vocabulary {study.task_list(name)[0].vocab_size}):")\n    print(model.parameter_report(training.models_for(study, name)), end="\\n\\n")'),
-    md("## The yardstick learns recall\n\nBefore the study's own runs: attention alone on MQAR at a size a CPU trains in about 20 s (width 64, two layers, L = 64, 4 pairs over 16 tokens, 400 steps at lr 1e-3; `training.YARDSTICK`). It must reach `training.YARDSTICK_BAR` (0.9): a yardstick that cannot learn recall here would make every comparison below meaningless."),
-    code('''yardstick = training.yardstick_run(device, progress_log)
-print(f"attention on MQAR at L = {yardstick['seq_len']}, {yardstick['steps_completed']} steps: "
-      f"accuracy {yardstick['value']:.3f} (bar {training.YARDSTICK_BAR})")
-if device == "cpu":  # the bar was set in FP32 on a CPU; on a GPU (BF16) the study's own bar applies
-    assert training.sanity([yardstick], bar=training.YARDSTICK_BAR)["passed"], "the yardstick did not learn recall"'''),
-    md('## Associative recall\n\nOne example at the shortest length: the pairs first, then the queried keys among noise; the targets are the values (`-100` carries no loss).'),
-    code('''records = {}
-if "mqar" in study.tasks:
-    example = study.task_list("mqar")[0]
-    x, y = example.batch(1, torch.Generator().manual_seed(0))
-    print("inputs ", x[0].tolist()); print("targets", y[0].tolist())
-    records["mqar"] = training.run_task(study, "mqar", device, progress_log, pool=pool, finished=finished)
-    display(training.summary(records["mqar"]))'''),
-    md('## Selective copying\n\nTokens: 0 separator, 1 marker, then the data tokens, then the noise tokens.'),
-    code('''if "copy" in study.tasks:
-    example = study.task_list("copy")[0]
-    x, y = example.batch(1, torch.Generator().manual_seed(0))
-    print("inputs ", x[0].tolist()); print("targets", y[0].tolist())
-    records["copy"] = training.run_task(study, "copy", device, progress_log, pool=pool, finished=finished)
-    display(training.summary(records["copy"]))'''),
-    md("## Sanity of the yardstick\n\nAttention's accuracy (at its best learning rate) on recall and copying at their shortest length, against `sanity_bar`: below it, the conclusion compares nothing."),
-    code('''check = training.sanity(records.get("mqar", []) + records.get("copy", []), bar=sanity_bar)
-for task, c in check["checks"].items():
-    print(f"attention on {training.TASK_NAMES[task]} at L = {c['seq_len']}: accuracy {c['accuracy']:.3f} "
-          f"({'passes' if c['passed'] else 'below'} the bar {check['bar']})")
-print("yardstick passes its sanity bar" if check["passed"]
-      else "yardstick failed its sanity bar: no comparison")'''),
-    md("## Character-level language model on the standard library\n\nThe corpus is this machine's Python: another Python version has other files, so bits per character compare across mixers, not across machines. The split is by folder (a top-level package, or under `test/` the next level, goes wholly to one side), and files that say they were generated (the code-page tables of `encodings/`, Unicode tables) and exact duplicates are left out: a split by file put near-copies on both sides. The leak, the fraction of held-out 32-byte windows found verbatim in training, is measured for the earlier by-file split and for this one. The result file records the corpus (Python version, files, bytes and SHA-256 of each split, files left out, the leak)."),
-    code('''if "lm" in study.tasks:
-    data, names, info = training.corpus()
-    print({k: v for k, v in info.items() if not k.endswith("sha256")})
-    records["lm"] = training.run_task(study, "lm", device, progress_log, pool=pool, finished=finished)
-    display(training.summary(records["lm"]))'''),
-    md("## Recall curves\n\nZoology's curves: MQAR accuracy against the number of key-value pairs at one length, and against the model's width at fixed pairs; every point at each learning rate, scored at its best (one seed). Off on the CPU defaults (`recall_curves = None`): `GPU_PARAMETERS` turns them on."),
-    code('''curve_records = training.run_recall_curves(study, device, progress_log, pool=pool, finished=finished)
-pool.close()
-if curve_records:
-    display(training.recall_curve_frame(curve_records))
-else:
-    print("recall curves off (recall_curves = None)")'''),
-    md('## The result document\n\nOne record per (task, mixer, seed, sequence length): loss curve, held-out metric, tokens per second, parameters, and the environment. Validated against the `training` schema and written atomically.'),
-    code('''doc = training.result_document(study, [r for name in study.tasks for r in records[name]], device,
-                              recall_curves=curve_records, pool=pool)
-merged = None
-if write and study.part:
-    print("wrote", paths.relative(training.write_part(doc, slug)))
-    merged = training.merge_parts(slug, study.part)
-    if merged is None:
-        print(f"part {study.part}: the other parts' files are not all written yet; not merged")
-    else:
-        doc = merged
-        print(f"all parts present: merged into {paths.relative(training.result_path(slug))}")
-elif write:
-    path = training.write_result(doc, slug)
-    print("wrote", paths.relative(path))
-else:
-    training.validate(doc)
-    print("validated; not written (write = False)")
-if finished is not None:  # written: a later run starts afresh
-    finished.clear()'''),
-    md('## Figures\n\nLoss curves (band: range over seeds), accuracy against sequence length, and quality against training speed (each task at its longest length).'),
-    code('''if write and (merged is not None or not study.part):  # a lone part's figures are not stored
-    for path in training.draw_figures(doc, slug):
-        print("wrote", paths.relative(path))
-        display(Image(filename=str(path)))
-else:
-    for fig in training.figures(doc).values():
-        display(Image(data=report.png_bytes(fig)))'''),
-    md('## Summary and conclusion\n\nComputed from the document above, each mixer at its best learning rate (`lr_at_edge`: the best is the lowest or highest rate swept): the mean and range over seeds, whether the ranges separate the mixers, the speeds, and what these runs do not show. Every run, at every rate, is in the document; `training.learning_rate_choice(doc)` lists the mean at each rate.'),
-    code('''training.summary(doc).round(4)'''),
-    code('''display(Markdown(training.conclusion(doc)))'''),
-])
+if studies:  # the parameters make train checked, each study's own at both sizes
+    configurations = list(studies)
+options = dict(overrides=overrides, part=part, devices=devices, write=write, progress_log=progress_log,
+               configurations=training.as_table(studies) if studies else None)
+print(f"device {device} ({protocol.device_slug(device)}); studies "
+      f"{configurations or list(training.CONFIGURATIONS)} at a {size.upper()}'s size")'''),
+        md("## The yardstick learns recall\n\nBefore the studies' own runs: attention alone on MQAR at a size a CPU trains in about 20 s (width 64, two layers, L = 64, 4 pairs over 16 tokens, 400 steps at lr 1e-3; `training.YARDSTICK`). It must reach `training.YARDSTICK_BAR` (0.9): a yardstick that cannot learn recall here would make every comparison below meaningless."),
+        code('''if yardstick:
+    check = training.yardstick_run(device, progress_log)
+    print(f"attention on MQAR at L = {check['seq_len']}, {check['steps_completed']} steps: "
+          f"accuracy {check['value']:.3f} (bar {training.YARDSTICK_BAR})")
+    if device == "cpu":  # the bar was set in FP32 on a CPU; on a GPU (BF16) the studies' own bars apply
+        assert training.sanity([check], bar=training.YARDSTICK_BAR)["passed"], "the yardstick did not learn recall"'''),
+    ]
+    for name, config in training.CONFIGURATIONS.items():
+        cells += [
+            md(f"## {config.label} (`{name}`)\n\n{config.description}\n\nThe plan, then the "
+               "models' parameters by part for each task's vocabulary (the MLPs and the embedding "
+               "are the same for every mixer; with Griffin's block the mixer part is the whole "
+               "block)."),
+            code(f"run = training.StudyRun.start({name!r}, configurations, size, device, **options)\n"
+                 "if run:\n"
+                 "    print(run.plan())\n"
+                 "    print(run.models())\n"
+                 "else:\n"
+                 "    print(f\"not run here (configurations = {configurations!r})\")"),
+            md("Each task at its shortest length (an example, or what its data is), then its "
+               "runs: every length, mixer, learning rate and seed, each mixer at its best rate "
+               "(`lr_at_edge`: the best is the lowest or highest rate swept)."),
+            code('''for name in run.study.tasks if run else ():
+    print(f"{training.TASK_NAMES[name]}:\\n{run.preview(name)}")
+    display(run.run_task(name))'''),
+            md("The recall curves, when the study has them: each point of the grid at each "
+               "width, at its mixer's best rate; `still_learning`: its run's training loss was "
+               "still falling when it stopped."),
+            code('''if run and run.study.recall_curves:
+    display(run.run_recall_curves())'''),
+            md("The sanity bars: attention on the tasks that count for it, and the recall "
+               "curves' own."),
+            code('''if run:
+    print(run.sanity_text())'''),
+            md("The result document (every run at every rate, the environment; validated against "
+               "the `training` schema and written atomically), its figures, and the conclusion "
+               "computed from it."),
+            code('''if run:
+    doc = run.finish()
+    print("wrote", ", ".join(str(paths.relative(p)) for p in run.written()) or "nothing (write = False)")
+    for png in run.images():
+        display(Image(data=png))
+    display(Markdown(run.conclusion()))'''),
+        ]
+    save("05_training", cells)
+
+
+training_notebook()
 
 print("notebooks written")
 

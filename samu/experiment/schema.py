@@ -123,13 +123,27 @@ CORRECTNESS_SCHEMA = {
 # The training study (samu.experiment.training, notebook 05): one run per (task, mixer, seed,
 # sequence length).  A non-finite number is written as a string ("nan", "inf", "-inf").
 _real = {"anyOf": [{"type": "number"}, {"enum": ["nan", "inf", "-inf"]}]}
+# The study's tasks and metrics: its tables (samu.experiment.training.tasks) register here when
+# they are imported, and validation fills these in from them, so that a task added to the table
+# validates like the others.  Until then a task or metric is any name.
+_TRAINING_TABLES: dict = {}
+_task = {"type": "string", "pattern": PEER_NAME}
+_metric = {"type": "string", "pattern": PEER_NAME}
+
+
+def register_training_tables(tasks: Callable[[], list], metrics: Callable[[], list]) -> None:
+    """Where the training schema reads its task and metric names: ``tasks()`` and
+    ``metrics()``, called before each validation."""
+    _TRAINING_TABLES.update(tasks=tasks, metrics=metrics)
+
+
 _training_run = {
     "type": "object",
     "required": ["task", "mixer", "seed", "seq_len", "parameters", "parameter_counts",
                  "loss_curve", "metric", "value", "eval_loss", "chance", "tokens_per_s", "steps",
                  "steps_completed", "stopped_by_time", "diverged", "backend"],
     "properties": {
-        "task": {"enum": ["mqar", "copy", "lm"]},
+        "task": _task,
         "mixer": {"enum": _MODEL_MIXERS},
         "seed": {"type": "integer"},
         "seq_len": {"type": "integer", "minimum": 1},
@@ -139,13 +153,14 @@ _training_run = {
         "loss_curve": {"type": "array", "minItems": 1, "items": {
             "type": "array", "minItems": 2, "maxItems": 2,
             "prefixItems": [{"type": "integer", "minimum": 1}, _real]}},
-        "metric": {"enum": ["accuracy", "bits_per_char"]},
+        "metric": _metric,
         "value": _real, "eval_loss": _real, "tokens_per_s": _real,
         "chance": _number,
         "steps": {"type": "integer", "minimum": 1},
         "steps_completed": {"type": "integer", "minimum": 1},
         "stopped_by_time": {"type": "boolean"},
         "diverged": {"type": "boolean"},
+        "stopped_early": {"type": "boolean"},  # optional: solved before its last step
         "backend": {"type": "array", "items": {"type": ["string", "null"]}},
         # Optional: absent from documents of the earlier study (one rate, bare mixers).
         "lr": _number,
@@ -165,6 +180,9 @@ TRAINING_SCHEMA = {
     "title": "samu training-study document",
     "type": "object",
     "required": ["schema_version", "kind", "environment", "study", "runs"],
+    # Runs of the tasks, or the recall curves' alone (a study of the curves only).
+    "anyOf": [{"properties": {"runs": {"minItems": 1}}},
+              {"required": ["recall_curves"], "properties": {"recall_curves": {"minItems": 1}}}],
     "properties": {
         "schema_version": {"const": SCHEMA_VERSION},
         "kind": {"const": "training"},
@@ -172,17 +190,20 @@ TRAINING_SCHEMA = {
                         "required": ["torch", "cuda", "gpu", "triton", "python", "git_commit",
                                      "date", "device", "dtype"]},
         "study": {"type": "object", "required": ["mixers", "seeds", "tasks", "train"]},
-        "runs": {"type": "array", "minItems": 1, "items": _training_run},
+        "runs": {"type": "array", "items": _training_run},
         # Optional: how the runs shared the devices, and the throughput that gained.
         "concurrency": {"type": "object", "required": ["workers", "devices", "phases"]},
         # Optional: the parts a merged document was run in, each with its environment.
         "parts": {"type": "array", "items": {"type": "object",
                                              "required": ["part", "environment"]}},
-        # Optional: MQAR runs of the recall curves, each with its curve ("pairs", "width") and x.
+        # Optional: MQAR runs of the recall curves, each with its width and key-value pairs
+        # (documents of the earlier curves name the pairs in task_options, and add the curve,
+        # "pairs" or "width", and its x).
         "recall_curves": {"type": "array", "items": {
-            "allOf": [_training_run, {"type": "object", "required": ["curve", "x", "width"],
+            "allOf": [_training_run, {"type": "object", "required": ["width"],
                                       "properties": {"curve": {"enum": ["pairs", "width"]},
                                                      "x": {"type": "integer", "minimum": 1},
+                                                     "pairs": {"type": "integer", "minimum": 1},
                                                      "width": {"type": "integer",
                                                                "minimum": 1}}}]}},
     },
@@ -271,18 +292,27 @@ SCHEMAS = {"result": RESULT_SCHEMA, "calibration": CALIBRATION_SCHEMA,
            "benchmark_row": BENCHMARK_ROW_SCHEMA, "training_run": _training_run}
 
 
-def validate(doc: dict, kind: str = "result") -> None:
-    """Raise jsonschema.ValidationError naming the first problem."""
+def _fill_tables() -> None:
+    """The registered mixers, and the training study's tasks and metrics, into the schemas."""
     _MIXERS[:] = mixers.names()
     _MODEL_MIXERS[:] = ["attention", *mixers.names()]
+    for node, key in ((_task, "tasks"), (_metric, "metrics")):
+        if key in _TRAINING_TABLES:
+            node.clear()
+            node["enum"] = list(_TRAINING_TABLES[key]())
+
+
+def validate(doc: dict, kind: str = "result") -> None:
+    """Raise jsonschema.ValidationError naming the first problem."""
+    _fill_tables()
     jsonschema.validate(doc, SCHEMAS[kind])
 
 
 def validator(kind: str):
     """A validator of ``kind``'s documents for many checks (``is_valid``): jsonschema.validate
-    checks the schema itself on every call, tens of ms.  It holds the mixers registered now."""
-    _MIXERS[:] = mixers.names()
-    _MODEL_MIXERS[:] = ["attention", *mixers.names()]
+    checks the schema itself on every call, tens of ms.  It holds the mixers, tasks and metrics
+    registered now."""
+    _fill_tables()
     return jsonschema.validators.validator_for(SCHEMAS[kind])(SCHEMAS[kind])
 
 

@@ -267,7 +267,7 @@ def test_run_notebook_stores_a_portable_copy(tmp_path, monkeypatch):
 
 def test_notebook_parameters_are_the_parameters_cell():
     defaults = pipeline.notebook_parameters("05_training")
-    assert defaults["width"] == 32 and defaults["progress_log"] is None
-    assert defaults["tasks"]["lm"] == {"lengths": [64]}
+    assert defaults["configurations"] is None and defaults["progress_log"] is None
+    assert defaults["overrides"] == {} and defaults["yardstick"] is True
     assert pipeline.notebook_parameters("03_timing") == {
         "batch": 1, "length": 16, "width": 16, "shape_index": 0, "seed": 0, "mixers": None}

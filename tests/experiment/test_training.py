@@ -12,6 +12,7 @@ import torch
 
 from samu import paths
 from samu.experiment import pipeline, schema, training as T
+from samu.experiment.training import tasks as task_module
 
 REF = "reference_chunked"  # named: tests/conftest.py sets TRITON_INTERPRET=1 on a CPU
 
@@ -136,7 +137,7 @@ def test_corpus_is_split_by_folder_without_generated_files_or_duplicates(tiny_st
     root, names = tiny_stdlib
     (root / "pkg0" / "copy_of_mod0.py").write_bytes((root / "pkg0" / "mod0.py").read_bytes())
     (root / "pkg1" / "table.py").write_bytes(b'""" Codec generated from CP1252.TXT """\n')
-    T._corpus.cache_clear()
+    task_module._corpus.cache_clear()
     data, split, info = T.corpus(root)
     assert info["dropped_generated"] == 1 and info["dropped_duplicates"] == 1
     kept = split["train"] + split["validation"]
@@ -256,7 +257,7 @@ def test_bad_study_is_refused(tiny_stdlib):
     root, _ = tiny_stdlib
     with pytest.raises(ValueError, match="unknown mixers"):
         lm_study(root, mixers=("attention", "lstm"))
-    with pytest.raises(ValueError, match="unknown tasks"):
+    with pytest.raises(ValueError, match="unknown task 'parity'"):
         T.Study(tasks={"parity": {"lengths": [8]}}, train={"parity": T.TrainConfig()})
     with pytest.raises(ValueError, match="no training configuration"):
         T.Study(tasks={"lm": {"lengths": [8]}})
@@ -290,7 +291,7 @@ def test_document_holds_every_run_and_validates(doc):
     assert len(keys) == len(doc["runs"])
     env = doc["environment"]
     assert env["device"] == "cpu" and env["dtype"] == "float32" and env["torch"]
-    assert doc["corpus"]["train_files"] > 0
+    assert doc["data"]["lm"]["train_files"] > 0  # the corpus the LM task records
     run = doc["runs"][0]
     assert [s for s, _ in run["loss_curve"]] == [2, 4, 6]
     assert run["parameters"] == run["parameter_counts"]["total"]
@@ -493,9 +494,16 @@ def test_the_committed_h200_study_passes_its_sanity_bar_before_it_compares():
     shortest = shortest.loc[shortest.groupby("task")["seq_len"].idxmin()]
     assert len(shortest) == 2 and (shortest["mean"] >= doc["study"]["sanity_bar"]).all()
     text = T.conclusion(doc)
-    assert "no comparison" not in text and "**Where SAMU loses**" in text
+    assert "yardstick failed its sanity bar" not in text and "**Where SAMU loses**" in text
     assert table["mixer_parameters"].notna().all()
     assert {r["mixer"] for r in doc["recall_curves"]} == {"attention", "rglru", "samu"}
+    # Its recall curves fail their own bar: attention was not trained at widths 128 and 512 with
+    # 4 pairs, the recurrent mixers not at all at the widest width with 4 pairs.
+    check = T.recall_sanity(doc)
+    assert (check["pairs"], check["seq_len"]) == (4, 256) and not check["yardstick_passed"]
+    assert check["checks"]["attention"]["why"] == "not measured at width 128, 512"
+    assert check["checks"]["samu"]["why"] == "not measured at width 512"
+    assert "Recall curves: attention failed their sanity bar: no comparison" in text
 
 
 def test_a_small_attention_model_learns_recall_on_a_cpu():
@@ -557,12 +565,14 @@ def gpu_machine(monkeypatch):
 
 
 def faked_notebook(doc, slug, calls):
-    """A stand-in for pipeline.run_notebook: records its call, logs a run, writes ``doc``."""
+    """A stand-in for pipeline.run_notebook: records its call, logs a run, writes ``doc`` for
+    each study it was handed (every configuration when none)."""
     def run_notebook(name, out_dir, parameters, unstored=()):
         calls.append((name, out_dir, dict(parameters), tuple(unstored)))
         with open(parameters["progress_log"], "a") as f:
             f.write("mqar L=16 samu seed 0: accuracy 0.5\n")
-        T.write_result(doc, slug)
+        for config in parameters.get("studies") or T.CONFIGURATIONS:
+            T.write_result({**doc, "study": {**doc["study"], "configuration": config}}, slug)
         return out_dir / f"{name}.ipynb"
     return run_notebook
 
@@ -575,37 +585,42 @@ def data_dir(tmp_path, monkeypatch):
 
 
 def test_main_runs_the_notebook_and_prints_its_progress(doc, data_dir, monkeypatch, capsys):
-    """The device is named, so this runs the same on a CPU and on a GPU machine: the notebook's
-    own defaults, results labelled cpu."""
+    """The device is named, so this runs the same on a CPU and on a GPU machine: every
+    configuration at the notebook's own CPU sizes, results labelled cpu."""
     calls = []
     monkeypatch.setattr(pipeline, "run_notebook", faked_notebook(doc, "cpu", calls))
-    assert T.main(["--device", "cpu", "--time-budget", "12"]) == 0
+    assert T.main(["--device", "cpu"]) == 0
     (name, out_dir, parameters, unstored), = calls
     assert name == "05_training" and out_dir == data_dir / "runs" / "cpu"
-    assert parameters["time_budget_s"] == 12.0 and parameters["device"] == "cpu"
-    assert "width" not in parameters  # the notebook's own defaults
+    assert parameters["size"] == "cpu" and parameters["device"] == "cpu"
+    assert "studies" not in parameters  # the notebook's own defaults
     assert unstored == ("progress_log",)  # a temporary file: not in the stored notebook
     out = capsys.readouterr().out
-    assert "mqar L=16 samu seed 0: accuracy 0.5" in out and f"{len(doc['runs'])} runs" in out
+    assert "mqar L=16 samu seed 0: accuracy 0.5" in out
+    for config in T.CONFIGURATIONS:
+        assert f"{config}: {len(doc['runs'])} runs" in out
     assert "wrote " in out and str(paths.REPO_ROOT) not in out.replace(str(data_dir), "")
 
 
 def test_main_on_a_gpu_machine_labels_a_cpu_run_cpu(doc, data_dir, monkeypatch, gpu_machine):
     calls = []
     monkeypatch.setattr(pipeline, "run_notebook", faked_notebook(doc, "cpu", calls))
-    assert T.main(["--device", "cpu"]) == 0
+    assert T.main(["--device", "cpu", "--config", "scale"]) == 0
     (_, out_dir, parameters, _), = calls
-    assert out_dir == data_dir / "runs" / "cpu" and "width" not in parameters
+    assert out_dir == data_dir / "runs" / "cpu" / "scale" and parameters["size"] == "cpu"
+    assert parameters["studies"] == {"scale": T.configuration("scale").parameters("cpu")}
 
 
-def test_main_on_a_gpu_runs_the_gpu_parameters(doc, data_dir, monkeypatch, gpu_machine):
+def test_main_on_a_gpu_runs_the_small_study_at_its_gpu_size(doc, data_dir, monkeypatch,
+                                                             gpu_machine):
     calls = []
     monkeypatch.setattr(pipeline, "run_notebook", faked_notebook(doc, "nvidia-h200", calls))
     assert T.main(["--time-budget", "60"]) == 0
     (_, out_dir, parameters, _), = calls
     assert out_dir == data_dir / "runs" / "nvidia-h200"
-    parameters.pop("progress_log")
-    assert parameters == {**T.GPU_PARAMETERS, "time_budget_s": 60.0, "device": "cuda"}
+    assert parameters["studies"] == {"small": {**T.GPU_PARAMETERS, "configuration": "small",
+                                               "time_budget_s": 60.0}}
+    assert parameters["size"] == "gpu" and parameters["device"] == "cuda"
 
 
 def test_main_reports_a_failed_notebook(data_dir, monkeypatch, capsys):
@@ -628,12 +643,18 @@ def test_main_refuses_a_device_this_machine_lacks(data_dir, capsys):
     with pytest.raises(SystemExit):
         T.main(["--device", "tpu"])
     assert "cpu, cuda or cuda:<index>, got 'tpu'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        T.main(["--device", "cpu", "--config", "huge"])
+    assert "unknown configuration 'huge'" in capsys.readouterr().err
 
 
-# --- the parameters of make train ----------------------------------------------------------------
+# --- the parameters of the studies ---------------------------------------------------------------
 
-NOTEBOOK_DEFAULTS = pipeline.notebook_parameters(T.NOTEBOOK)
-GPU_SET = {**NOTEBOOK_DEFAULTS, **T.GPU_PARAMETERS}  # what `make train` runs on a GPU
+# Every configuration's parameters at both sizes: what `make train` and notebook 05 run.
+SETS = {f"{name} {size}": config.parameters(size) for name, config in T.CONFIGURATIONS.items()
+        for size in T.SIZES}
+GPU_SET = SETS["small gpu"]
+CPU_SET = SETS["small cpu"]
 
 
 def numeric_leaves(value, name=""):
@@ -663,10 +684,9 @@ def with_leaf(parameters: dict, name: str, value) -> dict:
     return out
 
 
-# Every number of the notebook's defaults and of the GPU set, each with the set it belongs to.
-LEAVES = ([("defaults", n) for n, _ in numeric_leaves(NOTEBOOK_DEFAULTS)]
-          + [("gpu", n) for n, _ in numeric_leaves(GPU_SET)])
-SETS = {"defaults": NOTEBOOK_DEFAULTS, "gpu": GPU_SET}
+# Every number of the configurations' parameters, each with the first set that holds it.
+LEAVES = list({n: (source, n) for source, parameters in reversed(SETS.items())
+               for n, _ in numeric_leaves(parameters)}.values())
 
 
 def test_every_numeric_parameter_has_a_range():
@@ -674,14 +694,18 @@ def test_every_numeric_parameter_has_a_range():
     assert tops <= set(T.PARAMETER_RANGES) | {"tasks"}, tops - set(T.PARAMETER_RANGES)
     options = {name.split("]")[1].strip("[']") for _, name in LEAVES
                if name.startswith("tasks[") and "['lengths']" not in name}
-    assert options <= set(T.TASK_OPTION_RANGES), options
-    assert len(LEAVES) > 30  # the walk found the nested ones too
+    assert options <= {o for spec in T.TASKS.values() for o in spec.options}, options
+    curves = {name.split("]")[0].split("[")[1].strip("'") for _, name in LEAVES
+              if name.startswith("recall_curves[")}
+    assert curves <= set(T.RECALL_CURVE_KEYS) | set(T.RECALL_CURVE_OPTIONAL), curves
+    assert len(LEAVES) > 50  # the walk found the nested ones too
 
 
-def test_the_parameters_of_make_train_are_in_range():
+def test_the_parameters_of_every_configuration_are_in_range():
     for parameters in SETS.values():
-        study = T.check_parameters(parameters, known=NOTEBOOK_DEFAULTS)
+        study = T.check_parameters(parameters, known=T.STUDY_PARAMETERS)
         assert study.tasks == parameters["tasks"]
+        assert study.configuration == parameters["configuration"]
 
 
 @pytest.mark.parametrize("bad", [math.nan, -1, "1"], ids=["nan", "negative", "a string"])
@@ -749,11 +773,13 @@ def test_zero_none_and_integers_where_they_are_allowed(name, value):
 
 def test_what_depends_on_several_parameters_is_checked_too():
     with pytest.raises(T.ParameterError, match="leaves none of 5 steps"):
-        T.check_parameters({**NOTEBOOK_DEFAULTS, "steps": 5, "timing_warmup_steps": 5})
+        T.check_parameters({**CPU_SET, "steps": 5, "timing_warmup_steps": 5})
     with pytest.raises(T.ParameterError, match="too short"):
-        T.check_parameters(with_leaf(NOTEBOOK_DEFAULTS, "tasks['mqar']['lengths'][0]", 8))
+        T.check_parameters(with_leaf(CPU_SET, "tasks['mqar']['lengths'][0]", 8))
     with pytest.raises(T.ParameterError, match=r"unknown parameters \['widht'\]"):
-        T.check_parameters({**NOTEBOOK_DEFAULTS, "widht": 32}, known=NOTEBOOK_DEFAULTS)
+        T.check_parameters({**CPU_SET, "widht": 32}, known=T.STUDY_PARAMETERS)
+    with pytest.raises(T.ParameterError, match=r"learning_rates by mixer must name every mixer"):
+        T.check_parameters({**SETS["scale cpu"], "lr": {"attention": [1e-3]}})
 
 
 TRAIN_FIELDS = [f.name for f in dataclasses.fields(T.TrainConfig) if f.name != "schedule"]
@@ -788,7 +814,9 @@ STUDY_FIELDS = ["seeds", "width", "layers", "mlp_expansion", "time_budget_s"]
 @pytest.mark.parametrize("field", STUDY_FIELDS)
 def test_each_numeric_study_field_is_checked(field):
     bad = (0, math.nan) if field == "seeds" else math.nan
-    with pytest.raises(T.ParameterError, match=rf"study: {field}(\[1\])? must be .*got nan"):
+    # The study is where time_budget_s is checked, so it names it as the parameter it is.
+    with pytest.raises(T.ParameterError,
+                       match=rf"^(study: )?{field}(\[1\])? must be .*got nan"):
         T.Study(**{field: bad})
 
 
@@ -799,89 +827,178 @@ def test_a_negative_time_budget_is_refused_not_a_stop_after_one_step(tiny_stdlib
             lm_study(root, time_budget_s=budget)
 
 
-@pytest.mark.parametrize("budget", ["nan", "inf", "-inf", "-5", "0", "ten", ""])
-def test_time_budget_flag_is_checked_before_anything_runs(budget, data_dir, monkeypatch, capsys):
+@pytest.mark.parametrize("budget, words", [
+    ("nan", "got nan"), ("inf", "got inf"), ("-inf", "got -inf"), ("-5", "got -5.0"),
+    ("0", "got 0.0"), ("ten", "invalid float value: 'ten'"), ("", "invalid float value: ''")])
+def test_time_budget_flag_is_checked_before_anything_runs(budget, words, data_dir, monkeypatch,
+                                                          capsys):
     calls = []
     monkeypatch.setattr(pipeline, "run_notebook", lambda *a, **k: calls.append(a))
     with pytest.raises(SystemExit) as caught:
         T.main(["--device", "cpu", f"--time-budget={budget}"])
     assert caught.value.code == 2
     err = capsys.readouterr().err
-    assert (f"argument --time-budget: must be a finite number > 0 (seconds), got {budget!r}"
-            in err), err
+    assert "time-budget" in err or "time_budget_s must be a finite number > 0" in err, err
+    assert words in err, err
     assert not calls and not list(data_dir.iterdir())
 
 
-def test_main_checks_the_gpu_parameters_before_anything_runs(data_dir, monkeypatch,
+def test_main_checks_the_gpu_parameters_before_anything_runs(data_dir, monkeypatch, capsys,
                                                              gpu_machine):
     calls = []
     monkeypatch.setattr(pipeline, "run_notebook", lambda *a, **k: calls.append(a))
     for name, value in (("lr[1]", math.nan), ("steps['mqar']", 0), ("seeds[2]", -1)):
-        with pytest.raises(T.ParameterError, match=re.escape(f"{name} must be")):
-            T.main([], gpu_parameters=with_leaf(T.GPU_PARAMETERS, name, value))
+        small = T.configuration("small")
+        table = {"small": dataclasses.replace(small, gpu=with_leaf(small.gpu, name, value))}
+        with pytest.raises(SystemExit):
+            T.main([], configurations=table)
+        assert f"{name} must be" in capsys.readouterr().err
     assert not calls and not list(data_dir.iterdir())
 
 
-def test_gpu_parameters_make_a_valid_study():
-    p = dict(T.GPU_PARAMETERS)
-    study = T.check_parameters({**NOTEBOOK_DEFAULTS, **p}, known=NOTEBOOK_DEFAULTS)
-    assert len(study.seeds) == 3 and set(study.mixers) == {"attention", "rglru", "samu"}
+def test_the_small_gpu_study_is_the_one_that_ran():
+    study = T.check_parameters(GPU_SET, known=T.STUDY_PARAMETERS)
+    assert len(study.seeds) == 3 and study.mixers == T.model_.mixer_names()
     assert sorted(study.tasks) == ["copy", "lm", "mqar"]
     assert study.width == 256 and len(study.learning_rates) >= 3
     assert study.time_budget_s is None and study.sanity_bar == 0.95  # fixed steps, no time cap
     assert study.recurrent_block == "griffin" and study.attention_heads == "standard"
     assert study.model_config("attention", 64).resolved_attention_heads == 256 // 64
+    assert study.recall_curves is None  # now the recall configuration's
     for name in study.tasks:
         assert {lr for _, _, lr, _ in study.runs(name)} == set(study.learning_rates)
         assert study.train_config(name).max_seconds is None
+    committed = schema.read_valid_json(paths.REPO_ROOT / "data" / "training" / "nvidia-h200.json",
+                                       "training")["study"]
+    described = json.loads(json.dumps(study.describe()))
+    for key in ("seeds", "width", "layers", "tasks", "learning_rates", "lr_search",
+                "sanity_bar", "recurrent_block", "attention_head_dim"):
+        assert described[key] == committed[key], key
+    for name, config in committed["train"].items():  # the fields added since take no effect
+        assert {k: described["train"][name][k] for k in config} == config
+        assert described["train"][name]["stop_loss"] is None
+        assert described["train"][name]["attention_kernel"] is None
 
 
-def test_recall_curves_run_every_point_and_draw(tmp_path, monkeypatch):
-    monkeypatch.setattr(paths, "DATA", tmp_path)
-    study = T.study_from_parameters(
-        ["attention", "samu"], [0, 1], 16, 1, 2,
-        {"mqar": {"lengths": [32], "num_pairs": 2, "vocab_size": 16}}, 6, 4, [1e-3, 3e-3], 2, 1,
+def recall_study(**curves):
+    spec = {"points": [[16, 2], [32, 4]], "widths": [8, 16], "vocab_size": 16, "steps": 12,
+            "batch_size": 8, "bar": 0.5, "attention_from_width": 16, **curves}
+    return T.study_from_parameters(
+        ["attention", "samu"], [0, 1], 16, 1, 2, {}, {}, {}, [1e-3, 1e-2], 2, 1,
         timing_warmup_steps=1, log_every=2, attention_head_dim=8, backend=REF,
-        recall_curves={"seq_len": 32, "vocab_size": 32, "pairs": [2, 4], "widths": [8, 16],
-                       "fixed_pairs": 2, "steps": 4})
-    assert len(study.recall_runs()) == 4 * 2 * 2 * 1  # points, mixers, rates, first seed
+        recall_curves=spec, configuration="recall")
+
+
+def test_recall_curves_train_every_point_at_every_rate_and_draw(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    study = recall_study()
+    jobs = study.recall_jobs()
+    assert len(jobs) == study.planned_recall_runs() == 2 * 2 * 2 * 2  # points, widths, mixers, rates
+    assert [(j.task.seq_len, j.task.num_pairs) for j in jobs[:8]] == [(16, 2)] * 8  # bar first
     curves = T.run_recall_curves(study, "cpu", bar=False)
-    assert {(r["curve"], r["x"], r["width"]) for r in curves} == {
-        ("pairs", 2, 16), ("pairs", 4, 16), ("width", 8, 8), ("width", 16, 16)}
-    assert all(r["steps"] == 4 and r["task_options"]["vocab_size"] == 32 for r in curves)
-    doc = T.result_document(study, T.run_task(study, "mqar", "cpu", bar=False), "cpu",
-                            recall_curves=curves)
-    T.validate(doc)
+    assert {(r["seq_len"], r["pairs"], r["width"]) for r in curves} == {
+        (16, 2, 8), (16, 2, 16), (32, 4, 8), (32, 4, 16)}
+    assert all(r["steps"] == 12 and r["task_options"]["vocab_size"] == 16
+               and r["batch_size"] == 8 and r["lr_sweep"] == [1e-3, 1e-2] for r in curves)
+    doc = T.result_document(study, [], "cpu", recall_curves=curves)
+    T.validate(doc)  # the recall curves alone
+    assert doc["study"]["recall_train"]["steps"] == 12
     table = T.recall_curve_frame(doc)
-    assert len(table) == 4 * 2 and table["at_edge"].dtype == bool
-    assert "Recall against key-value pairs (2, 4;" in T.conclusion(doc) or \
-        "no comparison" in T.conclusion(doc)
+    assert len(table) == 2 * 2 * 2 and table["at_edge"].dtype == bool
+    assert (table["rates"] == 2).all()
+    text = T.conclusion(doc)
+    assert "**Recall curves** (16 runs; MQAR, vocabulary 16" in text
     written = T.draw_figures(doc, "cpu")
-    assert T.figure_path("cpu", "recall_curves") in written
+    assert written == [T.figure_path("cpu", "recall_curves", "recall")]
+    assert written[0].name == "cpu_training_recall_recall_curves.png"
+
+
+def test_first_point_search_sweeps_the_first_point_then_runs_the_rest_at_its_best():
+    study = recall_study(lr_search="first_point")
+    assert study.planned_recall_runs() == 4 * (2 + 1)  # groups, rates at the first point + one
+    curves = T.run_recall_curves(study, "cpu", bar=False)
+    for mixer, width in study.recall_groups():
+        mine = [r for r in curves if (r["mixer"], r["width"]) == (mixer, width)]
+        first = [r for r in mine if r["pairs"] == 2]
+        assert sorted(r["lr"] for r in first) == mine[0]["lr_sweep"]
+        assert set(mine[0]["lr_sweep"]) >= {1e-3, 1e-2}
+        (other,) = [r for r in mine if r["pairs"] == 4]
+        assert other["lr"] == T.best_rate(first)
+
+
+def synthetic_curves(accuracy) -> dict:
+    """A recall-curve document: accuracy(mixer, pairs, width), one rate."""
+    base = {"task": "mqar", "seed": 0, "metric": "accuracy", "lr": 1e-3, "steps": 10,
+            "steps_completed": 10, "loss_curve": [[10, 1.0]]}
+    records = [{**base, "mixer": m, "seq_len": 16 * p, "pairs": p, "width": w,
+                "value": accuracy(m, p, w)}
+               for m in ("attention", "rglru", "samu") for p in (4, 8) for w in (64, 128, 256)]
+    return {"environment": {"gpu": "NVIDIA H200", "device": "cuda", "dtype": "bfloat16"},
+            "study": {"recall_curves": {"bar": 0.9}, "sanity_bar": 0.95}, "runs": [],
+            "recall_curves": records}
+
+
+def test_the_recall_curves_compare_only_the_mixers_that_pass_their_bar():
+    def solved(m, p, w):  # attention from width 128, SAMU at the widest, RG-LRU never
+        return {"attention": 1.0 if w >= 128 else 0.5, "samu": 0.95 if w == 256 else 0.3,
+                "rglru": 0.3}[m] if p == 4 else 0.2
+    check = T.recall_sanity(synthetic_curves(solved))
+    assert check["bar"] == 0.9 and (check["pairs"], check["seq_len"]) == (4, 64)
+    assert check["checks"]["attention"] == {"widths": [128, 256],
+                                            "accuracy": {128: 1.0, 256: 1.0},
+                                            "passed": True, "why": "solved"}
+    assert check["checks"]["samu"]["passed"] and not check["checks"]["rglru"]["passed"]
+    assert check["checks"]["rglru"]["why"] == "below the bar at width 256 (0.30)"
+    assert T.compared_mixers(check) == ["attention", "samu"]
+    text = T.conclusion(synthetic_curves(solved))
+    assert "RG-LRU fails (below the bar at width 256 (0.30))" in text
+    assert "SAMU (widths 64, 128, 256): L = 64, 4 pairs: 0.30, 0.30, 0.95" in text
+    assert "RG-LRU (widths" not in text
+    failed = T.recall_sanity(synthetic_curves(lambda m, p, w: 0.5 if m == "attention" else 1.0))
+    assert not failed["yardstick_passed"] and T.compared_mixers(failed) == []
+    assert "no comparison" in T.conclusion(synthetic_curves(lambda m, p, w: 0.5))
+    assert T.recall_curves_figure(synthetic_curves(solved)) is not None
+
+
+def test_a_run_still_learning_is_flagged():
+    falling = [[i, 2.0 - 0.1 * i] for i in range(1, 16)]
+    assert T.still_learning(falling)
+    assert not T.still_learning([[i, 1.0] for i in range(1, 16)])
+    assert not T.still_learning(falling[:5])  # too few points to say
 
 
 def test_bad_recall_curves_are_refused():
-    base = dict(T.GPU_PARAMETERS["recall_curves"])
+    base = dict(SETS["recall gpu"]["recall_curves"])
+    recall = SETS["recall gpu"]
     with pytest.raises(T.ParameterError, match="recall_curves must be None or a dict"):
         T.check_parameter_ranges({"recall_curves": {"pairs": [4]}})
-    with pytest.raises(T.ParameterError, match=re.escape("recall_curves['pairs'][1] must be")):
-        T.check_parameter_ranges({"recall_curves": {**base, "pairs": [4, 0]}})
-    with pytest.raises(T.ParameterError, match="too short"):  # 64 pairs need L >= 256
-        T.check_parameters({**GPU_SET, "recall_curves": {**base, "seq_len": 128}})
+    with pytest.raises(T.ParameterError,
+                       match=re.escape("recall_curves['points'][1][1] must be")):
+        T.check_parameter_ranges({"recall_curves": {**base, "points": [[64, 4], [128, 0]]}})
+    with pytest.raises(T.ParameterError, match="too short"):  # 16 pairs need L >= 64
+        T.check_parameters({**recall, "recall_curves": {**base, "points": [[32, 16]]}})
     with pytest.raises(T.ParameterError, match=re.escape("recall_curves['lr'][0] must be")):
         T.check_parameter_ranges({"recall_curves": {**base, "lr": [0.0]}})
-    with pytest.raises(T.ParameterError, match="optionally \\['lr'\\]"):
+    with pytest.raises(T.ParameterError, match="must not repeat a point"):
+        T.check_parameter_ranges({"recall_curves": {**base, "points": [[64, 4], [64, 4]]}})
+    with pytest.raises(T.ParameterError, match="lr_search'\\] must be one of"):
+        T.check_parameter_ranges({"recall_curves": {**base, "lr_search": "grid"}})
+    with pytest.raises(T.ParameterError, match="optionally"):
         T.check_parameter_ranges({"recall_curves": {**base, "rates": [1e-3]}})
 
 
 def test_recall_curves_take_their_own_learning_rates():
-    spec = {**T.GPU_PARAMETERS["recall_curves"], "lr": [1e-3, 3e-3]}
-    study = T.check_parameters({**GPU_SET, "recall_curves": spec})
-    rates = {lr for *_, lr, _ in study.recall_runs()}
-    assert rates == {1e-3, 3e-3} and set(study.learning_rates) == {3e-4, 1e-3, 3e-3}
+    recall = SETS["recall gpu"]
+    spec = {**recall["recall_curves"], "lr": [1e-3, 3e-3]}
+    study = T.check_parameters({**recall, "recall_curves": spec})
+    assert {job.lr for job in study.recall_jobs()} == {1e-3, 3e-3}
     without = {k: v for k, v in spec.items() if k != "lr"}
-    study = T.check_parameters({**GPU_SET, "recall_curves": without})
-    assert {lr for *_, lr, _ in study.recall_runs()} == set(study.learning_rates)
+    study = T.check_parameters({**recall, "recall_curves": without, "lr": [2e-3, 5e-3]})
+    assert {job.lr for job in study.recall_jobs()} == {2e-3, 5e-3}
+    by_mixer = {m: [1e-3 * (i + 1)] for i, m in enumerate(study.mixers)}
+    study = T.check_parameters({**recall, "recall_curves": {**without, "lr": by_mixer}})
+    assert {(job.mixer, job.lr) for job in study.recall_jobs()} == {
+        (m, r[0]) for m, r in by_mixer.items()}
 
 
 def test_parts_cover_the_study_once_and_merge(tmp_path, monkeypatch):
@@ -920,11 +1037,16 @@ def test_parts_cover_the_study_once_and_merge(tmp_path, monkeypatch):
 def test_main_passes_the_part_and_checks_it(doc, data_dir, monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(pipeline, "run_notebook", faked_notebook(doc, "cpu", calls))
-    assert T.main(["--device", "cpu", "--part", "2/3"]) == 0
-    assert calls[0][2]["part"] == "2/3"
+    assert T.main(["--device", "cpu", "--config", "small", "--part", "2"]) == 0
+    assert calls[0][2]["part"] == "2/3"  # of the configuration's own parts
+    assert T.main(["--device", "cpu", "--config", "scale", "--part", "1/4"]) == 0
+    assert calls[1][2]["part"] == "1/4"
     with pytest.raises(SystemExit):
-        T.main(["--device", "cpu", "--part", "4/3"])
+        T.main(["--device", "cpu", "--config", "small", "--part", "4/3"])
     assert "--part: part must be" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        T.main(["--device", "cpu", "--part", "1"])
+    assert "--part: name one configuration" in capsys.readouterr().err
 
 
 def test_each_run_records_its_rate_parameters_and_wall_time(doc):
@@ -978,14 +1100,14 @@ def test_first_seed_search_runs_the_other_seeds_at_the_best_rate():
         for rate in widened:
             assert any(rate == pytest.approx(v) for v in (1e-4, 1e-5, 1.0, 10.0)), swept
         best = choice.loc[(task.seq_len, mixer), "lr"]
-        assert best == T.study._best_rate(first)  # the first seed decides
+        assert best == T.best_rate(first)  # the first seed decides
         others = sorted((r["seed"], r["lr"]) for r in mine if r["seed"] != 0)
         assert others == [(1, best), (2, best)]
     assert (T.summary(records)["seeds"] == 3).all()
 
 
 def test_first_seed_parts_hold_whole_groups_once():
-    base = T.check_parameters({**GPU_SET})
+    base = T.check_parameters(SETS["scale gpu"])
     assert base.lr_search == "first_seed"
     whole = {name: base.groups(name) for name in base.tasks}
     parts = [dataclasses.replace(base, part=f"{k}/3") for k in (1, 2, 3)]
@@ -994,5 +1116,8 @@ def test_first_seed_parts_hold_whole_groups_once():
         assert sorted(map(str, got)) == sorted(map(str, groups))  # each group in one part
         for p in parts:  # every run of a part's sweep belongs to one of its groups
             assert {(t, m) for t, m, _, _ in p.runs(name)} == set(p.groups(name))
-    curves = [run for p in parts for run in p.recall_runs()]
-    assert len(curves) == len(base.recall_runs())
+    recall = T.check_parameters(SETS["recall gpu"])
+    parts = [dataclasses.replace(recall, part=f"{k}/2") for k in (1, 2)]
+    groups = [g for p in parts for g in p.recall_groups()]
+    assert sorted(groups) == sorted(recall.recall_groups())
+    assert sum(len(p.recall_jobs()) for p in parts) == len(recall.recall_jobs())

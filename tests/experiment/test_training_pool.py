@@ -117,20 +117,20 @@ def test_merged_parts_keep_each_parts_spread(both, tmp_path, monkeypatch):
 def test_workers_train_on_the_cuda_device_named(device):
     study = small_study()
     task = study.task_list("mqar")[0]
-    jobs = [T.Job("mqar", task, mixer, 0, 1e-3, study.train_config("mqar", 1e-3))
+    jobs = [study.job("mqar", task, mixer, 1e-3, 0, study.train_config("mqar", 1e-3))
             for mixer in study.mixers]
     with T.RunPool(device, 2) as pool:
-        records, wall = pool.map(study, jobs)
+        records, wall = pool.map(jobs)
     assert [r["mixer"] for r in records] == list(study.mixers) and wall > 0
     assert all(r["gpu_ms_per_step"] > 0 for r in records)  # CUDA events: it ran on the GPU
 
 
 def test_a_run_that_fails_in_a_worker_raises_here():
     study = small_study()
-    job = T.Job("mqar", study.task_list("mqar")[0], "samu", 0, 1e-3, config=None)
+    job = study.job("mqar", study.task_list("mqar")[0], "samu", 1e-3, 0, config=None)
     with T.RunPool("cpu", 2) as pool:
         with pytest.raises(AttributeError):
-            pool.map(study, [job])
+            pool.map([job])
 
 
 @pytest.mark.parametrize("processes, devices, message", [
@@ -150,12 +150,13 @@ def test_bad_pool_arguments_are_refused(processes, devices, message):
 
 
 def test_check_parameters_refuses_bad_pool_arguments_before_anything_runs():
-    defaults = pipeline.notebook_parameters("05_training")
+    defaults = T.configuration("small").parameters("cpu")
+    known = T.STUDY_PARAMETERS
     with pytest.raises(T.ParameterError, match="processes must be an integer >= 1"):
-        T.check_parameters({**defaults, "processes": 0}, known=defaults)
+        T.check_parameters({**defaults, "processes": 0}, known=known)
     with pytest.raises(T.ParameterError, match="must not repeat a device"):
-        T.check_parameters({**defaults, "devices": ["cpu", "cpu"]}, known=defaults)
+        T.check_parameters({**defaults, "devices": ["cpu", "cpu"]}, known=known)
     with pytest.raises(T.ParameterError, match="speed_steps must be an integer >= 1"):
-        T.check_parameters({**defaults, "speed_steps": 0}, known=defaults)
+        T.check_parameters({**defaults, "speed_steps": 0}, known=known)
     assert T.check_parameters({**defaults, "processes": 3, "devices": ["cpu"]},
-                              known=defaults).speed_steps == defaults["speed_steps"]
+                              known=known).speed_steps == defaults["speed_steps"]

@@ -97,8 +97,8 @@ def test_clear_removes_the_file_and_the_file_sits_beside_the_result(whole, tmp_p
 def test_rates_the_label_rounds_alike_are_two_runs(whole, tmp_path):
     study, _, records = whole
     task = study.task_list("mqar")[0]
-    job = T.Job("mqar", task, "samu", 0, 1e-3, study.train_config("mqar", 1e-3),
-                label="mqar samu lr 0.001 seed 0")
+    job = study.job("mqar", task, "samu", 1e-3, 0, study.train_config("mqar", 1e-3),
+                    label="mqar samu lr 0.001 seed 0")
     close = dataclasses.replace(job, lr=1.004e-3)  # the same label
     finished = T.FinishedRuns(tmp_path / "f.jsonl", study.describe())
     finished.add(job, records[0])
@@ -108,8 +108,8 @@ def test_rates_the_label_rounds_alike_are_two_runs(whole, tmp_path):
 
 def _job(study, seed):
     task = study.task_list("mqar")[0]
-    return T.Job("mqar", task, "samu", seed, 1e-3, study.train_config("mqar", 1e-3),
-                 label=f"mqar samu lr 0.001 seed {seed}")
+    return study.job("mqar", task, "samu", 1e-3, seed, study.train_config("mqar", 1e-3),
+                     label=f"mqar samu lr 0.001 seed {seed}")
 
 
 def _open_repeatedly(path, count, at_least, barrier):

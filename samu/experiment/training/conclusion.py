@@ -1,19 +1,31 @@
 """The study's conclusion in words, computed from a result document."""
 from __future__ import annotations
 
-from .study import best_frame, frame, learning_rate_choice, recall_curve_frame, sanity
-from .tasks import METRICS, MIXER_NAMES, TASK_NAMES
+from .curves import compared_mixers, recall_curve_frame, recall_sanity
+from .results import MIXER_NAMES, best_frame, frame, higher_is_better, learning_rate_choice, sanity
+from .tasks import METRIC_TABLE, TASK_NAMES
 
 # --- the conclusion ------------------------------------------------------------------------------
 
-def _unit(metric: str) -> str:
-    return "" if metric == "accuracy" else " bits/char"
+def unit(metric: str) -> str:
+    return METRIC_TABLE[metric].unit
 
 
 def conclusion(doc: dict) -> str:
     """A Markdown summary computed from the document: what was measured, each mixer's metric at
     each task's longest length with its spread over seeds, whether the spreads separate the
-    mixers, the speeds, and what the runs do not show."""
+    mixers, the speeds, the recall curves against their own sanity bar, and what the runs do not
+    show."""
+    env = doc["environment"]
+    gpu = env.get("device", "").startswith("cuda")
+    block = doc["study"].get("recurrent_block", "bare")
+    lines = _tasks(doc) if doc["runs"] else []
+    lines.extend(_recall_curves(doc))
+    lines.append(_caveats(gpu, block))
+    return "\n\n".join(lines)
+
+
+def _tasks(doc: dict) -> list[str]:
     import pandas as pd
     everything = frame(doc)
     df = best_frame(doc)
@@ -46,8 +58,7 @@ def conclusion(doc: dict) -> str:
                      "solves these tasks at this size when trained well, did not reach the bar, "
                      "so the training (steps, learning rates) is what these runs measure, not "
                      "the mixers.")
-        lines.append(_caveats(gpu, block))
-        return "\n\n".join(lines)
+        return lines
     choice = learning_rate_choice(doc)
     edges = choice[choice["at_edge"]]
     if len(edges):
@@ -59,18 +70,19 @@ def conclusion(doc: dict) -> str:
         part = df[df["task"] == task]
         longest = part["seq_len"].max()
         part = part[part["seq_len"] == longest]
-        metric = METRICS[task]
+        metric = part["metric"].iloc[0]
+        higher = higher_is_better(metric)
         stats = part.groupby("mixer", sort=False)["value"].agg(["mean", "min", "max"])
-        better = stats["mean"].idxmax() if metric == "accuracy" else stats["mean"].idxmin()
+        better = stats["mean"].idxmax() if higher else stats["mean"].idxmin()
         others = stats.drop(index=better)
         several = part.groupby("mixer")["seed"].nunique().min() > 1  # a spread to compare
-        if metric == "accuracy":
+        if higher:
             separated = bool(len(others)) and bool((stats.loc[better, "min"] > others["max"]).all())
         else:
             separated = bool(len(others)) and bool((stats.loc[better, "max"] < others["min"]).all())
         separated = separated and several
         cells = [f"{MIXER_NAMES.get(m, m)} {s['mean']:.3f} ({s['min']:.3f}-{s['max']:.3f})"
-                 f"{_unit(metric)}" for m, s in stats.iterrows()]
+                 f"{unit(metric)}" for m, s in stats.iterrows()]
         verdict = (f"{MIXER_NAMES.get(better, better)} is best, beyond the spread over seeds"
                    if separated else
                    f"{MIXER_NAMES.get(better, better)} has the best mean, but the ranges over "
@@ -78,7 +90,7 @@ def conclusion(doc: dict) -> str:
                    f"{MIXER_NAMES.get(better, better)} has the best value, from one seed: no "
                    "ordering is claimed")
         chance = part["chance"].iloc[0]
-        baseline = part["values_baseline"].iloc[0] if task == "mqar" else None
+        baseline = part["values_baseline"].iloc[0]
         if baseline is not None and not pd.isna(baseline):
             if stats["max"].max() < 1.5 * baseline:
                 verdict += (f"; no run got past guessing among the values present "
@@ -90,30 +102,17 @@ def conclusion(doc: dict) -> str:
                 verdict += (f"; past guessing among the values present (1 / pairs = "
                             f"{baseline:.3f}) in at least one seed: {', '.join(learned)}")
         lines.append(f"**{TASK_NAMES[task][0].upper() + TASK_NAMES[task][1:]}, L = {longest}** "
-                     f"(mean, range over seeds; chance {chance:.3f}{_unit(metric)}): "
+                     f"(mean, range over seeds; chance {chance:.3f}{unit(metric)}): "
                      f"{'; '.join(cells)}. {verdict[0].upper() + verdict[1:]}.")
         all_lengths = df[df["task"] == task]
-        if metric == "accuracy" and all_lengths["seq_len"].nunique() > 1:
+        if higher and all_lengths["seq_len"].nunique() > 1:
             by_len = all_lengths.groupby(["mixer", "seq_len"])["value"].mean()
             trend = [f"{MIXER_NAMES.get(m, m)} {by_len.loc[m].iloc[0]:.3f} at L = "
                      f"{by_len.loc[m].index[0]} to {by_len.loc[m].iloc[-1]:.3f} at L = "
                      f"{by_len.loc[m].index[-1]}" for m in stats.index]
             lines.append(f"Mean accuracy from the shortest to the longest length: "
                          f"{'; '.join(trend)}.")
-    lines.extend(_where_samu_loses(df, everything))
-    curves = recall_curve_frame(doc)
-    for curve, label in (("pairs", "key-value pairs"), ("width", "model width")):
-        part = curves[curves["curve"] == curve]
-        if not len(part):
-            continue
-        cells = []
-        for mixer, line in part.groupby("mixer", sort=False):
-            line = line.sort_values("x")
-            cells.append(f"{MIXER_NAMES.get(mixer, mixer)} "
-                         + ", ".join(f"{a:.2f}" for a in line["accuracy"]))
-        xs = ", ".join(str(v) for v in sorted(set(part["x"])))
-        lines.append(f"**Recall against {label}** ({xs}; MQAR accuracy, best rate per point, "
-                     f"one seed): {'; '.join(cells)}.")
+    lines.extend(_where_each_loses(df, everything))
     speed = everything.groupby("mixer", sort=False)["tokens_per_s"].median()
     if "attention" in speed.index and len(speed) > 1:
         rel = ", ".join(f"{MIXER_NAMES.get(m, m)} {v / speed['attention']:.2f}×"
@@ -142,8 +141,7 @@ def conclusion(doc: dict) -> str:
                      "from shorter training (the time budget is a safety cap).")
     if len(diverged):
         lines.append(f"**Diverged:** {len(diverged)} runs (non-finite training loss).")
-    lines.append(_caveats(gpu, block))
-    return "\n\n".join(lines)
+    return lines
 
 
 def _caveats(gpu: bool, block: str = "griffin") -> str:
@@ -162,32 +160,78 @@ def _caveats(gpu: bool, block: str = "griffin") -> str:
     return caveats
 
 
-def _where_samu_loses(best, everything) -> list[str]:
-    """Beside the quality-against-time figure: where SAMU's mean (at its best rate) is worse
-    than another mixer's, at every length, and how its training time compares."""
-    if "samu" not in set(best["mixer"]) or best["mixer"].nunique() < 2:
+def _where_each_loses(best, everything) -> list[str]:
+    """Beside the quality-against-time figure: for each mixer other than attention, where its
+    mean (at its best rate) is worse than another mixer's, at every length, and how the
+    training times compare."""
+    if best["mixer"].nunique() < 2:
         return []
-    losses = []
-    for (task, length), part in best.groupby(["task", "seq_len"], sort=False):
-        means = part.groupby("mixer")["value"].mean()
-        if "samu" not in means.index:
-            continue
-        higher = METRICS[task] == "accuracy"
-        beaten = [m for m, v in means.drop("samu").items()
-                  if (v > means["samu"] if higher else v < means["samu"])]
-        if beaten:
-            losses.append(f"{TASK_NAMES[task]} L = {length} (behind "
-                          f"{', '.join(MIXER_NAMES.get(m, m) for m in beaten)}: "
-                          f"{means['samu']:.3f}{_unit(METRICS[task])} against "
-                          f"{', '.join(f'{means[m]:.3f}' for m in beaten)})")
-    text = ("**Where SAMU loses** (mean at each mixer's best rate): "
-            + ("; ".join(losses) if losses else "nowhere in these runs") + ".")
     time_ = everything.groupby("mixer")["train_wall_s"].median().dropna()
-    if "samu" in time_.index and len(time_) > 1:
-        text += (" Median training wall time per run: "
-                 + ", ".join(f"{MIXER_NAMES.get(m, m)} {v:.1f} s" for m, v in time_.items())
-                 + " (the quality-against-time figure).")
-    return [text]
+    timing = (" Median training wall time per run: "
+              + ", ".join(f"{MIXER_NAMES.get(m, m)} {v:.1f} s" for m, v in time_.items())
+              + " (the quality-against-time figure)." if len(time_) > 1 else "")
+    out = []
+    for mixer in dict.fromkeys(best["mixer"]):
+        if mixer == "attention":
+            continue
+        losses = []
+        for (task, length), part in best.groupby(["task", "seq_len"], sort=False):
+            means = part.groupby("mixer")["value"].mean()
+            if mixer not in means.index:
+                continue
+            metric = part["metric"].iloc[0]
+            higher = higher_is_better(metric)
+            beaten = [m for m, v in means.drop(mixer).items()
+                      if (v > means[mixer] if higher else v < means[mixer])]
+            if beaten:
+                losses.append(f"{TASK_NAMES[task]} L = {length} (behind "
+                              f"{', '.join(MIXER_NAMES.get(m, m) for m in beaten)}: "
+                              f"{means[mixer]:.3f}{unit(metric)} against "
+                              f"{', '.join(f'{means[m]:.3f}' for m in beaten)})")
+        out.append(f"**Where {MIXER_NAMES.get(mixer, mixer)} loses** (mean at each mixer's best "
+                   f"rate): " + ("; ".join(losses) if losses else "nowhere in these runs") + ".")
+    if out:
+        out[-1] += timing
+    return out
+
+
+def _recall_curves(doc: dict) -> list[str]:
+    """The recall curves against their own sanity bar: which mixers passed it, and for those
+    compared, the best accuracy at each point of the grid."""
+    curves = recall_curve_frame(doc)
+    if not len(curves):
+        return []
+    check = recall_sanity(doc)
+    compared = compared_mixers(check)
+    cells = [f"{MIXER_NAMES.get(m, m)} {'passes' if c['passed'] else 'fails'} ({c['why']})"
+             for m, c in check["checks"].items()]
+    runs = len(doc.get("recall_curves", []))
+    lines = [f"**Recall curves** ({runs} runs; MQAR, vocabulary "
+             f"{', '.join(str(v) for v in sorted(_vocabularies(doc)))}; each point at the best "
+             f"of {int(curves['rates'].max())} learning rates, one seed). Their sanity bar, "
+             f"accuracy {check['bar']:.2f} at {check['pairs']} pairs and L = {check['seq_len']} "
+             f"(attention at every width of at least {check['attention_from_width']}, the "
+             f"others at the widest): {'; '.join(cells)}."]
+    if not check["yardstick_passed"]:
+        lines.append("**Recall curves: attention failed their sanity bar: no comparison.** "
+                     "The curves measure the training (steps, rates), not the states.")
+        return lines
+    for mixer in compared:
+        mine = curves[curves["mixer"] == mixer].sort_values(["pairs", "seq_len", "width"])
+        points = "; ".join(
+            f"L = {length}, {pairs} pairs: " + ", ".join(
+                f"{a:.2f}" + ("*" if learning else "")
+                for a, learning in zip(grp["accuracy"], grp["still_learning"]))
+            for (pairs, length), grp in mine.groupby(["pairs", "seq_len"], sort=False))
+        widths = ", ".join(str(w) for w in sorted(set(mine["width"])))
+        lines.append(f"{MIXER_NAMES.get(mixer, mixer)} (widths {widths}): {points}.")
+    if any(curves["still_learning"]):
+        lines.append("(\\* its run was still learning when it stopped: more steps may raise it.)")
+    return lines
+
+
+def _vocabularies(doc: dict) -> set:
+    return {r.get("task_options", {}).get("vocab_size") for r in doc.get("recall_curves", [])}
 
 
 def _concurrency(doc) -> list[str]:

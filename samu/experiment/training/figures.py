@@ -4,16 +4,31 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .study import _runs, best_frame, learning_rate_choice, recall_curve_frame
-from .tasks import METRICS, MIXER_NAMES, TASK_NAMES
+from ... import model as model_
+from .curves import compared_mixers, recall_curve_frame, recall_sanity
+from .results import (MIXER_NAMES, UNNAMED_CONFIGURATION, best_frame, learning_rate_choice,
+                      runs_of)
+from .tasks import METRIC_TABLE, TASK_NAMES, TASKS
 
 # --- figures -------------------------------------------------------------------------------------
 
-def _seed_range(values):
+def seed_range(values):
+    """seaborn's error band: the range over seeds."""
     return values.min(), values.max()
 
 
-def _title_note(doc: dict) -> str:
+def mixer_palette() -> dict:
+    """{mixer label: colour}: each mixer a colour of its own, the same in every figure, in the
+    order of samu.model.mixer_names()."""
+    import seaborn as sns
+    names = [MIXER_NAMES[m] for m in model_.mixer_names()]
+    return dict(zip(names, sns.color_palette("deep", len(names))))
+
+
+MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
+
+
+def title_note(doc: dict) -> str:
     env = doc["environment"]
     where = env["gpu"] if env.get("device", "").startswith("cuda") else "CPU"
     note = f"{where}, {env['dtype']}"
@@ -40,19 +55,23 @@ def figures(doc: dict) -> dict:
     from ..report import plain_log_ticks
 
     sns.set_theme(style="whitegrid", context="notebook")
+    out = {}
+    if not runs_of(doc):  # the recall curves alone
+        if isinstance(doc, dict) and doc.get("recall_curves"):
+            out["recall_curves"] = recall_curves_figure(doc)
+        return out
     # Each (task, length, mixer) at its best learning rate; the document keeps every run.
     best = {(r.task, r.seq_len, r.mixer): r.lr for r in learning_rate_choice(doc).itertuples()}
-    runs = [r for r in _runs(doc)
+    runs = [r for r in runs_of(doc)
             if r.get("lr") == best[(r["task"], r["seq_len"], r["mixer"])]
             or (r.get("lr") is None and pd.isna(best[(r["task"], r["seq_len"], r["mixer"])]))]
     df = best_frame(doc)
     df["Mixer"] = df["mixer"].map(lambda m: MIXER_NAMES.get(m, m))
     mixers = list(dict.fromkeys(df["Mixer"]))
-    palette = dict(zip(mixers, sns.color_palette("deep", len(mixers))))
-    markers = dict(zip(mixers, ["o", "s", "^", "D", "v"]))
-    note = _title_note(doc)
+    palette = mixer_palette()
+    markers = dict(zip(palette, MARKERS))
+    note = title_note(doc)
     one_seed = _one_seed(df)
-    out = {}
 
     # Loss curves: one panel per (task, length), the band the range over seeds.
     curves = pd.DataFrame([{"task": r["task"], "seq_len": r["seq_len"],
@@ -69,7 +88,7 @@ def figures(doc: dict) -> dict:
         # A curve of one or two logged points (a short run) is drawn by its markers.
         few = part.groupby(["Mixer", "seed"]).size().max() <= 2
         sns.lineplot(data=part, x="step", y="loss", hue="Mixer", hue_order=mixers,
-                     palette=palette, errorbar=_seed_range, ax=ax, legend=ax is axes[0],
+                     palette=palette, errorbar=seed_range, ax=ax, legend=ax is axes[0],
                      marker="o" if few else None)
         ax.set_title(f"{TASK_NAMES[task]}, L = {length}", fontsize=10)
         ax.set_ylabel("training loss (nats)")
@@ -82,8 +101,8 @@ def figures(doc: dict) -> dict:
     fig.tight_layout()
     out["loss"] = fig
 
-    # Accuracy against sequence length.
-    acc = df[df["task"].isin(["mqar", "copy"])]
+    # Accuracy against sequence length, for the tasks scored by accuracy.
+    acc = df[df["task"].map(lambda t: TASKS[t].metric == "accuracy" if t in TASKS else False)]
     if len(acc):
         tasks = list(dict.fromkeys(acc["task"]))
         fig = Figure(figsize=(5.2 * len(tasks) + 1.5, 4.2))
@@ -92,9 +111,9 @@ def figures(doc: dict) -> dict:
             part = acc[acc["task"] == task]
             sns.lineplot(data=part, x="seq_len", y="value", hue="Mixer", hue_order=mixers,
                          palette=palette, style="Mixer", markers=markers, dashes=False,
-                         errorbar=_seed_range, err_style="bars", ax=ax, legend=ax is axes[-1])
+                         errorbar=seed_range, err_style="bars", ax=ax, legend=ax is axes[-1])
             ax.axhline(part["chance"].iloc[0], color="gray", lw=1, ls=":", label="chance")
-            if task == "mqar" and part["values_baseline"].notna().any():
+            if part["values_baseline"].notna().any():
                 level = part["values_baseline"].iloc[0]
                 ax.axhline(level, color="gray", lw=1, ls="--")
                 ax.text(0.01, level + 0.01, "guessing among the values present (1 / pairs)",
@@ -153,9 +172,7 @@ def figures(doc: dict) -> dict:
         ax.set_xlabel(("training time per run, timed alone (s)" if part["timed_alone"].all()
                        else "training wall time per run (s)") if timed == "train_wall_s"
                       else "training tokens / s")
-        metric = METRICS[task]
-        ax.set_ylabel("held-out accuracy\n(higher is better)" if metric == "accuracy"
-                      else "held-out bits per character\n(lower is better)")
+        ax.set_ylabel(METRIC_TABLE[part["metric"].iloc[0]].label)
         ax.set_title(f"{TASK_NAMES[task]}, L = {longest}", fontsize=10)
     from matplotlib.lines import Line2D
     drawn = [m for m in mixers if (df["Mixer"] == m).any()]
@@ -175,62 +192,101 @@ def figures(doc: dict) -> dict:
 
 
 def recall_curves_figure(doc: dict):
-    """Zoology's recall curves: MQAR accuracy against the number of key-value pairs (at one
-    length and width) and against the model's width (at fixed pairs), each point at its best
-    learning rate (hollow marker: the best is at the edge of the sweep)."""
+    """Zoology's figure 2: MQAR accuracy against the model's width, a panel per (sequence
+    length, key-value pairs) point of the grid, and against the pairs at the widest width with
+    more than one point; a line per mixer, each point at its best learning rate (hollow: the best
+    is at the sweep's edge; a cross beside it: its run was still learning when it stopped).  Only
+    the mixers that pass the curves' sanity bar (recall_sanity) are drawn; the figure says
+    which did not, and draws no comparison when attention did not."""
     import seaborn as sns
     from matplotlib.figure import Figure
 
+    sns.set_theme(style="whitegrid", context="notebook")
     curves = recall_curve_frame(doc)
-    spec = doc["study"].get("recall_curves") or {}
-    mixers = list(dict.fromkeys(curves["mixer"]))
-    palette = dict(zip(mixers, sns.color_palette("deep", len(mixers))))
-    fig = Figure(figsize=(11.5, 4.2))
-    axes = fig.subplots(1, 2)
-    titles = {"pairs": f"against key-value pairs (L = {spec.get('seq_len')}, width "
-                       f"{doc['study'].get('width')})",
-              "width": f"against model width ({spec.get('fixed_pairs')} pairs, L = "
-                       f"{spec.get('seq_len')})"}
-    for ax, curve in zip(axes, ("pairs", "width")):
-        part = curves[curves["curve"] == curve]
-        for mixer in mixers:
-            line = part[part["mixer"] == mixer].sort_values("x")
+    check = recall_sanity(doc)
+    drawn = compared_mixers(check)
+    palette = mixer_palette()
+    points = sorted({(int(r.seq_len), int(r.pairs)) for r in curves.itertuples()},
+                    key=lambda p: (p[1], p[0]))
+    panels = [("width", p) for p in points
+              if curves[(curves["seq_len"] == p[0]) & (curves["pairs"] == p[1])]["width"]
+              .nunique() > 1]
+    by_width = curves.groupby("width")["pairs"].nunique()
+    several = [w for w, n in by_width.items() if n > 1]
+    if several:
+        panels.append(("pairs", max(several)))
+    panels = panels or [("width", p) for p in points[:1]]
+    fig = Figure(figsize=(3.9 * len(panels) + 2.6, 4.3))
+    axes = fig.subplots(1, len(panels), squeeze=False).ravel()
+    for ax, (kind, at) in zip(axes, panels):
+        if kind == "width":
+            part = curves[(curves["seq_len"] == at[0]) & (curves["pairs"] == at[1])]
+            x, title = "width", f"L = {at[0]}, {at[1]} pairs"
+        else:
+            part = curves[curves["width"] == at]
+            x, title = "pairs", f"width {at} (L grows with the pairs)"
+        for mixer in drawn:
+            line = part[part["mixer"] == mixer].sort_values(x)
             if not len(line):
                 continue
-            ax.plot(line["x"], line["accuracy"], "-", color=palette[mixer],
-                    label=MIXER_NAMES.get(mixer, mixer))
-            for edge, face in ((False, palette[mixer]), (True, "white")):
+            colour = palette[MIXER_NAMES[mixer]]
+            ax.plot(line[x], line["accuracy"], "-", color=colour, label=MIXER_NAMES[mixer])
+            for edge, face in ((False, colour), (True, "white")):
                 pts = line[line["at_edge"] == edge]
-                ax.scatter(pts["x"], pts["accuracy"], color=face, edgecolor=palette[mixer],
-                           zorder=3)
-        if len(part):
+                ax.scatter(pts[x], pts["accuracy"], color=face, edgecolor=colour, zorder=3)
+            learning = line[line["still_learning"]]
+            ax.scatter(learning[x], learning["accuracy"] + 0.04, marker="x", color=colour,
+                       s=18, zorder=3)
+        xs = sorted(set(part[x]))
+        if xs:
             ax.set_xscale("log", base=2)
-            xs = sorted(set(part["x"]))
             ax.set_xticks(xs, [str(v) for v in xs])
             ax.minorticks_off()
-        ax.set_ylim(-0.03, 1.03)
-        ax.set_xlabel("key-value pairs" if curve == "pairs" else "model width")
+        ax.set_ylim(-0.03, 1.07)
+        ax.axhline(check["bar"], color="gray", lw=1, ls=":")
+        ax.set_xlabel("model width" if x == "width" else "key-value pairs")
         ax.set_ylabel("held-out MQAR accuracy")
-        ax.set_title(titles[curve], fontsize=10)
-    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.suptitle(f"Recall curves (best learning rate per point; hollow: at the sweep's edge) — "
-                 f"{_title_note(doc)}", fontsize=11)
+        ax.set_title(title, fontsize=10)
+        if not drawn:
+            ax.text(0.5, 0.5, "no comparison:\nattention failed its bar", ha="center",
+                    va="center", transform=ax.transAxes, color="firebrick", fontsize=10)
+    failed = [f"{MIXER_NAMES[m]}: {c['why']}" for m, c in check["checks"].items()
+              if not c["passed"]]
+    notes = [f"Sanity bar (accuracy {check['bar']:.2f} at {check['pairs']} pairs, L = "
+             f"{check['seq_len']}: attention at every width >= "
+             f"{check['attention_from_width']}, the others at the widest)"]
+    notes += ["passed by every mixer" if not failed else "failed, not drawn:"] + failed
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        axes[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                        frameon=False, title="mixer")
+    axes[-1].text(1.02, 0.45 if handles else 1.0, "\n".join(notes), transform=axes[-1].transAxes,
+                  va="top", fontsize=8, wrap=True,
+                  color="black" if not failed else "firebrick")
+    verdict = "" if drawn and not failed else (
+        " — no comparison: attention failed its bar" if not drawn else
+        " — mixers below their bar not drawn")
+    fig.suptitle(f"Recall curves (best of {int(curves['rates'].max()) if len(curves) else 0} "
+                 f"learning rates per point; hollow: best at the sweep's edge; x: still "
+                 f"learning){verdict} — {title_note(doc)}", fontsize=10)
     fig.tight_layout()
     return fig
 
 
-FIGURE_NAMES = ("loss", "accuracy", "quality_speed", "recall_curves")  # figures' keys, those a study draws
+FIGURE_NAMES = ("loss", "accuracy", "quality_speed", "recall_curves")  # the figures' keys
 
 
-def figure_path(slug: str, name: str) -> Path:
-    """data/figures/<slug>_training_<name>.png."""
+def figure_path(slug: str, name: str, configuration: str | None = None) -> Path:
+    """data/figures/<slug>_training_<name>.png for the unnamed configuration,
+    data/figures/<slug>_training_<configuration>_<name>.png for the others."""
     from ... import paths
-    return paths.figures_dir() / f"{slug}_training_{name}.png"
+    named = "" if configuration in (None, UNNAMED_CONFIGURATION) else f"{configuration}_"
+    return paths.figures_dir() / f"{slug}_training_{named}{name}.png"
 
 
 def draw_figures(doc: dict, slug: str) -> list[Path]:
     """The figures written atomically (``report.save_figure``) to their figure_path."""
     from .. import report
-    return [report.save_figure(fig, figure_path(slug, name)) for name, fig in figures(doc).items()]
-
-
+    configuration = doc["study"].get("configuration")
+    return [report.save_figure(fig, figure_path(slug, name, configuration))
+            for name, fig in figures(doc).items()]

@@ -10,11 +10,25 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .parameters import COUNT, LEARNING_RATE, OFFSET, ParameterError, Range
-from .tasks import IGNORE, _generator
+from .tasks import IGNORE, metric_of, seeded_generator
 
 # --- training ------------------------------------------------------------------------------------
+
+# scaled_dot_product_attention's kernels by the name a TrainConfig gives (the fastest first, as
+# a rule, on a recent GPU; fastest_attention_kernel times them).
+ATTENTION_KERNEL_NAMES = {"cudnn": SDPBackend.CUDNN_ATTENTION,
+                          "flash": SDPBackend.FLASH_ATTENTION,
+                          "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+
+
+def attention_kernel(name: str | None):
+    """A context in which scaled_dot_product_attention runs kernel ``name`` alone (None:
+    torch's own choice)."""
+    return contextlib.nullcontext() if name is None else sdpa_kernel(ATTENTION_KERNEL_NAMES[name])
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -24,7 +38,11 @@ class TrainConfig:
     warm-up excluded), each step synchronised on CUDA; on CUDA the GPU time of each step (CUDA
     events around forward, backward and the optimizer step; no evaluation) is summed as well.
     ``max_seconds`` is an optional safety cap: it stops a run once its measured steps took that
-    long (None, the default: never) and the run records that it did.  ``cuda_graph``: on CUDA,
+    long (None, the default: never) and the run records that it did.  ``stop_loss``: a run
+    stops once its mean training loss over a logging window (``log_every`` steps) is at most
+    this, the task solved (None, the default: never), and records that it stopped early.
+    ``attention_kernel``: the kernel of scaled_dot_product_attention (ATTENTION_KERNEL_NAMES;
+    None: torch's own choice).  ``cuda_graph``: on CUDA,
     after ``GraphedStep.EAGER_STEPS`` eager steps every step (forward, backward, clipping and
     the optimizer) is one CUDA graph's replay, so that a small model's step costs its GPU work
     rather than its launches; elsewhere it changes nothing."""
@@ -42,6 +60,8 @@ class TrainConfig:
     timing_warmup_steps: int = 5
     max_seconds: float | None = None
     cuda_graph: bool = False
+    stop_loss: float | None = None
+    attention_kernel: str | None = None
 
     # What each numeric field may be.  max_seconds may be 0 (stop after the first timed step);
     # a study's time budget, which it is a share of, may not.
@@ -49,7 +69,8 @@ class TrainConfig:
               "warmup_steps": OFFSET, "min_lr_ratio": Range(low=0, high=1),
               "weight_decay": Range(low=0), "grad_clip": Range(low=0, low_open=True),
               "eval_batches": COUNT, "log_every": COUNT, "timing_warmup_steps": OFFSET,
-              "max_seconds": Range(low=0, optional=True)}
+              "max_seconds": Range(low=0, optional=True),
+              "stop_loss": Range(low=0, low_open=True, optional=True)}
     BETA = Range(low=0, high=1, high_open=True)
 
     def __post_init__(self):
@@ -67,6 +88,10 @@ class TrainConfig:
         if self.timing_warmup_steps >= self.steps:
             raise ParameterError(f"train: timing_warmup_steps {self.timing_warmup_steps} leaves "
                                  f"none of {self.steps} steps to time (it must be below steps)")
+        if self.attention_kernel is not None and \
+                self.attention_kernel not in ATTENTION_KERNEL_NAMES:
+            raise ParameterError(f"train: attention_kernel must be None or one of "
+                                 f"{list(ATTENTION_KERNEL_NAMES)}, got {self.attention_kernel!r}")
         if self.schedule not in ("cosine", "constant"):
             raise ParameterError(f"train: schedule must be 'cosine' or 'constant', got "
                                  f"{self.schedule!r}")
@@ -185,8 +210,8 @@ def loss_of(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
 
 @torch.no_grad()
 def evaluate(model, task, batches, device) -> dict:
-    """Mean loss over the scored positions of ``batches``, and the task's metric: accuracy
-    (argmax equals target) or bits per character (the loss over ln 2)."""
+    """Mean loss over the scored positions of ``batches``, and the task's metric (its spec's):
+    from the mean loss and the fraction of scored positions whose argmax is the target."""
     was_training = model.training
     model.eval()
     total, count, correct = 0.0, 0, 0
@@ -202,8 +227,9 @@ def evaluate(model, task, batches, device) -> dict:
     finally:
         model.train(was_training)
     loss = total / count
-    value = correct / count if task.metric == "accuracy" else loss / math.log(2)
-    return {"loss": loss, "metric": task.metric, "value": value, "scored": count}
+    metric = metric_of(task)
+    return {"loss": loss, "metric": metric.name, "value": metric.value(loss, correct / count),
+            "scored": count}
 
 
 def train(model, task, config: TrainConfig, seed: int, device, progress=None) -> dict:
@@ -211,9 +237,15 @@ def train(model, task, config: TrainConfig, seed: int, device, progress=None) ->
     ``seed`` (the same batches for every model on one kind of device).
     ``progress(step, loss)`` is called after every step.  Returns the loss curve (mean training
     loss over each ``log_every`` steps, at the step that ends them), tokens per second, steps
-    completed and whether the run stopped on time or diverged."""
+    completed and whether the run stopped on time, stopped early (solved) or diverged; the
+    steps run attention on ``config.attention_kernel``."""
+    with attention_kernel(config.attention_kernel):
+        return _train(model, task, config, seed, device, progress)
+
+
+def _train(model, task, config: TrainConfig, seed: int, device, progress) -> dict:
     device = torch.device(device)
-    generator = _generator(seed, device)
+    generator = seeded_generator(seed, device)
     graphed = config.cuda_graph and device.type == "cuda"
     opt = optimizer(model, config, device, graphed)
     params = [p for p in model.parameters()]
@@ -226,7 +258,7 @@ def train(model, task, config: TrainConfig, seed: int, device, progress=None) ->
     timed_s, timed_tokens, timed_steps = 0.0, 0, 0
     cuda = device.type == "cuda"
     gpu_ms = 0.0
-    stopped_by_time = diverged = False
+    stopped_by_time = stopped_early = diverged = False
     started = time.perf_counter()
     for step in range(config.steps):
         inputs, targets = task.batch(config.batch_size, generator)
@@ -260,6 +292,10 @@ def train(model, task, config: TrainConfig, seed: int, device, progress=None) ->
         if done % config.log_every == 0 or done == config.steps:
             window = losses[-(done - (curve[-1][0] if curve else 0)):]
             curve.append([done, statistics.fmean(window)])
+            if (config.stop_loss is not None and done < config.steps
+                    and curve[-1][1] <= config.stop_loss):
+                stopped_early = True
+                break
         if not math.isfinite(value):
             diverged = True
             break
@@ -275,6 +311,7 @@ def train(model, task, config: TrainConfig, seed: int, device, progress=None) ->
         "steps": config.steps,
         "steps_completed": len(losses),
         "stopped_by_time": stopped_by_time,
+        "stopped_early": stopped_early,
         "diverged": diverged,
         "tokens_per_s": timed_tokens / timed_s if timed_s > 0 else math.nan,
         "timed_steps": timed_steps,

@@ -63,11 +63,11 @@ SECONDS = Range(low=0, low_open=True, optional=True)  # a time budget; None: non
 LEARNING_RATE = Range(low=0, low_open=True)
 
 
-def _check_int(owner: str, name: str, value, minimum: int = 1) -> None:
+def check_int(owner: str, name: str, value, minimum: int = 1) -> None:
     Range(integer=True, low=minimum).check(f"{owner}: {name}", value)
 
 
-def _check_list(name: str, value, item: Range) -> None:
+def check_list(name: str, value, item: Range) -> None:
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
         raise ParameterError(f"{name} must be a non-empty list, each {item.describe()}, got "
                              f"{value!r}")

@@ -8,15 +8,14 @@ first (``measure_speed``) and reports that; with one worker each run is its own 
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import multiprocessing
 import os
 import time
-from dataclasses import dataclass, replace
 
 import torch
 
 from .parameters import ParameterError
+from .runs import Job, run_job
 
 # The device a worker process trains on, set once by its initializer.
 _WORKER_DEVICE: str | None = None
@@ -32,40 +31,8 @@ def _init_worker(devices, threads: int) -> None:
         torch.cuda.set_device(device)
 
 
-@dataclass(frozen=True)
-class Job:
-    """One training run: ``run_one``'s arguments, and what the record gets beside them."""
-    name: str
-    task: object
-    mixer: str
-    seed: int
-    lr: float
-    config: object  # TrainConfig
-    width: int | None = None
-    extra: tuple = ()  # (key, value) pairs added to the record
-    label: str = ""  # how the progress log names the run
-
-
-@functools.lru_cache(maxsize=8)
-def _held_out(task, batches: int, batch_size: int):
-    return task.held_out(batches, batch_size)
-
-
-def held_out(task, config):
-    """The task's held-out batches at ``config``'s sizes, drawn once per process (the last few
-    tasks' kept)."""
-    return _held_out(task, config.eval_batches, config.batch_size)
-
-
-def run_job(study, job: Job, device=None) -> dict:
-    """Train and evaluate ``job``'s model on ``device`` (in a worker: the worker's device)."""
-    from .study import run_one
-    device = _WORKER_DEVICE or device
-    record = run_one(study, job.name, job.task, job.mixer, job.seed, device,
-                     held_out(job.task, job.config), lr=job.lr, width=job.width,
-                     config=job.config)
-    record.update(dict(job.extra))
-    return record
+def _run_in_worker(job: Job) -> dict:
+    return run_job(job, _WORKER_DEVICE)
 
 
 def check_devices(device, processes, devices) -> tuple:
@@ -134,19 +101,19 @@ class RunPool:
                 initargs=(queue, self.threads))
         return self._executor
 
-    def map(self, study, jobs, done=None) -> tuple[list[dict], float]:
+    def map(self, jobs, done=None) -> tuple[list[dict], float]:
         """The records of ``jobs`` in order, and the wall seconds they took together."""
         started = time.perf_counter()
         jobs = list(jobs)
         if self.workers == 1:
             records = []
             for job in jobs:
-                records.append(run_job(study, job, self.devices[0]))
+                records.append(run_job(job, self.devices[0]))
                 if done is not None:
                     done(job, records[-1])
             return records, time.perf_counter() - started
         executor = self._start()
-        futures = {executor.submit(run_job, study, job): i for i, job in enumerate(jobs)}
+        futures = {executor.submit(_run_in_worker, job): i for i, job in enumerate(jobs)}
         records = [None] * len(jobs)
         try:
             for future in concurrent.futures.as_completed(futures):
@@ -168,10 +135,3 @@ class RunPool:
                 "workers": self.workers,
                 "phases": [{**p, "throughput_gain": p["solo_train_s"] / p["wall_s"]
                             if p["wall_s"] > 0 else None} for p in self.phases]}
-
-
-def speed_config(config, steps: int):
-    """``config`` cut to its timing warm-up and ``steps`` timed steps, no time cap."""
-    total = config.timing_warmup_steps + steps
-    return replace(config, steps=total, max_seconds=None, log_every=total,
-                   warmup_steps=min(config.warmup_steps, total))

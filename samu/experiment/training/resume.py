@@ -10,7 +10,7 @@ from pathlib import Path
 from ...calibration_file import locked
 from .. import schema
 from ..benchmark_rows import append_line
-from .pool import Job
+from .runs import Job
 
 
 def finished_path(result: Path) -> Path:

@@ -10,34 +10,135 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import platform
 import re
 import sysconfig
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from .parameters import COUNT, ParameterError, Range, _check_int
+from .. import schema
+from .parameters import COUNT, ParameterError, Range, check_int
 
-TASKS = ("mqar", "copy", "lm")
-TASK_NAMES = {"mqar": "associative recall (MQAR)", "copy": "selective copying",
-              "lm": "character LM (stdlib source)"}
-MIXER_NAMES = {"attention": "attention", "rglru": "RG-LRU", "samu": "SAMU"}
-METRICS = {"mqar": "accuracy", "copy": "accuracy", "lm": "bits_per_char"}
 IGNORE = -100  # targets that carry no loss
 # The held-out examples of the synthetic tasks come from this seed, whatever the training seed:
 # every mixer and seed is scored on the same examples.
 EVAL_SEED = 2_147_483_647
 
 
-def _generator(seed: int, device="cpu") -> torch.Generator:
+# --- the tables: metrics and tasks ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Metric:
+    """How a task is scored.  name: the key (result files); label: the axis's words;
+    higher_is_better: its direction; unit: what follows a value in text ("" for a fraction);
+    value: (mean loss in nats over the scored positions, fraction of them right) -> the score."""
+    name: str
+    label: str
+    higher_is_better: bool
+    unit: str
+    value: Callable[[float, float], float]
+
+
+METRIC_TABLE: dict[str, Metric] = {m.name: m for m in (
+    Metric("accuracy", "held-out accuracy\n(higher is better)", True, "",
+           lambda loss, right: right),
+    Metric("bits_per_char", "held-out bits per character\n(lower is better)", False,
+           " bits/char", lambda loss, right: loss / math.log(2)),
+)}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A training task, defined once: every module of the study reads it from ``TASKS``.
+
+    name: the key (study parameters, result files).
+    label: its name in tables, figures and the conclusion.
+    metric: the key of its score in METRIC_TABLE.
+    data: the task's class, ``data(seq_len, **options)``, a frozen dataclass with ``name``,
+        ``vocab_size``, ``chance``, ``batch(batch_size, generator)`` -> (inputs, targets) int64
+        [batch, seq_len] (targets IGNORE where nothing is scored), ``held_out(batches,
+        batch_size)`` and ``preview()`` (a few lines that show an example); optionally
+        ``values_baseline`` (an accuracy reached before the task is learned) and ``data_info()``
+        (what the result document records about its data).
+    options: the numeric options it takes and what each may be (its other fields, such as a
+        corpus root, are passed through to ``data``).
+    sanity: attention must reach the study's sanity bar on it, at its shortest length, before
+        the study compares mixers.
+    description: notebook 05's words on it (Markdown).
+    """
+    name: str
+    label: str
+    metric: str
+    data: type
+    options: Mapping = field(default_factory=dict)
+    sanity: bool = False
+    description: str = ""
+
+    def __post_init__(self):
+        if self.metric not in METRIC_TABLE:
+            raise ValueError(f"task {self.name!r}: unknown metric {self.metric!r}; choose one "
+                             f"of {list(METRIC_TABLE)}")
+
+    @property
+    def scored_by(self) -> Metric:
+        return METRIC_TABLE[self.metric]
+
+
+class _View(Mapping):
+    """{task: what ``pick(spec)`` gives} over the current TASKS, read when looked up."""
+
+    def __init__(self, pick):
+        self._pick = pick
+
+    def __getitem__(self, name):
+        return self._pick(TASKS[name])
+
+    def __iter__(self):
+        return iter(list(TASKS))
+
+    def __len__(self):
+        return len(TASKS)
+
+
+def task_spec(name) -> TaskSpec:
+    """The spec of task ``name``, or ParameterError listing the tasks there are."""
+    spec = TASKS.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise ParameterError(f"unknown task {name!r}; choose one of {list(TASKS)}")
+    return spec
+
+
+def metric_of(task) -> Metric:
+    """The metric that scores a task object (its spec's)."""
+    return task_spec(task.name).scored_by
+
+
+@contextmanager
+def registered_task(spec: TaskSpec):
+    """A task in TASKS for the length of the ``with`` block (a new task tried out, a test's
+    toy one); it leaves when the block does."""
+    if spec.name in TASKS:
+        raise ValueError(f"task {spec.name!r} is registered already")
+    TASKS[spec.name] = spec
+    try:
+        yield spec
+    finally:
+        TASKS.pop(spec.name, None)
+
+
+def seeded_generator(seed: int, device="cpu") -> torch.Generator:
     return torch.Generator(device=device).manual_seed(int(seed))
 
 
-def _distinct(rows: int, population: int, count: int, generator,
-              log_weights: torch.Tensor | None = None) -> torch.Tensor:
+def distinct(rows: int, population: int, count: int, generator,
+             log_weights: torch.Tensor | None = None) -> torch.Tensor:
     """[rows, count] distinct integers from range(population) per row, in random order, on the
     generator's device: a uniformly random subset, or with ``log_weights`` (unnormalised
     log-probabilities over the population) one drawn without replacement in proportion to them
@@ -49,10 +150,23 @@ def _distinct(rows: int, population: int, count: int, generator,
     return (log_weights.to(u.device) + gumbel).topk(count, dim=1).indices
 
 
-# The options of each task (the classes below check them too).
-TASK_OPTION_RANGES = {"num_pairs": COUNT, "vocab_size": COUNT, "num_tokens": COUNT,
-                      "data_vocab": COUNT, "noise_vocab": COUNT,
-                      "power_a": Range(low=0, high=1, low_open=True, optional=True)}
+# The options of each task and what each may be (its spec's; the class checks them too).
+MQAR_OPTIONS = {"num_pairs": COUNT, "vocab_size": COUNT,
+                "power_a": Range(low=0, high=1, low_open=True, optional=True)}
+COPY_OPTIONS = {"num_tokens": COUNT, "data_vocab": COUNT, "noise_vocab": COUNT}
+
+
+def _check_options(task) -> None:
+    """A task object's seq_len and each numeric option of its spec against its range."""
+    check_int(task.name, "seq_len", task.seq_len)
+    for key, allowed in task_spec(task.name).options.items():
+        allowed.check(f"{task.name}: {key}", getattr(task, key))
+
+
+def _preview(task) -> str:
+    """One example: its inputs, then its targets (IGNORE where nothing is scored)."""
+    x, y = task.batch(1, torch.Generator().manual_seed(0))
+    return f"inputs  {x[0].tolist()}\ntargets {y[0].tolist()}"
 
 
 # --- tasks ---------------------------------------------------------------------------------------
@@ -73,11 +187,9 @@ class MQAR:
     vocab_size: int = 256
     power_a: float | None = 0.01
     name = "mqar"
-    metric = "accuracy"
 
     def __post_init__(self):
-        for key in ("seq_len", "num_pairs", "vocab_size"):
-            _check_int("mqar", key, getattr(self, key))
+        _check_options(self)
         half = self.vocab_size // 2
         if half - 1 < self.num_pairs or self.vocab_size - half < self.num_pairs:
             raise ParameterError(f"mqar: vocab_size {self.vocab_size} holds fewer than "
@@ -87,7 +199,6 @@ class MQAR:
             raise ParameterError(f"mqar: seq_len {self.seq_len} is too short for "
                                  f"{self.num_pairs} pairs and their queries (at least "
                                  f"{4 * self.num_pairs})")
-        TASK_OPTION_RANGES["power_a"].check("mqar: power_a", self.power_a)
 
     @property
     def chance(self) -> float:
@@ -103,11 +214,11 @@ class MQAR:
         """(inputs, targets), int64 [batch_size, seq_len], on the generator's device."""
         b, p, v, length = batch_size, self.num_pairs, self.vocab_size, self.seq_len
         half = v // 2
-        keys = _distinct(b, half - 1, p, generator) + 1
-        values = _distinct(b, v - half, p, generator) + half
+        keys = distinct(b, half - 1, p, generator) + 1
+        values = distinct(b, v - half, p, generator) + half
         inputs = torch.randint(half, v, (b, length), generator=generator, device=generator.device)
         inputs[:, :2 * p] = torch.stack((keys, values), dim=2).reshape(b, 2 * p)
-        slots = _distinct(b, (length - 2 * p) // 2, p, generator, self.slot_weights())
+        slots = distinct(b, (length - 2 * p) // 2, p, generator, self.slot_weights())
         query = 2 * p + 2 * slots  # where key i is queried
         inputs.scatter_(1, query, keys)
         targets = torch.full_like(inputs, IGNORE).scatter_(1, query, values)
@@ -121,8 +232,10 @@ class MQAR:
         return (self.power_a - 1) * torch.log(torch.arange(1, space + 1, dtype=torch.float32))
 
     def held_out(self, batches: int, batch_size: int):
-        g = _generator(EVAL_SEED)
+        g = seeded_generator(EVAL_SEED)
         return [self.batch(batch_size, g) for _ in range(batches)]
+
+    preview = _preview
 
 
 @dataclass(frozen=True)
@@ -136,13 +249,11 @@ class SelectiveCopy:
     data_vocab: int = 16
     noise_vocab: int = 16
     name = "copy"
-    metric = "accuracy"
     SEPARATOR = 0
     MARKER = 1
 
     def __post_init__(self):
-        for key in ("seq_len", "num_tokens", "data_vocab", "noise_vocab"):
-            _check_int("copy", key, getattr(self, key))
+        _check_options(self)
         if self.body < self.num_tokens:
             raise ParameterError(f"copy: seq_len {self.seq_len} is too short for "
                                  f"{self.num_tokens} data tokens (at least "
@@ -164,7 +275,7 @@ class SelectiveCopy:
         b, k = batch_size, self.num_tokens
         device = generator.device
         data = torch.randint(2, 2 + self.data_vocab, (b, k), generator=generator, device=device)
-        positions = _distinct(b, self.body, k, generator).sort(dim=1).values
+        positions = distinct(b, self.body, k, generator).sort(dim=1).values
         inputs = torch.randint(2 + self.data_vocab, self.vocab_size, (b, self.seq_len),
                                generator=generator, device=device)
         inputs.scatter_(1, positions, data)
@@ -175,8 +286,10 @@ class SelectiveCopy:
         return inputs, targets
 
     def held_out(self, batches: int, batch_size: int):
-        g = _generator(EVAL_SEED)
+        g = seeded_generator(EVAL_SEED)
         return [self.batch(batch_size, g) for _ in range(batches)]
+
+    preview = _preview
 
 
 # --- the standard-library corpus -----------------------------------------------------------------
@@ -318,12 +431,19 @@ class CharLM:
     seq_len: int
     root: str | None = None
     name = "lm"
-    metric = "bits_per_char"
     vocab_size = 256
     chance = 8.0  # bits per character of a uniform guess over 256 bytes
 
     def __post_init__(self):
-        _check_int("lm", "seq_len", self.seq_len)
+        _check_options(self)
+
+    def preview(self) -> str:
+        """The corpus: its files, bytes and leak (the checksums left out)."""
+        return str({k: v for k, v in self.data_info().items() if not k.endswith("sha256")})
+
+    def data_info(self) -> dict:
+        """The corpus (corpus()'s info), for the result document."""
+        return corpus(self.root)[2]
 
     def split(self, name: str, device="cpu") -> torch.Tensor:
         data = _split_on(self.root, name, str(torch.device(device)))
@@ -358,15 +478,59 @@ def _split_on(root, name: str, device: str) -> torch.Tensor:
 
 
 def make_task(name: str, seq_len: int, **options):
-    """``make_task("mqar", 256, num_pairs=16, vocab_size=1024)``, ``make_task("copy", ...)``,
-    ``make_task("lm", 512)``."""
-    classes = {"mqar": MQAR, "copy": SelectiveCopy, "lm": CharLM}
-    if name not in classes:
-        raise ParameterError(f"unknown task {name!r}; choose one of {list(classes)}")
-    return classes[name](seq_len, **options)
+    """``make_task("mqar", 256, num_pairs=16, vocab_size=1024)``: task ``name`` of TASKS at
+    ``seq_len`` with its options; ParameterError names an unknown task or option, or one out of
+    its range."""
+    spec = task_spec(name)
+    try:
+        return spec.data(seq_len, **options)
+    except TypeError as exc:
+        raise ParameterError(f"{name}: {exc}; its options are {sorted(spec.options)}") from None
 
 
 def task_options(task) -> dict:
-    return {k: v for k, v in asdict(task).items() if k not in ("seq_len", "root")}
+    """A task object's options (its spec's numeric ones)."""
+    return {k: v for k, v in asdict(task).items() if k in task_spec(task.name).options}
 
+
+def _builtin() -> dict[str, TaskSpec]:
+    return {spec.name: spec for spec in (
+        TaskSpec("mqar", "associative recall (MQAR)", "accuracy", MQAR, MQAR_OPTIONS,
+                 sanity=True, description=(
+                     "**Multi-query associative recall** (MQAR, as in Zoology): key-value "
+                     "pairs, then every key queried once later in the sequence (Zoology's power "
+                     "law: most queries soon after the pairs, a heavy tail to the end), among "
+                     "noise. It measures in-context recall, the ability that separates attention "
+                     "from fixed-size recurrent states; with the pairs fixed, a longer sequence "
+                     "adds noise and distance. Scored only at the answer positions. Before a "
+                     "model binds keys to values it can guess among the values present: "
+                     "accuracy 1 / pairs, the dashed line of the figure.")),
+        TaskSpec("copy", "selective copying", "accuracy", SelectiveCopy, COPY_OPTIONS,
+                 sanity=True, description=(
+                     "**Selective copying**: a few data tokens scattered among noise tokens, "
+                     "then a separator and one marker per data token, where the model must give "
+                     "the data tokens in order. It measures selection by content: skipping noise "
+                     "needs gates that depend on the input. Scored only at the markers. Tokens: "
+                     "0 separator, 1 marker, then the data tokens, then the noise tokens.")),
+        TaskSpec("lm", "character LM (stdlib source)", "bits_per_char", CharLM, {},
+                 description=(
+                     "**Character-level language model** on the Python standard library's own "
+                     "`*.py` files (present wherever Python is; bytes as tokens): natural data, "
+                     "scored in bits per character on held-out files. The corpus is this "
+                     "machine's Python, so bits per character compare across mixers, not across "
+                     "machines. The split is by folder (a top-level package, or under `test/` "
+                     "the next level, goes wholly to one side), and files that say they were "
+                     "generated and exact duplicates are left out: a split by file put "
+                     "near-copies on both sides. The leak, the fraction of held-out 32-byte "
+                     "windows found verbatim in training, is measured for the earlier by-file "
+                     "split and for this one; the result file records the corpus.")),
+    )}
+
+
+# The table.  Its order is the order of the study's tasks in tables and figures.
+TASKS: dict[str, TaskSpec] = _builtin()
+# Labels and metric names by task, read from TASKS when looked up.
+TASK_NAMES = _View(lambda spec: spec.label)
+METRICS = _View(lambda spec: spec.metric)
+schema.register_training_tables(tasks=lambda: list(TASKS), metrics=lambda: list(METRIC_TABLE))
 

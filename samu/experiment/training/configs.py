@@ -1,0 +1,263 @@
+"""The studies `make train` runs (``CONFIGURATIONS``), each at a GPU's size (``make train
+CONFIG=<name>`` on CUDA) and at a CPU's (notebook 05's defaults, which nbval runs in about a
+minute on one core: they exercise every step and are no result).
+
+- ``small``: the study as it first ran on the H200 (``data/training/nvidia-h200.json``):
+  width 256, L = 256-512, recall, copying and the LM, 3 seeds; its recall curves are now the
+  ``recall`` configuration's.
+- ``recall``: Zoology's recall curves, built to show where each state stops recalling.
+- ``scale``: the three mixers at a length and width where a recurrent training step is cheaper
+  than attention's, for quality against training time.
+
+Each GPU study runs in ``parts``: ``make train CONFIG=<name> PART=k`` (k = 1 .. parts) runs the
+k-th, each estimated (``budget.estimate`` from the committed H200 step times) to take under
+eight minutes of device time, so that one fits a 10-minute device command; a part stopped short
+is run again with the same command and trains only what it had not finished (FinishedRuns).
+The part that finds every part's file merges them.  The estimates, at the commit that set these
+values (``tests/experiment/test_training_configs.py`` recomputes them):
+
+- ``recall``: 72 runs (with no widening), about 720 s in all, 2 parts of about 370 s;
+- ``scale``: 40 runs (with no widening), about 620 s in all, 3 parts of about 210 s;
+  per step (wall, alone): attention 26.5 ms, RG-LRU 22.5 ms, SAMU 21.6 ms.
+
+How the recall curves' numbers were chosen.  The points and widths are Zoology's figure 2
+((L, pairs) = (64, 4), (128, 8), (256, 16); widths 64-512), at vocabulary 8192.  Rates: four
+from 1e-4 to 1e-2 (Zoology's logspace(-4, -2, 4)), swept at the grid's first point for each
+mixer and width and widened past an edge best (``lr_search="first_point"``: a third of the
+runs of sweeping every point, which the budget does not allow at these steps).  Steps: 4000 of
+batch 64, an early stop once a logging window's mean training loss is 0.02 nats or less (the
+point solved).  On the committed H200 study the recurrent mixers needed 1200-4000 steps to
+leave the guessing baseline at vocabulary 64 (4000 brought 0.78-0.97) and attention reached
+0.88 at 16 pairs in 2500 steps; Zoology's 64 epochs of 100k examples (100k steps of 64) is
+25 times the budget.  So every point records whether its run was still learning when it
+stopped (``curves.still_learning``), and the figure marks it.  The bar: accuracy 0.9.
+
+The scale study: L = 8192, width 512, 2 layers, batch 8 (65,536 tokens a step), 600 steps a run
+(39M tokens, the same for every mixer), the character LM and MQAR (64 pairs over 512 tokens)
+at that length; four rates for attention and five for the recurrent mixers at the first seed,
+widened past an edge best, then seeds 1 and 2 at the best; attention on the fastest
+scaled_dot_product_attention kernel, timed before its runs; one run at a time, so that every
+run's GPU time per step (CUDA events) and tokens per second are its own, alone on the GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# The small study as it ran on the H200 (width 256, 2 layers, 3 seeds; for every (task, length,
+# mixer) a learning-rate sweep of three rates at the first seed, widened past an edge best,
+# then the other two seeds at the best rate).  The steps come from probes on the H200
+# (docs/sweeps/2026-12-02_48199ae_gpu_probes): attention copies at L = 256 to 0.978 in 2000
+# steps (lr 3e-4; 0.79 in 800); RG-LRU and SAMU in Griffin's block stay at the 1/8 guessing
+# baseline on MQAR after 1200 steps and reach 0.78 and 0.82 after 4000.  Every step replays a
+# CUDA graph (eager steps of these models are nearly all launches).  Four runs at once trained
+# at 0.61-0.92x the rate of one at a time (docs/sweeps/2026-12-03_a57ed47_gpu_training), so
+# the runs go one at a time.
+SMALL_GPU = dict(
+    mixers=None,
+    seeds=[0, 1, 2],
+    width=256,
+    layers=2,
+    mlp_expansion=4,
+    tasks={
+        "mqar": {"lengths": [256, 512], "num_pairs": 8, "vocab_size": 64},
+        "copy": {"lengths": [256, 512], "num_tokens": 16, "data_vocab": 16,
+                 "noise_vocab": 16},
+        "lm": {"lengths": [512]},
+    },
+    steps={"mqar": 4000, "copy": 2000, "lm": 1000},
+    batch_size={"mqar": 64, "copy": 64, "lm": 32},
+    lr=[3e-4, 1e-3, 3e-3],
+    lr_search="first_seed",
+    warmup_steps=100,
+    eval_batches=8,
+    timing_warmup_steps=10,
+    log_every=20,
+    time_budget_s=None,
+    recurrent_block="griffin",
+    attention_heads="standard",
+    attention_head_dim=64,
+    sanity_bar=0.95,
+    speed_steps=50,
+    processes=1,
+    cuda_graph=True,
+    recall_curves=None,
+)
+# A CPU's size: a minute's study that exercises every step (its bar, 0.2, just above chance).
+SMALL_CPU = dict(
+    mixers=None,
+    seeds=[0],
+    width=32,
+    layers=2,
+    mlp_expansion=2,
+    tasks={"mqar": {"lengths": [32], "num_pairs": 4, "vocab_size": 16},
+           "copy": {"lengths": [32], "num_tokens": 4, "data_vocab": 8, "noise_vocab": 8},
+           "lm": {"lengths": [64]}},
+    steps={"mqar": 100, "copy": 100, "lm": 20},
+    batch_size=32,
+    lr=[1e-3, 3e-3],
+    lr_search="grid",
+    warmup_steps=10,
+    eval_batches=2,
+    timing_warmup_steps=2,
+    log_every=10,
+    attention_head_dim=16,
+    sanity_bar=0.2,
+    speed_steps=4,
+    processes=1,
+    cuda_graph=True,
+)
+
+# Zoology's logspace(-4, -2, 4), to three figures.
+ZOOLOGY_RATES = [1e-4, 4.64e-4, 2.15e-3, 1e-2]
+RECALL_GPU = dict(
+    mixers=None,
+    seeds=[0],
+    width=256,  # unused: each point has its own width
+    layers=2,
+    mlp_expansion=2,
+    tasks={},
+    steps={},
+    batch_size={},
+    lr=ZOOLOGY_RATES,
+    warmup_steps=100,
+    eval_batches=4,
+    timing_warmup_steps=10,
+    log_every=50,
+    attention_head_dim=32,  # width 64 holds two heads
+    sanity_bar=0.9,
+    speed_steps=20,
+    processes=1,
+    cuda_graph=True,
+    recall_curves={"points": [[64, 4], [128, 8], [256, 16]], "widths": [64, 128, 256, 512],
+                   "vocab_size": 8192, "steps": 4000, "batch_size": 64, "bar": 0.9,
+                   "attention_from_width": 128, "stop_loss": 0.02,
+                   "lr_search": "first_point"},
+)
+RECALL_CPU = dict(
+    RECALL_GPU,
+    width=16,
+    layers=1,
+    lr=[3e-3, 1e-2],
+    warmup_steps=4,
+    eval_batches=2,
+    timing_warmup_steps=2,
+    log_every=10,
+    attention_head_dim=8,
+    speed_steps=4,
+    recall_curves={"points": [[16, 2], [32, 4]], "widths": [16, 32], "vocab_size": 16,
+                   "steps": 40, "batch_size": 16, "bar": 0.9, "attention_from_width": 16,
+                   "stop_loss": 0.02, "lr_search": "first_point"},
+)
+
+SCALE_LENGTH = 8192
+SCALE_GPU = dict(
+    mixers=None,
+    seeds=[0, 1, 2],
+    width=512,
+    layers=2,
+    mlp_expansion=4,
+    tasks={"lm": {"lengths": [SCALE_LENGTH]},
+           "mqar": {"lengths": [SCALE_LENGTH], "num_pairs": 64, "vocab_size": 512}},
+    steps=600,
+    batch_size=8,
+    lr={"attention": [3e-4, 1e-3, 2e-3, 4e-3], "rglru": [3e-4, 6e-4, 1.2e-3, 2.4e-3, 4.8e-3],
+        "samu": [3e-4, 6e-4, 1.2e-3, 2.4e-3, 4.8e-3]},
+    lr_search="first_seed",
+    warmup_steps=60,
+    eval_batches=4,
+    timing_warmup_steps=10,
+    log_every=20,
+    recurrent_block="griffin",
+    attention_heads="standard",
+    attention_head_dim=64,
+    attention_kernel="fastest",
+    sanity_bar=0.9,
+    speed_steps=20,
+    processes=1,
+    cuda_graph=True,
+)
+SCALE_CPU = dict(
+    SCALE_GPU,
+    seeds=[0, 1],
+    width=32,
+    layers=1,
+    mlp_expansion=2,
+    tasks={"lm": {"lengths": [64]}, "mqar": {"lengths": [64], "num_pairs": 4, "vocab_size": 16}},
+    steps=20,
+    batch_size=8,
+    lr={"attention": [3e-3], "rglru": [3e-3, 1e-2], "samu": [3e-3, 1e-2]},
+    warmup_steps=4,
+    eval_batches=2,
+    timing_warmup_steps=2,
+    log_every=5,
+    attention_head_dim=16,
+    sanity_bar=0.2,
+    speed_steps=4,
+)
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """A study `make train` runs: ``gpu`` and ``cpu``, its parameters at each size (notebook
+    05's names; ``mixers=None`` is every mixer of samu.model.mixer_names()); ``parts``, the
+    parts its GPU runs split into; ``label`` and ``description``, notebook 05's heading and
+    words on it."""
+    name: str
+    label: str
+    description: str
+    gpu: dict = field(repr=False)
+    cpu: dict = field(repr=False)
+    parts: int = 1
+
+    def parameters(self, size: str) -> dict:
+        """Its parameters at ``size`` ("gpu" or "cpu"), naming the configuration."""
+        if size not in SIZES:
+            raise ValueError(f"size must be one of {list(SIZES)}, got {size!r}")
+        return {**(self.gpu if size == "gpu" else self.cpu), "configuration": self.name}
+
+
+SIZES = ("gpu", "cpu")
+CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
+    Configuration(
+        "small", "The study at a small size",
+        "Width 256, L = 256-512 on a GPU: what each mixer learns on recall, copying and the "
+        "character LM, each at its best rate, three seeds. At this size a recurrent step costs "
+        "more than attention's, so the quality-against-time figure cannot show what a fast "
+        "recurrence buys; the `scale` study below can.",
+        SMALL_GPU, SMALL_CPU, parts=3),
+    Configuration(
+        "recall", "Recall curves",
+        "Zoology's figure 2: MQAR accuracy over (L, pairs) points and model widths, each mixer "
+        "at its own best rate, with a sanity bar of their own (attention solves the fewest "
+        "pairs at every width of at least 128, each other mixer at the widest width); a mixer "
+        "below its bar is not compared, and no mixer is when attention is below its own.",
+        RECALL_GPU, RECALL_CPU, parts=2),
+    Configuration(
+        "scale", "At a scale where a recurrent step is cheaper",
+        "L = 8192, width 512 on a GPU, the same tokens for every mixer: the character LM and "
+        "MQAR at that length, each mixer at its best rate, three seeds, attention on the "
+        "fastest `scaled_dot_product_attention` kernel; quality against training time, each "
+        "run timed alone.",
+        SCALE_GPU, SCALE_CPU, parts=3),
+)}
+
+
+def configuration(name: str, configurations: dict | None = None) -> Configuration:
+    """The configuration ``name`` of ``configurations`` (None: CONFIGURATIONS), or ValueError
+    listing those there are."""
+    table = CONFIGURATIONS if configurations is None else configurations
+    if name not in table:
+        raise ValueError(f"unknown configuration {name!r}; choose one of {list(table)}")
+    return table[name]
+
+
+def as_table(studies: dict) -> dict[str, Configuration]:
+    """{name: Configuration} from {name: its parameters}, each at both sizes (the form in which
+    `make train` hands notebook 05 the studies it checked)."""
+    return {name: Configuration(name, configuration(name).label if name in CONFIGURATIONS
+                                else name, "", dict(parameters), dict(parameters))
+            for name, parameters in studies.items()}
+
+
+# `make train` on a GPU, without CONFIG: the small study, as before there were several.
+GPU_PARAMETERS = SMALL_GPU

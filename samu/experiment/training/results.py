@@ -1,0 +1,314 @@
+"""The training study's result document (schema ``samu.experiment.schema.SCHEMAS["training"]``):
+writing it (whole, or a part's, and merging the parts), and reading it: ``frame`` (a row a run),
+each mixer at its best learning rate (``learning_rate_choice``, ``best_frame``, ``summary``)
+and the yardstick's ``sanity``."""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+from ... import mixers as mixers_
+from ... import model as model_
+from .. import protocol, schema
+from .loop import dtype_name
+from .parameters import ParameterError
+from .tasks import METRIC_TABLE, TASKS
+
+# The configuration whose files carry no configuration's name (the study as it first ran).
+UNNAMED_CONFIGURATION = "small"
+# The accuracy attention must reach on the sanity tasks at their shortest length before the
+# study compares mixers, for documents that do not state their own.
+SANITY_BAR = 0.95
+
+
+def higher_is_better(metric: str) -> bool:
+    return METRIC_TABLE[metric].higher_is_better
+
+
+class _MixerLabels(Mapping):
+    """{mixer: its label} over the mixers a model can hold (samu.model.mixer_names()):
+    attention's, and each registered mixer's spec's, read when looked up."""
+
+    def __getitem__(self, mixer):
+        if mixer == "attention":
+            return "attention"
+        try:
+            return mixers_.get(mixer).label
+        except ValueError:
+            raise KeyError(mixer) from None
+
+    def __iter__(self):
+        return iter(model_.mixer_names())
+
+    def __len__(self):
+        return len(model_.mixer_names())
+
+
+MIXER_NAMES = _MixerLabels()
+
+
+def parse_part(part) -> tuple | None:
+    """``"2/3"`` -> (2, 3); None -> None; ParameterError for anything else (k from 1 to n)."""
+    if part is None:
+        return None
+    try:
+        k, n = (int(v) for v in str(part).split("/"))
+    except ValueError:
+        k = n = 0
+    if not isinstance(part, str) or not 1 <= k <= n:
+        raise ParameterError(f"part must be None or 'k/n' with 1 <= k <= n, got {part!r}")
+    return k, n
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+def environment(device) -> dict:
+    """The timing protocol's environment (versions, GPU, driver, commit, date) of the device the
+    study trained on, with its dtype: a CPU run on a GPU machine names no GPU."""
+    env = protocol.environment(device)
+    env["dtype"] = dtype_name(device)
+    return env
+
+
+def result_document(study, records: list[dict], device, recall_curves: list[dict] | None = None,
+                    pool=None) -> dict:
+    """The document of ``study`` (a Study): its runs' records, its recall curves' (if any),
+    the environment, how ``pool`` (a RunPool) spread the runs, and under "data" what each task
+    with a ``data_info`` records about its data (the LM's corpus)."""
+    doc = {"schema_version": schema.SCHEMA_VERSION, "kind": "training",
+           "environment": environment(device), "study": study.describe(), "runs": records}
+    if pool is not None:
+        doc["concurrency"] = pool.describe()
+    if recall_curves:
+        doc["recall_curves"] = recall_curves
+    data = {name: task.data_info() for name in study.tasks
+            for task in study.task_list(name)[:1] if hasattr(task, "data_info")}
+    if data:
+        doc["data"] = data
+    return doc
+
+
+def result_path(slug: str, configuration: str | None = None) -> Path:
+    """data/training/<slug>.json (samu.paths.training_file) for the unnamed configuration,
+    data/training/<slug>.<configuration>.json for the others."""
+    from ... import paths
+    path = paths.training_file(slug)
+    if configuration in (None, UNNAMED_CONFIGURATION):
+        return path
+    return path.with_name(f"{slug}.{configuration}.json")
+
+
+def part_path(slug: str, part: str, configuration: str | None = None) -> Path:
+    """One part's result document: result_path's name with ``.part-<k>-of-<n>`` before
+    ``.json``."""
+    k, n = parse_part(part)
+    whole = result_path(slug, configuration)
+    return whole.with_name(f"{whole.stem}.part-{k}-of-{n}.json")
+
+
+def write_part(doc: dict, slug: str) -> Path:
+    """A part's document (its study's ``part`` and ``configuration`` say which), validated and
+    written atomically."""
+    study = doc["study"]
+    return schema.write_json_atomic(part_path(slug, study["part"], study.get("configuration")),
+                                    doc, kind="training")
+
+
+def merge_parts(slug: str, part: str, configuration: str | None = None) -> dict | None:
+    """When every part of ``part``'s study has its file: the documents joined into one (every
+    run, in part order; the first part's environment, each part's in ``parts``), written to
+    result_path(slug, configuration) and returned; None while a part is missing.  Parts of
+    different studies are refused."""
+    _, n = parse_part(part)
+    paths_ = [part_path(slug, f"{k}/{n}", configuration) for k in range(1, n + 1)]
+    if not all(p.exists() for p in paths_):
+        return None
+    docs = [schema.read_valid_json(p, "training") for p in paths_]
+
+    def whole(study):
+        return {k: v for k, v in study.items() if k != "part"}
+    for p, d in zip(paths_[1:], docs[1:]):
+        if whole(d["study"]) != whole(docs[0]["study"]):
+            raise ValueError(f"{p}: its study differs from that of {paths_[0]}; not merged")
+    merged = dict(docs[0])
+    merged["study"] = {**whole(docs[0]["study"]), "part": None}
+    merged["runs"] = [r for d in docs for r in d["runs"]]
+    curves = [r for d in docs for r in d.get("recall_curves", [])]
+    if curves:
+        merged["recall_curves"] = curves
+    merged["parts"] = [{"part": d["study"]["part"], "environment": d["environment"],
+                        **({"concurrency": d["concurrency"]} if "concurrency" in d else {})}
+                       for d in docs]
+    merged.pop("concurrency", None)  # each part's is in "parts"
+    write_result(merged, slug)
+    return merged
+
+
+def validate(doc: dict) -> None:
+    """Raise jsonschema.ValidationError naming the first problem (non-finite numbers taken as the
+    strings they are written as)."""
+    schema.validate(schema._finite(doc), "training")
+
+
+def write_result(doc: dict, slug: str) -> Path:
+    """Validated against the "training" schema, then written atomically to result_path (its
+    study's configuration's)."""
+    return schema.write_json_atomic(result_path(slug, doc["study"].get("configuration")), doc,
+                                    kind="training")
+
+
+def runs_of(doc) -> list[dict]:
+    """The run records of a document, or the list of records given."""
+    return doc["runs"] if isinstance(doc, dict) else list(doc)
+
+
+# frame()'s speed columns and the record fields of the speed timed alone that replace them.
+SOLO_COLUMNS = {"tokens_per_s": "solo_tokens_per_s", "wall_ms_per_step": "solo_wall_ms_per_step",
+                "gpu_ms_per_step": "solo_gpu_ms_per_step", "train_wall_s": "solo_train_s"}
+
+
+def frame(doc):
+    """One row per run (of a document, or of a list of run records): task, mixer, seed, seq_len,
+    lr, metric, value, tokens_per_s, parameters, mixer_parameters, ms per step, ..."""
+    import pandas as pd
+    keys = ("task", "mixer", "seed", "seq_len", "lr", "metric", "value", "chance",
+            "values_baseline", "eval_loss", "final_train_loss", "tokens_per_s", "parameters",
+            "mixer_parameters", "wall_ms_per_step", "gpu_ms_per_step", "steps", "steps_completed",
+            "stopped_by_time", "stopped_early", "diverged", "train_wall_s", "wall_s")
+    rows = []
+    for r in runs_of(doc):
+        row = {k: r.get(k) for k in keys}
+        if row["mixer_parameters"] is None:  # documents of the earlier study
+            row["mixer_parameters"] = r.get("parameter_counts", {}).get("mixer")
+        # The speed timed alone on the device where the study measured it (runs that shared the
+        # device keep theirs as concurrent_*): steps at that speed are the run's training time.
+        row["timed_alone"] = "solo_wall_ms_per_step" in r
+        if row["timed_alone"]:
+            for column, solo in SOLO_COLUMNS.items():
+                row[f"concurrent_{column}"] = row[column]
+                row[column] = r.get(solo)
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=[*keys, "timed_alone"] if not rows else None)
+    df["stopped_early"] = df["stopped_early"].fillna(False).astype(bool)  # earlier documents
+    for column in ("value", "eval_loss", "final_train_loss", "tokens_per_s", "lr",
+                   "wall_ms_per_step", "gpu_ms_per_step", "train_wall_s"):
+        df[column] = pd.to_numeric(df[column], errors="coerce")  # "nan" strings of a file
+    return df
+
+
+def learning_rate_choice(doc):
+    """Per task, length and mixer: the learning rate whose mean metric is best (highest
+    accuracy, lowest bits per character) over the seeds that ran at every rate (all of them on
+    a grid; the first seed of a first_seed sweep, whose other seeds ran at its best only), the
+    rates swept, and ``at_edge``: the best is the lowest or the highest rate of a sweep of three
+    or more and beats the rate next to it (edge_beyond), so a better one may lie outside it."""
+    import pandas as pd
+    df = frame(doc)
+    rows = []
+    for (task, length, mixer), part in df.groupby(["task", "seq_len", "mixer"], sort=False):
+        seeds_per_rate = [set(p["seed"]) for _, p in part.groupby("lr", dropna=False)]
+        common = set.intersection(*seeds_per_rate)
+        scored = part[part["seed"].isin(common)] if common else part
+        means = scored.groupby("lr", dropna=False)["value"].mean()
+        finite = means.dropna()
+        higher = higher_is_better(part["metric"].iloc[0])
+        if len(finite):
+            best = finite.idxmax() if higher else finite.idxmin()
+        else:
+            best = means.index[0]
+        rates = sorted(means.index)
+        rows.append({"task": task, "seq_len": length, "mixer": mixer, "lr": best,
+                     "swept": rates,
+                     # Of two rates the best is always one end: flagged from three on.
+                     "at_edge": len(rates) > 2
+                     and edge_beyond(means.to_dict(), best, higher) is not None,
+                     "mean_by_lr": {float(k): float(v) for k, v in means.items()}})
+    return pd.DataFrame(rows, columns=["task", "seq_len", "mixer", "lr", "swept", "at_edge",
+                                       "mean_by_lr"])
+
+
+def best_frame(doc):
+    """frame(doc) restricted to the runs at each (task, length, mixer)'s best learning rate."""
+    import pandas as pd
+    df = frame(doc)
+    best = {(r.task, r.seq_len, r.mixer): r.lr for r in learning_rate_choice(doc).itertuples()}
+    keep = [(row.lr == best[key]) or (pd.isna(row.lr) and pd.isna(best[key]))
+            for row, key in ((row, (row.task, row.seq_len, row.mixer))
+                             for row in df.itertuples())]
+    return df[keep].reset_index(drop=True)
+
+
+def summary(doc):
+    """Per task, length and mixer (of a document, or of a list of run records), at the best
+    learning rate (learning_rate_choice): the metric's mean, standard deviation, minimum and
+    maximum over seeds, the rate and whether it is at the edge of the sweep, median tokens per
+    second and ms per step (wall; GPU time on CUDA), total and mixer parameters."""
+    df = best_frame(doc)
+    choice = learning_rate_choice(doc).set_index(["task", "seq_len", "mixer"])["at_edge"]
+    grouped = df.groupby(["task", "seq_len", "mixer"], sort=False)
+    out = grouped.agg(metric=("metric", "first"), lr=("lr", "first"), seeds=("seed", "count"),
+                      mean=("value", "mean"), std=("value", "std"), min=("value", "min"),
+                      max=("value", "max"), tokens_per_s=("tokens_per_s", "median"),
+                      wall_ms_per_step=("wall_ms_per_step", "median"),
+                      gpu_ms_per_step=("gpu_ms_per_step", "median"),
+                      parameters=("parameters", "first"),
+                      mixer_parameters=("mixer_parameters", "first"),
+                      steps_completed=("steps_completed", "min")).reset_index()
+    out.insert(5, "lr_at_edge", [bool(choice.loc[(t, l, m)]) for t, l, m in
+                                 zip(out["task"], out["seq_len"], out["mixer"])])
+    return out
+
+
+def sanity(doc, bar: float | None = None) -> dict:
+    """Whether the yardstick works: attention's mean accuracy (at its best learning rate) on
+    every task whose spec counts for the sanity bar, at its shortest length, against ``bar``
+    (None: the study's sanity_bar, SANITY_BAR for documents without one).  Returns {"bar",
+    "passed", "checks": {task: {"seq_len", "accuracy", "passed"}}}; a task without attention
+    runs is not checked."""
+    if bar is None:
+        bar = doc.get("study", {}).get("sanity_bar", SANITY_BAR) if isinstance(doc, dict) \
+            else SANITY_BAR
+    checks = {}
+    if not runs_of(doc):
+        return {"bar": float(bar), "passed": True, "checks": checks}
+    df = best_frame(doc)
+    for task in [name for name, spec in TASKS.items() if spec.sanity]:
+        part = df[(df["task"] == task) & (df["mixer"] == "attention")]
+        if not len(part):
+            continue
+        shortest = int(part["seq_len"].min())
+        accuracy = float(part[part["seq_len"] == shortest]["value"].mean())
+        checks[task] = {"seq_len": shortest, "accuracy": accuracy, "passed": accuracy >= bar}
+    return {"bar": float(bar), "passed": all(c["passed"] for c in checks.values()),
+            "checks": checks}
+
+
+def best_rate(records: list[dict]) -> float:
+    """The rate of the best finite metric among ``records`` (one run per rate: the first
+    seed's), the highest accuracy or the lowest bits per character, the lowest rate among equal
+    ones (as learning_rate_choice); the lowest rate when none is finite."""
+    finite = sorted((r for r in records if math.isfinite(r["value"])), key=lambda r: r["lr"])
+    if not finite:
+        return min(r["lr"] for r in records)
+    pick = max if higher_is_better(records[0]["metric"]) else min
+    return pick(finite, key=lambda r: r["value"])["lr"]  # a tie: the lowest rate, as pandas
+
+
+def edge_beyond(value: dict, best: float, higher_is_better: bool) -> float | None:
+    """The end of a sweep (``value``: the metric by rate, two rates or more) where its best
+    rate ``best`` sits and strictly beats its neighbour, so a better rate may lie beyond it;
+    None when the best is inside or only ties the rate next to it (a saturated or a flat sweep:
+    a rate inside does as well)."""
+    ordered = sorted(value)
+    if len(ordered) < 2 or best not in (ordered[0], ordered[-1]):
+        return None
+    va = value[best]
+    vb = value[ordered[1] if best == ordered[0] else ordered[-2]]
+    if not math.isfinite(va):
+        return None
+    if not math.isfinite(vb) or (va > vb if higher_is_better else va < vb):
+        return best
+    return None
+
+

@@ -1,0 +1,113 @@
+"""One training run: ``Job`` (its task, model, training configuration and seed) and
+``run_job`` (the model built, trained and evaluated: the run's record); ``measure_speed`` times a
+job's configuration alone on a device."""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, replace
+
+from ... import model as model_
+from .loop import ATTENTION_KERNEL_NAMES, TrainConfig, attention_kernel, evaluate, train
+from .tasks import task_options
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run: ``task`` (a task object of task ``name``) learned by a model of
+    ``model`` (a samu.model.ModelConfig around ``mixer``) from ``seed`` under ``config`` (a
+    TrainConfig at rate ``lr``); ``extra``: (key, value) pairs its record gets beside them;
+    ``label``: how the progress log names it."""
+    name: str
+    task: object
+    mixer: str
+    seed: int
+    lr: float
+    config: TrainConfig
+    model: model_.ModelConfig
+    extra: tuple = ()
+    label: str = ""
+
+    @property
+    def width(self) -> int:
+        return self.model.width
+
+
+@functools.lru_cache(maxsize=8)
+def _held_out(task, batches: int, batch_size: int):
+    return task.held_out(batches, batch_size)
+
+
+def held_out(task, config: TrainConfig):
+    """The task's held-out batches at ``config``'s sizes, drawn once per process (the last few
+    tasks' kept)."""
+    return _held_out(task, config.eval_batches, config.batch_size)
+
+
+def run_job(job: Job, device, progress=None) -> dict:
+    """Train and evaluate ``job``'s model on ``device``: the run's record for the result
+    document (``progress(step, loss)`` after every step)."""
+    model = model_.build(job.model, seed=job.seed, device=device)
+    started = time.perf_counter()
+    trained = train(model, job.task, job.config, job.seed, device, progress=progress)
+    with attention_kernel(job.config.attention_kernel):
+        scored = evaluate(model, job.task, held_out(job.task, job.config), device)
+    counts = model.parameter_counts()
+    return {
+        "task": job.name, "mixer": job.mixer, "seed": int(job.seed),
+        "seq_len": job.task.seq_len, "task_options": task_options(job.task),
+        "parameters": model.num_parameters, "parameter_counts": counts,
+        "mixer_parameters": counts["mixer"], "model": job.model.describe(),
+        "backend": model.last_backends, "batch_size": job.config.batch_size,
+        "lr": job.config.lr, "max_seconds": job.config.max_seconds,
+        **trained,
+        "metric": scored["metric"], "value": scored["value"], "eval_loss": scored["loss"],
+        "eval_scored_positions": scored["scored"], "chance": job.task.chance,
+        "values_baseline": getattr(job.task, "values_baseline", None),
+        "wall_s": time.perf_counter() - started,
+        **dict(job.extra),
+    }
+
+
+def speed_config(config: TrainConfig, steps: int) -> TrainConfig:
+    """``config`` cut to its timing warm-up and ``steps`` timed steps, no time cap and no early
+    stop."""
+    total = config.timing_warmup_steps + steps
+    return replace(config, steps=total, max_seconds=None, stop_loss=None, log_every=total,
+                   warmup_steps=min(config.warmup_steps, total))
+
+
+def measure_speed(job: Job, device, steps: int) -> dict:
+    """The training speed of ``job``'s configuration timed alone on ``device``: ``steps`` steps
+    after the timing warm-up (a model of seed 0, not kept), as the ``solo_*`` fields of a
+    record."""
+    model = model_.build(job.model, seed=0, device=device)
+    return alone(train(model, job.task, speed_config(job.config, steps), 0, device))
+
+
+def alone(timed: dict) -> dict:
+    """The ``solo_*`` fields of a timing (train's) made alone on the device."""
+    return {"solo_wall_ms_per_step": timed["wall_ms_per_step"],
+            "solo_gpu_ms_per_step": timed["gpu_ms_per_step"],
+            "solo_tokens_per_s": timed["tokens_per_s"], "solo_timed_steps": timed["timed_steps"]}
+
+
+def fastest_attention_kernel(model: model_.ModelConfig, task, config: TrainConfig, device,
+                             steps: int = 5) -> str:
+    """The name (ATTENTION_KERNEL_NAMES) of the scaled_dot_product_attention kernel that trains
+    an attention model of ``model`` on ``task`` at ``config``'s batch fastest on ``device``:
+    each kernel that runs there is timed alone for ``steps`` steps after the timing warm-up (GPU
+    time on CUDA, wall time elsewhere); one that cannot run this shape is passed over."""
+    times = {}
+    for name in ATTENTION_KERNEL_NAMES:
+        trial = replace(config, attention_kernel=name)
+        try:
+            timed = measure_speed(Job("", task, model.mixer, 0, config.lr, trial, model),
+                                  device, steps)
+        except RuntimeError:  # "No available kernel": not this shape, dtype or device
+            continue
+        ms = timed["solo_gpu_ms_per_step"]
+        times[name] = ms if ms is not None else timed["solo_wall_ms_per_step"]
+    if not times:
+        raise RuntimeError(f"no scaled_dot_product_attention kernel runs {model} on {device}")
+    return min(times, key=times.get)

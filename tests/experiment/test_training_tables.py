@@ -1,0 +1,281 @@
+"""The training study is built on tables: a task is a TaskSpec in samu.experiment.training.TASKS,
+a study a Configuration in CONFIGURATIONS.  A toy task registered for a test's length runs
+through the study, its document, figures, conclusion and notebook 05's cells with no other file
+edited; the configurations' GPU parts fit a 10-minute device command by the estimate from the
+committed H200 step times; and the package's modules import one another without a circle."""
+import ast
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from samu import paths
+from samu.experiment import schema, training as T
+from samu.experiment.training import budget, configs, tasks as task_module
+
+REF = "reference_chunked"  # named: tests/conftest.py sets TRITON_INTERPRET=1 on a CPU
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+@dataclasses.dataclass(frozen=True)
+class Echo:
+    """Random tokens; at every position after the first the target is the token before it."""
+    seq_len: int
+    vocab_size: int = 8
+    name = "echo"
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / self.vocab_size
+
+    def batch(self, batch_size, generator):
+        inputs = torch.randint(0, self.vocab_size, (batch_size, self.seq_len),
+                               generator=generator, device=generator.device)
+        targets = torch.full_like(inputs, T.IGNORE)
+        targets[:, 1:] = inputs[:, :-1]
+        return inputs, targets
+
+    def held_out(self, batches, batch_size):
+        g = T.seeded_generator(T.EVAL_SEED)
+        return [self.batch(batch_size, g) for _ in range(batches)]
+
+    def preview(self):
+        return "an echo of the token before"
+
+
+ECHO = T.TaskSpec("echo", "echo (the token before)", "accuracy", Echo,
+                  {"vocab_size": T.COUNT}, sanity=True,
+                  description="**Echo**: the token before, a toy task.")
+
+ECHO_STUDY = dict(mixers=None, seeds=[0], width=16, layers=1, mlp_expansion=2,
+                  tasks={"echo": {"lengths": [12], "vocab_size": 6}}, steps=30, batch_size=8,
+                  lr=[3e-3, 1e-2], lr_search="grid", warmup_steps=2, eval_batches=1,
+                  timing_warmup_steps=1, log_every=5, attention_head_dim=8, sanity_bar=0.1,
+                  backend=REF, speed_steps=2, processes=1)
+
+
+@pytest.fixture
+def echo():
+    with T.registered_task(ECHO) as spec:
+        yield spec
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    monkeypatch.setenv("SAMU_DATA_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_the_task_table_is_what_every_module_reads():
+    assert list(T.TASKS) == ["mqar", "copy", "lm"]
+    assert dict(T.TASK_NAMES) == {name: spec.label for name, spec in T.TASKS.items()}
+    assert dict(T.METRICS) == {"mqar": "accuracy", "copy": "accuracy", "lm": "bits_per_char"}
+    assert [n for n, spec in T.TASKS.items() if spec.sanity] == ["mqar", "copy"]
+    assert T.make_task("mqar", 64, num_pairs=4).num_pairs == 4
+    with pytest.raises(T.ParameterError, match="unknown task 'echo'"):
+        T.make_task("echo", 8)
+    with pytest.raises(T.ParameterError, match=r"mqar: .*num_tokens.*its options are"):
+        T.make_task("mqar", 64, num_tokens=4)
+    with pytest.raises(ValueError, match="unknown metric 'f1'"):
+        dataclasses.replace(ECHO, metric="f1")
+    with pytest.raises(ValueError, match="registered already"):
+        with T.registered_task(T.TASKS["mqar"]):
+            pass
+    assert dict(T.MIXER_NAMES) == {"attention": "attention", "rglru": "RG-LRU", "samu": "SAMU"}
+
+
+def test_a_toy_task_runs_through_the_study_its_document_figures_and_conclusion(echo, data_dir):
+    table = {"echo": configs.Configuration("echo", "Echo", "", ECHO_STUDY, ECHO_STUDY)}
+    run = T.StudyRun("echo", "cpu", "cpu", configurations=table, bar=False)
+    assert "runs per task {'echo': 6}" in run.plan()
+    assert "echo (the token before) (vocabulary 6)" in run.models()
+    summary = run.run_task("echo")
+    assert set(summary["mixer"]) == set(T.model_.mixer_names())
+    assert "attention on echo (the token before) at L = 12" in run.sanity_text()
+    doc = run.finish()
+    assert run.written() == [data_dir / "training" / "cpu.echo.json"]
+    assert schema.read_valid_json(run.written()[0], "training")["runs"][0]["task"] == "echo"
+    assert {r["metric"] for r in doc["runs"]} == {"accuracy"}
+    assert T.sanity(doc)["checks"]["echo"]["seq_len"] == 12  # it counts for the bar
+    text = run.conclusion()
+    assert "echo (the token before)" in text and "Where SAMU loses" in text
+    assert len(run.images()) == 3  # loss, accuracy against length, quality against time
+    assert sorted(p.name for p in (data_dir / "figures").iterdir()) == [
+        f"cpu_training_echo_{name}.png" for name in ("accuracy", "loss", "quality_speed")]
+    # Without the task in the table its documents do not validate.
+    with pytest.raises(Exception, match="'echo' is not one of"):
+        T.TASKS.pop("echo")
+        try:
+            T.validate(doc)
+        finally:
+            T.TASKS["echo"] = ECHO
+
+
+def notebook_05(out: Path, monkeypatch) -> nbformat.NotebookNode:
+    """Notebook 05 as tools/make_notebooks.py writes it now (into ``out``)."""
+    import runpy
+    out.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("SAMU_NOTEBOOKS_OUT", str(out))
+    runpy.run_path(str(paths.REPO_ROOT / "tools" / "make_notebooks.py"))
+    return nbformat.read(out / "05_training.ipynb", as_version=4)
+
+
+def test_notebook_05_reads_the_tables_and_its_cells_run_a_toy_task(echo, data_dir, tmp_path,
+                                                                   monkeypatch):
+    nb = notebook_05(tmp_path / "notebooks", monkeypatch)
+    intro = nb.cells[0].source
+    assert ECHO.description in intro  # the task table, as the notebook is written
+    for spec in T.TASKS.values():
+        assert spec.description in intro
+    headings = [c.source.split("\n")[0] for c in nb.cells if c.cell_type == "markdown"]
+    for name, config in T.CONFIGURATIONS.items():
+        assert f"## {config.label} (`{name}`)" in headings
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    for name in T.TASKS:  # no cell names a task: each loops over the study's
+        assert not re.search(rf"[\"']{name}[\"']", code), name
+    # Its cells, as papermill runs them, with a toy study handed in: the first section runs it.
+    namespace = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        exec(compile(cell.source, "05_training", "exec"), namespace)
+        if "parameters" in cell.metadata.get("tags", []):
+            namespace.update(studies={"small": ECHO_STUDY}, yardstick=False, device="cpu")
+    doc = namespace["doc"]
+    assert doc["study"]["configuration"] == "small" and doc["study"]["tasks"] == {
+        "echo": {"lengths": [12], "vocab_size": 6}}
+    assert (data_dir / "training" / "cpu.json").exists()
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return schema.read_valid_json(paths.REPO_ROOT / "data" / "training" / "nvidia-h200.json",
+                                  "training")
+
+
+def test_the_step_model_fits_the_committed_step_times(committed):
+    models = budget.fit_step_models(committed)
+    assert set(models) == {"attention", "rglru", "samu"}
+    for mixer, model in models.items():
+        assert model.points >= 5 and model.fixed_ms > 0 and model.per_element_ns > 0
+    # Each configuration's step time is within 15% of what it measured alone.
+    for r in committed["runs"] + committed["recall_curves"]:
+        config = budget._config_of(r)
+        ms = models[r["mixer"]].ms(budget.step_cost(config, r["seq_len"], r["batch_size"]))
+        assert ms == pytest.approx(r["solo_wall_ms_per_step"], rel=0.15), r["mixer"]
+
+
+def test_attention_costs_more_than_a_recurrent_step_only_at_the_scale_configuration(committed):
+    models = budget.fit_step_models(committed)
+    for name, longer in (("small", False), ("scale", True)):
+        study = T.check_parameters(T.configuration(name).parameters("gpu"))
+        task = study.task_list("lm")[0]
+        ms = {m: models[m].ms(budget.step_cost(study.model_config(m, task.vocab_size),
+                                               task.seq_len, study.train["lm"].batch_size))
+              for m in study.mixers}
+        assert all((ms["attention"] > ms[m]) == longer for m in study.mixers
+                   if m != "attention"), (name, ms)
+
+
+def quoted(name: str) -> dict:
+    """The estimate configs' docstring quotes for ``name``: runs, seconds, parts and their
+    seconds."""
+    line = re.search(rf"- ``{name}``: (\d+) runs .*?about (\d+) s in all, (\d+) parts of "
+                     rf"about (\d+) s", configs.__doc__.replace("\n", " ")).groups()
+    return dict(zip(("runs", "seconds", "parts", "part_seconds"), map(int, line)))
+
+
+@pytest.mark.parametrize("name", ["recall", "scale"])
+def test_each_gpu_part_fits_a_ten_minute_command_and_the_docstring_says_so(name, committed):
+    config = T.configuration(name)
+    study = T.check_parameters(config.parameters("gpu"))
+    whole = budget.estimate(study, committed)
+    parts = [budget.estimate(dataclasses.replace(study, part=f"{k}/{config.parts}"), committed)
+             for k in range(1, config.parts + 1)]
+    assert sum(p["runs"] for p in parts) == whole["runs"]
+    assert max(p["seconds"] for p in parts) < 8 * 60  # room for widenings and start-up
+    said = quoted(name)
+    assert said["runs"] == whole["runs"] and said["parts"] == config.parts
+    assert said["seconds"] == pytest.approx(whole["seconds"], rel=0.05)
+    assert said["part_seconds"] == pytest.approx(max(p["seconds"] for p in parts), rel=0.1)
+
+
+def test_the_recall_curves_follow_zoology_and_the_rate_grids_are_wide():
+    recall = T.check_parameters(T.configuration("recall").parameters("gpu"))
+    spec = recall.recall_curves
+    assert spec["points"] == [[64, 4], [128, 8], [256, 16]] and spec["vocab_size"] == 8192
+    assert spec["widths"] == [64, 128, 256, 512]
+    for mixer in recall.mixers:
+        rates = recall.recall_lrs(mixer)
+        assert len(rates) >= 4 and min(rates) <= 1e-4 and max(rates) >= 1e-2
+    scale = T.check_parameters(T.configuration("scale").parameters("gpu"))
+    assert 4096 <= scale.task_list("lm")[0].seq_len <= 8192 and 512 <= scale.width <= 1024
+    assert scale.attention_kernel == "fastest" and scale.lr_search == "first_seed"
+    for name in scale.tasks:
+        for mixer in scale.mixers:
+            assert len(scale.lrs(name, mixer)) >= (4 if mixer == "attention" else 5)
+    tokens = {name: scale.train[name].steps * scale.train[name].batch_size
+              * scale.task_list(name)[0].seq_len for name in scale.tasks}
+    assert len(set(tokens.values())) == 1  # the same tokens for every mixer and task
+
+
+def test_the_fastest_attention_kernel_is_one_that_runs():
+    study = T.check_parameters(T.configuration("scale").parameters("cpu"))
+    task = study.task_list("mqar")[0]
+    config = study.train_config("mqar")
+    name = T.fastest_attention_kernel(study.model_config("attention", task.vocab_size), task,
+                                      config, "cpu", steps=2)
+    assert name in ("math", "flash")  # the kernels a CPU has
+    job = study.job("mqar", task, "attention", 1e-3, 0, dataclasses.replace(
+        config, attention_kernel="efficient"))
+    with pytest.raises(RuntimeError):  # not on a CPU: refused, not quietly another
+        T.run_job(job, "cpu")
+
+
+def test_a_run_stops_early_once_solved():
+    task = T.make_task("mqar", 16, num_pairs=2, vocab_size=8)
+    study = T.check_parameters({**ECHO_STUDY, "tasks": {"mqar": {"lengths": [16],
+                                                                 "num_pairs": 2,
+                                                                 "vocab_size": 8}}})
+    config = dataclasses.replace(study.train_config("mqar"), steps=40, stop_loss=100.0)
+    record = T.run_job(study.job("mqar", task, "attention", 1e-3, 0, config), "cpu")
+    assert record["stopped_early"] and record["steps_completed"] == 5  # the first window
+    assert not record["stopped_by_time"]
+
+
+def imports_of(path: Path, package: str) -> set:
+    """The modules of ``package`` that the module at ``path`` imports, at any depth."""
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            out.add(node.module.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.level == 1:
+            out.update(alias.name for alias in node.names)
+    return out & {p.stem for p in path.parent.glob("*.py")}
+
+
+def test_the_training_modules_import_one_another_without_a_circle():
+    folder = Path(T.__file__).parent
+    graph = {p.stem: imports_of(p, "training") for p in folder.glob("*.py")
+             if p.stem not in ("__init__", "__main__")}
+    seen, done = set(), set()
+
+    def visit(node, path):
+        assert node not in path, " -> ".join([*path, node])
+        if node in done:
+            return
+        for other in graph.get(node, ()):
+            visit(other, [*path, node])
+        done.add(node)
+    for node in graph:
+        visit(node, [])
+    assert "study" not in graph["pool"]  # the pool runs Jobs; it knows no study
+    init = (folder / "__init__.py").read_text()
+    assert not re.search(r"import _\w", init)  # no private name is re-exported
