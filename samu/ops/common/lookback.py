@@ -217,6 +217,7 @@ def look_back(flag_ptr, decay_ptr, end_ptr, incl_ptr, rate, me, row, step, flag_
     ok = col_ok[None, :]
     end_row = end_ptr + row
     incl_row = incl_ptr + row
+    own_decay = decay_ptr + me
     entering = tl.zeros_like(rate)
     between = tl.full(rate.shape, 1.0, tl.float32)
     seen = step * 0
@@ -234,7 +235,7 @@ def look_back(flag_ptr, decay_ptr, end_ptr, incl_ptr, rate, me, row, step, flag_
         value = tl.load(tl.where(stops, incl_row, end_row) + offsets, mask=used & ok, other=0.0,
                         cache_modifier=".cg")
         if SCALAR_DECAY:
-            r_sum = tl.load(decay_ptr + (me - dist * flag_step), mask=used & ~stops, other=0.0,
+            r_sum = tl.load(own_decay - dist * flag_step, mask=used & ~stops, other=0.0,
                             cache_modifier=".cg")
             decay = exp_fast(-rate[None, :] * r_sum)
         else:
@@ -263,8 +264,8 @@ def chain(flag_ptr, decay_ptr, end_ptr, incl_ptr, rate, decay, end, r_sum, holds
     stored all the same: a split launch and the backward read it)."""
     at = row + cols
     tl.store(end_ptr + at, end, mask=col_ok)
-    if SCALAR_DECAY:
-        tl.store(decay_ptr + me, r_sum)
+    if SCALAR_DECAY:  # r_sum: one value, or a [BD] row of it (one lane stores it)
+        tl.store(decay_ptr + me + cols * 0, r_sum, mask=tl.arange(0, cols.shape[0]) == 0)
     else:
         tl.store(decay_ptr + at, decay, mask=col_ok)
     if holds_start:

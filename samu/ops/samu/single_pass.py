@@ -41,7 +41,8 @@ from ..common.math import sigmoid_fast, softplus, to_element
 from ..common.reduce import sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
 from ..common.sequences import row_sequences, store_at, token_resets
-from .chunk import Launch, _tile, gradient_sizes, tiles
+from ..rglru.gemm import _rows_at
+from .chunk import Launch, gradient_sizes, tiles
 
 MIXER = "samu"
 
@@ -66,18 +67,37 @@ def _share(part_ptr, total_ptr, flag_ptr, N_TILES, N_GROUPS, group, me, N_CB, p0
 
 
 @triton.jit
-def _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, T: tl.constexpr,
-            WIDTH: tl.constexpr):
-    """The group's summed per-token partials ([T] each) and scalar (0 where WIDTH is 2 T), once
-    published."""
+def _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, cols, T: tl.constexpr,
+            WIDTH: tl.constexpr, TILE: tl.constexpr):
+    """The group's summed per-token partials and scalar (0 where WIDTH is 2 T), once published:
+    [T] each, or with TILE [T, BD] in the tile's layout (each thread loads its rows: no layout
+    change where they meet the tile)."""
     wait_for(flag_ptr + N_TILES + N_GROUPS + group)
-    lanes = tl.arange(0, T)
     row = total_ptr + group * WIDTH
+    if TILE:
+        lanes = tl.arange(0, T)[:, None] + cols[None, :] * 0
+    else:
+        lanes = tl.arange(0, T)
     extra = 0.0
     if WIDTH > 2 * T:
         extra = tl.load(row + 2 * T, cache_modifier=".cg")
     return (tl.load(row + lanes, cache_modifier=".cg"),
             tl.load(row + T + lanes, cache_modifier=".cg"), extra)
+
+
+@triton.jit
+def _store_one(ptr, values, cols, where):
+    """One value of a [BD] row whose lanes hold it alike, where ``where`` (a scalar) holds."""
+    first = tl.arange(0, cols.shape[0]) == 0
+    tl.store(ptr + cols * 0, values, mask=first & (cols * 0 + where.to(tl.int32) > 0))
+
+
+@triton.jit
+def _tile_rows(b, k, rows, cols, L, D: tl.constexpr, T: tl.constexpr):
+    """(the chunk's first token, int64, and the tile's mask) of a [T, BD] tile: its elements lie
+    at gemm._rows_at(ptr, first, rows - k T, cols, D), whose row offsets are constants (D a
+    constexpr), so that one address a thread serves every row."""
+    return b * L + k * T, (rows < L)[:, None] & (cols < D)[None, :]
 
 
 @triton.jit
@@ -87,11 +107,11 @@ def _rate(a_param_ptr, log_temp_ptr, cols, D):
     return c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
 
 
-@triton.jit(do_not_specialize=["row_units", "N_SEQ"])
+@triton.jit(do_not_specialize=["N_SEQ"])
 def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, skip_ptr,
                          seq_ptr, h0_ptr, reset_ptr, final_ptr, r_ptr, g_ptr, incl_ptr, flag_ptr, r_sum_ptr,
-                         end_ptr, part_ptr, total_ptr, L, D, NC, N_CB, N_TILES, N_GROUPS, N_SEQ,
-                         row_units, T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
+                         end_ptr, part_ptr, total_ptr, L, NC, N_CB, N_TILES, N_GROUPS, N_SEQ,
+                         D: tl.constexpr, T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                          WINDOW: tl.constexpr, PHASE: tl.constexpr, ORDER: tl.constexpr,
                          INCLUSIVE_EVERY: tl.constexpr, PACKED: tl.constexpr,
                          HAS_INITIAL: tl.constexpr, HAS_FINAL: tl.constexpr,
@@ -100,19 +120,21 @@ def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_pt
     controller's exchange only; PHASE 2: the rest, the exchange's totals read."""
     b, k, step, cb, group, me = tile_of(flag_ptr, N_TILES, N_GROUPS, NC, N_CB, PHASE, ORDER,
                                         False)
-    cols = cb * BD + tl.arange(0, BD)
+    cols = tl.multiple_of(cb * BD + tl.arange(0, BD), V)  # V adjacent channels a thread
     rows = k * T + tl.arange(0, T)
     row_ok = rows < L
     col_ok = cols < D
-    base, offs, ok = _tile(b, k, rows, cols, L, D, row_units, T, V)
-    x = tl.load(x_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
+    first, ok = _tile_rows(b, k, rows, cols, L, D, T)
+    x = tl.load(_rows_at(x_ptr, first, tl.arange(0, T), cols, D), mask=ok,
+                other=0.0).to(tl.float32)
     if PHASE != 2:
         w0 = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=col_ok, other=0.0)
         _share(part_ptr, total_ptr, flag_ptr, N_TILES, N_GROUPS, group, me, N_CB,
                tl.sum(x * w0[None, :], axis=1), tl.sum(x * w1[None, :], axis=1), 0.0, T, 2 * T)
     if PHASE != 1:
-        z0, z1, _ = _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, T, 2 * T)
+        z0, z1, _ = _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, cols, T, 2 * T,
+                            False)
         r = tl.where(row_ok, sigmoid_fast(z0 + tl.load(bias_ptr)), 0.0)  # r = 0: a = 1
         g = sigmoid_fast(z1 + tl.load(bias_ptr + 1))
         kept = rows < tl.where(cb == 0, L, 0)  # one tile of the chunk keeps r, g
@@ -131,20 +153,20 @@ def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_pt
                                   PACKED or HAS_RESETS)
         h_in = chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, last_row(p, tr, T),
                      last_row(h, tr, T), tl.sum(r, axis=0), holds, entry, me,
-                     group * (row_units * V), step, N_CB, row_units * V, cols, col_ok, True,
+                     group * D, step, N_CB, D, cols, col_ok, True,
                      WINDOW, INCLUSIVE_EVERY)
         if HAS_FINAL:
             store_at(final_ptr, h + p * h_in[None, :], b, seq, ends, cols, D, N_SEQ, PACKED)
         y += p * h_in[None, :]
-        tl.store(y_ptr + base + offs, to_element(y, y_ptr), mask=ok)
+        tl.store(_rows_at(y_ptr, first, tr, cols, D), to_element(y, y_ptr), mask=ok)
 
 
-@triton.jit(do_not_specialize=["row_units", "N_SEQ"])
+@triton.jit(do_not_specialize=["N_SEQ"])
 def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_ptr, skip_ptr,
                           r_ptr, g_ptr, h_ptr, seq_ptr, h0_ptr, reset_ptr, dfinal_ptr, dh0_ptr,
                           flag_ptr,
                           r_sum_ptr, end_ptr, incl_ptr, part_ptr, total_ptr, dw_ptr, scalar_ptr,
-                          dsp_ptr, L, D, NC, N_CB, N_TILES, N_GROUPS, N_SEQ, row_units,
+                          dsp_ptr, L, NC, N_CB, N_TILES, N_GROUPS, N_SEQ, D: tl.constexpr,
                           T: tl.constexpr, BD: tl.constexpr, V: tl.constexpr,
                           WINDOW: tl.constexpr, PHASE: tl.constexpr, ORDER: tl.constexpr,
                           INCLUSIVE_EVERY: tl.constexpr, PACKED: tl.constexpr,
@@ -159,21 +181,27 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_pt
     [groups, D] and the scalars [groups, 4] (d log_temp, d skip, d ctrl_bias) for sum_partials."""
     b, k, step, cb, group, me = tile_of(flag_ptr, N_TILES, N_GROUPS, NC, N_CB, PHASE, ORDER,
                                         True)
-    cols = cb * BD + tl.arange(0, BD)
+    cols = tl.multiple_of(cb * BD + tl.arange(0, BD), V)  # V adjacent channels a thread
     tr = tl.arange(0, T)
     rows = k * T + (T - 1 - tr)
     row_ok = rows < L
     col_ok = cols < D
     seq, starts, ends = row_sequences(seq_ptr, b, rows, L, PACKED)
-    base, offs, ok = _tile(b, k, rows, cols, L, D, row_units, T, V)
-    x = tl.load(x_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + base + offs, mask=ok, other=0.0).to(tl.float32)
-    r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
-    g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
+    first, ok = _tile_rows(b, k, rows, cols, L, D, T)
+    latest_first = T - 1 - tr
+    x = tl.load(_rows_at(x_ptr, first, latest_first, cols, D), mask=ok,
+                other=0.0).to(tl.float32)
+    dy = tl.load(_rows_at(dy_ptr, first, latest_first, cols, D), mask=ok,
+                 other=0.0).to(tl.float32)
+    # Per-token values loaded into the tile's layout, each thread its rows (no layout change)
+    tokens = b * L + rows[:, None] + cols[None, :] * 0
+    token_ok = row_ok[:, None]
+    r = tl.load(r_ptr + tokens, mask=token_ok, other=0.0)
+    g = tl.load(g_ptr + tokens, mask=token_ok, other=0.0)
     lam = _rate(a_param_ptr, log_temp_ptr, cols, D)
-    gx = g[:, None] * x
+    gx = g * x
     flagged = token_resets(reset_ptr, b, rows, L, HAS_RESETS)
-    a, m, dm_dlog_a, a_in, u_in = scan_inputs(-lam[None, :] * r[:, None], gx, starts, flagged,
+    a, m, dm_dlog_a, a_in, u_in = scan_inputs(-lam[None, :] * r, gx, starts, flagged,
                                               h0_ptr, b, seq, cols, D, N_SEQ, PACKED,
                                               HAS_INITIAL, HAS_RESETS)
     at = group * D + cols
@@ -192,7 +220,7 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_pt
                                   PACKED or HAS_RESETS)
         carry = chain(flag_ptr, r_sum_ptr, end_ptr, incl_ptr, lam, a_s * last_row(q, tr, T),
                       a_s * last_row(w, tr, T), tl.sum(r, axis=0), holds, entry, me,
-                      group * (row_units * V), step, -N_CB, -(row_units * V), cols, col_ok, True,
+                      group * D, step, -N_CB, -D, cols, col_ok, True,
                       WINDOW, INCLUSIVE_EVERY)
     else:
         carry = tl.load(incl_ptr + at + D, mask=cols < tl.where(k + 1 < NC, D, 0), other=0.0,
@@ -207,24 +235,27 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_pt
                tl.sum(tl.sum(dy * x, axis=0), axis=0), T, 4 * T)
     if PHASE != 1:
         c = 8.0 * tl.exp(tl.load(log_temp_ptr))
-        tl.store(dsp_ptr + at, tl.sum(dla * (-c * r[:, None]), axis=0), mask=col_ok)
-        dx = dh * m * g[:, None] + tl.load(skip_ptr) * dy  # dx but W^T dz: less held
-        dr, dg, d_skip = _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, T, 4 * T)
-        dz0 = tl.where(row_ok, dr * r * (1.0 - r), 0.0)
-        dz1 = tl.where(row_ok, dg * g * (1.0 - g), 0.0)
+        tl.store(dsp_ptr + at, tl.sum(dla * (-c * r), axis=0), mask=col_ok)
+        dx = dh * m * g + tl.load(skip_ptr) * dy  # dx but W^T dz: less held
+        dr, dg, d_skip = _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, cols, T, 4 * T,
+                                 True)
+        dz0 = tl.where(token_ok, dr * r * (1.0 - r), 0.0)
+        dz1 = tl.where(token_ok, dg * g * (1.0 - g), 0.0)
         w0 = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=col_ok, other=0.0)
-        dx += dz0[:, None] * w0[None, :] + dz1[:, None] * w1[None, :]
-        tl.store(dx_ptr + base + offs, to_element(dx, dx_ptr), mask=ok)
+        dx += dz0 * w0[None, :] + dz1 * w1[None, :]
+        tl.store(_rows_at(dx_ptr, first, latest_first, cols, D), to_element(dx, dx_ptr), mask=ok)
         wide = group * (2 * D) + cols
-        tl.store(dw_ptr + wide, tl.sum(dz0[:, None] * x, axis=0), mask=col_ok)
-        tl.store(dw_ptr + wide + D, tl.sum(dz1[:, None] * x, axis=0), mask=col_ok)
-        # sum_d dla log a = r_t sum_d dla (-rate): d log_temp from the exchanged dr
-        scalars = tl.where(tr == 0, tl.sum(r * dr, axis=0), 0.0)
-        scalars = tl.where(tr == 1, d_skip, scalars)
-        scalars = tl.where(tr == 2, tl.sum(dz0, axis=0), scalars)
-        scalars = tl.where(tr == 3, tl.sum(dz1, axis=0), scalars)
-        tl.store(scalar_ptr + group * 4 + tr, scalars, mask=tr < tl.where(cb == 0, 4, 0))
+        tl.store(dw_ptr + wide, tl.sum(dz0 * x, axis=0), mask=col_ok)
+        tl.store(dw_ptr + wide + D, tl.sum(dz1 * x, axis=0), mask=col_ok)
+        # The chunk's scalars, by its first tile: d log_temp (sum_d dla log a = r_t sum_d dla
+        # (-rate), from the exchanged dr), d skip, d ctrl_bias.
+        row = scalar_ptr + group * 4
+        first = cb == 0
+        _store_one(row, tl.sum(r * dr, axis=0), cols, first)
+        _store_one(row + 1, d_skip + tl.zeros_like(lam), cols, first)
+        _store_one(row + 2, tl.sum(dz0, axis=0), cols, first)
+        _store_one(row + 3, tl.sum(dz1, axis=0), cols, first)
 
 
 @dataclass(frozen=True)
@@ -251,7 +282,7 @@ def launch_count(config: SamuSinglePassConfig, split: bool = False) -> int:
 def launch_plan(config: SamuSinglePassConfig, width: int, features: bool = False):
     """(kernel, constexprs, compile options) of each kernel a backend launches at this width,
     without the state keywords or (features=True) with all."""
-    roles = {role: dict(tiles(config, width)[role], T=config.chunk) for role in KERNELS}
+    roles = {role: dict(tiles(config, width)[role], D=width, T=config.chunk) for role in KERNELS}
     return host.launch_plan(KERNELS, config, roles, features)
 
 
@@ -259,7 +290,6 @@ class _Plan(NamedTuple):
     n_chunks: int
     channel_blocks: int
     scratch: host.Scratch
-    units: int  # row_units of the tiles
     sites: tuple  # one Site per launch of the kernel (one, or two for a split exchange)
 
 
@@ -277,10 +307,10 @@ def _plan(role: str, config: SamuSinglePassConfig, shape: tuple, count: int, dty
     scratch = host.scratch(batch, n_chunks, width, blocks)
     phases = config.lookback.phases(blocks, device)
     sites = tuple(Site(KERNELS[role], (scratch.n_tiles,),
-                       dict(T=config.chunk, **meta, **config.lookback.meta(), PHASE=phase,
-                            **dict(flags)))
+                       dict(D=width, T=config.chunk, **meta, **config.lookback.meta(),
+                            PHASE=phase, **dict(flags)))
                   for phase in phases)
-    return _Plan(n_chunks, blocks, scratch, tiles(config, width)[role + "_units"], sites)
+    return _Plan(n_chunks, blocks, scratch, sites)
 
 
 def _residual_numels(batch: int, length: int, width: int, n_chunks: int) -> tuple:
@@ -298,9 +328,8 @@ def residual_specs(config: SamuSinglePassConfig, batch: int, length: int, width:
 
 
 def _call_ints(plan: _Plan, shape: tuple, count: int) -> tuple:
-    batch, length, width = shape
-    return (length, width, plan.n_chunks, plan.channel_blocks, plan.scratch.n_tiles,
-            plan.scratch.n_groups, count, plan.units)
+    return (shape[1], plan.n_chunks, plan.channel_blocks, plan.scratch.n_tiles,
+            plan.scratch.n_groups, count)
 
 
 def forward(x, params, sequences, config: SamuSinglePassConfig, zero_gaps: bool = True):
