@@ -2,7 +2,8 @@
 "Single-pass scans"): each kernel compiled for the H200 (sm_90a, tools/inspect_kernels.py's
 compiler) at its registered launch, its registers, spills, SASS instructions per element (every
 instruction once, over the T x V values a thread holds) and those of one look-back round (the
-largest loop), the programs an SM holds, and its grid against the 132 SMs at each default shape (samu.experiment.pipeline.GPU_SHAPES).
+largest loop), the programs an SM holds, its loops that hold a CTA barrier (only the exchange's
+sum may), and its grid against the 132 SMs at each default shape (samu.experiment.pipeline.GPU_SHAPES).
 
     python benchmarks/count_single_pass.py                 # both mixers, D = 2048, 16 heads
     python benchmarks/count_single_pass.py --width 2560 --heads 10
@@ -10,8 +11,8 @@ largest loop), the programs an SM holds, and its grid against the 132 SMs at eac
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
@@ -44,9 +45,24 @@ def resident(registers: int, warps: int) -> int:
     return min(PROGRAMS_PER_SM, REGISTERS_PER_SM // per_program)
 
 
+def loops_with_barriers(instructions) -> int:
+    """Loops whose body holds a CTA barrier.  A wait's loop must hold none: its warps poll
+    apart and may leave it at different rounds (the exchange's sum, which every warp of the
+    group's last tile runs alike, may)."""
+    address = [a for a, _ in instructions]
+    count = 0
+    for i, (at, text) in enumerate(instructions):
+        target = re.search(r"\bBRA\s+(?:`\()?(?:\.L_x_\d+|0x([0-9a-f]+))", text)
+        if target and target.group(1) and int(target.group(1), 16) < at:
+            body = instructions[address.index(int(target.group(1), 16)):i + 1]
+            count += any(re.search(r"\bBAR\.", t) for _, t in body)  # not MEMBAR
+    return count
+
+
 def counts(mixer: str, width: int, heads: int):
     """(backend, kernel, registers, spills, instructions per element, per look-back round,
-    programs an SM holds, channels a tile) of each single-pass kernel."""
+    programs an SM holds, channels a tile, loops holding a barrier) of each single-pass
+    kernel."""
     inspect_kernels.signature = signature
     for name in backends.available(mixer):
         if "singlepass" not in name.split("_"):
@@ -63,7 +79,7 @@ def counts(mixer: str, width: int, heads: int):
             block = constexprs.get("BD", constexprs.get("BN"))
             yield (name, kernel.fn.__name__, regs, spills, len(instructions) / values,
                    max(loops, default=0) / values, resident(regs, options["num_warps"]),
-                   block, config.chunk)
+                   block, config.chunk, loops_with_barriers(instructions))
 
 
 def main():
@@ -72,11 +88,12 @@ def main():
     parser.add_argument("--heads", type=int, default=16)
     args = parser.parse_args()
     for mixer in backends.REGISTRY:
-        for name, kernel, regs, spills, per, per_round, held, block, chunk in counts(
+        for name, kernel, regs, spills, per, per_round, held, block, chunk, barred in counts(
                 mixer, args.width, args.heads):
             print(f"{name:32s} {kernel:24s} regs {regs:3d} spill {spills:4d} B  "
                   f"{per:6.1f} instructions/element ({per_round:5.1f} a look-back round)  "
-                  f"{held} programs/SM, {block} channels a tile")
+                  f"{held} programs/SM, {block} channels a tile, {barred} loops with a "
+                  "barrier")
             grids = []
             for shape in map(Shape.parse, GPU_SHAPES):
                 batch, length, d = shape
