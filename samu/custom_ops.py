@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from . import backends
+from . import backends, checks
 from .ops.common.launching import fp32_contiguous
 from .ops.common.sequences import sequence_args
 
@@ -126,9 +126,8 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, length: int, mixer: str) -> torch
     sync), or unchecked during a CUDA-graph capture, which forbids the sync.  The copy is what
     the scan reads: a result that the graph uses keeps the check from being dropped as dead
     code (a custom op's output may not alias its input)."""
-    from . import functional
-    if not functional._capturing(cu_seqlens):
-        functional.check_cu_seqlens_values(mixer, cu_seqlens, length)
+    if not checks.capturing(cu_seqlens):
+        checks.check_cu_seqlens_values(mixer, cu_seqlens, length)
     return cu_seqlens.clone()
 
 

@@ -79,9 +79,10 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from .functional import (FUNCTIONS, SUPPORTED_DTYPES, _capturing, autocast_input, check_call,
-                         check_offsets_increase, check_resets, check_tensors)
-from . import backends, mixers
+from . import backends, dispatch, mixers
+from .checks import (SUPPORTED_DTYPES, autocast_input, capturing, check_call,
+                     check_offsets_increase, check_resets, check_tensors, cp_context_error)
+from .functional import FUNCTIONS
 from .ops.recurrence import carry_dtype
 
 __all__ = ["CPContext", "SliceCall", "SliceLayout", "build_cp_context", "context_parallel",
@@ -256,6 +257,11 @@ class CPContext:
         """Whether the slice's last sequence goes on on the next rank: then the last row of
         the returned state is the state at the slice end, not a final state."""
         return self.layout.continues
+
+    def mix(self, mixer: str, x, params, **keywords):
+        """The mixer over this split (context_parallel): what a functional form's call with
+        ``cp_context=self`` runs (samu.checks.SplitContext)."""
+        return context_parallel(mixer, x, params, cp_context=self, **keywords)
 
 
 def _comm_device(group, device: torch.device) -> torch.device:
@@ -450,7 +456,6 @@ def kernel_phases(mixer: str, x, backend):
     the module's slice_summary and start_adjoint run its kernels' phases alone, without a
     whole forward or backward.  None for a reference backend (the generic path: a call and
     autograd)."""
-    from . import dispatch
     chosen = dispatch.resolve(mixer, x, backend)
     if chosen.kind != "triton" or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return None
@@ -464,11 +469,11 @@ def slice_runner(mixer: str, layout: SliceLayout, x, params, backend="auto",
     Triton backend whose family has one; else None (the phases run apart, as with a reset
     mask, which the SliceRuns do not take).  A slice where the sequence starts without an
     initial state resets there.  The kernels check nothing: the mixer's checks run first
-    (functional.check_call)."""
+    (samu.checks.check_call)."""
     if resets is not None or (layout.packed and not layout.carries_through):
         return None
     phases = kernel_phases(mixer, x, backend)
-    run = None if phases is None else getattr(phases[0], "SliceRun", None)
+    run = None if phases is None else phases[0].SliceRun
     params = [p.detach() for p in params]
     if run is None or not run.fits(params, phases[1]):  # slice_summary checks the inputs
         return None
@@ -506,7 +511,7 @@ def slice_summary(mixer: str, layout: SliceLayout, x, params, backend="auto",
                   initial_state=None, runner=None, resets=None) -> torch.Tensor:
     """[2, rows, D] in the carry dtype: (A, hloc) of the slice, h_out = A * h_in + hloc.  Runs
     without a graph.  Where no later rank reads it (the slice ends at a sequence end), zeros,
-    after the mixer's checks (functional.check_call).  ``runner``: the slice's
+    after the mixer's checks (samu.checks.check_call).  ``runner``: the slice's
     slice_runner, whose summary the forward then reuses.  ``resets``: this slice's [B, L_r]
     reset mask (or None): hloc by the mixer with it, A zero in a row that holds a reset (the
     kernels' phases take no mask: the generic path runs)."""
@@ -668,7 +673,6 @@ def _gatherer(group, world_size: int, comm_device, device):
 
 
 def _backend_name(mixer: str, x, backend) -> str:
-    from . import dispatch
     return dispatch.resolve(mixer, x, backend).name
 
 
@@ -702,7 +706,7 @@ def _exchange_adjoints(call: SliceCall, mu, failure, gathered_once=None) -> torc
     if gathered_once is not None:
         gathered_once.append(True)
     # Read on the host, which a CUDA graph's capture (the benchmark's GPU time) cannot do.
-    codes = [] if _capturing(gathered) else [int(c) for c in gathered[:, -1].tolist()]
+    codes = [] if capturing(gathered) else [int(c) for c in gathered[:, -1].tolist()]
     refused = [k for k, c in enumerate(codes) if c == _CREATE_GRAPH]
     if refused:
         raise RuntimeError(str(_double_backward(call.mixer))
@@ -1000,8 +1004,7 @@ def context_parallel(mixer: str, x, params, *, cp_context: CPContext, backend="a
     cp_context that is no CPContext, which names no group to tell, raises here alone)."""
     ctx = cp_context
     if not isinstance(ctx, CPContext):
-        raise TypeError(f"{mixer}: cp_context must be a CPContext from "
-                        f"samu.distributed.build_cp_context, got {type(ctx).__name__}")
+        raise cp_context_error(mixer, ctx)
     if isinstance(x, torch.Tensor):
         x = autocast_input(x)
     param_list = list(params.values()) if isinstance(params, dict) else list(params)

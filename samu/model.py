@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional import check_cu_seqlens, check_input, check_positive_int, check_resets
+from .checks import check_cu_seqlens, check_input, check_positive_int, check_resets
 from . import mixers as mixers_
 from .modules import NUM_HEADS, parameter_count
 from .modules import build as build_mixer

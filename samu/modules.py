@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from . import _runtime, backends, dispatch, mixers
-from .functional import (FUNCTIONS, PARAMETER_NAMES, autocast_input, check_dense, check_input,
-                         check_parameters, check_positive_int, check_resets, check_sequences,
-                         refuse_script)
+from .checks import (autocast_input, check_dense, check_input, check_parameters,
+                     check_positive_int, check_resets, check_sequences)
+from .functional import FUNCTIONS, PARAMETER_NAMES, refuse_script
 
 
 NUM_HEADS = 16

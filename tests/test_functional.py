@@ -235,13 +235,24 @@ def test_triton_backend_refuses_torch_func(monkeypatch, mixer, transform):
         TRANSFORMS[transform](module, x)
 
 
+def test_a_cp_context_that_is_no_context_is_refused_by_name():
+    """The functional forms hand a cp_context call to the context object (samu.distributed's
+    CPContext): anything else is refused before it is used."""
+    x, decay = torch.randn(1, 5, 16), torch.zeros(16)
+    for bogus in ({}, "group", object()):
+        with pytest.raises(TypeError, match="^samu: cp_context must be a CPContext from "
+                                            "samu.distributed.build_cp_context, got "
+                                            f"{type(bogus).__name__}$"):
+            FUNCTIONS["samu"](x, decay, decay, decay, decay, decay, cp_context=bogus)
+
+
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
 def test_check_call_raises_what_the_call_raises_without_running(mixer):
-    """functional.check_call (what context parallelism runs before the kernels' phases, which
+    """checks.check_call (what context parallelism runs before the kernels' phases, which
     check nothing) raises a call's error for a parameter of the wrong width, and nothing for a
     good call."""
     from samu.experiment import legality
-    from samu.functional import check_call
+    from samu.checks import check_call
     x, params, _ = legality.make_inputs(mixer, (1, 5, 16), "cpu")
     good = list(params.values())
     check_call(mixer, x, good, "reference_chunked")

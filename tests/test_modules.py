@@ -153,8 +153,8 @@ def test_a_checked_signature_skips_the_checks(mixer, monkeypatch):
     monkeypatch.setattr(samu.functional, "_CHECKED", {})
     checks = {"check_input": [], "check_parameters": [], "check_sequences": []}
     for name, calls in checks.items():
-        real = getattr(samu.functional, name)
-        monkeypatch.setattr(samu.functional, name,
+        real = getattr(samu.checks, name)
+        monkeypatch.setattr(samu.checks, name,
                             lambda *a, calls=calls, real=real: (calls.append(a), real(*a))[1])
     x = torch.randn(2, 5, 16)
     m(x)

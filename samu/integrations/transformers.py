@@ -80,7 +80,7 @@ except ImportError as exc:  # transformers missing, or one without RecurrentGemm
     raise ImportError("samu.integrations.transformers needs Hugging Face transformers with "
                       "RecurrentGemma (5.20 to 5.25): pip install 'samu[transformers]'") from exc
 
-from ..functional import SUPPORTED_DTYPES
+from ..checks import SUPPORTED_DTYPES
 from ..model import RecurrentBlock, causal_conv1d, causal_conv1d_step, gelu
 from ..modules import Mixer
 from . import weights
