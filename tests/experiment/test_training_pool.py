@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from samu import paths
-from samu.experiment import pipeline, training as T
+from samu.experiment import training as T
 
 REF = "reference_chunked"  # named: tests/conftest.py sets TRITON_INTERPRET=1 on a CPU
 

@@ -41,7 +41,8 @@ def _tasks(doc: dict) -> list[str]:
              f"({env['dtype']}): tasks {', '.join(TASK_NAMES[t] for t in study['tasks'])}; "
              f"mixers {', '.join(MIXER_NAMES.get(m, m) for m in study['mixers'])} (recurrent "
              f"mixers {'in Griffin' + chr(39) + 's recurrent block' if block == 'griffin' else 'bare'}); "
-             f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} each; width {study['width']}, {study['layers']} layers, "
+             f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} each; width {study['width']}, "
+             f"{study['layers']} layer{'s' if study['layers'] > 1 else ''}, "
              f"{params['min'].min():,}-{params['max'].max():,} parameters; "
              f"{', '.join(f'{t} {s} steps' for t, s in steps.items())}; learning rates "
              f"{', '.join(f'{v:.3g}' for v in rates) or 'as recorded'}"
@@ -113,6 +114,7 @@ def _tasks(doc: dict) -> list[str]:
             lines.append(f"Mean accuracy from the shortest to the longest length: "
                          f"{'; '.join(trend)}.")
     lines.extend(_where_each_loses(df, everything))
+    lines.extend(_what_speed_buys(df))
     speed = everything.groupby("mixer", sort=False)["tokens_per_s"].median()
     if "attention" in speed.index and len(speed) > 1:
         rel = ", ".join(f"{MIXER_NAMES.get(m, m)} {v / speed['attention']:.2f}×"
@@ -193,6 +195,33 @@ def _where_each_loses(best, everything) -> list[str]:
     if out:
         out[-1] += timing
     return out
+
+
+def _what_speed_buys(best) -> list[str]:
+    """Beside the quality-against-time figure: at each task's longest length, each mixer's time
+    per training step (GPU time on CUDA, else wall; each timed alone where the study did) as a
+    multiple of attention's, beside its score and attention's (each at its best rate)."""
+    if "attention" not in set(best["mixer"]) or best["mixer"].nunique() < 2:
+        return []
+    gpu = best["gpu_ms_per_step"].notna().all()
+    column = "gpu_ms_per_step" if gpu else "wall_ms_per_step"
+    cells = []
+    for task in dict.fromkeys(best["task"]):
+        part = best[best["task"] == task]
+        part = part[part["seq_len"] == part["seq_len"].max()]
+        step = part.groupby("mixer")[column].median()
+        score = part.groupby("mixer")["value"].mean()
+        metric = part["metric"].iloc[0]
+        if "attention" not in step.index or not step["attention"] > 0:
+            continue
+        cells.append(f"{TASK_NAMES[task]} L = {part['seq_len'].iloc[0]}: " + ", ".join(
+            f"{MIXER_NAMES.get(m, m)} {step[m] / step['attention']:.2f}× attention's step, "
+            f"{score[m]:.3f} against {score['attention']:.3f}{unit(metric)}"
+            for m in step.index if m != "attention"))
+    if not cells:
+        return []
+    return [f"**What a step's speed buys** ({'GPU' if gpu else 'wall'} time per step, each mixer "
+            f"at its best rate, at each task's longest length): " + "; ".join(cells) + "."]
 
 
 def _recall_curves(doc: dict) -> list[str]:

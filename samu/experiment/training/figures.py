@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 from ... import model as model_
@@ -224,7 +225,9 @@ def recall_curves_figure(doc: dict):
             x, title = "width", f"L = {at[0]}, {at[1]} pairs"
         else:
             part = curves[curves["width"] == at]
-            x, title = "pairs", f"width {at} (L grows with the pairs)"
+            lengths = sorted(set(part["seq_len"]))
+            x, title = "pairs", (f"width {at}, L = {lengths[0]}" if len(lengths) == 1 else
+                                 f"width {at}, L = {lengths[0]}-{lengths[-1]} with the pairs")
         for mixer in drawn:
             line = part[part["mixer"] == mixer].sort_values(x)
             if not len(line):
@@ -240,6 +243,7 @@ def recall_curves_figure(doc: dict):
         xs = sorted(set(part[x]))
         if xs:
             ax.set_xscale("log", base=2)
+            ax.set_xlim(xs[0] / 1.3, xs[-1] * 1.3)  # the grid's span, drawn or not
             ax.set_xticks(xs, [str(v) for v in xs])
             ax.minorticks_off()
         ax.set_ylim(-0.03, 1.07)
@@ -260,15 +264,16 @@ def recall_curves_figure(doc: dict):
     if handles:
         axes[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                         frameon=False, title="mixer")
-    axes[-1].text(1.02, 0.45 if handles else 1.0, "\n".join(notes), transform=axes[-1].transAxes,
-                  va="top", fontsize=8, wrap=True,
-                  color="black" if not failed else "firebrick")
+    axes[-1].text(1.02, 0.45 if handles else 1.0,
+                  "\n".join(textwrap.fill(n, 34) for n in notes), transform=axes[-1].transAxes,
+                  va="top", fontsize=8, color="black" if not failed else "firebrick")
     verdict = "" if drawn and not failed else (
         " — no comparison: attention failed its bar" if not drawn else
         " — mixers below their bar not drawn")
-    fig.suptitle(f"Recall curves (best of {int(curves['rates'].max()) if len(curves) else 0} "
-                 f"learning rates per point; hollow: best at the sweep's edge; x: still "
-                 f"learning){verdict} — {title_note(doc)}", fontsize=10)
+    rates = int(curves["rates"].max()) if len(curves) else 0
+    fig.suptitle(f"Recall curves (best of {rates} learning rate{'s' if rates != 1 else ''} per "
+                 f"point; hollow: best at the sweep's edge; x: still learning){verdict} — "
+                 f"{title_note(doc)}", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -15,7 +15,7 @@ from .pool import RunPool, check_devices
 from .results import SANITY_BAR, best_rate, edge_beyond, higher_is_better, parse_part
 from .resume import FinishedRuns
 from .runs import Job, alone, fastest_attention_kernel, measure_speed, run_job
-from .tasks import MQAR, TASKS, make_task, task_spec
+from .tasks import MQAR, make_task, task_spec
 
 # The numeric parameters of a study (notebook 05's, so `make train`'s), and what each may be.
 # "seeds" is a list of them, "tasks" maps a task to its "lengths" (a list of COUNT) and options
