@@ -97,10 +97,12 @@ def fastest_attention_kernel(model: model_.ModelConfig, task, config: TrainConfi
     """The name (ATTENTION_KERNEL_NAMES) of the scaled_dot_product_attention kernel that trains
     an attention model of ``model`` on ``task`` at ``config``'s batch fastest on ``device``:
     each kernel that runs there is timed alone for ``steps`` steps after the timing warm-up (GPU
-    time on CUDA, wall time elsewhere); one that cannot run this shape is passed over."""
+    time on CUDA, wall time elsewhere); one that cannot run this shape is passed over.  The
+    steps run eagerly, so that a kernel that cannot run fails on its first call rather than
+    inside a CUDA graph's capture."""
     times = {}
     for name in ATTENTION_KERNEL_NAMES:
-        trial = replace(config, attention_kernel=name)
+        trial = replace(config, attention_kernel=name, cuda_graph=False)
         try:
             timed = measure_speed(Job("", task, model.mixer, 0, config.lr, trial, model),
                                   device, steps)
