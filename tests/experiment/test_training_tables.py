@@ -294,3 +294,18 @@ def test_the_conclusion_says_what_a_faster_step_buys():
     assert ("**What a step's speed buys** (GPU time per step, each mixer at its best rate, at "
             "each task's longest length): character LM (stdlib source) L = 64: SAMU 0.75× "
             "attention's step, 2.200 against 2.000 bits/char.") in T.conclusion(doc)
+
+
+def test_make_train_estimates_a_study_and_runs_nothing(capsys, monkeypatch):
+    from samu.experiment import pipeline
+    monkeypatch.setattr(pipeline, "run_notebook", lambda *a, **k: pytest.fail("ran"))
+    assert T.main(["--estimate", "--config", "scale"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("scale: 40 runs without widenings, about ")
+    assert [line.split(":")[0].strip() for line in out.splitlines()[1:]] == [
+        "PART=1", "PART=2", "PART=3"]
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            T.main(["--estimate", "--measure"])
+        assert "--measure: with --estimate, on a machine with a CUDA device" in \
+            capsys.readouterr().err

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ... import model as model_
 from .curves import points_in_order
@@ -169,3 +169,43 @@ def estimate(study, doc: dict) -> dict:
             add("recall", task, mixer, width, config.steps, config.batch_size, n)
     return {"runs": runs, "seconds": seconds, "step_ms": step_ms,
             "per_run_overhead_s": overhead}
+
+
+def committed_document(slug: str = "nvidia-h200") -> dict:
+    """The committed training study whose step times the estimates start from."""
+    from ... import paths
+    from .. import schema
+    return schema.read_valid_json(paths.REPO_ROOT / "data" / "training" / f"{slug}.json",
+                                  "training")
+
+
+def estimate_lines(study, config_parts: int, doc: dict, measure_on=None,
+                   steps: int = 20) -> list[str]:
+    """What `make train --estimate` prints for ``study`` (a GPU study of ``config_parts``
+    parts): its device time on the GPU of ``doc`` (a committed training document), in all and
+    per part; with ``measure_on`` (a CUDA device) each of its configurations' step first timed
+    alone there for ``steps`` steps, beside the estimate."""
+    from .runs import measure_speed
+    whole = estimate(study, doc)
+    lines = [f"{study.configuration}: {whole['runs']} runs without widenings, about "
+             f"{whole['seconds']:.0f} s on the {doc['environment']['gpu']}"]
+    for k in range(1, config_parts + 1):
+        part = estimate(replace(study, part=f"{k}/{config_parts}"), doc)
+        lines.append(f"  PART={k}: {part['runs']} runs, about {part['seconds']:.0f} s")
+    if measure_on is None:
+        return lines
+    jobs = {}
+    for name in study.tasks:
+        for task in study.task_list(name):
+            for mixer in study.mixers:
+                jobs[(name, task.seq_len, mixer, study.width)] = study.job(
+                    name, task, mixer, study.lrs(name, mixer)[0], 0, study.train_config(name))
+    for job in study.recall_jobs(every=True):
+        jobs.setdefault(("recall", job.task.seq_len, job.mixer, job.width), job)
+    for key, job in jobs.items():
+        timed = measure_speed(job, measure_on, steps)
+        gpu = timed["solo_gpu_ms_per_step"]
+        lines.append(f"  {key}: {timed['solo_wall_ms_per_step']:.2f} ms a step (wall, alone"
+                     + (f"; GPU {gpu:.2f} ms" if gpu is not None else "")
+                     + f"), estimated {whole['step_ms'][key]:.2f} ms")
+    return lines

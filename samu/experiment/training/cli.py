@@ -11,6 +11,7 @@ import time
 import torch
 
 from .. import schema
+from .budget import committed_document, estimate_lines
 from .configs import CONFIGURATIONS, configuration
 from .curves import recall_curve_frame
 from .parameters import ParameterError
@@ -88,9 +89,27 @@ def main(argv=None, configurations: dict | None = None) -> int:
                              "data/training/<slug>[.<config>].part-K-of-N.json, and the part "
                              "that finds every part's file merges them; run again after a stop, "
                              "a part trains only what it had not finished")
+    parser.add_argument("--estimate", action="store_true",
+                        help="print the GPU study's device time, in all and per part, estimated "
+                             "from the committed H200 study's step times, and run nothing")
+    parser.add_argument("--measure", action="store_true",
+                        help="with --estimate on a CUDA device: first time each configuration's "
+                             "step alone there, beside the estimate")
     args = parser.parse_args(argv)
     from ... import paths
     from .. import pipeline, protocol
+
+    if args.measure and not (args.estimate and torch.cuda.is_available()):
+        parser.error("--measure: with --estimate, on a machine with a CUDA device")
+    if args.estimate:
+        names = list(table) if args.config in (None, "all") else [args.config]
+        doc = committed_document()
+        for name in names:
+            study, _ = configured_study(name, "gpu", configurations=table)
+            for line in estimate_lines(study, configuration(name, table).parts, doc,
+                                       "cuda" if args.measure else None):
+                print(line, flush=True)
+        return 0
 
     device = args.device or protocol.default_device()
     on_gpu = device.type == "cuda"

@@ -13,8 +13,10 @@ Each GPU study runs in ``parts``: ``make train CONFIG=<name> PART=k`` (k = 1 .. 
 k-th, each estimated (``budget.estimate`` from the committed H200 step times) to take under
 eight minutes of device time, so that one fits a 10-minute device command; a part stopped short
 is run again with the same command and trains only what it had not finished (FinishedRuns).
-The part that finds every part's file merges them.  The estimates, at the commit that set these
-values (``tests/experiment/test_training_configs.py`` recomputes them):
+The part that finds every part's file merges them.  The estimates (``python -m
+samu.experiment.training --estimate --config <name>`` prints them; with ``--measure`` on the GPU
+it first times each configuration's step alone beside them), at the commit that set these values
+(``tests/experiment/test_training_tables.py`` recomputes them):
 
 - ``recall``: 72 runs (with no widening), about 720 s in all, 2 parts of about 370 s;
 - ``scale``: 40 runs (with no widening), about 620 s in all, 3 parts of about 210 s;
