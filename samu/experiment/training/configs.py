@@ -32,7 +32,10 @@ point solved).  On the committed H200 study the recurrent mixers needed 1200-400
 leave the guessing baseline at vocabulary 64 (4000 brought 0.78-0.97) and attention reached
 0.88 at 16 pairs in 2500 steps; Zoology's 64 epochs of 100k examples (100k steps of 64) is
 25 times the budget.  So every point records whether its run was still learning when it
-stopped (``curves.still_learning``), and the figure marks it.  The bar: accuracy 0.9.
+stopped (``curves.still_learning``), and the figure marks it.  The bar: accuracy 0.9.  A CPU
+cannot probe vocabulary 8192 at these sizes (about 2 s a step at width 64, L = 64), so the
+GPU's first part is the probe: each part sweeps the grid's first point, the bar's, before the
+others.
 
 The scale study: L = 8192, width 512, 2 layers, batch 8 (65,536 tokens a step), 600 steps a run
 (39M tokens, the same for every mixer), the character LM and MQAR (64 pairs over 512 tokens)
