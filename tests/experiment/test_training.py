@@ -577,13 +577,6 @@ def faked_notebook(doc, slug, calls):
     return run_notebook
 
 
-@pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(paths, "DATA", tmp_path)
-    monkeypatch.setenv("SAMU_DATA_DIR", str(tmp_path))
-    return tmp_path
-
-
 def test_main_runs_the_notebook_and_prints_its_progress(doc, data_dir, monkeypatch, capsys):
     """The device is named, so this runs the same on a CPU and on a GPU machine: every
     configuration at the notebook's own CPU sizes, results labelled cpu."""

@@ -64,13 +64,6 @@ def echo():
         yield spec
 
 
-@pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(paths, "DATA", tmp_path)
-    monkeypatch.setenv("SAMU_DATA_DIR", str(tmp_path))
-    return tmp_path
-
-
 def test_the_task_table_is_what_every_module_reads():
     assert list(T.TASKS) == ["mqar", "copy", "lm"]
     assert dict(T.TASK_NAMES) == {name: spec.label for name, spec in T.TASKS.items()}
