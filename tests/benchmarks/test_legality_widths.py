@@ -1,0 +1,45 @@
+"""benchmarks/legality_widths.py at tiny sizes under Triton's interpreter: a row per backend,
+width, head count that divides the width and state case, and a failing status when a bound is
+broken."""
+from samu import backends
+from samu.experiment import benchmark_rows
+
+
+def test_every_width_and_dividing_head_count_is_checked(load_benchmark, rows_folder, capsys):
+    bench = load_benchmark("legality_widths")
+    assert bench.main(["--widths=32,40", "--heads=2,10", "--batch=1", "--length=24",
+                       "--backends=singlepass"]) == 0
+    printed = capsys.readouterr().out
+    rows = benchmark_rows.read_rows(rows_folder / "legality_widths.jsonl")
+    names = {m: bench.triton_backends(m, ["singlepass"]) for m in backends.REGISTRY}
+    # RG-LRU: width 32 at 2 heads, width 40 at 2 and 10; SAMU once a width; each plain and
+    # stateful
+    want = 2 * (3 * len(names["rglru"]) + 2 * len(names["samu"]))
+    assert len(rows) == want and all(r["values"]["legal"] for r in rows)
+    heads = {(r["shape"]["width"], r["configuration"]["num_heads"])
+             for r in rows if r["mixer"] == "rglru"}
+    assert heads == {(32, 2), (40, 2), (40, 10)}
+    stateful = [r for r in rows if r["configuration"]["stateful"]]
+    assert stateful and all(r["shape"]["batch"] == 1 for r in stateful)
+    assert all(0 < r["values"]["worst_error_share"] <= 1 for r in rows)
+    assert "state+packed+resets: legal" in printed and "ILLEGAL" not in printed
+
+
+def test_a_broken_bound_fails_the_run(load_benchmark, rows_folder, capsys, monkeypatch):
+    bench = load_benchmark("legality_widths")
+    monkeypatch.setattr(bench.legality, "ERROR_FACTOR", 0.0)
+    monkeypatch.setattr(bench.legality, "ERROR_SLACK", 0.0)
+    assert bench.main(["samu", "--widths=32", "--batch=1", "--length=16",
+                       "--backends=singlepass"]) == 1
+    printed = capsys.readouterr().out
+    assert "ILLEGAL (y:" in printed and "illegal: samu fused_singlepass" in printed
+    rows = benchmark_rows.read_rows(rows_folder / "legality_widths.jsonl")
+    assert rows and not any(r["values"]["legal"] for r in rows)
+
+
+def test_an_unknown_mixer_is_refused(load_benchmark, capsys):
+    import pytest
+    bench = load_benchmark("legality_widths")
+    with pytest.raises(SystemExit):
+        bench.main(["mamba"])
+    assert "unknown mixers ['mamba']" in capsys.readouterr().err
