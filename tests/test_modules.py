@@ -238,8 +238,9 @@ def test_torch_jit_trace_of_the_kernels_is_refused_and_says_what_to_use(mixer):
     """The tracer cannot record a Triton launch (it failed inside Triton, or read out of its
     storage's bounds): refused by name, forward and step; the reference still traces."""
     from samu import backends
-    kernel = samu.modules.MODULES[mixer](16, backend=backends.DEFAULTS[mixer])
-    x = torch.randn(1, 5, 16)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels' own device
+    kernel = samu.modules.MODULES[mixer](16, backend=backends.DEFAULTS[mixer]).to(device)
+    x = torch.randn(1, 5, 16, device=device)
     words = (f"^{mixer}: torch.jit.trace cannot record backend {backends.DEFAULTS[mixer]}, a "
              "Triton kernel; use torch.compile or torch.export")
     with torch.no_grad():
@@ -247,7 +248,7 @@ def test_torch_jit_trace_of_the_kernels_is_refused_and_says_what_to_use(mixer):
             torch.jit.trace(kernel, x)
         with pytest.raises(RuntimeError, match=words):
             torch.jit.trace(_Stepping(kernel), x[:, 0])
-        reference = samu.modules.MODULES[mixer](16, backend="reference_chunked")
+        reference = samu.modules.MODULES[mixer](16, backend="reference_chunked").to(device)
         traced = torch.jit.trace(reference, x)
         torch.testing.assert_close(traced(x), reference(x))
 

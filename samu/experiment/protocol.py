@@ -120,6 +120,23 @@ def sample(module, x, dy, phase: str) -> float:
     return end()
 
 
+def captured(step):
+    """A CUDA graph of step(), or None where step cannot be captured.  A capture that fails
+    leaves the current device's default generator marked as capturing, and every random op
+    after it raising ("Offset increment outside graph capture"): its state, cloned before the
+    capture, is put back."""
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    saved = generator.clone_state()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            step()
+    except Exception:
+        generator.graphsafe_set_state(saved)
+        return None
+    return graph
+
+
 def graph_replay_time(step, device, replays: int = 20, reset=None) -> float | None:
     """GPU time of step() with no host in it: captured once in a CUDA graph after three warm-up
     calls (reset(), when given, runs before each and before the capture), replayed ``replays``
@@ -134,11 +151,8 @@ def graph_replay_time(step, device, replays: int = 20, reset=None) -> float | No
             step()
     torch.cuda.current_stream().wait_stream(stream)
     reset()
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            step()
-    except Exception:
+    graph = captured(step)
+    if graph is None:
         return None
     runs = []
     for _ in range(3):

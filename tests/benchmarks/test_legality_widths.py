@@ -5,12 +5,19 @@ from samu import backends
 from samu.experiment import benchmark_rows
 
 
+def _rows(rows_folder):
+    """The rows the run appended, under its device's folder (cpu here, the GPU's on one)."""
+    files = list(rows_folder.parent.glob("*/legality_widths.jsonl"))
+    assert len(files) == 1, files
+    return benchmark_rows.read_rows(files[0])
+
+
 def test_every_width_and_dividing_head_count_is_checked(load_benchmark, rows_folder, capsys):
     bench = load_benchmark("legality_widths")
     assert bench.main(["--widths=32,40", "--heads=2,10", "--batch=1", "--length=24",
                        "--backends=singlepass"]) == 0
     printed = capsys.readouterr().out
-    rows = benchmark_rows.read_rows(rows_folder / "legality_widths.jsonl")
+    rows = _rows(rows_folder)
     names = {m: bench.triton_backends(m, ["singlepass"]) for m in backends.REGISTRY}
     # RG-LRU: width 32 at 2 heads, width 40 at 2 and 10; SAMU once a width; each plain and
     # stateful
@@ -33,7 +40,7 @@ def test_a_broken_bound_fails_the_run(load_benchmark, rows_folder, capsys, monke
                        "--backends=singlepass"]) == 1
     printed = capsys.readouterr().out
     assert "ILLEGAL (y:" in printed and "illegal: samu fused_singlepass" in printed
-    rows = benchmark_rows.read_rows(rows_folder / "legality_widths.jsonl")
+    rows = _rows(rows_folder)
     assert rows and not any(r["values"]["legal"] for r in rows)
 
 

@@ -1,0 +1,138 @@
+"""Compile, for the H200 (sm_90), every kernel launch a backend's forward and backward make at
+given shapes, on any machine, GPU or not: the calls go through the backend's own host code, and
+each launch is compiled (Triton's warmup) instead of run.  Triton specialises an int argument
+equal to 1 into a constant, so a one-chunk call or a one-token one compiles code that longer
+calls never do; its compiler can fail there where Triton's interpreter, which compiles nothing,
+passes (tools/inspect_kernels.py compiles each kernel unspecialised, at its launch settings).
+
+    python tools/compile_calls.py                            # every Triton backend, SHAPES
+    python tools/compile_calls.py samu --backends=singlepass 1x5x48
+
+Each shape runs plain and, for a single batch row, with an initial state, two packed sequences,
+a final state and resets.  Run it without TRITON_INTERPRET; it exits 1 naming every call that
+failed to compile."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# Calls whose ints Triton specialises to 1 (one token, one chunk of 8 or 16, one channel block)
+# beside a chunk and a token, a partial channel block and RecurrentGemma's ten heads.
+SHAPES = ("1x1x32", "2x5x48", "1x16x512", "2x17x40", "1x40x2560")
+TARGET = ("cuda", 90, 32)
+
+
+class CompileOnlyDriver:
+    """Triton's active driver for compiling without a GPU: device 0, stream 0, the target."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget(*TARGET)
+
+
+def compiling_launches(compiled: list):
+    """A stand-in for samu.ops.common.launching.launch that compiles each launch and runs none."""
+    def launch(kernel, grid, *args, **meta):
+        kernel.warmup(*args, grid=grid, **meta)
+        compiled.append(kernel.fn.__name__)
+    return launch
+
+
+def stateful_keywords(shape):
+    """(initial_state, cu_seqlens, resets, d_final) of a one-row call: two sequences where the
+    row has two tokens or more, resets at its first token and its last."""
+    import torch
+    batch, length, width = shape
+    cuts = [0, length] if length < 2 else [0, 1, length]
+    count = len(cuts) - 1
+    resets = torch.zeros(batch, length, dtype=torch.bool)
+    resets[0, [0, length - 1]] = True
+    return (torch.zeros(count, width), torch.tensor(cuts, dtype=torch.int32), resets,
+            torch.zeros(count, width))
+
+
+def head_count(mixer: str, width: int) -> dict:
+    """RG-LRU's gate blocks: ten (RecurrentGemma's) where they divide the width, else 16, 8 ..."""
+    if mixer != "rglru":
+        return {}
+    return {"num_heads": next(h for h in (10, 16, 8, 4, 2, 1) if width % h == 0)}
+
+
+def compile_call(mixer: str, name: str, shape, stateful: bool) -> list[str]:
+    """The kernels one forward+backward of backend ``name`` compiles at ``shape``."""
+    from samu import backends
+    from samu.experiment import legality
+    from samu.ops.common import launching
+    from samu.ops.common.sequences import sequence_args
+
+    config = backends.REGISTRY[mixer][name].config
+    family = backends.family_of(mixer, config)
+    x, params, dy = legality.make_inputs(mixer, shape, "cpu", seed=1,
+                                         **head_count(mixer, shape[2]))
+    params = list(params.values())
+    h0 = cu = resets = d_final = None
+    if stateful:
+        h0, cu, resets, d_final = stateful_keywords(shape)
+    sequences = sequence_args(x, h0, cu, stateful, resets)
+    compiled = []
+    original = launching.launch
+    launching.launch = compiling_launches(compiled)
+    try:
+        _, _, residuals = family.forward(x, params, sequences, config)
+        family.backward(x, params, residuals, dy, d_final, sequences, config)
+    finally:
+        launching.launch = original
+    return compiled
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("targets", nargs="*", help="mixers and BATCHxLENGTHxWIDTH shapes")
+    parser.add_argument("--backends", type=lambda s: [w for w in s.split(",") if w], default=[],
+                        help="words of backend names (default: every Triton backend)")
+    args = parser.parse_intermixed_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        parser.error("TRITON_INTERPRET=1 compiles nothing: run without it")
+    from triton.runtime.driver import driver
+    from samu import backends
+
+    shapes = [tuple(map(int, t.split("x"))) for t in args.targets if "x" in t]
+    mixers = [t for t in args.targets if "x" not in t]
+    unknown = [m for m in mixers if m not in backends.REGISTRY]
+    if unknown:
+        parser.error(f"unknown mixers {unknown}; choose from {list(backends.REGISTRY)}")
+    shapes = shapes or [tuple(map(int, s.split("x"))) for s in SHAPES]
+    driver.set_active(CompileOnlyDriver())
+    failed = []
+    for mixer in mixers or list(backends.REGISTRY):
+        names = [n for n in backends.available(mixer)
+                 if backends.REGISTRY[mixer][n].kind == "triton"
+                 and (not args.backends or any(w in n.split("_") for w in args.backends))]
+        for name in names:
+            for shape in shapes:
+                for stateful in (False, True) if shape[0] == 1 else (False,):
+                    label = f"{mixer} {name} {'x'.join(map(str, shape))}" + (
+                        " with state, packing and resets" if stateful else "")
+                    try:
+                        kernels = compile_call(mixer, name, shape, stateful)
+                    except Exception as exc:  # the compiler's error is the result
+                        first = str(exc).strip().splitlines()[-1:] or [""]
+                        failed.append(label)
+                        print(f"{label}: FAILED ({type(exc).__name__}: {first[0][:200]})",
+                              flush=True)
+                        continue
+                    print(f"{label}: compiled {len(kernels)} launches", flush=True)
+    if failed:
+        print(f"{len(failed)} calls failed to compile: " + "; ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
