@@ -109,12 +109,15 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown mixers {unknown}; choose from {list(backends.REGISTRY)}")
     shapes = shapes or [tuple(map(int, s.split("x"))) for s in SHAPES]
+    chosen = {mixer: [n for n in backends.available(mixer)
+                      if backends.REGISTRY[mixer][n].kind == "triton"
+                      and (not args.backends or any(w in n.split("_") for w in args.backends))]
+              for mixer in mixers or list(backends.REGISTRY)}
+    if not any(chosen.values()):
+        parser.error(f"no Triton backend matches {args.backends}")
     driver.set_active(CompileOnlyDriver())
     failed = []
-    for mixer in mixers or list(backends.REGISTRY):
-        names = [n for n in backends.available(mixer)
-                 if backends.REGISTRY[mixer][n].kind == "triton"
-                 and (not args.backends or any(w in n.split("_") for w in args.backends))]
+    for mixer, names in chosen.items():
         for name in names:
             for shape in shapes:
                 for stateful in (False, True) if shape[0] == 1 else (False,):
@@ -123,9 +126,9 @@ def main(argv=None) -> int:
                     try:
                         kernels = compile_call(mixer, name, shape, stateful)
                     except Exception as exc:  # the compiler's error is the result
-                        first = str(exc).strip().splitlines()[-1:] or [""]
+                        last = (str(exc).strip().splitlines() or [""])[-1]
                         failed.append(label)
-                        print(f"{label}: FAILED ({type(exc).__name__}: {first[0][:200]})",
+                        print(f"{label}: FAILED ({type(exc).__name__}: {last[:200]})",
                               flush=True)
                         continue
                     print(f"{label}: compiled {len(kernels)} launches", flush=True)

@@ -36,3 +36,11 @@ def test_the_interpreter_is_refused(capsys):
     with pytest.raises(SystemExit):
         tool.main(["samu"])
     assert "TRITON_INTERPRET=1 compiles nothing" in capsys.readouterr().err
+
+
+def test_a_filter_that_matches_nothing_is_refused():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(TOOL), "--backends=nosuchword"],
+                          capture_output=True, text=True, env=env, timeout=300,
+                          cwd=paths.REPO_ROOT)
+    assert done.returncode == 2 and "no Triton backend matches ['nosuchword']" in done.stderr
