@@ -21,6 +21,8 @@ from . import calibration, pipeline, protocol, report, schema, training
 
 RESULTS_BEGIN = "<!-- results:begin (python -m samu.experiment.readme --write) -->"
 RESULTS_END = "<!-- results:end -->"
+OTHER_GPUS_BEGIN = "<!-- other-gpus:begin (python -m samu.experiment.readme --write) -->"
+OTHER_GPUS_END = "<!-- other-gpus:end -->"
 ROWS_BEGIN = "<!-- result-rows:begin (python -m samu.experiment.readme --write) -->"
 ROWS_END = "<!-- result-rows:end -->"
 README = paths.REPO_ROOT / "README.md"
@@ -221,6 +223,28 @@ def results_tables(data_dir=None) -> str:
     return speed_table(data_dir) + "\n\n" + training_table(data_dir) + "\n"
 
 
+def other_gpu_tables(data_dir=None) -> str:
+    """The speed table of every GPU with a results file besides the committed one
+    (data/results/<gpu>.json), each under its own heading, with how many of `make reproduce`'s
+    default shapes it ran."""
+    data_dir = Path(data_dir) if data_dir is not None else paths.REPO_ROOT / "data"
+    slugs = sorted(p.stem for p in (data_dir / "results").glob("*.json")
+                   if p.stem != report.COMMITTED_SLUG)
+    parts = []
+    for slug in slugs:
+        doc, df, _ = _results(data_dir, slug)
+        ran = {Shape.of(s).key for s in df["shape_tuple"]} & set(pipeline.GPU_SHAPES)
+        figure = data_dir / "figures" / f"{slug}_floor_multiples.png"
+        parts.append(f"### On the {doc['environment']['gpu']}\n\n"
+                     + _wrap(f"{len(ran)} of the {len(pipeline.GPU_SHAPES)} default shapes ran "
+                             "there.") + "\n\n" + speed_table(data_dir, slug)
+                     + (f"\n\n![multiples of the floor on the {doc['environment']['gpu']}]"
+                        f"(data/figures/{figure.name})" if figure.exists() else ""))
+    if not parts:
+        return ""
+    return "## Results on other GPUs\n\n" + "\n\n".join(parts) + "\n"
+
+
 def result_rows_table(data_dir=None, slug: str = report.COMMITTED_SLUG) -> str:
     """docs/LAB.md's table: every row of the results beside the published H800 time, with its
     floor multiples, the public pipeline, host cost, peak memory and the commit it ran at."""
@@ -288,6 +312,22 @@ def _minutes(seconds: float) -> str:
     return f"about {round(seconds / 60)} min"
 
 
+SCALE_FIRST_PART = "{slug}.scale.part-1-of-3.json"
+
+
+def scale_yardstick_text(root: Path, slug: str = report.COMMITTED_SLUG) -> str:
+    """What the scale study's first part says of attention on MQAR, the yardstick's bar: that it
+    did not learn it (every run below the study's sanity bar), at which length and steps."""
+    doc = schema.read_valid_json(root / "data" / "training" / SCALE_FIRST_PART.format(slug=slug),
+                                 "training")
+    runs = [r for r in doc["runs"] if r["task"] == "mqar" and r["mixer"] == "attention"]
+    length = {r["seq_len"] for r in runs}.pop()
+    steps = max(r["steps_completed"] for r in runs)
+    verdict = ("did not learn" if max(r["value"] for r in runs) < doc["study"]["sanity_bar"]
+               else "learned")
+    return f"attention {verdict} MQAR at L = {length} in {steps} steps"
+
+
 def facts(repo_root=None) -> dict[str, str]:
     """Each figure the README quotes outside its results block, as the README writes it."""
     root = Path(repo_root) if repo_root is not None else paths.REPO_ROOT
@@ -300,6 +340,7 @@ def facts(repo_root=None) -> dict[str, str]:
     pytest, nbval = make_test_seconds(root / MAKE_TEST_LOG)
     percent, budgets = calibration.memory_rule_text()
     return {
+        "scale study's yardstick": scale_yardstick_text(root),
         "published speed-ups": f"{sp.min():.2f} to {sp.max():.2f}",
         "make test, H200": f"{_minutes(pytest + nbval)}: pytest {pytest:.0f} s, nbval {nbval:.0f} s",
         "make train, H200": f"{_minutes(sum(map(sum, parts)))} in {len(parts)} parts",
@@ -336,6 +377,7 @@ def with_block(text: str, rendered: str, begin: str = RESULTS_BEGIN,
 def targets(data_dir=None) -> list[tuple[Path, str, str, str]]:
     """(file, begin marker, end marker, rendered block) of every generated block."""
     return [(README, RESULTS_BEGIN, RESULTS_END, results_tables(data_dir)),
+            (README, OTHER_GPUS_BEGIN, OTHER_GPUS_END, other_gpu_tables(data_dir)),
             (LAB, ROWS_BEGIN, ROWS_END, result_rows_table(data_dir))]
 
 

@@ -37,8 +37,10 @@ def readme_text() -> str:
 def prose(text: str) -> str:
     """The text a reader reads as sentences and tables: without the generated block, code,
     link targets and HTML comments."""
-    start, stop = readme._span(text, readme.RESULTS_BEGIN, readme.RESULTS_END)
-    text = text[:start] + text[stop:]
+    for begin, end in ((readme.RESULTS_BEGIN, readme.RESULTS_END),
+                       (readme.OTHER_GPUS_BEGIN, readme.OTHER_GPUS_END)):
+        start, stop = readme._span(text, begin, end)
+        text = text[:start] + text[stop:]
     text = re.sub(r"```.*?```", " ", text, flags=re.DOTALL)
     text = re.sub(r"`[^`]*`", " ", text)
     text = re.sub(r"\]\([^)]*\)", "]", text)
@@ -232,3 +234,24 @@ def test_the_cpu_api_example_runs_as_written(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU example needs CUDA")
 def test_the_gpu_api_example_runs_as_written():
     exec(compile(api_examples()["gpu"], "README.md", "exec"), {})
+
+
+def test_other_gpus_get_a_table_each_and_none_without_their_results(tmp_path):
+    """A results file besides the committed GPU's gets its own heading and speed table, with how
+    many default shapes ran there; with none, the block is empty."""
+    import shutil
+    (tmp_path / "results").mkdir()
+    shutil.copytree(ROOT / "data" / "reference", tmp_path / "reference")
+    committed = f"{readme.report.COMMITTED_SLUG}.json"
+    shutil.copy(ROOT / "data" / "results" / committed, tmp_path / "results" / committed)
+    assert readme.other_gpu_tables(tmp_path) == ""
+    other = next(p for p in (ROOT / "data" / "results").glob("*.json") if p.name != committed)
+    shutil.copy(other, tmp_path / "results" / other.name)
+    rendered = readme.other_gpu_tables(tmp_path)
+    doc = readme.schema.read_json(other)
+    ran = {readme.Shape.of(k).key for k in doc["shape_environments"]} & set(pipeline.GPU_SHAPES)
+    assert rendered.startswith("## Results on other GPUs\n\n### On the "
+                               + doc["environment"]["gpu"])
+    assert f"{len(ran)} of the {len(pipeline.GPU_SHAPES)} default shapes ran there." in rendered
+    assert "![multiples of the floor" not in rendered  # no figure in this data folder
+    assert rendered.count("| SAMU |") == len(ran)
