@@ -7,7 +7,8 @@ from a CUDA graph, and with --legality each variant's errors against the float64
     python benchmarks/compare_configs.py rglru 1x32768x2048 --set "carry=CarryPlan(lookback=True)"
 
 Each --set is one variant: field=value of the backend's frozen configuration, the value a
-Python expression over Launch (the mixer's) and CarryPlan.  --legality adds every
+Python expression over Launch (the mixer's), CarryPlan and Lookback (the single-pass
+backends' look-back).  --legality adds every
 configuration's legality and dx error against the float64 oracle (computed once per shape).
 Variants are passed in as the backend (samu.backends.from_config): nothing registered changes.
 Each (shape, backend, variant) is also a row of data/benchmarks/<gpu>/compare_configs.jsonl
@@ -22,6 +23,7 @@ import torch
 from samu import backends
 from samu.experiment import benchmark_rows, legality, protocol
 from samu.ops.common.carry import CarryPlan
+from samu.ops.common.single_pass import Lookback
 from samu.ops.rglru import gemm
 from samu.ops.samu import chunk
 
@@ -30,7 +32,7 @@ LAUNCH = {"samu": chunk.Launch, "rglru": gemm.Launch}
 
 def variants(mixer, settings):
     """(label, {field: value}) of each --set."""
-    names = {"Launch": LAUNCH[mixer], "CarryPlan": CarryPlan}
+    names = {"Launch": LAUNCH[mixer], "CarryPlan": CarryPlan, "Lookback": Lookback}
     out = []
     for text in settings:
         field, value = text.split("=", 1)

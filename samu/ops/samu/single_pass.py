@@ -67,17 +67,14 @@ def _share(part_ptr, total_ptr, flag_ptr, N_TILES, N_GROUPS, group, me, N_CB, p0
 
 
 @triton.jit
-def _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, cols, T: tl.constexpr,
-            WIDTH: tl.constexpr, TILE: tl.constexpr):
-    """The group's summed per-token partials and scalar (0 where WIDTH is 2 T), once published:
-    [T] each, or with TILE [T, BD] in the tile's layout (each thread loads its rows: no layout
-    change where they meet the tile)."""
+def _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, T: tl.constexpr,
+            WIDTH: tl.constexpr):
+    """The group's summed per-token partials ([T] each) and scalar (0 where WIDTH is 2 T), once
+    published.  [T] vectors, not [T, BD] tiles of them: in the backward the tiles cost 40 % more
+    instructions and spilled under Triton 3.6 (docs/PERFORMANCE.md, "Single-pass scans")."""
     wait_for(flag_ptr + N_TILES + N_GROUPS + group)
     row = total_ptr + group * WIDTH
-    if TILE:
-        lanes = tl.arange(0, T)[:, None] + cols[None, :] * 0
-    else:
-        lanes = tl.arange(0, T)
+    lanes = tl.arange(0, T)
     extra = 0.0
     if WIDTH > 2 * T:
         extra = tl.load(row + 2 * T, cache_modifier=".cg")
@@ -133,8 +130,7 @@ def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_pt
         _share(part_ptr, total_ptr, flag_ptr, N_TILES, N_GROUPS, group, me, N_CB,
                tl.sum(x * w0[None, :], axis=1), tl.sum(x * w1[None, :], axis=1), 0.0, T, 2 * T)
     if PHASE != 1:
-        z0, z1, _ = _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, cols, T, 2 * T,
-                            False)
+        z0, z1, _ = _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, T, 2 * T)
         r = tl.where(row_ok, sigmoid_fast(z0 + tl.load(bias_ptr)), 0.0)  # r = 0: a = 1
         g = sigmoid_fast(z1 + tl.load(bias_ptr + 1))
         kept = rows < tl.where(cb == 0, L, 0)  # one tile of the chunk keeps r, g
@@ -193,15 +189,12 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_pt
                 other=0.0).to(tl.float32)
     dy = tl.load(_rows_at(dy_ptr, first, latest_first, cols, D), mask=ok,
                  other=0.0).to(tl.float32)
-    # Per-token values loaded into the tile's layout, each thread its rows (no layout change)
-    tokens = b * L + rows[:, None] + cols[None, :] * 0
-    token_ok = row_ok[:, None]
-    r = tl.load(r_ptr + tokens, mask=token_ok, other=0.0)
-    g = tl.load(g_ptr + tokens, mask=token_ok, other=0.0)
+    r = tl.load(r_ptr + b * L + rows, mask=row_ok, other=0.0)
+    g = tl.load(g_ptr + b * L + rows, mask=row_ok, other=0.0)
     lam = _rate(a_param_ptr, log_temp_ptr, cols, D)
-    gx = g * x
+    gx = g[:, None] * x
     flagged = token_resets(reset_ptr, b, rows, L, HAS_RESETS)
-    a, m, dm_dlog_a, a_in, u_in = scan_inputs(-lam[None, :] * r, gx, starts, flagged,
+    a, m, dm_dlog_a, a_in, u_in = scan_inputs(-lam[None, :] * r[:, None], gx, starts, flagged,
                                               h0_ptr, b, seq, cols, D, N_SEQ, PACKED,
                                               HAS_INITIAL, HAS_RESETS)
     at = group * D + cols
@@ -235,19 +228,18 @@ def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_pt
                tl.sum(tl.sum(dy * x, axis=0), axis=0), T, 4 * T)
     if PHASE != 1:
         c = 8.0 * tl.exp(tl.load(log_temp_ptr))
-        tl.store(dsp_ptr + at, tl.sum(dla * (-c * r), axis=0), mask=col_ok)
-        dx = dh * m * g + tl.load(skip_ptr) * dy  # dx but W^T dz: less held
-        dr, dg, d_skip = _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, cols, T, 4 * T,
-                                 True)
-        dz0 = tl.where(token_ok, dr * r * (1.0 - r), 0.0)
-        dz1 = tl.where(token_ok, dg * g * (1.0 - g), 0.0)
+        tl.store(dsp_ptr + at, tl.sum(dla * (-c * r[:, None]), axis=0), mask=col_ok)
+        dx = dh * m * g[:, None] + tl.load(skip_ptr) * dy  # dx but W^T dz: less held
+        dr, dg, d_skip = _totals(total_ptr, flag_ptr, N_TILES, N_GROUPS, group, T, 4 * T)
+        dz0 = tl.where(row_ok, dr * r * (1.0 - r), 0.0)
+        dz1 = tl.where(row_ok, dg * g * (1.0 - g), 0.0)
         w0 = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
         w1 = tl.load(w_ptr + D + cols, mask=col_ok, other=0.0)
-        dx += dz0 * w0[None, :] + dz1 * w1[None, :]
+        dx += dz0[:, None] * w0[None, :] + dz1[:, None] * w1[None, :]
         tl.store(_rows_at(dx_ptr, first, latest_first, cols, D), to_element(dx, dx_ptr), mask=ok)
         wide = group * (2 * D) + cols
-        tl.store(dw_ptr + wide, tl.sum(dz0 * x, axis=0), mask=col_ok)
-        tl.store(dw_ptr + wide + D, tl.sum(dz1 * x, axis=0), mask=col_ok)
+        tl.store(dw_ptr + wide, tl.sum(dz0[:, None] * x, axis=0), mask=col_ok)
+        tl.store(dw_ptr + wide + D, tl.sum(dz1[:, None] * x, axis=0), mask=col_ok)
         # The chunk's scalars, by its first tile: d log_temp (sum_d dla log a = r_t sum_d dla
         # (-rate), from the exchanged dr), d skip, d ctrl_bias.
         row = scalar_ptr + group * 4

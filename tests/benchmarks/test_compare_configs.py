@@ -1,0 +1,11 @@
+"""benchmarks/compare_configs.py's variants: each --set is one field of the backend's frozen
+configuration, read as a Python expression over the mixer's Launch, CarryPlan and Lookback."""
+from samu.ops.common.single_pass import Lookback
+from samu.ops.samu.chunk import Launch
+
+
+def test_each_set_is_a_field_and_its_value(load_benchmark):
+    bench = load_benchmark("compare_configs")
+    got = bench.variants("samu", ["lookback=Lookback(window=32)", "backward=Launch(4, 1, 168)"])
+    assert got == [("lookback=Lookback(window=32)", {"lookback": Lookback(window=32)}),
+                   ("backward=Launch(4, 1, 168)", {"backward": Launch(4, 1, 168)})]
