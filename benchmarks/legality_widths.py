@@ -28,22 +28,20 @@ HEADS = (10, 16, 32)
 
 
 def state_case(batch: int, length: int, width: int, device) -> tuple[tuple, dict]:
-    """(shape, state) of the stateful check: one row of ``batch * length`` tokens packed into
-    four sequences (one starting inside a chunk, one of a single token), an initial state for
-    each and resets at the row's first token, inside a chunk and on the second sequence's
-    first."""
+    """(shape, state) of the stateful check: one row of ``batch * length`` tokens (at least 8)
+    packed into four sequences (one starting inside a chunk, one of a single token), an initial
+    state for each and resets at the row's first token, inside a chunk, on the fourth
+    sequence's first and on the row's last but one."""
     tokens = batch * length
+    if tokens < 8:
+        raise ValueError(f"the stateful check packs four sequences: batch x length must be at "
+                         f"least 8 tokens, got {tokens}")
     quarter = tokens // 4
     cuts = [0, quarter + 3, quarter + 4, max(quarter + 5, tokens // 2), tokens]
     resets = [[0, tokens // 8 + 5, cuts[3], tokens - 2]]
     shape = (1, tokens, width)
     return shape, legality.make_state(shape, device, seed=width, cu_seqlens=cuts,
                                       resets=resets)
-
-
-def triton_backends(mixer: str, words) -> list[str]:
-    return [n for n in backends.available(mixer) if not n.startswith("reference")
-            and (not words or any(w in n.split("_") or w == n for w in words))]
 
 
 def worst_share(entry: dict) -> float | None:
@@ -72,12 +70,15 @@ def main(argv=None) -> int:
     table = benchmark_rows.BenchmarkRows("legality_widths", device.type)
     illegal = []
     for mixer in args.mixers or list(backends.REGISTRY):
-        names = triton_backends(mixer, args.backends)
+        names = backends.matching(mixer, args.backends)
         if not names:
             raise SystemExit(f"no {mixer} backend matches {args.backends}")
         for width in args.widths:
             head_counts = ([h for h in args.heads if width % h == 0] if mixer == "rglru"
                            else [None])
+            if not head_counts:
+                print(f"{mixer} width {width}: none of the head counts {args.heads} divides it, "
+                      "skipped", flush=True)
             for heads in head_counts:
                 for stateful in (False, True):
                     plain = (args.batch, args.length, width)

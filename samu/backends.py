@@ -148,6 +148,13 @@ def available(mixer: str) -> list[str]:
     return list(REGISTRY[mixer])
 
 
+def matching(mixer: str, words=(), kind: str = "triton") -> list[str]:
+    """The mixer's available backends of ``kind`` whose names hold one of ``words``, as a word
+    between underscores or as the whole name (every one of that kind without words)."""
+    return [name for name in available(mixer) if REGISTRY[mixer][name].kind == kind
+            and (not words or any(w == name or w in name.split("_") for w in words))]
+
+
 def explanations() -> dict[str, dict[str, str]]:
     """{mixer: {backend: explanation}} for every registered backend."""
     _ensure_registered()

@@ -1,9 +1,11 @@
-"""Compile, for the H200 (sm_90), every kernel launch a backend's forward and backward make at
-given shapes, on any machine, GPU or not: the calls go through the backend's own host code, and
-each launch is compiled (Triton's warmup) instead of run.  Triton specialises an int argument
-equal to 1 into a constant, so a one-chunk call or a one-token one compiles code that longer
-calls never do; its compiler can fail there where Triton's interpreter, which compiles nothing,
-passes (tools/inspect_kernels.py compiles each kernel unspecialised, at its launch settings).
+"""Compile, for the H200 (sm_90, 132 SMs) with the Triton installed here, every kernel launch a
+backend's forward and backward make at given shapes, on any machine, GPU or not: the calls go
+through the backend's own host code, and each launch is compiled (Triton's warmup) instead of
+run.  Triton specialises an int argument equal to 1 into a constant, so a one-chunk call or a
+one-token one compiles code that longer calls never do; its compiler can fail there where
+Triton's interpreter, which compiles nothing, passes (tools/inspect_kernels.py compiles each
+kernel unspecialised, at its launch settings).  Such a failure can belong to one Triton: run it
+with the GPU's (the H200 ran Triton 3.6, whose failure at one chunk 3.9 does not have).
 
     python tools/compile_calls.py                            # every Triton backend, SHAPES
     python tools/compile_calls.py samu --backends=singlepass 1x5x48
@@ -18,9 +20,14 @@ import os
 import sys
 
 # Calls whose ints Triton specialises to 1 (one token, one chunk of 8 or 16, one channel block)
-# beside a chunk and a token, a partial channel block and RecurrentGemma's ten heads.
-SHAPES = ("1x1x32", "2x5x48", "1x16x512", "2x17x40", "1x40x2560")
+# beside a chunk and a token, a partial channel block, RecurrentGemma's ten heads and a width
+# whose single-pass exchange is split.
+SHAPES = ("1x1x32", "2x5x48", "1x16x512", "2x17x40", "1x40x2560", "1x16x20480")
 TARGET = ("cuda", 90, 32)
+# The H200's (and the H100 SXM's) streaming multiprocessors: the single-pass families split their
+# exchange into a launch of its own past one channel block an SM (Lookback.phases), so the calls
+# compile the phases the GPU runs (20480 channels: 160 blocks of 128, the split).
+TARGET_SMS = 132
 
 
 class CompileOnlyDriver:
@@ -109,13 +116,16 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown mixers {unknown}; choose from {list(backends.REGISTRY)}")
     shapes = shapes or [tuple(map(int, s.split("x"))) for s in SHAPES]
-    chosen = {mixer: [n for n in backends.available(mixer)
-                      if backends.REGISTRY[mixer][n].kind == "triton"
-                      and (not args.backends or any(w in n.split("_") for w in args.backends))]
+    chosen = {mixer: backends.matching(mixer, args.backends)
               for mixer in mixers or list(backends.REGISTRY)}
     if not any(chosen.values()):
         parser.error(f"no Triton backend matches {args.backends}")
+    import triton
+    from samu.ops.common import single_pass
     driver.set_active(CompileOnlyDriver())
+    single_pass.sm_count = lambda device: TARGET_SMS  # the GPU's, not the CPU tensors' 4
+    print(f"Triton {triton.__version__}, target {TARGET[0]} sm_{TARGET[1]}, {TARGET_SMS} SMs",
+          flush=True)
     failed = []
     for mixer, names in chosen.items():
         for name in names:

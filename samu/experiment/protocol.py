@@ -126,13 +126,15 @@ def captured(step):
     after it raising ("Offset increment outside graph capture"): its state, cloned before the
     capture, is put back."""
     generator = torch.cuda.default_generators[torch.cuda.current_device()]
-    saved = generator.clone_state()
+    # A torch without graph-safe generator states (clone_state) has none to put back.
+    saved = generator.clone_state() if hasattr(generator, "clone_state") else None
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
             step()
     except Exception:
-        generator.graphsafe_set_state(saved)
+        if saved is not None:
+            generator.graphsafe_set_state(saved)
         return None
     return graph
 

@@ -321,7 +321,11 @@ def scale_yardstick_text(root: Path, slug: str = report.COMMITTED_SLUG) -> str:
     doc = schema.read_valid_json(root / "data" / "training" / SCALE_FIRST_PART.format(slug=slug),
                                  "training")
     runs = [r for r in doc["runs"] if r["task"] == "mqar" and r["mixer"] == "attention"]
-    length = {r["seq_len"] for r in runs}.pop()
+    lengths = {r["seq_len"] for r in runs}
+    if len(lengths) != 1:
+        raise ValueError(f"{SCALE_FIRST_PART.format(slug=slug)}: expected attention's MQAR runs "
+                         f"at one length, found {sorted(lengths)}")
+    length = lengths.pop()
     steps = max(r["steps_completed"] for r in runs)
     verdict = ("did not learn" if max(r["value"] for r in runs) < doc["study"]["sanity_bar"]
                else "learned")

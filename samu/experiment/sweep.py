@@ -21,8 +21,7 @@ from .legality import make_inputs
 
 def triton_backends(mixer: str) -> list[str]:
     """The mixer's Triton backends, in the registry's order."""
-    return [name for name in backends.available(mixer)
-            if backends.REGISTRY[mixer][name].kind == "triton"]
+    return backends.matching(mixer)
 
 
 def time_backend(mixer: str, name: str, x, params: dict, dy, samples: int) -> dict:

@@ -18,7 +18,7 @@ def test_every_width_and_dividing_head_count_is_checked(load_benchmark, rows_fol
                        "--backends=singlepass"]) == 0
     printed = capsys.readouterr().out
     rows = _rows(rows_folder)
-    names = {m: bench.triton_backends(m, ["singlepass"]) for m in backends.REGISTRY}
+    names = {m: backends.matching(m, ["singlepass"]) for m in backends.REGISTRY}
     # RG-LRU: width 32 at 2 heads, width 40 at 2 and 10; SAMU once a width; each plain and
     # stateful
     want = 2 * (3 * len(names["rglru"]) + 2 * len(names["samu"]))

@@ -156,3 +156,43 @@ def test_peer_names_must_not_repeat():
     module = protocol.build_module("samu", 16, "reference_chunked", "cpu")
     with pytest.raises(ValueError, match="repeat"):
         peers.peers_of(module, (toy_peer(), toy_peer()))
+
+
+def test_a_failed_capture_puts_the_generator_state_back(monkeypatch):
+    """protocol.captured, with CUDA stood in for: the device generator's state is cloned before
+    the capture and put back when the capture fails (a failed capture leaves it marked as
+    capturing, and every random op after it raising); a capture that works keeps its graph."""
+    from samu.experiment import protocol
+
+    class Generator:
+        def __init__(self):
+            self.state, self.restored = "before", []
+
+        def clone_state(self):
+            return f"clone of {self.state}"
+
+        def graphsafe_set_state(self, state):
+            self.restored.append(state)
+
+    class Capture:
+        def __init__(self, graph):
+            self.graph = graph
+
+        def __enter__(self):
+            generator.state = "capturing"
+
+        def __exit__(self, *exc):
+            return False
+
+    generator = Generator()
+    monkeypatch.setattr(torch.cuda, "default_generators", (generator,))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: "graph")
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+
+    def fails():
+        raise RuntimeError("operation not permitted when stream is capturing")
+    assert protocol.captured(fails) is None
+    assert generator.restored == ["clone of before"]
+    assert protocol.captured(lambda: None) == "graph"
+    assert generator.restored == ["clone of before"]

@@ -130,3 +130,16 @@ def test_any_mask_bytes_reset_alike_and_a_bad_mask_is_refused(mixer):
         assert torch.equal(got, want), name
         with pytest.raises(ValueError, match="the reset mask must be torch.bool"):
             run(x, *ps, resets=torch.zeros(1, shape[1] + 1, dtype=torch.bool, device=DEVICE))
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_the_chunk_count_is_never_specialised(mixer):
+    """Triton 3.6 (the GPUs' here) fails to compile a single-pass kernel whose chunk count it
+    specialised into the constant 1 (a one-chunk call; Triton 3.9 compiles it): every kernel of
+    each single-pass family takes NC unspecialised, under the interpreter as compiled."""
+    for name in _single_pass(mixer):
+        family, _ = _family(mixer, name)
+        for role, kernel in family.KERNELS.items():
+            kept = (kernel.kwargs["do_not_specialize"] if hasattr(kernel, "kwargs")
+                    else kernel.do_not_specialize)
+            assert "NC" in kept, (name, role)

@@ -12,12 +12,19 @@ from samu import paths
 TOOL = paths.REPO_ROOT / "tools" / "compile_calls.py"
 
 
-def test_single_pass_calls_compile_at_one_token_and_one_chunk():
+def _env(tmp_path):
+    """This environment without the interpreter, with a Triton cache of the test's own."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return {**env, "TRITON_CACHE_DIR": str(tmp_path / "triton-cache")}
+
+
+def test_single_pass_calls_compile_at_one_token_and_one_chunk(tmp_path):
+    env = _env(tmp_path)
     done = subprocess.run([sys.executable, str(TOOL), "--backends=singlepass", "1x1x32",
                            "2x5x48"], capture_output=True, text=True, env=env, timeout=600,
                           cwd=paths.REPO_ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.startswith("Triton ") and "132 SMs" in done.stdout.splitlines()[0]
     lines = [line for line in done.stdout.splitlines() if ": compiled " in line]
     # each single-pass backend at 1x1x32 plain and stateful, at 2x5x48 plain
     from samu import backends
@@ -27,19 +34,19 @@ def test_single_pass_calls_compile_at_one_token_and_one_chunk():
     assert sum("with state, packing and resets" in line for line in lines) == len(names)
 
 
-def test_the_interpreter_is_refused(capsys):
+def test_the_interpreter_is_refused(capsys, monkeypatch):
     import importlib.util
     spec = importlib.util.spec_from_file_location("compile_calls", TOOL)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    assert os.environ.get("TRITON_INTERPRET") == "1"  # conftest sets it for the suite
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # refused before any driver is replaced
     with pytest.raises(SystemExit):
         tool.main(["samu"])
     assert "TRITON_INTERPRET=1 compiles nothing" in capsys.readouterr().err
 
 
-def test_a_filter_that_matches_nothing_is_refused():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+def test_a_filter_that_matches_nothing_is_refused(tmp_path):
+    env = _env(tmp_path)
     done = subprocess.run([sys.executable, str(TOOL), "--backends=nosuchword"],
                           capture_output=True, text=True, env=env, timeout=300,
                           cwd=paths.REPO_ROOT)
