@@ -109,13 +109,14 @@ def main(argv=None) -> int:
         parser.error("TRITON_INTERPRET=1 compiles nothing: run without it")
     from triton.runtime.driver import driver
     from samu import backends
+    from samu.shapes import Shape
 
-    shapes = [tuple(map(int, t.split("x"))) for t in args.targets if "x" in t]
-    mixers = [t for t in args.targets if "x" not in t]
-    unknown = [m for m in mixers if m not in backends.REGISTRY]
-    if unknown:
-        parser.error(f"unknown mixers {unknown}; choose from {list(backends.REGISTRY)}")
-    shapes = shapes or [tuple(map(int, s.split("x"))) for s in SHAPES]
+    mixers = [t for t in args.targets if t in backends.REGISTRY]
+    try:
+        shapes = [Shape.parse(t) for t in args.targets if t not in backends.REGISTRY]
+    except ValueError as exc:
+        parser.error(f"{exc} (or name a mixer: {list(backends.REGISTRY)})")
+    shapes = shapes or [Shape.parse(s) for s in SHAPES]
     chosen = {mixer: backends.matching(mixer, args.backends)
               for mixer in mixers or list(backends.REGISTRY)}
     if not any(chosen.values()):
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
         for name in names:
             for shape in shapes:
                 for stateful in (False, True) if shape[0] == 1 else (False,):
-                    label = f"{mixer} {name} {'x'.join(map(str, shape))}" + (
+                    label = f"{mixer} {name} {shape.key}" + (
                         " with state, packing and resets" if stateful else "")
                     try:
                         kernels = compile_call(mixer, name, shape, stateful)

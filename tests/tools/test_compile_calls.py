@@ -51,3 +51,10 @@ def test_a_filter_that_matches_nothing_is_refused(tmp_path):
                           capture_output=True, text=True, env=env, timeout=300,
                           cwd=paths.REPO_ROOT)
     assert done.returncode == 2 and "no Triton backend matches ['nosuchword']" in done.stderr
+
+
+def test_a_target_neither_mixer_nor_shape_is_refused(tmp_path):
+    done = subprocess.run([sys.executable, str(TOOL), "mamba"], capture_output=True, text=True,
+                          env=_env(tmp_path), timeout=300, cwd=paths.REPO_ROOT)
+    assert done.returncode == 2 and "bad shape 'mamba'" in done.stderr
+    assert "or name a mixer" in done.stderr
