@@ -13,9 +13,11 @@ forward+backward at a length where the GPU work is negligible, against
             the H200's host) does not decide the ratio.
 
     python benchmarks/host_budget.py [--width 2048] [--length 128] [--mixer samu]
+    python benchmarks/host_budget.py --backends=auto,singlepass   # the default and the single pass
 
 Each mixer's figures are also a row of data/benchmarks/<gpu>/host_budget.jsonl
-(samu.experiment.benchmark_rows)."""
+(samu.experiment.benchmark_rows); a row names the backend asked for ("auto": the calibrated
+default, which the host-cost figure draws) and the one that ran."""
 from __future__ import annotations
 
 import argparse
@@ -33,6 +35,14 @@ from samu.ops.common.function import FamilyFunction
 # forward and backward bodies the run times.
 KERNEL_MIXERS = [mixer for mixer in MIXERS if backends.kernel_families(mixer)]
 ROUNDS = 7  # interleaved rounds of the Linear and the mixer (median of their medians)
+
+
+def backends_asked(mixer: str, words: list[str]) -> list[str]:
+    """'auto' where asked, then the mixer's Triton backends whose names hold one of the other
+    words (backends.matching), each once."""
+    names = ["auto"] if "auto" in words else []
+    others = [w for w in words if w != "auto"]
+    return names + (backends.matching(mixer, others) if others else [])
 
 
 def wall_us(fn, n: int = 200):
@@ -80,7 +90,7 @@ class Null(torch.autograd.Function):
         return (torch.empty_like(x), *(torch.empty_like(p) for p in params))
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--length", type=int, default=128)
@@ -89,7 +99,16 @@ def main():
                              "and live)")
     parser.add_argument("--mixer", choices=KERNEL_MIXERS, action="append",
                         help="only this mixer (repeatable; default every one)")
-    args = parser.parse_args()
+    parser.add_argument("--backends", type=lambda s: [w for w in s.split(",") if w],
+                        default=["auto"],
+                        help="comma-separated: 'auto' (the calibrated default) and words of "
+                             "Triton backend names, each backend matching one timed "
+                             "(default: auto)")
+    args = parser.parse_args(argv)
+    asked = {mixer: backends_asked(mixer, args.backends) for mixer in args.mixer or KERNEL_MIXERS}
+    empty_mixers = [mixer for mixer, names in asked.items() if not names]
+    if empty_mixers:
+        parser.error(f"no backend of {empty_mixers} matches {args.backends}")
     shape = (1, args.length, args.width)
     table = benchmark_rows.BenchmarkRows("host_budget", "cuda")
     empty = wall_us(lambda: None)
@@ -110,9 +129,9 @@ def main():
     print(f"torch.nn.Linear({args.width}, {args.width}) forward+backward {linear_us:.0f} us")
     table.add(None, {"operation": "torch.nn.Linear forward+backward"}, shape,
               {"host_wall_us": linear_us})
-    for mixer in args.mixer or KERNEL_MIXERS:
+    for mixer, backend in [(m, b) for m, names in asked.items() for b in names]:
         inputs = legality.make_inputs(mixer, shape, "cuda")
-        module = protocol.build_module(mixer, args.width, "auto", "cuda")
+        module = protocol.build_module(mixer, args.width, backend, "cuda")
         x = inputs[0].detach().requires_grad_()
         dy = inputs[2]
         params = [p for _, p in module.named_parameters()]
@@ -233,7 +252,8 @@ def main():
                   "interleaved_general_launcher_us": paired["general"],
                   "interleaved_checked_every_call_us": paired["checked"],
                   "interleaved_over_linear": paired["sites"] / paired["linear"]}
-        table.add(mixer, benchmark_rows.configuration(mixer, module.last_backend), shape,
+        configuration = benchmark_rows.configuration(mixer, module.last_backend, asked=backend)
+        table.add(mixer, configuration, shape,
                   values, {"launch_count": "count", "over_linear": "ratio",
                            "interleaved_over_linear": "ratio"})
     print(table.summary())

@@ -37,9 +37,10 @@ def targets() -> dict[str, float]:
 
 def frame(rows: list[dict]) -> pd.DataFrame:
     """One row per (run, mixer, width) that timed interleaved rounds: the run's number in file
-    order (a run starts at its 'empty synchronise' row), its commit, the ratio over the
-    Linear (interleaved rounds), and the medians the breakdown draws (us; each its own loop,
-    the Linear's too, so that they drift apart by the host's noise)."""
+    order (a run starts at its 'empty synchronise' row), its commit, the backend asked for
+    ("auto" for rows that do not say) and the one that ran, the ratio over the Linear
+    (interleaved rounds), and the medians the breakdown draws (us; each its own loop, the
+    Linear's too, so that they drift apart by the host's noise)."""
     out, run, linear = [], 0, None
     for row in rows:
         operation = row.get("configuration", {}).get("operation")
@@ -50,25 +51,30 @@ def frame(rows: list[dict]) -> pd.DataFrame:
             linear = values["host_wall_us"]
         if row.get("mixer") is None or "interleaved_over_linear" not in values:
             continue
+        configuration = row.get("configuration", {})
         out.append(dict(run=run, commit=str(row["commit"])[:7], mixer=row["mixer"],
+                        asked=configuration.get("asked", "auto"),
+                        backend=configuration.get("backend"),
                         width=row["shape"]["width"], length=row["shape"]["length"],
                         over_linear=values["interleaved_over_linear"],
                         linear_us=values["interleaved_linear_us"],
                         mixer_us=values["interleaved_forward_backward_us"],
                         linear_alone_us=linear,
                         **{column: values.get(column) for _, column in PARTS}))
-    columns = ["run", "commit", "mixer", "width", "length", "over_linear", "linear_us",
-               "mixer_us", "linear_alone_us"] + [column for _, column in PARTS]
+    columns = ["run", "commit", "mixer", "asked", "backend", "width", "length", "over_linear",
+               "linear_us", "mixer_us", "linear_alone_us"] + [column for _, column in PARTS]
     return pd.DataFrame(out, columns=columns)
 
 
 def figure(df: pd.DataFrame, label: str = ""):
-    """Left: each run's forward+backward over its Linear, by mixer and width, with the targets.
-    Right: where the latest run's time goes at its widest rows, beside its Linear (medians of
+    """Left: each run's forward+backward over its Linear, by mixer and width, with the targets:
+    the calibrated defaults' rows (those asked for "auto"), or every row where none is.  Right: where the latest run's time goes at its widest rows, beside its Linear (medians of
     separate loops: a part can read a little short or long by the host's drift).
     A matplotlib Figure."""
     from matplotlib.figure import Figure
 
+    defaults = df[df["asked"] == "auto"]  # the calibrated defaults; other backends are in df
+    df = defaults if not defaults.empty else df
     fig = Figure(figsize=(11, 4.4))
     left, right = fig.subplots(1, 2, gridspec_kw=dict(width_ratios=[1.6, 1]))
     markers = {1024: "s", 2048: "o", 3072: "^", 4096: "D"}

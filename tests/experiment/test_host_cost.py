@@ -22,17 +22,25 @@ def _rows(writer):
                             "null_function_us": 200.0, "launches_stubbed_us": 600.0,
                             "protocol_forward_backward_us": 650.0},
                            {"interleaved_over_linear": "ratio"})
+            if (run, width) == (1, 2048):  # this width also timed a named backend
+                writer.add("samu", {"backend": "single", "asked": "single"}, shape,
+                           {"interleaved_over_linear": 1.2, "interleaved_linear_us": 500.0,
+                            "interleaved_forward_backward_us": 600.0},
+                           {"interleaved_over_linear": "ratio"})
 
 
 def test_frame_and_figure(tmp_path):
     writer = benchmark_rows.BenchmarkRows("host_budget", path=tmp_path / "host_budget.jsonl")
     _rows(writer)
-    df = host_cost.frame(benchmark_rows.read_rows(writer.path))
+    every = host_cost.frame(benchmark_rows.read_rows(writer.path))
+    assert list(every["asked"]) == ["auto"] * 4 + ["single", "auto"]  # rows without: auto
+    assert list(every["backend"]) == ["b"] * 4 + ["single", "b"]
+    df = every[every["asked"] == "auto"]
     assert list(df["run"]) == [1, 1, 2, 2, 3]  # a run starts at its empty synchronise row
     assert list(df["width"]) == [1024, 1024, 2048, 2048, 2048]
     assert list(df["linear_alone_us"]) == [401.0] * 4 + [402.0]
     assert df["over_linear"].iloc[-1] == pytest.approx(1.7)
-    fig = host_cost.figure(df, "Test GPU")
+    fig = host_cost.figure(every, "Test GPU")  # draws the defaults' rows alone
     left, right = fig.axes
     targets = [line.get_ydata()[0] for line in left.lines if line.get_linestyle() == ":"]
     assert sorted(targets) == sorted(host_cost.targets().values()) == [1.0, 1.2]
