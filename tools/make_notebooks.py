@@ -504,11 +504,11 @@ def training_notebook():
            "The same model (`samu.model.SequenceModel`: token embedding, pre-norm residual blocks of mixer and GELU MLP, final norm, tied head) is trained with each mixer from fixed seeds; only the mixer differs. The recurrent mixers are the library's modules inside Griffin's recurrent block (input and gate projections, a short causal convolution, the mixer, a GeLU gate; `recurrent_block = \"bare\"` runs the mixer alone); **attention** is the yardstick: causal self-attention (`scaled_dot_product_attention`, rotary positions) with the usual heads of `attention_head_dim` channels. Every run has the same fixed number of steps (warm-up, then cosine decay to the last step); each mixer is trained at every rate of a learning-rate sweep and scored at its best, flagged when the best is at the edge of the sweep (`lr_search = \"first_seed\"`: the first seed sweeps, widened past an edge best, and the other seeds run at its best). Every task is generated on the fly; nothing is downloaded. The tasks (`training.TASKS`):\n\n"
            + tasks + "\n\n"
            "**Sanity first.** Attention solves recall and copying at these sizes when trained well, so a study compares mixers only when attention reaches its `sanity_bar` on the tasks that count for it, at their shortest length; otherwise its conclusion says *yardstick failed its sanity bar: no comparison*. The recall curves have a bar of their own. At a CPU's size the studies run too few steps to reach a GPU's bars: they exercise every step and are no result.\n\n"
-           "The studies (`training.CONFIGURATIONS`), each in a section of its own below, at a GPU's size on CUDA (`make train CONFIG=<name>`, in parts: `PART=k`) and at a CPU's otherwise:\n\n"
+           "The studies (`training.CONFIGURATIONS`), each in a section of its own below, at a GPU's size through `make train CONFIG=<name>` on CUDA (in parts: `PART=k`), and at a CPU's by default on any device (what nbval runs; on a GPU its files carry the GPU's name and `-cpu-size`, beside that GPU's study, never over it):\n\n"
            + studies + "\n\n"
            "Training speed: wall time per step and tokens per second after warm-up, and on CUDA the GPU time per step (CUDA events around forward, backward and the optimizer step; evaluation excluded). Each study writes `data/training/<device>[.<config>].json` and `data/figures/<device>_training_[<config>_]*.png`."),
         params('''configurations = None  # the studies to run (names of training.CONFIGURATIONS); None: every one
-size = None  # "gpu" or "cpu": the studies' sizes; None: "gpu" on CUDA, else "cpu"
+size = "cpu"  # "gpu" or "cpu": the studies' sizes; "cpu", the quick defaults (nbval's), on any device; make train passes "gpu" on CUDA
 studies = None  # {name: its parameters} to run instead (make train passes those it checked); None: training.CONFIGURATIONS at `size`
 overrides = {}  # parameters that replace each study's own, e.g. {"processes": 4}; checked like them
 part = None  # the k-th part of one study's runs ("k/n", or k of its own parts); the part that finds every part merges them
@@ -526,7 +526,6 @@ from IPython.display import Image, Markdown, display
 from samu import paths
 from samu.experiment import protocol, training
 device = str(device or protocol.default_device())
-size = size or ("gpu" if device.startswith("cuda") else "cpu")
 if device == "cpu" and cpu_threads:
     torch.set_num_threads(cpu_threads)
 if studies:  # the parameters make train checked, each study's own at both sizes

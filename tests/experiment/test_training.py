@@ -616,6 +616,33 @@ def test_main_on_a_gpu_runs_the_small_study_at_its_gpu_size(doc, data_dir, monke
     assert parameters["size"] == "gpu" and parameters["device"] == "cuda"
 
 
+def test_a_cpu_size_on_a_gpu_is_labelled_apart_from_that_gpu_study(doc, data_dir, monkeypatch,
+                                                                   gpu_machine):
+    """--defaults on a GPU: the executed notebook and the results carry '-cpu-size', so that
+    the quick defaults never overwrite the GPU's study."""
+    assert T.results_label("cuda", "gpu") == "nvidia-h200"
+    assert T.results_label("cuda", "cpu") == "nvidia-h200-cpu-size"
+    assert T.results_label("cpu", "cpu") == T.results_label("cpu", "gpu") == "cpu"
+    calls = []
+    monkeypatch.setattr(pipeline, "run_notebook",
+                        faked_notebook(doc, "nvidia-h200-cpu-size", calls))
+    assert T.main(["--defaults", "--config", "scale"]) == 0
+    (_, out_dir, parameters, _), = calls
+    assert out_dir == data_dir / "runs" / "nvidia-h200-cpu-size" / "scale"
+    assert parameters["size"] == "cpu" and parameters["device"] == "cuda"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    run = T.StudyRun("scale", "cpu", "cuda", write=False)
+    assert run.slug == "nvidia-h200-cpu-size"
+
+
+def test_notebook_05_runs_a_cpus_size_by_default_on_a_gpu(monkeypatch, gpu_machine):
+    """What nbval runs on a GPU machine: the notebook's parameters as committed, which train at
+    a CPU's size there too (a GPU's size is make train's, minutes to an hour)."""
+    from tests.test_mixers import run_notebook
+    namespace = run_notebook("05_training", code_cells=2, device="cuda")
+    assert namespace["size"] == "cpu" and namespace["device"] == "cuda"
+
+
 def test_main_reports_a_failed_notebook(data_dir, monkeypatch, capsys):
     def failing(name, out_dir, parameters, unstored=()):
         raise RuntimeError("cell 5 failed")

@@ -15,7 +15,7 @@ from .budget import committed_document, estimate_lines
 from .configs import CONFIGURATIONS, configuration
 from .curves import recall_curve_frame
 from .parameters import ParameterError
-from .results import UNNAMED_CONFIGURATION, part_path, result_path, summary
+from .results import UNNAMED_CONFIGURATION, part_path, result_path, results_label, summary
 from .session import configured_study, part_of
 
 NOTEBOOK = "05_training"
@@ -163,7 +163,7 @@ def main(argv=None, configurations: dict | None = None) -> int:
         print("Training at a CPU's size: the configurations' small defaults; they exercise the "
               "studies and are no GPU result.", flush=True)
     pipeline.export_data_dir()
-    slug = protocol.device_slug(device)
+    slug = results_label(device, size)
     out_dir = notebook_folder(slug, chosen)
     stored = paths.relative(pipeline.executed_paths(NOTEBOOK, out_dir)["stored"])
     fd, log = tempfile.mkstemp(prefix="samu-training-", suffix=".log")

@@ -89,6 +89,17 @@ def result_document(study, records: list[dict], device, recall_curves: list[dict
     return doc
 
 
+CPU_SIZE_SUFFIX = "-cpu-size"
+
+
+def results_label(device, size: str) -> str:
+    """The label of a study's files (results, figures, executed notebook): the device's slug,
+    with CPU_SIZE_SUFFIX where a CPU's size ran on a GPU, so that the quick defaults (what nbval
+    runs) never overwrite that GPU's study."""
+    slug = protocol.device_slug(device)
+    return slug if size == "gpu" or slug == "cpu" else slug + CPU_SIZE_SUFFIX
+
+
 def result_path(slug: str, configuration: str | None = None) -> Path:
     """data/training/<slug>.json (samu.paths.training_file) for the unnamed configuration,
     data/training/<slug>.<configuration>.json for the others."""

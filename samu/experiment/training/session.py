@@ -13,8 +13,8 @@ from .curves import recall_curve_frame, recall_sanity
 from .figures import draw_figures, figures
 from .loop import dtype_name
 from .pool import RunPool
-from .results import (merge_parts, parse_part, part_path, result_document, result_path, sanity,
-                      summary, validate, write_part, write_result)
+from .results import (merge_parts, parse_part, part_path, result_document, result_path,
+                      results_label, sanity, summary, validate, write_part, write_result)
 from .resume import FinishedRuns, finished_path
 from .study import check_parameters, models_for, run_recall_curves, run_task, study_from_parameters
 from .tasks import TASK_NAMES
@@ -61,7 +61,7 @@ class StudyRun:
         self.name = name
         self.study, parameters = configured_study(name, size, overrides, part, configurations)
         self.device = str(device)
-        self.slug = protocol.device_slug(device)
+        self.slug = results_label(device, size)
         self.write, self.progress_log, self.bar = write, progress_log, bar
         self.pool = RunPool(device, parameters.get("processes", 1),
                             parameters.get("devices", devices))
