@@ -68,7 +68,8 @@ def frame(rows: list[dict]) -> pd.DataFrame:
 
 def figure(df: pd.DataFrame, label: str = ""):
     """Left: each run's forward+backward over its Linear, by mixer and width, with the targets:
-    the calibrated defaults' rows (those asked for "auto"), or every row where none is.  Right: where the latest run's time goes at its widest rows, beside its Linear (medians of
+    the calibrated defaults' rows (those asked for "auto"), or every row where none is.
+    Right: where the latest run's time goes at its widest rows, beside its Linear (medians of
     separate loops: a part can read a little short or long by the host's drift).
     A matplotlib Figure."""
     from matplotlib.figure import Figure
