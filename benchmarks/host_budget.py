@@ -131,6 +131,12 @@ def main(argv=None):
               {"host_wall_us": linear_us})
     for mixer, backend in [(m, b) for m, names in asked.items() for b in names]:
         inputs = legality.make_inputs(mixer, shape, "cuda")
+        if backend != "auto":  # a named backend is timed only where it is legal at the shape
+            check = legality.check_legality(mixer, backend, inputs=inputs)
+            if not check["legal"]:
+                print(f"{mixer} {backend}: not timed, illegal at {shape} ({check['reason']})",
+                      flush=True)
+                continue
         module = protocol.build_module(mixer, args.width, backend, "cuda")
         x = inputs[0].detach().requires_grad_()
         dy = inputs[2]

@@ -478,7 +478,7 @@ else:
     cp_df = context_parallel.frame(cp_doc)
     display(Image(data=report.png_bytes(context_parallel.figure(cp_df, cp_env["gpu"]))))
     display(cp_df.round(3))'''),
-    md("## Host cost against a Linear\n\nAt small shapes the host, not the GPU, sets a call's time. `benchmarks/host_budget.py` times a synchronised forward+backward at (1, 128, D) under BF16 autocast in rounds interleaved with `torch.nn.Linear(D, D)`'s, so that the host's drift (a Linear's time varies 2x between runs on the H200's host) falls on both. Left: each run's ratio, against the targets (" + HOST_TARGETS + "). Right: the latest run's time split into the autograd engine's cost with a do-nothing Function of the same inputs, samu's Python with every launch stubbed, and the rest. `docs/PERFORMANCE.md` says where each microsecond goes. The committed H200 rows are shown where this machine has none."),
+    md("## Host cost against a Linear\n\nAt small shapes the host, not the GPU, sets a call's time. `benchmarks/host_budget.py` times a synchronised forward+backward at (1, 128, D) under BF16 autocast in rounds interleaved with `torch.nn.Linear(D, D)`'s, so that the host's drift (a Linear's time varies 2x between runs on the H200's host) falls on both. Left: each run's ratio for the calibrated defaults, against the targets (" + HOST_TARGETS + "); rows of backends timed by name (`--backends`) are in the table below, not drawn. Right: the latest run's time split into the autograd engine's cost with a do-nothing Function of the same inputs, samu's Python with every launch stubbed, and the rest. `docs/PERFORMANCE.md` says where each microsecond goes. The committed H200 rows are shown where this machine has none."),
     code('''from samu.experiment import host_cost
 try:
     host_rows, host_path = host_cost.load(slug if slug != "cpu" else None)
@@ -532,7 +532,7 @@ if studies:  # the parameters make train checked, each study's own at both sizes
     configurations = list(studies)
 options = dict(overrides=overrides, part=part, devices=devices, write=write, progress_log=progress_log,
                configurations=training.as_table(studies) if studies else None)
-print(f"device {device} ({protocol.device_slug(device)}); studies "
+print(f"device {device} (files labelled {training.results_label(device, size)}); studies "
       f"{configurations or list(training.CONFIGURATIONS)} at a {size.upper()}'s size")'''),
         md("## The yardstick learns recall\n\nBefore the studies' own runs: attention alone on MQAR at a size a CPU trains in about 20 s (width 64, two layers, L = 64, 4 pairs over 16 tokens, 400 steps at lr 1e-3; `training.YARDSTICK`). It must reach `training.YARDSTICK_BAR` (0.9): a yardstick that cannot learn recall here would make every comparison below meaningless."),
         code('''if yardstick:

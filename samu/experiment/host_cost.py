@@ -75,14 +75,18 @@ def figure(df: pd.DataFrame, label: str = ""):
     from matplotlib.figure import Figure
 
     defaults = df[df["asked"] == "auto"]  # the calibrated defaults; other backends are in df
-    df = defaults if not defaults.empty else df
+    named = defaults.empty  # no default timed: each series names its backend
+    df = df if named else defaults
     fig = Figure(figsize=(11, 4.4))
     left, right = fig.subplots(1, 2, gridspec_kw=dict(width_ratios=[1.6, 1]))
     markers = {1024: "s", 2048: "o", 3072: "^", 4096: "D"}
-    for (mixer, width), part in df.groupby(["mixer", "width"]):
+    series = ["mixer", "width"] + (["backend"] if named else [])
+    for key, part in df.groupby(series, dropna=False):
+        mixer, width = key[:2]
         left.plot(part["run"], part["over_linear"], ls="none", marker=markers.get(width, "x"),
                   color=mixers.COLOURS.get(mixer, "grey"),
-                  label=f"{mixers.LABELS.get(mixer, mixer)}, D = {width}")
+                  label=f"{mixers.LABELS.get(mixer, mixer)}{f' {key[2]}' if named else ''}, "
+                        f"D = {width}")
     for mixer, target in targets().items():
         if mixer in set(df["mixer"]):
             left.axhline(target, color=mixers.COLOURS[mixer], lw=0.9, ls=":",
@@ -110,7 +114,8 @@ def figure(df: pd.DataFrame, label: str = ""):
     right.set_ylabel("host time per forward+backward (us)")
     right.set_title(f"run {int(latest['run'].max())} ({latest['commit'].iloc[0]}), "
                     f"D = {int(bars['width'].max())}", fontsize=9)
-    right.legend(fontsize=7, loc="upper left")
+    if right.get_legend_handles_labels()[0]:  # rows without the breakdown draw no parts
+        right.legend(fontsize=7, loc="upper left")
     fig.suptitle("Host cost of a forward+backward at (1, %d, D) against torch.nn.Linear(D, D)"
                  % int(df["length"].iloc[0]) + (f" ({label})" if label else ""))
     fig.tight_layout()

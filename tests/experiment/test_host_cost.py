@@ -48,6 +48,11 @@ def test_frame_and_figure(tmp_path):
     heights = [p.get_height() for p in right.patches]
     assert heights[0] == 402.0  # the latest run's Linear, then SAMU's three parts
     assert heights[1:] == [200.0, 400.0, 50.0]
+    samu_2048 = [line for line in left.lines if line.get_label().startswith("SAMU, D = 2048")]
+    assert [list(line.get_xdata()) for line in samu_2048] == [[2, 3]]
+    assert 1.2 not in list(samu_2048[0].get_ydata())  # the named backend's row is not drawn
+    named = host_cost.figure(every[every["asked"] == "single"], "Test GPU")
+    assert [line.get_label() for line in named.axes[0].lines][0] == "SAMU single, D = 2048"
 
 
 def test_load_prefers_the_data_folder_then_the_committed_file(tmp_path, monkeypatch):

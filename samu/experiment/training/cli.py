@@ -64,8 +64,9 @@ def main(argv=None, configurations: dict | None = None) -> int:
         description="Run notebooks/05_training.ipynb with papermill for a study configuration "
                     "(samu.experiment.training.CONFIGURATIONS): at a GPU's size on a CUDA "
                     "device, at a CPU's otherwise. The executed notebook goes to "
-                    "data/runs/<slug>/[<config>/]05_training.ipynb, the slug that of the device "
-                    "trained on; results to data/training/<slug>[.<config>].json.")
+                    "data/runs/<label>/[<config>/]05_training.ipynb, the label the device's "
+                    "slug (with -cpu-size for a CPU's size on a GPU); results to "
+                    "data/training/<label>[.<config>].json.")
     parser.add_argument("--config", default=None, metavar="NAME",
                         help=f"the configuration: {', '.join(CONFIGURATIONS)} or all (default: "
                              f"{UNNAMED_CONFIGURATION} on a GPU, all on the CPU)")
@@ -73,7 +74,8 @@ def main(argv=None, configurations: dict | None = None) -> int:
                         help="cpu, cuda or cuda:<index> (default: cuda when this machine has "
                              "it, else cpu); the results are labelled by this device")
     parser.add_argument("--defaults", action="store_true",
-                        help="the configurations at a CPU's size even on a GPU")
+                        help="the configurations at a CPU's size even on a GPU (files "
+                             "labelled <gpu>-cpu-size)")
     parser.add_argument("--time-budget", type=float, default=None,
                         help="an optional safety cap: seconds of measured training for each "
                              "study's tasks, a finite number > 0 (default: none; each run its "
