@@ -8,7 +8,8 @@ from a CUDA graph, and with --legality each variant's errors against the float64
 
 Each --set is one variant: field=value of the backend's frozen configuration, the value a
 Python expression over Launch (the mixer's), CarryPlan and Lookback (the single-pass
-backends' look-back).  --legality adds every
+backends' look-back); several fields of one variant are separated by ";", e.g.
+--set "chunk=8; lookback=Lookback(window=4)".  --legality adds every
 configuration's legality and dx error against the float64 oracle (computed once per shape).
 Variants are passed in as the backend (samu.backends.from_config): nothing registered changes.
 Each (shape, backend, variant) is also a row of data/benchmarks/<gpu>/compare_configs.jsonl
@@ -35,8 +36,13 @@ def variants(mixer, settings):
     names = {"Launch": LAUNCH[mixer], "CarryPlan": CarryPlan, "Lookback": Lookback}
     out = []
     for text in settings:
-        field, value = text.split("=", 1)
-        out.append((text, {field.strip(): eval(value, names)}))
+        change = {}
+        for part in text.split(";"):
+            field, value = part.split("=", 1)
+            if field.strip() in change:
+                raise SystemExit(f"--set {text!r}: {field.strip()} given twice")
+            change[field.strip()] = eval(value, names)
+        out.append((text, change))
     return out
 
 

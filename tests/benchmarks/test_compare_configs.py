@@ -1,5 +1,8 @@
 """benchmarks/compare_configs.py's variants: each --set is one field of the backend's frozen
-configuration, read as a Python expression over the mixer's Launch, CarryPlan and Lookback."""
+configuration (or several, separated by ";"), read as a Python expression over the mixer's
+Launch, CarryPlan and Lookback."""
+import pytest
+
 from samu.ops.common.single_pass import Lookback
 from samu.ops.samu.chunk import Launch
 
@@ -9,3 +12,12 @@ def test_each_set_is_a_field_and_its_value(load_benchmark):
     got = bench.variants("samu", ["lookback=Lookback(window=32)", "backward=Launch(4, 1, 168)"])
     assert got == [("lookback=Lookback(window=32)", {"lookback": Lookback(window=32)}),
                    ("backward=Launch(4, 1, 168)", {"backward": Launch(4, 1, 168)})]
+
+
+def test_one_set_may_change_several_fields(load_benchmark):
+    bench = load_benchmark("compare_configs")
+    text = "chunk=8; lookback=Lookback(window=4)"
+    assert bench.variants("samu", [text]) == [(text, {"chunk": 8,
+                                                      "lookback": Lookback(window=4)})]
+    with pytest.raises(SystemExit, match="chunk given twice"):
+        bench.variants("samu", ["chunk=8; chunk=16"])
