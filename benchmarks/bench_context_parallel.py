@@ -514,7 +514,8 @@ def distributed(args, device) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default=None, help="cuda (default when present) or cpu")
     parser.add_argument("--lengths", type=int, nargs="+",
                         default=[2**17, 2**18, 2**19, 2**20])

@@ -217,7 +217,8 @@ def draw(ratios, title: str, path) -> None:
 
 
 def parse(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default=None, help="cuda (default when present) or cpu")
     for name in ("width", "heads", "kv_heads", "intermediate", "vocab", "layers", "prompt",
                  "new_tokens", "repeats"):

@@ -99,7 +99,8 @@ def append_rows(doc: dict, width: int, table) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--length", type=int, default=32768)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--sequences", type=int, default=8)

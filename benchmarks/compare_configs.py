@@ -46,12 +46,13 @@ def variants(mixer, settings):
     return out
 
 
-def main():
+def main(argv=None):
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[-1] == "--set" or "-h" in args or "--help" in args:
+        print(__doc__)
+        return 0 if args and args[-1] != "--set" else 2
     if not torch.cuda.is_available():
         sys.exit("compare_configs.py times GPU kernels: it needs CUDA")
-    args = sys.argv[1:]
-    if not args or args[-1] == "--set":
-        sys.exit(__doc__)
     mixer = args[0]
     settings = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
     wanted = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("--backends=")),
@@ -97,4 +98,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -83,7 +83,8 @@ def counts(mixer: str, width: int, heads: int):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--heads", type=int, default=16)
     args = parser.parse_args()

@@ -21,6 +21,7 @@ default, which the host-cost figure draws) and the one that ran."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
@@ -91,9 +92,10 @@ class Null(torch.autograd.Function):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=int, default=2048)
-    parser.add_argument("--length", type=int, default=128)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--width", type=int, default=2048, help="D (default 2048)")
+    parser.add_argument("--length", type=int, default=128, help="L (default 128)")
     parser.add_argument("--profile", action="store_true",
                         help="also print each mixer's costliest functions (cProfile, stubbed "
                              "and live)")
@@ -109,6 +111,8 @@ def main(argv=None):
     empty_mixers = [mixer for mixer, names in asked.items() if not names]
     if empty_mixers:
         parser.error(f"no backend of {empty_mixers} matches {args.backends}")
+    if not torch.cuda.is_available():
+        sys.exit("host_budget.py times a GPU machine's host: it needs CUDA")
     shape = (1, args.length, args.width)
     table = benchmark_rows.BenchmarkRows("host_budget", "cuda")
     empty = wall_us(lambda: None)

@@ -83,7 +83,8 @@ def count(mixer: str, shape: tuple[int, int, int], calls: int = 100, warmup: int
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--calls", type=int, default=100, help="calls counted and timed")

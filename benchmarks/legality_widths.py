@@ -52,7 +52,8 @@ def worst_share(entry: dict) -> float | None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mixers", nargs="*", help="mixers (default: every one)")
     parser.add_argument("--backends", type=lambda s: [w for w in s.split(",") if w],
                         default=[], help="words of backend names (default: every Triton one)")

@@ -35,7 +35,8 @@ def measure(config: gemm.GemmConfig, inputs, samples: int) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shapes", nargs="+", help="BxLxD shapes")
     parser.add_argument("--chunks", nargs="+", type=int, default=[8, 16])
     parser.add_argument("--workspaces", nargs="+", type=float, default=list(WORKSPACES))

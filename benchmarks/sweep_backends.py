@@ -68,7 +68,8 @@ def line(row: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shapes", nargs="+", help="BxLxD shapes")
     parser.add_argument("--name", required=True, help="the sweep's name in its file names")
     parser.add_argument("--mixers", nargs="+", default=mixers.names(), choices=mixers.names())

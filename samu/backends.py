@@ -39,7 +39,7 @@ VOCABULARY = {
                   "entering it by a decoupled look-back over the tiles before it (tickets from "
                   "an atomic counter) and writes its output from registers; SAMU's tiles of a "
                   "chunk exchange per-token partial sums for the controller and dz",
-    "chunk": "chunkN: N tokens per chunk, scanned in registers by tl.associative_scan",
+    "chunk": "N tokens per chunk, scanned in registers by tl.associative_scan",
     "gemm": "RG-LRU's block-diagonal gate products run as cuBLAS strided batched GEMMs on head "
             "views of x (torch.bmm, no copy), outside the kernels, and so do the backward's dx "
             "and weight-gradient products; the gate pre-activations G are saved for the "

@@ -100,7 +100,8 @@ def compile_call(mixer: str, name: str, shape, stateful: bool) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("targets", nargs="*", help="mixers and BATCHxLENGTHxWIDTH shapes")
     parser.add_argument("--backends", type=lambda s: [w for w in s.split(",") if w], default=[],
                         help="words of backend names (default: every Triton backend)")

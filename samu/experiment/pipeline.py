@@ -286,8 +286,10 @@ def main(argv=None) -> int:
     print_summary(slug)
     print(f"\nwrote {paths.relative(paths.results_file(slug))}, "
           f"{paths.relative(paths.results_dir(slug))}/, "
+          f"{paths.relative(paths.correctness_dir(slug))}/, "
           f"{paths.relative(paths.calibration_file(slug))}, "
-          f"{paths.relative(paths.figures_dir())}/{slug}_*.png")
+          f"{paths.relative(paths.figures_dir())}/{slug}_*.png and the executed notebooks in "
+          f"{paths.relative(paths.runs_dir(slug))}/")
     return 0
 
 

@@ -21,3 +21,9 @@ def test_one_set_may_change_several_fields(load_benchmark):
                                                       "lookback": Lookback(window=4)})]
     with pytest.raises(SystemExit, match="chunk given twice"):
         bench.variants("samu", ["chunk=8; chunk=16"])
+
+
+def test_help_is_printed_on_any_machine(load_benchmark, capsys):
+    bench = load_benchmark("compare_configs")
+    assert bench.main(["--help"]) == 0
+    assert "Each --set is one variant" in capsys.readouterr().out

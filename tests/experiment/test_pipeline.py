@@ -110,13 +110,17 @@ def test_make_lab_serves_the_repository_root_and_passes_lab_args():
     assert "--port" not in plain
 
 
-def test_report_notebook_runs_in_write_mode_only_from_the_pipeline(tmp_path, monkeypatch):
+def test_report_notebook_runs_in_write_mode_only_from_the_pipeline(tmp_path, monkeypatch,
+                                                                     capsys):
     monkeypatch.setattr(paths, "DATA", tmp_path)
     calls = []
     monkeypatch.setattr(pipeline, "run_notebook", lambda name, out_dir, p: calls.append((name, p)))
     monkeypatch.setattr(pipeline, "print_summary", lambda slug: None)
     assert pipeline.main(["--shapes", "1x16x16"]) == 0
     assert calls[-1][0] == "04_report" and calls[-1][1]["write"] is True
+    wrote = capsys.readouterr().out.strip().splitlines()[-1]  # every folder it wrote, named
+    for folder in (paths.results_dir("cpu"), paths.correctness_dir("cpu"), paths.runs_dir("cpu")):
+        assert f"{paths.relative(folder)}/" in wrote
     assert os.environ["TRITON_DEFAULT_FP_FUSION"] == "1"
 
 

@@ -294,9 +294,16 @@ def test_make_train_estimates_a_study_and_runs_nothing(capsys, monkeypatch):
     monkeypatch.setattr(pipeline, "run_notebook", lambda *a, **k: pytest.fail("ran"))
     assert T.main(["--estimate", "--config", "scale"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("scale: 40 runs without widenings, about ")
+    assert out.startswith("scale: 40 runs (not counting the rates a sweep adds past an edge "
+                          "best, nor early stops), about ")
     assert [line.split(":")[0].strip() for line in out.splitlines()[1:]] == [
         "PART=1", "PART=2", "PART=3"]
+    with pytest.raises(SystemExit) as stop:  # a name it lacks: a usage error, no traceback
+        T.main(["--estimate", "--config", "bogus"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: python -m samu.experiment.training" in err
+    assert "--config: unknown configuration 'bogus'; choose one of " in err and "or all" in err
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):
             T.main(["--estimate", "--measure"])

@@ -61,6 +61,7 @@ def main(argv=None, configurations: dict | None = None) -> int:
     parameters ("studies") when a configuration is named, its own defaults otherwise."""
     table = CONFIGURATIONS if configurations is None else configurations
     parser = argparse.ArgumentParser(
+        prog="python -m samu.experiment.training",
         description="Run notebooks/05_training.ipynb with papermill for a study configuration "
                     "(samu.experiment.training.CONFIGURATIONS): at a GPU's size on a CUDA "
                     "device, at a CPU's otherwise. The executed notebook goes to "
@@ -105,6 +106,11 @@ def main(argv=None, configurations: dict | None = None) -> int:
         parser.error("--measure: with --estimate, on a machine with a CUDA device")
     if args.estimate:
         names = list(table) if args.config in (None, "all") else [args.config]
+        for name in names:
+            try:
+                configuration(name, table)
+            except ValueError as exc:
+                parser.error(f"--config: {exc}, or all")
         doc = committed_document()
         for name in names:
             study, _ = configured_study(name, "gpu", configurations=table)
@@ -123,7 +129,7 @@ def main(argv=None, configurations: dict | None = None) -> int:
     try:
         chosen = chosen_configurations(args.config, on_gpu, table)
     except ValueError as exc:
-        parser.error(f"--config: {exc}")
+        parser.error(f"--config: {exc}, or all")
     size = "gpu" if on_gpu and not args.defaults else "cpu"
     overrides = {}
     if args.time_budget is not None:
@@ -171,7 +177,8 @@ def main(argv=None, configurations: dict | None = None) -> int:
     fd, log = tempfile.mkstemp(prefix="samu-training-", suffix=".log")
     os.close(fd)
     parameters["progress_log"] = log
-    print(f"{NOTEBOOK} ({', '.join(names)}) on {device} ({slug}): executed notebook -> "
+    print(f"{NOTEBOOK} ({', '.join(names)}) on {device}"
+          f"{f' (files labelled {slug})' if slug != str(device) else ''}: executed notebook -> "
           f"{stored}", flush=True)
     failure = []
 
