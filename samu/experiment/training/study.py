@@ -12,7 +12,8 @@ from .loop import TrainConfig
 from .parameters import (COUNT, LEARNING_RATE, OFFSET, SECONDS, ParameterError, Range,
                          check_list)
 from .pool import RunPool, check_devices
-from .results import SANITY_BAR, best_rate, edge_beyond, higher_is_better, parse_part
+from .results import (SANITY_BAR, UNNAMED_CONFIGURATION, best_rate, edge_beyond,
+                      higher_is_better, parse_part)
 from .resume import FinishedRuns
 from .runs import Job, alone, fastest_attention_kernel, measure_speed, run_job
 from .tasks import MQAR, make_task, task_spec
@@ -506,7 +507,7 @@ def yardstick_run(device="cpu", progress_log=None) -> dict:
         {"mqar": {"lengths": [y["seq_len"]], "num_pairs": y["num_pairs"],
                   "vocab_size": y["vocab_size"]}},
         y["steps"], y["batch_size"], y["lr"], y["warmup_steps"], 4, timing_warmup_steps=2,
-        log_every=50, attention_head_dim=y["attention_head_dim"])
+        log_every=50, attention_head_dim=y["attention_head_dim"], configuration="yardstick")
     (record,) = run_task(study, "mqar", device, progress_log, bar=False)
     return record
 
@@ -577,7 +578,8 @@ def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool
                 flags = " (stopped on time)" if record["stopped_by_time"] else ""
                 flags += " (solved: stopped early)" if record.get("stopped_early") else ""
                 flags += " (diverged)" if record["diverged"] else ""
-                log_line(progress_log, f"{job.label}: {record['metric']} "
+                log_line(progress_log, f"{study.configuration or UNNAMED_CONFIGURATION} "
+                         f"{job.label}: {record['metric']} "
                          f"{record['value']:.4f}, {record['steps_completed']}/{record['steps']} "
                          f"steps, {record['wall_s']:.1f} s{flags}")
             trained, wall = pool.map(todo, done) if todo else ([], 0.0)
