@@ -48,9 +48,12 @@ def variants(mixer, settings):
 
 def main(argv=None):
     args = sys.argv[1:] if argv is None else argv
-    if not args or args[-1] == "--set" or "-h" in args or "--help" in args:
+    if "-h" in args or "--help" in args:
         print(__doc__)
-        return 0 if args and args[-1] != "--set" else 2
+        return 0
+    if not args or args[-1] == "--set":  # no mixer, or a --set without its variant
+        print(__doc__, file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         sys.exit("compare_configs.py times GPU kernels: it needs CUDA")
     mixer = args[0]

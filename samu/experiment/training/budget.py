@@ -187,9 +187,9 @@ def estimate_lines(study, config_parts: int, doc: dict, measure_on=None,
     alone there for ``steps`` steps, beside the estimate."""
     from .runs import measure_speed
     whole = estimate(study, doc)
-    lines = [f"{study.configuration}: {whole['runs']} runs (not counting the rates a sweep adds past an "
-             f"edge best, nor early stops), about "
-             f"{whole['seconds']:.0f} s on the {doc['environment']['gpu']}"]
+    lines = [f"{study.configuration}: {whole['runs']} runs (not counting the rates a sweep adds "
+             f"past an edge best, nor early stops), about {whole['seconds']:.0f} s on the "
+             f"{doc['environment']['gpu']}"]
     for k in range(1, config_parts + 1):
         part = estimate(replace(study, part=f"{k}/{config_parts}"), doc)
         lines.append(f"  PART={k}: {part['runs']} runs, about {part['seconds']:.0f} s")
