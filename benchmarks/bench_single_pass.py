@@ -10,9 +10,9 @@ A kernel is timed alone: one eager call records its launches (samu.ops.common.la
 patched), and a graph of the fill of its flags and its launch(es) is replayed.  "counted" is the
 DRAM traffic its code reads and writes (tensors of B L D elements, the FP32 rows it writes and
 reads from memory, not the look-back's reads of rows just written, which L2 serves); "GB/s" is
-that over its time, beside the copy rate (protocol.COPY_BANDWIDTH).  Rows go to
-data/benchmarks/<gpu>/bench_single_pass.jsonl (samu.experiment.benchmark_rows).  Off a GPU the
-kernels run under Triton's interpreter at the shapes given and nothing is timed."""
+that over its time, beside the copy rate (protocol.copy_bandwidth: the GPU's committed rate,
+else measured in the run).  Rows go to data/benchmarks/<gpu>/bench_single_pass.jsonl
+(samu.experiment.benchmark_rows).  Off a GPU the kernels run under Triton's interpreter at the shapes given and nothing is timed."""
 from __future__ import annotations
 
 import sys
@@ -110,8 +110,7 @@ def main():
     wanted = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("--backends=")),
                   None)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    copy = protocol.COPY_BANDWIDTH.get(protocol.device_slug(device)) if device.type == "cuda" \
-        else None
+    copy = protocol.copy_bandwidth(device)
     table = benchmark_rows.BenchmarkRows("bench_single_pass", device.type)
     for shape in shapes:
         for mixer in mixers:
@@ -130,7 +129,7 @@ def main():
                            counted_bytes(mixer, backends.REGISTRY[mixer][name].config.chunk,
                                          shape))
                 print(f"{shape} {mixer} {name}: forward+backward "
-                      + (f"{total:.4f} ms, {total / floor:.2f}x the floor" if total and floor
+                      + (f"{total:.4f} ms, {total / floor:.2f}x the floor" if total
                          else "not timed (no GPU)"), flush=True)
                 table.add(mixer, benchmark_rows.configuration(mixer, name), shape,
                           {"gpu_time_ms": total, "floor_ms": floor})

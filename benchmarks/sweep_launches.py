@@ -73,9 +73,10 @@ def main():
     caps = [None] + [int(c) for c in _option("registers") or []]
     shapes = [a for a in sys.argv[1:] if not a.startswith("--")]
     table = benchmark_rows.BenchmarkRows("sweep_launches", "cuda")
+    bandwidth = protocol.copy_bandwidth("cuda")
     for arg in shapes or ["1x32768x2048"]:
         shape = tuple(map(int, arg.split("x")))
-        floor = protocol.floor_ms(shape, protocol.COPY_BANDWIDTH["nvidia-h200"])
+        floor = protocol.floor_ms(shape, bandwidth)
         for mixer, module in (("samu", samu_chunk),):
             inputs = legality.make_inputs(mixer, shape, "cuda")
             want = legality.oracle(mixer, *inputs)

@@ -372,7 +372,7 @@ def progress(label):
 rows = protocol.time_shape(shape, shape_index, chosen, device, seed=seed, progress=progress)
 bar.close()
 if device == "cuda":
-    bandwidth = protocol.COPY_BANDWIDTH.get(slug) or protocol.measure_copy_bandwidth(device)
+    bandwidth = protocol.copy_bandwidth(device)
 else:
     bandwidth = float("nan")  # the floor is a GPU's copy bandwidth (SPEC section 8): a CPU has none
     print(f"{report.CPU_NOTE}: no floor and no bandwidth.")

@@ -67,6 +67,15 @@ def measure_copy_bandwidth(device, nbytes: int = 2**31, reps: int = 20) -> float
     return 2 * src.numel() * src.element_size() / (statistics.median(samples) * 1e-3)
 
 
+def copy_bandwidth(device) -> float | None:
+    """The copy rate the floor is measured against: the GPU's committed one (COPY_BANDWIDTH),
+    else measured here; None on a CPU, which has no floor (SPEC section 8)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return COPY_BANDWIDTH.get(device_slug(device)) or measure_copy_bandwidth(device)
+
+
 def _timer(device):
     """A (start, stop) pair returning milliseconds: CUDA events on the current stream, or the
     host clock on a CPU."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from samu import paths
+from samu import dispatch, paths
 from samu.experiment import pipeline
 
 
@@ -119,7 +119,8 @@ def test_report_notebook_runs_in_write_mode_only_from_the_pipeline(tmp_path, mon
     assert pipeline.main(["--shapes", "1x16x16"]) == 0
     assert calls[-1][0] == "04_report" and calls[-1][1]["write"] is True
     wrote = capsys.readouterr().out.strip().splitlines()[-1]  # every folder it wrote, named
-    for folder in (paths.results_dir("cpu"), paths.correctness_dir("cpu"), paths.runs_dir("cpu")):
+    slug = dispatch.gpu_slug()  # this machine's: "cpu" here, the GPU's on one
+    for folder in (paths.results_dir(slug), paths.correctness_dir(slug), paths.runs_dir(slug)):
         assert f"{paths.relative(folder)}/" in wrote
     assert os.environ["TRITON_DEFAULT_FP_FUSION"] == "1"
 
