@@ -14,6 +14,16 @@ def test_floor_matches_spec(shape, floor):
         floor, abs=6e-4)
 
 
+def test_copy_bandwidth_is_the_committed_rate_on_a_known_gpu_and_none_on_a_cpu(monkeypatch):
+    assert protocol.copy_bandwidth("cpu") is None
+    monkeypatch.setattr(protocol, "device_slug", lambda device: "nvidia-h200")
+    monkeypatch.setattr(protocol, "measure_copy_bandwidth", lambda device: pytest.fail("measured"))
+    assert protocol.copy_bandwidth("cuda") == protocol.COPY_BANDWIDTH["nvidia-h200"]
+    monkeypatch.setattr(protocol, "device_slug", lambda device: "an-unknown-gpu")
+    monkeypatch.setattr(protocol, "measure_copy_bandwidth", lambda device: 1.5e12)
+    assert protocol.copy_bandwidth("cuda") == 1.5e12
+
+
 @pytest.mark.parametrize("shape_index", [0, 1])
 def test_protocol_rows_on_cpu(shape_index):
     chosen = {"rglru": "reference_chunked", "samu": "reference_chunked"}
