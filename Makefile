@@ -43,12 +43,13 @@ reproduce: $(SETUP)
 # default on a GPU: recall, copying and a character LM at width 256), recall (Zoology's recall
 # curves) or scale (L = 8192, width 512: where a recurrent step is cheaper than attention's), or
 # all; at a GPU's size on CUDA, at a CPU's otherwise (without CONFIG on a CPU: all three).
-# Executed notebook: data/runs/<gpu>/[<config>/]05_training.ipynb; results:
+# Executed notebook: data/runs/<gpu>/[<config>/][part-k-of-n/]05_training.ipynb; results:
 # data/training/<gpu>[.<config>].json; figures: data/figures/<gpu>_training_[<config>_]*.png.
 # PART=k runs the k-th of the configuration's parts (small 3, recall 2, scale 3: each under ten
 # minutes on an H200), writing data/training/<gpu>[.<config>].part-k-of-n.json; the part that
-# finds every part's file merges them.  A part stopped short goes on where it stopped when run
-# again.
+# finds every part's file merges them (parts written on other machines: python -m
+# samu.experiment.training --config <config> --merge <gpu>).  A part stopped short goes on where
+# it stopped when run again; a part whose file is written is not trained again.
 train: $(SETUP)
 	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.training $(if $(CONFIG),--config $(CONFIG)) $(if $(PART),--part $(PART))
 

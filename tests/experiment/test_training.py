@@ -958,7 +958,7 @@ def synthetic_curves(accuracy) -> dict:
             "recall_curves": records}
 
 
-def test_the_recall_curves_compare_only_the_mixers_that_pass_their_bar():
+def test_the_recall_curves_compare_only_the_mixers_that_pass_their_bar_and_show_the_rest():
     def solved(m, p, w):  # attention from width 128, SAMU at the widest, RG-LRU never
         return {"attention": 1.0 if w >= 128 else 0.5, "samu": 0.95 if w == 256 else 0.3,
                 "rglru": 0.3}[m] if p == 4 else 0.2
@@ -973,11 +973,17 @@ def test_the_recall_curves_compare_only_the_mixers_that_pass_their_bar():
     text = T.conclusion(synthetic_curves(solved))
     assert "RG-LRU fails (below the bar at width 256 (0.30))" in text
     assert "SAMU (widths 64, 128, 256): L = 64, 4 pairs: 0.30, 0.30, 0.95" in text
-    assert "RG-LRU (widths" not in text
+    assert ("RG-LRU, below its bar: what it learned in these steps, not compared (widths 64, "
+            "128, 256): L = 64, 4 pairs: 0.30, 0.30, 0.30") in text
     failed = T.recall_sanity(synthetic_curves(lambda m, p, w: 0.5 if m == "attention" else 1.0))
     assert not failed["yardstick_passed"] and T.compared_mixers(failed) == []
     assert "no comparison" in T.conclusion(synthetic_curves(lambda m, p, w: 0.5))
-    assert T.recall_curves_figure(synthetic_curves(solved)) is not None
+    styles = {line.get_label(): line.get_linestyle()
+              for line in T.recall_curves_figure(synthetic_curves(solved)).axes[0].get_lines()
+              if not line.get_label().startswith("_")}
+    assert styles == {"attention": "-", "SAMU": "-", "RG-LRU (below its bar)": "--"}
+    nothing = T.recall_curves_figure(synthetic_curves(lambda m, p, w: 0.5)).axes[0]
+    assert not [line for line in nothing.get_lines() if not line.get_label().startswith("_")]
 
 
 def test_a_run_still_learning_is_flagged():
@@ -1061,6 +1067,8 @@ def test_main_passes_the_part_and_checks_it(doc, data_dir, monkeypatch, capsys):
     assert calls[0][2]["part"] == "2/3"  # of the configuration's own parts
     assert T.main(["--device", "cpu", "--config", "scale", "--part", "1/4"]) == 0
     assert calls[1][2]["part"] == "1/4"
+    assert [c[1] for c in calls] == [paths.runs_dir("cpu") / "part-2-of-3",  # small: unnamed
+                                     paths.runs_dir("cpu") / "scale" / "part-1-of-4"]
     with pytest.raises(SystemExit):
         T.main(["--device", "cpu", "--config", "small", "--part", "4/3"])
     assert "--part: part must be" in capsys.readouterr().err

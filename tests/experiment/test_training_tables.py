@@ -15,6 +15,7 @@ import torch
 from samu import paths
 from samu.experiment import schema, training as T
 from samu.experiment.training import budget, configs
+from samu.experiment.training import session as session_module
 
 REF = "reference_chunked"  # named: tests/conftest.py sets TRITON_INTERPRET=1 on a CPU
 
@@ -107,6 +108,44 @@ def test_a_toy_task_runs_through_the_study_its_document_figures_and_conclusion(e
             T.validate(doc)
         finally:
             T.TASKS["echo"] = ECHO
+
+
+def test_a_written_part_is_read_not_trained_and_merge_joins_the_parts_anywhere(
+        echo, data_dir, monkeypatch, capsys):
+    table = {"echo": configs.Configuration("echo", "Echo", "", ECHO_STUDY, ECHO_STUDY, parts=2)}
+    with pytest.raises(SystemExit):
+        T.main(["--config", "echo", "--merge", "cpu"], configurations=table)
+    assert "no file for 2 of the 2 parts of echo" in capsys.readouterr().err
+    for k in (1, 2):
+        run = T.StudyRun("echo", "cpu", "cpu", part=k, configurations=table, bar=False)
+        run.run_task("echo")
+        run.finish()
+    assert run.merged is not None
+    first = data_dir / "training" / "cpu.echo.part-1-of-2.json"
+    written = first.read_bytes()
+    (data_dir / "training" / "cpu.echo.json").unlink()
+
+    def trained(*args, **kwargs):
+        raise AssertionError("a written part was trained again")
+    monkeypatch.setattr(session_module, "run_task", trained)
+    again = T.StudyRun("echo", "cpu", "cpu", part=1, configurations=table, bar=False)
+    assert "this part's file is written" in again.plan()
+    assert len(again.run_task("echo"))
+    assert again.finish()["parts"] and first.read_bytes() == written
+    assert (data_dir / "training" / "cpu.echo.json").exists()
+
+    (data_dir / "training" / "cpu.echo.json").unlink()
+    assert not (data_dir / "figures").exists()  # a part's run draws none; the merge does
+    assert T.main(["--config", "echo", "--merge", "cpu"], configurations=table) == 0
+    out = capsys.readouterr().out
+    assert "yardstick passes its sanity bar" in out and "wrote " in out
+    merged = schema.read_valid_json(data_dir / "training" / "cpu.echo.json", "training")
+    assert [p["part"] for p in merged["parts"]] == ["1/2", "2/2"]
+    assert sorted(p.name for p in (data_dir / "figures").iterdir()) == [
+        f"cpu_training_echo_{name}.png" for name in ("accuracy", "loss", "quality_speed")]
+    with pytest.raises(SystemExit):
+        T.main(["--merge", "cpu"], configurations=table)
+    assert "--merge: name one configuration" in capsys.readouterr().err
 
 
 def notebook_05(out: Path, monkeypatch) -> nbformat.NotebookNode:

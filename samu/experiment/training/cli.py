@@ -10,12 +10,14 @@ import time
 
 import torch
 
+from ... import paths
 from .. import schema
 from .budget import committed_document, estimate_lines
 from .configs import CONFIGURATIONS, configuration
 from .curves import recall_curve_frame
 from .parameters import ParameterError
-from .results import UNNAMED_CONFIGURATION, part_path, result_path, results_label, summary
+from .results import (UNNAMED_CONFIGURATION, merge_parts, parse_part, part_path, result_path,
+                      results_label, summary)
 from .session import configured_study, part_of
 
 NOTEBOOK = "05_training"
@@ -44,13 +46,52 @@ def chosen_configurations(text: str | None, on_gpu: bool, table: dict) -> list[s
     return [text]
 
 
-def notebook_folder(slug: str, chosen: list[str] | None):
+def notebook_folder(slug: str, chosen: list[str] | None, part: str | None = None):
     """data/runs/<slug>/ for the unnamed configuration or several; data/runs/<slug>/<name>/
-    for one other configuration alone."""
-    from ... import paths
+    for one other configuration alone; a part's in its own part-<k>-of-<n>/ below that."""
+    folder = paths.runs_dir(slug)
     if chosen is not None and len(chosen) == 1 and chosen[0] != UNNAMED_CONFIGURATION:
-        return paths.runs_dir(slug) / chosen[0]
-    return paths.runs_dir(slug)
+        folder = folder / chosen[0]
+    if part is not None:
+        k, n = parse_part(part)
+        folder = folder / f"part-{k}-of-{n}"
+    return folder
+
+
+def print_document(doc: dict, name: str, path) -> None:
+    """A result document's tables (each mixer at its best rate; the recall curves), and where
+    it is."""
+    import pandas as pd
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        if doc["runs"]:
+            print("\n" + summary(doc).round(4).to_string(index=False))
+        if doc.get("recall_curves"):
+            print("\n" + recall_curve_frame(doc).round(4).to_string(index=False))
+    print(f"\n{name}: {len(doc['runs'])} runs, {len(doc.get('recall_curves', []))} "
+          f"recall-curve runs; wrote {paths.relative(path)}")
+
+
+def merge_written_parts(label: str, name: str, parts: int, parser) -> int:
+    """--merge: the part files of configuration ``name`` labelled ``label`` joined into its
+    result (merge_parts), its figures drawn, its tables, sanity bars and conclusion printed."""
+    from .conclusion import conclusion
+    from .figures import draw_figures
+    from .session import sanity_text
+    wanted = [part_path(label, f"{k}/{parts}", name) for k in range(1, parts + 1)]
+    missing = [str(paths.relative(p)) for p in wanted if not p.exists()]
+    if missing:
+        parser.error(f"--merge {label}: no file for {len(missing)} of the {parts} parts of "
+                     f"{name}: {', '.join(missing)}")
+    try:
+        doc = merge_parts(label, f"1/{parts}", name)
+    except ValueError as exc:
+        parser.error(f"--merge {label}: {exc}")
+    print_document(doc, name, result_path(label, name))
+    print("\n" + sanity_text(doc))
+    drawn = draw_figures(doc, label)
+    print("\n" + conclusion(doc))
+    print(f"\nfigures: {', '.join(str(paths.relative(p)) for p in drawn)}")
+    return 0
 
 
 def main(argv=None, configurations: dict | None = None) -> int:
@@ -92,6 +133,11 @@ def main(argv=None, configurations: dict | None = None) -> int:
                              "data/training/<slug>[.<config>].part-K-of-N.json, and the part "
                              "that finds every part's file merges them; run again after a stop, "
                              "a part trains only what it had not finished")
+    parser.add_argument("--merge", default=None, metavar="LABEL",
+                        help="train nothing: join the part files of --config's study labelled "
+                             "LABEL (data/training/LABEL.<config>.part-K-of-N.json, written on "
+                             "one machine or several) into its result, draw its figures and "
+                             "print its tables, sanity bars and conclusion; on any machine")
     parser.add_argument("--estimate", action="store_true",
                         help="print the GPU study's device time, in all and per part, estimated "
                              "from the committed H200 study's step times, and run nothing")
@@ -99,9 +145,16 @@ def main(argv=None, configurations: dict | None = None) -> int:
                         help="with --estimate on a CUDA device: first time each configuration's "
                              "step alone there, beside the estimate")
     args = parser.parse_args(argv)
-    from ... import paths
     from .. import pipeline, protocol
 
+    if args.merge is not None:
+        if args.config in (None, "all"):
+            parser.error("--merge: name one configuration with --config")
+        try:
+            parts = configuration(args.config, table).parts
+        except ValueError as exc:
+            parser.error(f"--config: {exc}")
+        return merge_written_parts(args.merge, args.config, parts, parser)
     if args.measure and not (args.estimate and torch.cuda.is_available()):
         parser.error("--measure: with --estimate, on a machine with a CUDA device")
     if args.estimate:
@@ -172,7 +225,7 @@ def main(argv=None, configurations: dict | None = None) -> int:
               "studies and are no GPU result.", flush=True)
     pipeline.export_data_dir()
     slug = results_label(device, size)
-    out_dir = notebook_folder(slug, chosen)
+    out_dir = notebook_folder(slug, chosen, part)
     stored = paths.relative(pipeline.executed_paths(NOTEBOOK, out_dir)["stored"])
     fd, log = tempfile.mkstemp(prefix="samu-training-", suffix=".log")
     os.close(fd)
@@ -212,21 +265,13 @@ def main(argv=None, configurations: dict | None = None) -> int:
               f"{paths.relative(pipeline.executed_paths(NOTEBOOK, out_dir)['failed'])}",
               file=sys.stderr)
         return 1
-    import pandas as pd
     for name in names:
         done = result_path(slug, name)
         if part is not None:
             merged = done.exists() and schema.read_valid_json(done, "training").get("parts")
             if not merged and part_path(slug, part, name).exists():
                 done = part_path(slug, part, name)  # the other parts are still to run
-        doc = schema.read_valid_json(done, "training")
-        with pd.option_context("display.width", 200, "display.max_columns", 20):
-            if doc["runs"]:
-                print("\n" + summary(doc).round(4).to_string(index=False))
-            if doc.get("recall_curves"):
-                print("\n" + recall_curve_frame(doc).round(4).to_string(index=False))
-        print(f"\n{name}: {len(doc['runs'])} runs, {len(doc.get('recall_curves', []))} "
-              f"recall-curve runs; wrote {paths.relative(done)}")
+        print_document(schema.read_valid_json(done, "training"), name, done)
     print(f"\n{wall:.0f} s; figures in {paths.relative(paths.figures_dir())}/{slug}_training_*.png, "
           f"executed notebook {stored}")
     return 0

@@ -225,8 +225,9 @@ def _what_speed_buys(best) -> list[str]:
 
 
 def _recall_curves(doc: dict) -> list[str]:
-    """The recall curves against their own sanity bar: which mixers passed it, and for those
-    compared, the best accuracy at each point of the grid."""
+    """The recall curves against their own sanity bar: which mixers passed it, and each one's
+    best accuracy at each point of the grid (those below their bar after, marked as not
+    compared)."""
     curves = recall_curve_frame(doc)
     if not len(curves):
         return []
@@ -245,7 +246,8 @@ def _recall_curves(doc: dict) -> list[str]:
         lines.append("**Recall curves: attention failed their sanity bar: no comparison.** "
                      "The curves measure the training (steps, rates), not the states.")
         return lines
-    for mixer in compared:
+    below = [m for m in check["checks"] if m not in compared]
+    for mixer in compared + below:
         mine = curves[curves["mixer"] == mixer].sort_values(["pairs", "seq_len", "width"])
         points = "; ".join(
             f"L = {length}, {pairs} pairs: " + ", ".join(
@@ -253,7 +255,9 @@ def _recall_curves(doc: dict) -> list[str]:
                 for a, learning in zip(grp["accuracy"], grp["still_learning"]))
             for (pairs, length), grp in mine.groupby(["pairs", "seq_len"], sort=False))
         widths = ", ".join(str(w) for w in sorted(set(mine["width"])))
-        lines.append(f"{MIXER_NAMES.get(mixer, mixer)} (widths {widths}): {points}.")
+        status = ", below its bar: what it learned in these steps, not compared" \
+            if mixer in below else ""
+        lines.append(f"{MIXER_NAMES.get(mixer, mixer)}{status} (widths {widths}): {points}.")
     if any(curves["still_learning"]):
         lines.append("(\\* its run was still learning when it stopped: more steps may raise it.)")
     return lines

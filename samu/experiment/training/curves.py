@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from ... import model as model_
 from .parameters import COUNT, LEARNING_RATE, ParameterError, Range, check_list
 from .results import edge_beyond
 
@@ -139,6 +140,8 @@ def recall_curve_frame(doc):
                      and edge_beyond(means.to_dict(), best, True) is not None,
                      "still_learning": bool(at_best["still_learning"].any()),
                      "steps_completed": int(at_best["steps_completed"].min())})
+    order = {name: i for i, name in enumerate(model_.mixer_names())}  # a study's parts joined
+    rows.sort(key=lambda r: (r["pairs"], r["seq_len"], r["width"], order.get(r["mixer"], 0)))
     return pd.DataFrame(rows, columns=columns)
 
 

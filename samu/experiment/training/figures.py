@@ -196,16 +196,18 @@ def recall_curves_figure(doc: dict):
     """Zoology's figure 2: MQAR accuracy against the model's width, a panel per (sequence
     length, key-value pairs) point of the grid, and against the pairs at the widest width with
     more than one point; a line per mixer, each point at its best learning rate (hollow: the best
-    is at the sweep's edge; a cross beside it: its run was still learning when it stopped).  Only
-    the mixers that pass the curves' sanity bar (recall_sanity) are drawn; the figure says
-    which did not, and draws no comparison when attention did not."""
+    is at the sweep's edge; a cross beside it: its run was still learning when it stopped).  The
+    mixers that pass the curves' sanity bar (recall_sanity) are drawn solid; one below its own
+    bar is drawn dashed and pale, labelled so (what it learned in these steps, not compared);
+    nothing is drawn when attention is below its bar, and the figure says so."""
     import seaborn as sns
     from matplotlib.figure import Figure
 
     sns.set_theme(style="whitegrid", context="notebook")
     curves = recall_curve_frame(doc)
     check = recall_sanity(doc)
-    drawn = compared_mixers(check)
+    compared = compared_mixers(check)
+    drawn = list(check["checks"]) if check["yardstick_passed"] else []
     palette = mixer_palette()
     points = sorted({(int(r.seq_len), int(r.pairs)) for r in curves.itertuples()},
                     key=lambda p: (p[1], p[0]))
@@ -233,13 +235,17 @@ def recall_curves_figure(doc: dict):
             if not len(line):
                 continue
             colour = palette[MIXER_NAMES[mixer]]
-            ax.plot(line[x], line["accuracy"], "-", color=colour, label=MIXER_NAMES[mixer])
+            below = mixer not in compared
+            alpha = 0.55 if below else 1.0
+            ax.plot(line[x], line["accuracy"], "--" if below else "-", color=colour, alpha=alpha,
+                    label=MIXER_NAMES[mixer] + (" (below its bar)" if below else ""))
             for edge, face in ((False, colour), (True, "white")):
                 pts = line[line["at_edge"] == edge]
-                ax.scatter(pts[x], pts["accuracy"], color=face, edgecolor=colour, zorder=3)
+                ax.scatter(pts[x], pts["accuracy"], color=face, edgecolor=colour, alpha=alpha,
+                           zorder=3)
             learning = line[line["still_learning"]]
             ax.scatter(learning[x], learning["accuracy"] + 0.04, marker="x", color=colour,
-                       s=18, zorder=3)
+                       alpha=alpha, s=18, zorder=3)
         xs = sorted(set(part[x]))
         if xs:
             ax.set_xscale("log", base=2)
@@ -259,7 +265,8 @@ def recall_curves_figure(doc: dict):
     notes = [f"Sanity bar (accuracy {check['bar']:.2f} at {check['pairs']} pairs, L = "
              f"{check['seq_len']}: attention at every width >= "
              f"{check['attention_from_width']}, the others at the widest)"]
-    notes += ["passed by every mixer" if not failed else "failed, not drawn:"] + failed
+    notes += (["passed by every mixer"] if not failed else
+              ["failed, drawn dashed and not compared:" if drawn else "failed:"] + failed)
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         axes[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0),
@@ -269,7 +276,7 @@ def recall_curves_figure(doc: dict):
                   va="top", fontsize=8, color="black" if not failed else "firebrick")
     verdict = "" if drawn and not failed else (
         " — no comparison: attention failed its bar" if not drawn else
-        " — mixers below their bar not drawn")
+        " — dashed: below their own bar, not compared")
     rates = int(curves["rates"].max()) if len(curves) else 0
     fig.suptitle(f"Recall curves (best of {rates} learning rate{'s' if rates != 1 else ''} per "
                  f"point; hollow: best at the sweep's edge; x: still learning){verdict} — "

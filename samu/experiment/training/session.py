@@ -4,9 +4,11 @@ sanity bars, the result document written, its figures and conclusion)."""
 from __future__ import annotations
 
 import inspect
+import json
 
 from ... import model as model_
-from .. import protocol
+from ... import paths
+from .. import protocol, schema
 from .conclusion import conclusion
 from .configs import configuration
 from .curves import recall_curve_frame, recall_sanity
@@ -38,6 +40,42 @@ def configured_study(name: str, size: str, overrides: dict | None = None, part=N
     return check_parameters(parameters, known=STUDY_PARAMETERS), parameters
 
 
+def written_part(path, study) -> dict | None:
+    """The document at ``path`` (a part's) when it holds ``study`` (the same parameters and
+    part), else None: a part already written is read, not trained again."""
+    if not path.exists():
+        return None
+    doc = schema.read_valid_json(path, "training")
+    return doc if doc["study"] == json.loads(json.dumps(study.describe())) else None
+
+
+def sanity_text(doc: dict) -> str:
+    """The sanity bars of a result document (or of one in the making: its "study", "runs" and
+    "recall_curves"): attention on the tasks that count for it, and the recall curves' own;
+    whether each passes."""
+    lines = []
+    if doc.get("runs"):
+        check = sanity(doc)
+        for task, c in check["checks"].items():
+            lines.append(f"attention on {TASK_NAMES[task]} at L = {c['seq_len']}: accuracy "
+                         f"{c['accuracy']:.3f} ({'passes' if c['passed'] else 'below'} the "
+                         f"bar {check['bar']})")
+        lines.append("yardstick passes its sanity bar" if check["passed"]
+                     else "yardstick failed its sanity bar: no comparison")
+    if doc.get("recall_curves"):
+        check = recall_sanity(doc)
+        lines.append(f"recall curves' bar: accuracy {check['bar']} at {check['pairs']} pairs, "
+                     f"L = {check['seq_len']} (attention at every width >= "
+                     f"{check['attention_from_width']}, the others at the widest)")
+        for mixer, c in check["checks"].items():
+            lines.append(f"  {mixer}: {'passes' if c['passed'] else 'fails'} ({c['why']})")
+        lines.append("recall curves: every mixer passes its bar" if check["passed"] else
+                     "recall curves: no comparison (attention failed its bar)"
+                     if not check["yardstick_passed"] else
+                     "recall curves: the mixers below their bar are not compared")
+    return "\n".join(lines)
+
+
 def part_of(part, parts: int) -> str:
     """"k/n" as given, or k (an int or its text) as "k/<parts>"; ParameterError otherwise."""
     text = str(part)
@@ -67,8 +105,10 @@ class StudyRun:
                             parameters.get("devices", devices))
         whole = (part_path(self.slug, self.study.part, name) if self.study.part
                  else result_path(self.slug, name))
+        self.written_part = written_part(whole, self.study) if write and self.study.part \
+            else None
         self.finished = FinishedRuns(finished_path(whole), self.study.describe()) \
-            if write else None
+            if write and self.written_part is None else None
         self.records: dict[str, list] = {}
         self.curves: list = []
         self.doc = None
@@ -96,6 +136,9 @@ class StudyRun:
         if study.part:
             text += f"; part {study.part}"
         text += f"; {self.pool.workers} at once on {list(self.pool.devices)}"
+        if self.written_part is not None:
+            written = paths.relative(part_path(self.slug, study.part, self.name))
+            text += f"\nthis part's file is written ({written}): its runs are read from it"
         if self.finished is not None and self.finished.records:
             text += (f"\ngoing on after a stop: {len(self.finished.records)} runs finished "
                      f"before")
@@ -116,12 +159,18 @@ class StudyRun:
 
     def run_task(self, name: str):
         """Every run of task ``name``; its summary (each mixer at its best rate)."""
+        if self.written_part is not None:
+            self.records[name] = [r for r in self.written_part["runs"] if r["task"] == name]
+            return summary(self.records[name])
         self.records[name] = run_task(self.study, name, self.device, self.progress_log,
                                       self.bar, pool=self.pool, finished=self.finished)
         return summary(self.records[name])
 
     def run_recall_curves(self):
         """Every run of the recall curves; their table (each point at its best rate)."""
+        if self.written_part is not None:
+            self.curves = list(self.written_part.get("recall_curves", []))
+            return recall_curve_frame(self.curves)
         self.curves = run_recall_curves(self.study, self.device, self.progress_log, self.bar,
                                         pool=self.pool, finished=self.finished)
         return recall_curve_frame(self.curves)
@@ -132,33 +181,20 @@ class StudyRun:
     def sanity_text(self) -> str:
         """The sanity bars: attention on the tasks that count for it, and the recall curves'
         own; whether each passes."""
-        lines = []
-        if self.runs():
-            check = sanity(self.runs(), bar=self.study.sanity_bar)
-            for task, c in check["checks"].items():
-                lines.append(f"attention on {TASK_NAMES[task]} at L = {c['seq_len']}: accuracy "
-                             f"{c['accuracy']:.3f} ({'passes' if c['passed'] else 'below'} the "
-                             f"bar {check['bar']})")
-            lines.append("yardstick passes its sanity bar" if check["passed"]
-                         else "yardstick failed its sanity bar: no comparison")
-        if self.curves:
-            check = recall_sanity({"study": self.study.describe(), "recall_curves": self.curves})
-            lines.append(f"recall curves' bar: accuracy {check['bar']} at {check['pairs']} pairs, "
-                         f"L = {check['seq_len']} (attention at every width >= "
-                         f"{check['attention_from_width']}, the others at the widest)")
-            for mixer, c in check["checks"].items():
-                lines.append(f"  {mixer}: {'passes' if c['passed'] else 'fails'} ({c['why']})")
-            lines.append("recall curves: every mixer passes its bar" if check["passed"] else
-                         "recall curves: no comparison (attention failed its bar)"
-                         if not check["yardstick_passed"] else
-                         "recall curves: the mixers below their bar are not compared")
-        return "\n".join(lines)
+        return sanity_text({"study": self.study.describe(), "runs": self.runs(),
+                            "recall_curves": self.curves})
 
     def finish(self) -> dict:
         """The result document: written (a part's, then merged once every part's is; its
         figures drawn for a whole study) when ``write``, else validated only.  The pool is
         closed and the kept runs removed once it is written."""
         self.pool.close()
+        if self.written_part is not None:  # as it was written, with its own environment
+            self.doc = self.written_part
+            self.merged = merge_parts(self.slug, self.study.part, self.name)
+            if self.merged is not None:
+                self.doc = self.merged
+            return self.doc
         self.doc = result_document(self.study, self.runs(), self.device,
                                    recall_curves=self.curves, pool=self.pool)
         if not self.write:
