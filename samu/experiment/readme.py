@@ -239,10 +239,29 @@ def other_gpu_tables(data_dir=None) -> str:
                      + _wrap(f"{len(ran)} of the {len(pipeline.GPU_SHAPES)} default shapes ran "
                              "there.") + "\n\n" + speed_table(data_dir, slug)
                      + (f"\n\n![multiples of the floor on the {doc['environment']['gpu']}]"
-                        f"(data/figures/{figure.name})" if figure.exists() else ""))
+                        f"(data/figures/{figure.name})" if figure.exists() else "")
+                     + recall_curves_text(data_dir, slug))
     if not parts:
         return ""
     return "## Results on other GPUs\n\n" + "\n\n".join(parts) + "\n"
+
+
+def recall_curves_text(data_dir: Path, slug: str) -> str:
+    """The recall curves of ``slug`` (data/training/<slug>.recall.json), as the training
+    conclusion gives them (their sanity bar, each mixer's best accuracy at every point), with
+    their figure; "" where that GPU has none."""
+    path = data_dir / "training" / f"{slug}.recall.json"
+    if not path.exists():
+        return ""
+    doc = schema.read_valid_json(path, "training")
+    env = doc["environment"]
+    figure = data_dir / "figures" / training.figure_path(slug, "recall_curves", "recall").name
+    lead = (f"Recall curves on the {env['gpu']} (`make train CONFIG=recall`, "
+            f"`data/training/{path.name}`, at {env.get('git_commit', '')[:7]}):")
+    lines = [lead] + training.recall_curve_lines(doc)
+    return ("\n\n" + "\n\n".join(_wrap(line) for line in lines)
+            + (f"\n\n![recall curves on the {env['gpu']}](data/figures/{figure.name})"
+               if figure.exists() else ""))
 
 
 def result_rows_table(data_dir=None, slug: str = report.COMMITTED_SLUG) -> str:

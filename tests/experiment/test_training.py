@@ -989,6 +989,12 @@ def test_the_recall_curves_compare_only_the_mixers_that_pass_their_bar_and_show_
 def test_a_run_still_learning_is_flagged():
     falling = [[i, 2.0 - 0.1 * i] for i in range(1, 16)]
     assert T.still_learning(falling)
+    point = {"task": "mqar", "seed": 0, "metric": "accuracy", "lr": 1e-3, "steps": 40,
+             "steps_completed": 30, "loss_curve": falling, "mixer": "samu", "seq_len": 64,
+             "pairs": 4, "width": 64, "value": 1.0}
+    assert T.recall_curve_frame([point])["still_learning"].item()
+    solved = T.recall_curve_frame([{**point, "stopped_early": True}])  # at the stop loss
+    assert not solved["still_learning"].item()
     assert not T.still_learning([[i, 1.0] for i in range(1, 16)])
     assert not T.still_learning(falling[:5])  # too few points to say
 

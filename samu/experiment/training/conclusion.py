@@ -20,7 +20,7 @@ def conclusion(doc: dict) -> str:
     gpu = env.get("device", "").startswith("cuda")
     block = doc["study"].get("recurrent_block", "bare")
     lines = _tasks(doc) if doc["runs"] else []
-    lines.extend(_recall_curves(doc))
+    lines.extend(recall_curve_lines(doc))
     lines.append(_caveats(gpu, block))
     return "\n\n".join(lines)
 
@@ -224,7 +224,7 @@ def _what_speed_buys(best) -> list[str]:
             f"at its best rate, at each task's longest length): " + "; ".join(cells) + "."]
 
 
-def _recall_curves(doc: dict) -> list[str]:
+def recall_curve_lines(doc: dict) -> list[str]:
     """The recall curves against their own sanity bar: which mixers passed it, and each one's
     best accuracy at each point of the grid (those below their bar after, marked as not
     compared)."""

@@ -114,7 +114,8 @@ def still_learning(loss_curve) -> bool:
 def recall_curve_frame(doc):
     """Per (seq_len, pairs, width, mixer): the best accuracy over the learning rates (the mean
     over seeds at each), the rate, whether it is at the edge of the sweep (``at_edge``), and
-    whether its run was still learning when it stopped (``still_learning``)."""
+    whether its run was still learning when it stopped (``still_learning``; never one stopped
+    early, which had solved its point)."""
     import pandas as pd
 
     columns = ["seq_len", "pairs", "width", "mixer", "accuracy", "lr", "rates", "at_edge",
@@ -125,7 +126,8 @@ def recall_curve_frame(doc):
     df = pd.DataFrame([{"seq_len": int(r["seq_len"]), "pairs": _pairs_of(r),
                         "width": int(r["width"]), "mixer": r["mixer"], "lr": r.get("lr"),
                         "seed": r.get("seed"), "value": r.get("value"),
-                        "still_learning": still_learning(r["loss_curve"]),
+                        "still_learning": still_learning(r["loss_curve"])
+                        and not r.get("stopped_early"),  # stopped early: solved
                         "steps_completed": r["steps_completed"]} for r in records])
     df["value"] = pd.to_numeric(df["value"], errors="coerce")
     rows = []
