@@ -235,7 +235,8 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
         "Zoology's figure 2: MQAR accuracy over (L, pairs) points and model widths, each mixer "
         "at its own best rate, with a sanity bar of their own (attention solves the fewest "
         "pairs at every width of at least 128, each other mixer at the widest width); a mixer "
-        "below its bar is not compared, and no mixer is when attention is below its own.",
+        "below its bar is drawn dashed and not compared, and no mixer is drawn when attention "
+        "is below its own.",
         RECALL_GPU, RECALL_CPU, parts=2),
     Configuration(
         "scale", "At a scale where a recurrent step is cheaper",
