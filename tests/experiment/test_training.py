@@ -40,23 +40,31 @@ def test_batches_are_deterministic_in_the_seed(task):
     assert len(held) == 2 and all(torch.equal(x[0], y[0]) for x, y in zip(held, again))
 
 
-def test_mqar_answers_are_the_values_of_the_queried_keys():
-    task = T.MQAR(128, num_pairs=8, vocab_size=64)
+@pytest.mark.parametrize("episodes", [1, 4])
+def test_mqar_answers_are_the_values_of_the_queried_keys(episodes):
+    """Each episode (the whole sequence, or one of ``episodes`` blocks) holds its pairs, then
+    queries of its own keys only; keys are distinct over the whole sequence."""
+    task = T.MQAR(128 * episodes, num_pairs=8, vocab_size=128, episodes=episodes)
     inputs, targets = task.batch(16, gen(3))
-    half = 32
-    for x, y in zip(inputs.tolist(), targets.tolist()):
-        context = x[:16]
-        keys, values = context[0::2], context[1::2]
-        assert len(set(keys)) == 8 and all(1 <= k < half for k in keys)
-        assert len(set(values)) == 8 and all(half <= v < 64 for v in values)
-        pairs = dict(zip(keys, values))
-        asked = [(i, x[i], y[i]) for i in range(128) if y[i] != T.IGNORE]
-        assert len(asked) == 8 and all(i >= 16 for i, _, _ in asked)
-        assert sorted(k for _, k, _ in asked) == sorted(keys)  # every key queried once
-        assert all(pairs[k] == v for _, k, v in asked)  # the answer is the key's value
-        # outside its pair and its query a key never appears: the rest is the values' range
-        queried = {i for i, _, _ in asked}
-        assert all(half <= x[i] < 64 for i in range(16, 128) if i not in queried)
+    assert inputs.shape == (16, 128 * episodes)
+    half = 64
+    for row_x, row_y in zip(inputs.tolist(), targets.tolist()):
+        assert len({k for e in range(episodes) for k in row_x[128 * e:128 * e + 16:2]}) \
+            == 8 * episodes  # no key of one episode in another
+        for e in range(episodes):
+            x, y = row_x[128 * e:128 * (e + 1)], row_y[128 * e:128 * (e + 1)]
+            context = x[:16]
+            keys, values = context[0::2], context[1::2]
+            assert len(set(keys)) == 8 and all(1 <= k < half for k in keys)
+            assert len(set(values)) == 8 and all(half <= v < 128 for v in values)
+            pairs = dict(zip(keys, values))
+            asked = [(i, x[i], y[i]) for i in range(128) if y[i] != T.IGNORE]
+            assert len(asked) == 8 and all(i >= 16 for i, _, _ in asked)
+            assert sorted(k for _, k, _ in asked) == sorted(keys)  # every key queried once
+            assert all(pairs[k] == v for _, k, v in asked)  # the answer is the key's value
+            # outside its pair and its query a key never appears: the rest is the values' range
+            queried = {i for i, _, _ in asked}
+            assert all(half <= x[i] < 128 for i in range(16, 128) if i not in queried)
 
 
 def test_mqar_queries_follow_the_power_law():
@@ -92,6 +100,10 @@ def test_copy_targets_are_the_scattered_data_tokens_in_order():
     (lambda: T.MQAR(31, num_pairs=8, vocab_size=64), "too short"),
     (lambda: T.MQAR(256, num_pairs=8, vocab_size=16), "distinct keys"),
     (lambda: T.MQAR(256, num_pairs=0), "num_pairs"),
+    (lambda: T.MQAR(256, num_pairs=8, vocab_size=64, episodes=4), "32 distinct keys"),
+    (lambda: T.MQAR(250, num_pairs=4, vocab_size=64, episodes=4), "whole number of episodes"),
+    (lambda: T.MQAR(256, num_pairs=4, vocab_size=512, episodes=32), "an episode"),
+    (lambda: T.MQAR(256, episodes=0), "episodes"),
     (lambda: T.MQAR(256, power_a=1.5), "power_a"),
     (lambda: T.SelectiveCopy(10, num_tokens=5), "too short"),
     (lambda: T.SelectiveCopy(64, noise_vocab=0), "noise_vocab"),

@@ -152,7 +152,8 @@ def distinct(rows: int, population: int, count: int, generator,
 
 # The options of each task and what each may be (its spec's; the class checks them too).
 MQAR_OPTIONS = {"num_pairs": COUNT, "vocab_size": COUNT,
-                "power_a": Range(low=0, high=1, low_open=True, optional=True)}
+                "power_a": Range(low=0, high=1, low_open=True, optional=True),
+                "episodes": COUNT}
 COPY_OPTIONS = {"num_tokens": COUNT, "data_vocab": COUNT, "noise_vocab": COUNT}
 
 
@@ -181,24 +182,39 @@ class MQAR:
     ``IGNORE``.  The query slots (offset / 2) are drawn without replacement with probability
     proportional to slot^(power_a - 1), Zoology's power law (0.01, its default): most queries come
     soon after the pairs, a heavy tail reaches the end of the sequence, whatever its length.
-    ``power_a=None`` draws them uniformly instead."""
+    ``power_a=None`` draws them uniformly instead.  ``episodes`` > 1: the sequence is that many
+    such blocks of ``seq_len / episodes`` tokens back to back, ``num_pairs`` pairs each, keys
+    distinct over the whole sequence, so that each block's queries ask for its own pairs: recall
+    at a long length with a short one's supervision per token (``num_pairs * episodes`` scored
+    positions a sequence)."""
     seq_len: int
     num_pairs: int = 8
     vocab_size: int = 256
     power_a: float | None = 0.01
+    episodes: int = 1
     name = "mqar"
 
     def __post_init__(self):
         _check_options(self)
         half = self.vocab_size // 2
-        if half - 1 < self.num_pairs or self.vocab_size - half < self.num_pairs:
+        keys = self.num_pairs * self.episodes
+        if half - 1 < keys or self.vocab_size - half < self.num_pairs:
             raise ParameterError(f"mqar: vocab_size {self.vocab_size} holds fewer than "
-                                 f"num_pairs {self.num_pairs} distinct keys (1 .. vocab/2 - 1) "
-                                 "or values")
-        if (self.seq_len - 2 * self.num_pairs) // 2 < self.num_pairs:
-            raise ParameterError(f"mqar: seq_len {self.seq_len} is too short for "
+                                 f"{keys} distinct keys (1 .. vocab/2 - 1; num_pairs "
+                                 f"{self.num_pairs} times episodes {self.episodes}) or "
+                                 f"{self.num_pairs} values")
+        if self.seq_len % self.episodes:
+            raise ParameterError(f"mqar: seq_len {self.seq_len} is not a whole number of "
+                                 f"episodes ({self.episodes})")
+        if (self.episode_len - 2 * self.num_pairs) // 2 < self.num_pairs:
+            what = "seq_len" if self.episodes == 1 else "an episode (seq_len / episodes)"
+            raise ParameterError(f"mqar: {what} {self.episode_len} is too short for "
                                  f"{self.num_pairs} pairs and their queries (at least "
                                  f"{4 * self.num_pairs})")
+
+    @property
+    def episode_len(self) -> int:
+        return self.seq_len // self.episodes
 
     @property
     def chance(self) -> float:
@@ -212,9 +228,10 @@ class MQAR:
 
     def batch(self, batch_size: int, generator: torch.Generator):
         """(inputs, targets), int64 [batch_size, seq_len], on the generator's device."""
-        b, p, v, length = batch_size, self.num_pairs, self.vocab_size, self.seq_len
+        p, v, length = self.num_pairs, self.vocab_size, self.episode_len
+        b = batch_size * self.episodes  # one row an episode, joined into sequences at the end
         half = v // 2
-        keys = distinct(b, half - 1, p, generator) + 1
+        keys = (distinct(batch_size, half - 1, p * self.episodes, generator) + 1).reshape(b, p)
         values = distinct(b, v - half, p, generator) + half
         inputs = torch.randint(half, v, (b, length), generator=generator, device=generator.device)
         inputs[:, :2 * p] = torch.stack((keys, values), dim=2).reshape(b, 2 * p)
@@ -222,13 +239,14 @@ class MQAR:
         query = 2 * p + 2 * slots  # where key i is queried
         inputs.scatter_(1, query, keys)
         targets = torch.full_like(inputs, IGNORE).scatter_(1, query, values)
-        return inputs, targets
+        return (inputs.reshape(batch_size, self.seq_len),
+                targets.reshape(batch_size, self.seq_len))
 
     def slot_weights(self) -> torch.Tensor | None:
         """Unnormalised log-probabilities of the query slots (None: uniform)."""
         if self.power_a is None:
             return None
-        space = (self.seq_len - 2 * self.num_pairs) // 2
+        space = (self.episode_len - 2 * self.num_pairs) // 2
         return (self.power_a - 1) * torch.log(torch.arange(1, space + 1, dtype=torch.float32))
 
     def held_out(self, batches: int, batch_size: int):
