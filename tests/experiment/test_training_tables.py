@@ -5,6 +5,7 @@ edited; the configurations' GPU parts fit a 10-minute device command by the esti
 committed H200 step times; and the package's modules import one another without a circle."""
 import ast
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -146,6 +147,17 @@ def test_a_written_part_is_read_not_trained_and_merge_joins_the_parts_anywhere(
     with pytest.raises(SystemExit):
         T.main(["--merge", "cpu"], configurations=table)
     assert "--merge: name one configuration" in capsys.readouterr().err
+    second = data_dir / "training" / "cpu.echo.part-2-of-2.json"
+    other = json.loads(second.read_text())
+    other["study"]["width"] *= 2
+    second.write_text(json.dumps(other))  # a part of another study
+    again = T.StudyRun("echo", "cpu", "cpu", part=1, configurations=table, bar=False)
+    again.run_task("echo")
+    assert again.finish() is again.written_part and again.merged is None
+    assert "not merged:" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        T.main(["--config", "echo", "--merge", "cpu"], configurations=table)
+    assert "its study differs" in capsys.readouterr().err
 
 
 def notebook_05(out: Path, monkeypatch) -> nbformat.NotebookNode:

@@ -191,7 +191,7 @@ class StudyRun:
         self.pool.close()
         if self.written_part is not None:  # as it was written, with its own environment
             self.doc = self.written_part
-            self.merged = merge_parts(self.slug, self.study.part, self.name)
+            self.merged = self._merge()
             if self.merged is not None:
                 self.doc = self.merged
             return self.doc
@@ -202,13 +202,22 @@ class StudyRun:
             return self.doc
         if self.study.part:
             write_part(self.doc, self.slug)
-            self.merged = merge_parts(self.slug, self.study.part, self.name)
+            self.merged = self._merge()
             if self.merged is not None:
                 self.doc = self.merged
         else:
             write_result(self.doc, self.slug)
         self.finished.clear()
         return self.doc
+
+    def _merge(self) -> dict | None:
+        """The parts merged once every part's file is written; None while one is missing or
+        holds another study (said, so that that part is run again)."""
+        try:
+            return merge_parts(self.slug, self.study.part, self.name)
+        except ValueError as exc:
+            print(f"not merged: {exc}; run that part again")
+            return None
 
     def written(self) -> list:
         """What finish wrote: the result file, or the part's and, once merged, the whole's."""
