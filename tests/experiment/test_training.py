@@ -67,6 +67,15 @@ def test_mqar_answers_are_the_values_of_the_queried_keys(episodes):
             assert all(half <= x[i] < 128 for i in range(16, 128) if i not in queried)
 
 
+def test_a_long_example_is_previewed_by_its_start():
+    short, long = T.MQAR(64, num_pairs=4, vocab_size=32), T.MQAR(8192, num_pairs=4,
+                                                                  vocab_size=2048, episodes=128)
+    assert "tokens)" not in short.preview() and len(short.preview().splitlines()) == 2
+    text = long.preview()
+    assert text.endswith(f"(the first {T.tasks.PREVIEW_TOKENS} of 8192 tokens)")
+    assert len(text) < 3000
+
+
 def test_mqar_queries_follow_the_power_law():
     """Zoology's power law: most queries soon after the pairs, a tail to the end of the sequence;
     uniform placement spreads them evenly."""

@@ -164,10 +164,16 @@ def _check_options(task) -> None:
         allowed.check(f"{task.name}: {key}", getattr(task, key))
 
 
+PREVIEW_TOKENS = 128  # a long example is shown by its start
+
+
 def _preview(task) -> str:
-    """One example: its inputs, then its targets (IGNORE where nothing is scored)."""
+    """One example: its inputs, then its targets (IGNORE where nothing is scored); of a sequence
+    longer than PREVIEW_TOKENS, its first PREVIEW_TOKENS."""
     x, y = task.batch(1, torch.Generator().manual_seed(0))
-    return f"inputs  {x[0].tolist()}\ntargets {y[0].tolist()}"
+    shown = min(task.seq_len, PREVIEW_TOKENS)
+    more = f"\n(the first {shown} of {task.seq_len} tokens)" if shown < task.seq_len else ""
+    return f"inputs  {x[0, :shown].tolist()}\ntargets {y[0, :shown].tolist()}{more}"
 
 
 # --- tasks ---------------------------------------------------------------------------------------
