@@ -147,10 +147,13 @@ def _cell(stats: pd.Series, bold: bool) -> str:
     return f"**{text}**" if bold else text
 
 
-def training_table(data_dir: Path, slug: str = report.COMMITTED_SLUG) -> str:
-    """The training study's scores: each mixer's mean at its best learning rate with the range
-    over seeds (training.summary), the best mean of a row in bold, and the GPU time per step."""
-    doc = schema.read_valid_json(data_dir / "training" / f"{slug}.json", "training")
+def training_table(data_dir: Path, slug: str = report.COMMITTED_SLUG,
+                   configuration: str | None = None) -> str:
+    """A training study's scores (the unnamed configuration's, or ``configuration``'s): each
+    mixer's mean at its best learning rate with the range over seeds (training.summary), the
+    best mean of a row in bold, and the GPU time per step."""
+    name = training.result_path(slug, configuration).name
+    doc = schema.read_valid_json(data_dir / "training" / name, "training")
     study, env = doc["study"], doc["environment"]
     mixers = list(study["mixers"])
     summary = training.summary(doc).set_index(["task", "seq_len", "mixer"])
@@ -162,9 +165,11 @@ def training_table(data_dir: Path, slug: str = report.COMMITTED_SLUG) -> str:
                       for t, c in study["train"].items())
     sanity = " and ".join(f"{c['accuracy']:.3f} on {training.TASK_NAMES[t]} at L = "
                           f"{c['seq_len']}" for t, c in check["checks"].items())
+    command = "make train" + ("" if name == f"{slug}.json" else f" CONFIG={configuration}")
+    curves = len(doc.get("recall_curves", []))
     caption = (
-        f"What each mixer learns (`make train` on the {env['gpu']}, `data/training/{slug}.json`: "
-        f"{len(doc['runs'])} runs and {len(doc.get('recall_curves', []))} recall-curve runs; "
+        f"What each mixer learns (`{command}` on the {env['gpu']}, `data/training/{name}`: "
+        f"{len(doc['runs'])} runs{f' and {curves} recall-curve runs' if curves else ''}; "
         f"width {study['width']}, {study['layers']} layers; steps: {steps}): mean over "
         f"{len(study['seeds'])} seeds at each mixer's best learning rate, the range over seeds "
         f"in brackets, the best mean of a row in bold. The yardstick "
@@ -220,7 +225,9 @@ def results_tables(data_dir=None) -> str:
     """The README's results block (without its markers): the speed table and the training
     study's, from ``data_dir`` (default: the repository's data/)."""
     data_dir = Path(data_dir) if data_dir is not None else paths.REPO_ROOT / "data"
-    return speed_table(data_dir) + "\n\n" + training_table(data_dir) + "\n"
+    return (speed_table(data_dir) + "\n\n" + training_table(data_dir)
+            + study_sections(data_dir, report.COMMITTED_SLUG,
+                             skip=(training.UNNAMED_CONFIGURATION,)) + "\n")
 
 
 def other_gpu_tables(data_dir=None) -> str:
@@ -240,28 +247,41 @@ def other_gpu_tables(data_dir=None) -> str:
                              "there.") + "\n\n" + speed_table(data_dir, slug)
                      + (f"\n\n![multiples of the floor on the {doc['environment']['gpu']}]"
                         f"(data/figures/{figure.name})" if figure.exists() else "")
-                     + recall_curves_text(data_dir, slug))
+                     + study_sections(data_dir, slug))
     if not parts:
         return ""
     return "## Results on other GPUs\n\n" + "\n\n".join(parts) + "\n"
 
 
-def recall_curves_text(data_dir: Path, slug: str) -> str:
-    """The recall curves of ``slug`` (data/training/<slug>.recall.json), as the training
-    conclusion gives them (their sanity bar, each mixer's best accuracy at every point), with
-    their figure; "" where that GPU has none."""
-    path = data_dir / "training" / f"{slug}.recall.json"
-    if not path.exists():
-        return ""
-    doc = schema.read_valid_json(path, "training")
-    env = doc["environment"]
-    figure = data_dir / "figures" / training.figure_path(slug, "recall_curves", "recall").name
-    lead = (f"Recall curves on the {env['gpu']} (`make train CONFIG=recall`, "
-            f"`data/training/{path.name}`, at {env.get('git_commit', '')[:7]}):")
-    lines = [lead] + training.recall_curve_lines(doc)
-    return ("\n\n" + "\n\n".join(_wrap(line) for line in lines)
-            + (f"\n\n![recall curves on the {env['gpu']}](data/figures/{figure.name})"
-               if figure.exists() else ""))
+def study_sections(data_dir: Path, slug: str, skip=()) -> str:
+    """The training studies of ``slug`` with a result file (every configuration of
+    training.CONFIGURATIONS not in ``skip``), each as its table, quality-against-time figure and
+    conclusion when it has runs, and as the recall curves' lines and figure when it has those;
+    "" where that GPU has none."""
+    out = []
+    for name in training.CONFIGURATIONS:
+        path = data_dir / "training" / training.result_path(slug, name).name
+        if name in skip or not path.exists():
+            continue
+        doc = schema.read_valid_json(path, "training")
+        gpu = doc["environment"]["gpu"]
+
+        def figure(kind: str, what: str) -> str:
+            png = data_dir / "figures" / training.figure_path(slug, kind, name).name
+            return f"\n\n![{what} on the {gpu}](data/figures/{png.name})" if png.exists() else ""
+        if doc["runs"]:
+            words = training.conclusion({**doc, "recall_curves": []}).split("\n\n")
+            out.append(training_table(data_dir, slug, name)
+                       + figure("quality_speed", "quality against training time") + "\n\n"
+                       + "\n\n".join(_wrap(line) for line in words))
+        if doc.get("recall_curves"):
+            lead = (f"Recall curves on the {gpu} (`make train CONFIG={name}`, "
+                    f"`data/training/{path.name}`, at "
+                    f"{doc['environment'].get('git_commit', '')[:7]}):")
+            lines = [lead] + training.recall_curve_lines(doc)
+            out.append("\n\n".join(_wrap(line) for line in lines)
+                       + figure("recall_curves", "recall curves"))
+    return "".join("\n\n" + part for part in out)
 
 
 def result_rows_table(data_dir=None, slug: str = report.COMMITTED_SLUG) -> str:

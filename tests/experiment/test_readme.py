@@ -255,3 +255,19 @@ def test_other_gpus_get_a_table_each_and_none_without_their_results(tmp_path):
     assert f"{len(ran)} of the {len(pipeline.GPU_SHAPES)} default shapes ran there." in rendered
     assert "![multiples of the floor" not in rendered  # no figure in this data folder
     assert rendered.count("| SAMU |") == len(ran)
+    # its training studies, each configuration's with a result file, from the registry
+    (tmp_path / "training").mkdir()
+    slug = other.stem
+    recall = ROOT / "data" / "training" / f"{slug}.recall.json"
+    shutil.copy(recall, tmp_path / "training" / recall.name)
+    small = readme.schema.read_json(ROOT / "data" / "training" / committed)
+    scale = {**small, "study": {**small["study"], "configuration": "scale"}}
+    scale.pop("recall_curves")
+    (tmp_path / "training" / f"{slug}.scale.json").write_text(json.dumps(scale))
+    rendered = readme.other_gpu_tables(tmp_path)
+    assert f"Recall curves on the {doc['environment']['gpu']} (`make train CONFIG=recall`" \
+        in rendered
+    assert rendered.index("Recall curves on") < rendered.index("`make train CONFIG=scale` on the")
+    assert f"`data/training/{slug}.scale.json`: {len(scale['runs'])} runs;" in rendered
+    assert "**Measured.**" in rendered and "recall-curve runs" not in rendered
+    assert "![" not in rendered  # no figure in this data folder
