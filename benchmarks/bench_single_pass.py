@@ -7,12 +7,12 @@ forward+backward beside the floor and beside each mixer's default backend.
     python benchmarks/bench_single_pass.py rglru 4x2048x2048 --backends=chunk8
 
 A kernel is timed alone: one eager call records its launches (samu.ops.common.launching.launch
-patched), and a graph of the fill of its flags and its launch(es) is replayed.  "counted" is the
-DRAM traffic its code reads and writes (tensors of B L D elements, the FP32 rows it writes and
-reads from memory, not the look-back's reads of rows just written, which L2 serves); "GB/s" is
-that over its time, beside the copy rate (protocol.copy_bandwidth: the GPU's committed rate,
-else measured in the run).  Rows go to data/benchmarks/<gpu>/bench_single_pass.jsonl
-(samu.experiment.benchmark_rows).  Off a GPU the kernels run under Triton's interpreter at the shapes given and nothing is timed."""
+patched), and a graph of the fill of its flags and its launch(es) is replayed. "counted" is the DRAM
+traffic its code reads and writes (tensors of B L D elements, the FP32 rows it writes and reads from
+memory, not the look-back's reads of rows just written, which L2 serves); "GB/s" is that over its
+time, beside the copy rate (protocol.copy_bandwidth: the GPU's committed rate, else measured in the
+run). Rows go to data/benchmarks/<gpu>/bench_single_pass.jsonl (samu.experiment.benchmark_rows). Off
+a GPU the kernels run under Triton's interpreter at the shapes given and nothing is timed."""
 from __future__ import annotations
 
 import sys

@@ -275,9 +275,10 @@ def study_sections(data_dir: Path, slug: str, skip=()) -> str:
                        + figure("quality_speed", "quality against training time") + "\n\n"
                        + "\n\n".join(_wrap(line) for line in words))
         if doc.get("recall_curves"):
+            envs = [p["environment"] for p in doc.get("parts", [])] or [doc["environment"]]
+            commits = dict.fromkeys((e.get("git_commit") or "?")[:7] for e in envs)
             lead = (f"Recall curves on the {gpu} (`make train CONFIG={name}`, "
-                    f"`data/training/{path.name}`, at "
-                    f"{doc['environment'].get('git_commit', '')[:7]}):")
+                    f"`data/training/{path.name}`, at {', '.join(commits)}):")
             lines = [lead] + training.recall_curve_lines(doc)
             out.append("\n\n".join(_wrap(line) for line in lines)
                        + figure("recall_curves", "recall curves"))

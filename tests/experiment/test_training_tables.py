@@ -116,7 +116,7 @@ def test_a_written_part_is_read_not_trained_and_merge_joins_the_parts_anywhere(
     table = {"echo": configs.Configuration("echo", "Echo", "", ECHO_STUDY, ECHO_STUDY, parts=2)}
     with pytest.raises(SystemExit):
         T.main(["--config", "echo", "--merge", "cpu"], configurations=table)
-    assert "no file for 2 of the 2 parts of echo" in capsys.readouterr().err
+    assert "no part file of echo" in capsys.readouterr().err
     for k in (1, 2):
         run = T.StudyRun("echo", "cpu", "cpu", part=k, configurations=table, bar=False)
         run.run_task("echo")
@@ -147,17 +147,48 @@ def test_a_written_part_is_read_not_trained_and_merge_joins_the_parts_anywhere(
     with pytest.raises(SystemExit):
         T.main(["--merge", "cpu"], configurations=table)
     assert "--merge: name one configuration" in capsys.readouterr().err
-    second = data_dir / "training" / "cpu.echo.part-2-of-2.json"
-    other = json.loads(second.read_text())
-    other["study"]["width"] *= 2
-    second.write_text(json.dumps(other))  # a part of another study
-    again = T.StudyRun("echo", "cpu", "cpu", part=1, configurations=table, bar=False)
+    stale = json.loads(first.read_text())
+    stale["study"]["width"] *= 2
+    first.write_text(json.dumps(stale))  # part 1 of another study
+    again = T.StudyRun("echo", "cpu", "cpu", part=2, configurations=table, bar=False)
     again.run_task("echo")
     assert again.finish() is again.written_part and again.merged is None
-    assert "not merged:" in capsys.readouterr().out
+    assert again.written() == []  # read, not written
+    said = capsys.readouterr().out
+    assert "not merged" in said and said.split("to run again: ")[1].strip().endswith(
+        "cpu.echo.part-1-of-2.json")
+    assert T.main(["--device", "cpu", "--config", "echo", "--part", "2"],
+                  configurations=table) == 0  # the command line: no notebook, no training
+    said = capsys.readouterr().out
+    assert "part 2/2 of echo is written already; nothing is trained" in said
+    assert "cpu.echo.part-1-of-2.json" in said.split("to run again: ")[1]
     with pytest.raises(SystemExit):
         T.main(["--config", "echo", "--merge", "cpu"], configurations=table)
     assert "its study differs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        T.main(["--config", "echo", "--merge", "cpu", "--part", "1"], configurations=table)
+    assert "--merge trains nothing: drop --part" in capsys.readouterr().err
+    first.write_text(first.read_text()[:100])  # cut short: that part trains again
+    assert T.StudyRun("echo", "cpu", "cpu", part=1, configurations=table,
+                      bar=False).written_part is None
+
+
+def test_merge_takes_the_number_of_parts_from_the_files(echo, data_dir, capsys):
+    table = {"echo": configs.Configuration("echo", "Echo", "", ECHO_STUDY, ECHO_STUDY, parts=2)}
+    for k in (1, 2, 3):  # run as thirds, not the configuration's halves
+        run = T.StudyRun("echo", "cpu", "cpu", part=f"{k}/3", configurations=table, bar=False)
+        run.run_task("echo")
+        run.finish()
+    (data_dir / "training" / "cpu.echo.json").unlink()
+    assert T.main(["--config", "echo", "--merge", "cpu"], configurations=table) == 0
+    merged = schema.read_valid_json(data_dir / "training" / "cpu.echo.json", "training")
+    assert [p["part"] for p in merged["parts"]] == ["1/3", "2/3", "3/3"]
+    capsys.readouterr()
+    extra = data_dir / "training" / "cpu.echo.part-1-of-2.json"
+    extra.write_text((data_dir / "training" / "cpu.echo.part-1-of-3.json").read_text())
+    with pytest.raises(SystemExit):
+        T.main(["--config", "echo", "--merge", "cpu"], configurations=table)
+    assert "part files of echo split 2 ways (2, 3 parts)" in capsys.readouterr().err
 
 
 def notebook_05(out: Path, monkeypatch) -> nbformat.NotebookNode:

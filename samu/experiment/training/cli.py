@@ -16,9 +16,9 @@ from .budget import committed_document, estimate_lines
 from .configs import CONFIGURATIONS, configuration
 from .curves import recall_curve_frame
 from .parameters import ParameterError
-from .results import (UNNAMED_CONFIGURATION, merge_parts, parse_part, part_path, result_path,
-                      results_label, summary)
-from .session import configured_study, part_of
+from .results import (UNNAMED_CONFIGURATION, fresh_result, merge_parts, merge_when_whole,
+                      parse_part, part_path, result_path, results_label, summary)
+from .session import configured_study, described, part_of, written_part
 
 NOTEBOOK = "05_training"
 # A run's own temporary files: passed to the notebook, left out of its stored copy.
@@ -71,12 +71,29 @@ def print_document(doc: dict, name: str, path) -> None:
           f"recall-curve runs; wrote {paths.relative(path)}")
 
 
-def merge_written_parts(label: str, name: str, parts: int, parser) -> int:
-    """--merge: the part files of configuration ``name`` labelled ``label`` joined into its
-    result (merge_parts), its figures drawn, its tables, sanity bars and conclusion printed."""
+def written_part_count(label: str, name: str, parser) -> int:
+    """N of the part files data/training/<label>[.<name>].part-K-of-N.json on disk, one N."""
+    whole = result_path(label, name)
+    found = {int(p.stem.rsplit("-of-", 1)[1])
+             for p in whole.parent.glob(f"{whole.stem}.part-*-of-*.json")
+             if p.stem.rsplit("-of-", 1)[1].isdigit()}
+    if len(found) != 1:
+        parser.error(f"--merge {label}: " + (
+            f"no part file of {name} ({paths.relative(whole.parent)}/{whole.stem}"
+            ".part-K-of-N.json)" if not found else
+            f"part files of {name} split {len(found)} ways ({', '.join(map(str, sorted(found)))}"
+            " parts): keep one study's"))
+    return found.pop()
+
+
+def merge_written_parts(label: str, name: str, parser) -> int:
+    """--merge: the part files of configuration ``name`` labelled ``label`` (however many
+    parts they were run in) joined into its result (merge_parts), its figures drawn, its
+    tables, sanity bars and conclusion printed."""
     from .conclusion import conclusion
     from .figures import draw_figures
     from .session import sanity_text
+    parts = written_part_count(label, name, parser)
     wanted = [part_path(label, f"{k}/{parts}", name) for k in range(1, parts + 1)]
     missing = [str(paths.relative(p)) for p in wanted if not p.exists()]
     if missing:
@@ -94,6 +111,24 @@ def merge_written_parts(label: str, name: str, parts: int, parser) -> int:
     return 0
 
 
+def read_written_part(slug: str, part: str, name: str, study) -> int:
+    """A part whose file holds its study already: nothing trained, its notebook left as it
+    ran; the parts merged (and the figures drawn) once every one is written."""
+    from .figures import draw_figures
+    own = part_path(slug, part, name)
+    print(f"{paths.relative(own)}: part {part} of {name} is written already; nothing is "
+          "trained (remove the file to train it again)", flush=True)
+    merged, why = merge_when_whole(slug, part, name, described(study))
+    if why:
+        print(why)
+    else:
+        drawn = draw_figures(merged, slug)
+        print(f"merged; figures: {', '.join(str(paths.relative(p)) for p in drawn)}")
+    done = fresh_result(slug, part, name)
+    print_document(schema.read_valid_json(done, "training"), name, done)
+    return 0
+
+
 def main(argv=None, configurations: dict | None = None) -> int:
     """`make train`: notebook 05 on ``--device`` (default: CUDA when there is one, else the CPU)
     for ``--config`` of ``configurations`` (None: CONFIGURATIONS) at a GPU's size on a CUDA
@@ -106,8 +141,8 @@ def main(argv=None, configurations: dict | None = None) -> int:
         description="Run notebooks/05_training.ipynb with papermill for a study configuration "
                     "(samu.experiment.training.CONFIGURATIONS): at a GPU's size on a CUDA "
                     "device, at a CPU's otherwise. The executed notebook goes to "
-                    "data/runs/<label>/[<config>/]05_training.ipynb, the label the device's "
-                    "slug (with -cpu-size for a CPU's size on a GPU); results to "
+                    "data/runs/<label>/[<config>/][part-K-of-N/]05_training.ipynb, the label "
+                    "the device's slug (with -cpu-size for a CPU's size on a GPU); results to "
                     "data/training/<label>[.<config>].json.")
     parser.add_argument("--config", default=None, metavar="NAME",
                         help=f"the configuration: {', '.join(CONFIGURATIONS)} or all (default: "
@@ -150,11 +185,19 @@ def main(argv=None, configurations: dict | None = None) -> int:
     if args.merge is not None:
         if args.config in (None, "all"):
             parser.error("--merge: name one configuration with --config")
+        besides = [flag for flag, given in (("--part", args.part), ("--device", args.device),
+                                            ("--estimate", args.estimate),
+                                            ("--defaults", args.defaults),
+                                            ("--time-budget", args.time_budget),
+                                            ("--processes", args.processes),
+                                            ("--devices", args.devices)) if given]
+        if besides:
+            parser.error(f"--merge trains nothing: drop {', '.join(besides)}")
         try:
-            parts = configuration(args.config, table).parts
+            configuration(args.config, table)
         except ValueError as exc:
             parser.error(f"--config: {exc}")
-        return merge_written_parts(args.merge, args.config, parts, parser)
+        return merge_written_parts(args.merge, args.config, parser)
     if args.measure and not (args.estimate and torch.cuda.is_available()):
         parser.error("--measure: with --estimate, on a machine with a CUDA device")
     if args.estimate:
@@ -203,11 +246,11 @@ def main(argv=None, configurations: dict | None = None) -> int:
             part = part_of(args.part, configuration(names[0], table).parts)
         except ParameterError as exc:
             parser.error(f"--part: {exc}")
-    studies = {}
+    studies, built = {}, {}
     try:  # every parameter checked once, here, before anything is written
         for name in names:
-            _, studies[name] = configured_study(name, size, {**overrides, "device": str(device)},
-                                                part, table)
+            built[name], studies[name] = configured_study(
+                name, size, {**overrides, "device": str(device)}, part, table)
             del studies[name]["device"]
             studies[name].pop("part", None)
     except ParameterError as exc:
@@ -225,6 +268,8 @@ def main(argv=None, configurations: dict | None = None) -> int:
               "studies and are no GPU result.", flush=True)
     pipeline.export_data_dir()
     slug = results_label(device, size)
+    if part is not None and written_part(part_path(slug, part, names[0]), built[names[0]]):
+        return read_written_part(slug, part, names[0], built[names[0]])
     out_dir = notebook_folder(slug, chosen, part)
     stored = paths.relative(pipeline.executed_paths(NOTEBOOK, out_dir)["stored"])
     fd, log = tempfile.mkstemp(prefix="samu-training-", suffix=".log")
@@ -266,11 +311,7 @@ def main(argv=None, configurations: dict | None = None) -> int:
               file=sys.stderr)
         return 1
     for name in names:
-        done = result_path(slug, name)
-        if part is not None:
-            merged = done.exists() and schema.read_valid_json(done, "training").get("parts")
-            if not merged and part_path(slug, part, name).exists():
-                done = part_path(slug, part, name)  # the other parts are still to run
+        done = result_path(slug, name) if part is None else fresh_result(slug, part, name)
         print_document(schema.read_valid_json(done, "training"), name, done)
     print(f"\n{wall:.0f} s; figures in {paths.relative(paths.figures_dir())}/{slug}_training_*.png, "
           f"executed notebook {stored}")

@@ -1,7 +1,7 @@
 """The study's conclusion in words, computed from a result document."""
 from __future__ import annotations
 
-from .curves import compared_mixers, recall_curve_frame, recall_sanity
+from .curves import compared_mixers, recall_curve_frame, recall_sanity, short_why
 from .results import MIXER_NAMES, best_frame, frame, higher_is_better, learning_rate_choice, sanity
 from .tasks import METRIC_TABLE, TASK_NAMES
 
@@ -255,8 +255,8 @@ def recall_curve_lines(doc: dict) -> list[str]:
                 for a, learning in zip(grp["accuracy"], grp["still_learning"]))
             for (pairs, length), grp in mine.groupby(["pairs", "seq_len"], sort=False))
         widths = ", ".join(str(w) for w in sorted(set(mine["width"])))
-        status = ", below its bar: what it learned in these steps, not compared" \
-            if mixer in below else ""
+        status = (f", {short_why(check['checks'][mixer])}: what it learned in these steps, "
+                  "not compared") if mixer in below else ""
         lines.append(f"{MIXER_NAMES.get(mixer, mixer)}{status} (widths {widths}): {points}.")
     if any(curves["still_learning"]):
         lines.append("(\\* its run was still learning when it stopped: more steps may raise it.)")

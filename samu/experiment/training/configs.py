@@ -37,22 +37,24 @@ cannot probe vocabulary 8192 at these sizes (about 2 s a step at width 64, L = 6
 GPU's first part is the probe: each part sweeps the grid's first point, the bar's, before the
 others.
 
-The scale study: L = 8192, width 512, 2 layers, batch 8 (65,536 tokens a step), 600 steps a run
-(39M tokens, the same for every mixer), the character LM and MQAR at that length; four rates for attention and five for the recurrent mixers at the first seed,
-widened past an edge best, then seeds 1 and 2 at the best; attention on the fastest
-scaled_dot_product_attention kernel, timed before its runs; one run at a time, so that every
-run's GPU time per step (CUDA events) and tokens per second are its own, alone on the GPU.
+The scale study: L = 8192, width 512, 2 layers, batch 8 (65,536 tokens a step), 600 steps a run (39M
+tokens, the same for every mixer), the character LM and MQAR at that length; four rates for
+attention and five for the recurrent mixers at the first seed, widened past an edge best, then seeds
+1 and 2 at the best; attention on the fastest scaled_dot_product_attention kernel, timed before its
+runs; one run at a time, so that every run's GPU time per step (CUDA events) and tokens per second
+are its own, alone on the GPU.
 
-Its MQAR is episodic: each sequence holds 128 episodes of 64 tokens, 4 pairs each, keys
-distinct over the sequence (vocabulary 2048).  With 64 pairs at the start of a sequence
-(vocabulary 512) attention learned nothing in 600 steps at any of four rates on the H200
+Its MQAR is episodic: each sequence holds 128 episodes of 64 tokens, 4 pairs each, keys distinct
+over the sequence (vocabulary 2048). With 64 pairs at the start of a sequence (vocabulary 512)
+attention learned nothing in 600 steps at any of four rates on the H200
 (data/training/nvidia-h200.scale.part-1-of-3.json), nor with 128 pairs in 1500 steps at 3e-4 on
-an H100 (accuracy 0.0105 against 1/128; docs/sweeps/2026-12-06_c563b21_gpu_h100_recall_curves_
-and_tests/): 600 steps of 8 sequences are 4,800 sequences, where the recall curves needed
-128,000-256,000 (2000-4000 steps of 64) for attention to solve a point.  The episodes give the
-same 600 steps 614,400 of the recall curves' easiest point, (L, pairs) = (64, 4), where
-attention at width 512 reached 0.96 and RG-LRU 0.89 (data/training/nvidia-h100-80gb-hbm3.recall.
-json); the recall distance is an episode's, the stream the recurrence carries 8192 tokens.
+an H100 (accuracy 0.0105 against 1/128;
+docs/sweeps/2026-12-06_c563b21_gpu_h100_recall_curves_and_tests/): 600 steps of 8 sequences are
+4,800 sequences, where the recall curves needed 128,000-256,000 (2000-4000 steps of 64) for
+attention to solve a point. The episodes give the same 600 steps 614,400 of the recall curves'
+easiest point, (L, pairs) = (64, 4), where attention at width 512 reached 0.96 and RG-LRU 0.89
+(data/training/nvidia-h100-80gb-hbm3.recall.json); the recall distance is an episode's, the
+stream the recurrence carries 8192 tokens.
 """
 from __future__ import annotations
 

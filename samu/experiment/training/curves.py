@@ -195,6 +195,11 @@ def recall_sanity(doc, bar: float | None = None, attention_from_width: int | Non
     return out
 
 
+def short_why(check: dict) -> str:
+    """A mixer's failed bar in few words: "below its bar", or its check's own why."""
+    return "below its bar" if check["why"].startswith("below") else check["why"]
+
+
 def compared_mixers(check: dict) -> list[str]:
     """The mixers whose curves may be compared: none when attention fails its bar, else those
     that pass theirs."""

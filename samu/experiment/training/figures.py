@@ -6,7 +6,7 @@ import textwrap
 from pathlib import Path
 
 from ... import model as model_
-from .curves import compared_mixers, recall_curve_frame, recall_sanity
+from .curves import compared_mixers, recall_curve_frame, recall_sanity, short_why
 from .results import (MIXER_NAMES, UNNAMED_CONFIGURATION, best_frame, learning_rate_choice,
                       runs_of)
 from .tasks import METRIC_TABLE, TASK_NAMES, TASKS
@@ -238,7 +238,8 @@ def recall_curves_figure(doc: dict):
             below = mixer not in compared
             alpha = 0.55 if below else 1.0
             ax.plot(line[x], line["accuracy"], "--" if below else "-", color=colour, alpha=alpha,
-                    label=MIXER_NAMES[mixer] + (" (below its bar)" if below else ""))
+                    label=MIXER_NAMES[mixer] + (f" ({short_why(check['checks'][mixer])})"
+                                                if below else ""))
             for edge, face in ((False, colour), (True, "white")):
                 pts = line[line["at_edge"] == edge]
                 ax.scatter(pts[x], pts["accuracy"], color=face, edgecolor=colour, alpha=alpha,

@@ -137,13 +137,11 @@ def merge_parts(slug: str, part: str, configuration: str | None = None) -> dict 
         return None
     docs = [schema.read_valid_json(p, "training") for p in paths_]
 
-    def whole(study):
-        return {k: v for k, v in study.items() if k != "part"}
     for p, d in zip(paths_[1:], docs[1:]):
-        if whole(d["study"]) != whole(docs[0]["study"]):
+        if _without_part(d["study"]) != _without_part(docs[0]["study"]):
             raise ValueError(f"{p}: its study differs from that of {paths_[0]}; not merged")
     merged = dict(docs[0])
-    merged["study"] = {**whole(docs[0]["study"]), "part": None}
+    merged["study"] = {**_without_part(docs[0]["study"]), "part": None}
     merged["runs"] = [r for d in docs for r in d["runs"]]
     curves = [r for d in docs for r in d.get("recall_curves", [])]
     if curves:
@@ -154,6 +152,55 @@ def merge_parts(slug: str, part: str, configuration: str | None = None) -> dict 
     merged.pop("concurrency", None)  # each part's is in "parts"
     write_result(merged, slug)
     return merged
+
+
+def _without_part(study: dict) -> dict:
+    return {k: v for k, v in study.items() if k != "part"}
+
+
+def merge_when_whole(slug: str, part: str, configuration: str | None,
+                     study: dict) -> tuple[dict | None, str]:
+    """(merge_parts's document, "") once every part's file of ``part``'s study holds ``study``
+    (a Study.describe(), its own part aside); else (None, why): the parts still to run, and
+    those whose file holds another study or cannot be read, to run again."""
+    from ... import paths
+    _, n = parse_part(part)
+    files = [part_path(slug, f"{k}/{n}", configuration) for k in range(1, n + 1)]
+    missing = [f for f in files if not f.exists()]
+    other = []
+    for f in files:
+        if f in missing:
+            continue
+        try:
+            held = schema.read_valid_json(f, "training")["study"]
+        except schema.ResultFileError:
+            held = None
+        if held is None or _without_part(held) != _without_part(study):
+            other.append(f)
+    why = []
+    if missing:
+        why.append("still to run: " + ", ".join(str(paths.relative(f)) for f in missing))
+    if other:
+        why.append("of another study or unreadable, to run again: "
+                   + ", ".join(str(paths.relative(f)) for f in other))
+    if why:
+        return None, "not merged; parts " + "; parts ".join(why)
+    return merge_parts(slug, part, configuration), ""
+
+
+def fresh_result(slug: str, part: str, configuration: str | None) -> Path:
+    """The file that holds a part's runs now: the whole study's where it was merged from this
+    part's study (or where the part wrote none), else the part's own."""
+    own = part_path(slug, part, configuration)
+    whole = result_path(slug, configuration)
+    if not own.exists():
+        return whole
+    if whole.exists():
+        merged = schema.read_valid_json(whole, "training")
+        study = schema.read_valid_json(own, "training")["study"]
+        if merged.get("parts") and _without_part(merged["study"]) == _without_part(study):
+            return whole
+    return own
 
 
 def validate(doc: dict) -> None:

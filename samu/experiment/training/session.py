@@ -15,7 +15,7 @@ from .curves import recall_curve_frame, recall_sanity
 from .figures import draw_figures, figures
 from .loop import dtype_name
 from .pool import RunPool
-from .results import (merge_parts, parse_part, part_path, result_document, result_path,
+from .results import (merge_when_whole, parse_part, part_path, result_document, result_path,
                       results_label, sanity, summary, validate, write_part, write_result)
 from .resume import FinishedRuns, finished_path
 from .study import check_parameters, models_for, run_recall_curves, run_task, study_from_parameters
@@ -42,11 +42,20 @@ def configured_study(name: str, size: str, overrides: dict | None = None, part=N
 
 def written_part(path, study) -> dict | None:
     """The document at ``path`` (a part's) when it holds ``study`` (the same parameters and
-    part), else None: a part already written is read, not trained again."""
+    part), else None (no file, another study's, or one that cannot be read: the part trains
+    and writes it again): a part already written is read, not trained again."""
     if not path.exists():
         return None
-    doc = schema.read_valid_json(path, "training")
-    return doc if doc["study"] == json.loads(json.dumps(study.describe())) else None
+    try:
+        doc = schema.read_valid_json(path, "training")
+    except schema.ResultFileError:
+        return None
+    return doc if doc["study"] == described(study) else None
+
+
+def described(study) -> dict:
+    """study.describe() as its JSON file holds it."""
+    return json.loads(json.dumps(study.describe()))
 
 
 def sanity_text(doc: dict) -> str:
@@ -109,6 +118,8 @@ class StudyRun:
             else None
         self.finished = FinishedRuns(finished_path(whole), self.study.describe()) \
             if write and self.written_part is None else None
+        if self.written_part is not None:  # runs kept before it was written are spent
+            finished_path(whole).unlink(missing_ok=True)
         self.records: dict[str, list] = {}
         self.curves: list = []
         self.doc = None
@@ -138,7 +149,8 @@ class StudyRun:
         text += f"; {self.pool.workers} at once on {list(self.pool.devices)}"
         if self.written_part is not None:
             written = paths.relative(part_path(self.slug, study.part, self.name))
-            text += f"\nthis part's file is written ({written}): its runs are read from it"
+            text += (f"\nthis part's file is written ({written}): its runs are read from it "
+                     "(remove the file to train them again)")
         if self.finished is not None and self.finished.records:
             text += (f"\ngoing on after a stop: {len(self.finished.records)} runs finished "
                      f"before")
@@ -211,13 +223,13 @@ class StudyRun:
         return self.doc
 
     def _merge(self) -> dict | None:
-        """The parts merged once every part's file is written; None while one is missing or
-        holds another study (said, so that that part is run again)."""
-        try:
-            return merge_parts(self.slug, self.study.part, self.name)
-        except ValueError as exc:
-            print(f"not merged: {exc}; run that part again")
-            return None
+        """The parts merged once every part's file holds this study; None, and why, while one
+        is missing or holds another (which part to run, or run again)."""
+        merged, why = merge_when_whole(self.slug, self.study.part, self.name,
+                                       described(self.study))
+        if why:
+            print(why)
+        return merged
 
     def written(self) -> list:
         """What finish wrote: the result file, or the part's and, once merged, the whole's."""
@@ -225,7 +237,8 @@ class StudyRun:
             return []
         if not self.study.part:
             return [result_path(self.slug, self.name)]
-        out = [part_path(self.slug, self.study.part, self.name)]
+        out = [] if self.written_part is not None else [
+            part_path(self.slug, self.study.part, self.name)]
         return out + ([result_path(self.slug, self.name)] if self.merged is not None else [])
 
     def images(self) -> list:

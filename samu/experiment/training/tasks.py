@@ -228,8 +228,8 @@ class MQAR:
 
     @property
     def values_baseline(self) -> float:
-        """The accuracy of guessing among the values present in the sequence, which a model
-        reaches before it binds keys to values: 1 / num_pairs."""
+        """The accuracy of guessing among the values present in the sequence (in its episode,
+        with episodes), which a model reaches before it binds keys to values: 1 / num_pairs."""
         return 1.0 / self.num_pairs
 
     def batch(self, batch_size: int, generator: torch.Generator):
@@ -526,9 +526,11 @@ def _builtin() -> dict[str, TaskSpec]:
                      "law: most queries soon after the pairs, a heavy tail to the end), among "
                      "noise. It measures in-context recall, the ability that separates attention "
                      "from fixed-size recurrent states; with the pairs fixed, a longer sequence "
-                     "adds noise and distance. Scored only at the answer positions. Before a "
-                     "model binds keys to values it can guess among the values present: "
-                     "accuracy 1 / pairs, the dashed line of the figure.")),
+                     "adds noise and distance. With `episodes`, the sequence is that many such "
+                     "blocks back to back, each asking for its own pairs. Scored only at the "
+                     "answer positions. Before a model binds keys to values it can guess among "
+                     "the values present (in the episode): accuracy 1 / pairs, the dashed line "
+                     "of the figure.")),
         TaskSpec("copy", "selective copying", "accuracy", SelectiveCopy, COPY_OPTIONS,
                  sanity=True, description=(
                      "**Selective copying**: a few data tokens scattered among noise tokens, "
