@@ -129,7 +129,10 @@ def test_a_written_part_is_read_not_trained_and_merge_joins_the_parts_anywhere(
     def trained(*args, **kwargs):
         raise AssertionError("a written part was trained again")
     monkeypatch.setattr(session_module, "run_task", trained)
+    spent = data_dir / "training" / "cpu.echo.part-1-of-2.finished.jsonl"
+    spent.write_text("{}\n")  # runs kept before the part was written
     again = T.StudyRun("echo", "cpu", "cpu", part=1, configurations=table, bar=False)
+    assert not spent.exists()
     assert "this part's file is written" in again.plan()
     assert len(again.run_task("echo"))
     assert again.finish()["parts"] and first.read_bytes() == written
