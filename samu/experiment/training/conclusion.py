@@ -1,7 +1,7 @@
 """The study's conclusion in words, computed from a result document."""
 from __future__ import annotations
 
-from .curves import compared_mixers, recall_curve_frame, recall_sanity, short_why
+from .curves import compared_mixers, rates_said, recall_curve_frame, recall_sanity, short_why
 from .results import MIXER_NAMES, best_frame, frame, higher_is_better, learning_rate_choice, sanity
 from .tasks import METRIC_TABLE, TASK_NAMES
 
@@ -237,8 +237,8 @@ def recall_curve_lines(doc: dict) -> list[str]:
              for m, c in check["checks"].items()]
     runs = len(doc.get("recall_curves", []))
     lines = [f"**Recall curves** ({runs} runs; MQAR, vocabulary "
-             f"{', '.join(str(v) for v in sorted(_vocabularies(doc)))}; each point at the best "
-             f"of {int(curves['rates'].max())} learning rates, one seed). Their sanity bar, "
+             f"{', '.join(str(v) for v in sorted(_vocabularies(doc)))}; {rates_said(curves)}, "
+             f"one seed). Their sanity bar, "
              f"accuracy {check['bar']:.2f} at {check['pairs']} pairs and L = {check['seq_len']} "
              f"(attention at every width of at least {check['attention_from_width']}, the "
              f"others at the widest): {'; '.join(cells)}."]

@@ -195,6 +195,18 @@ def recall_sanity(doc, bar: float | None = None, attention_from_width: int | Non
     return out
 
 
+def rates_said(curves) -> str:
+    """How the curves' points got their rates: each swept (the same count or a range), or, where
+    only some points were (the grid's first, lr_search "first_point"), the others at their
+    best."""
+    swept = sorted(set(int(n) for n in curves["rates"] if n > 1))
+    count = (f"{swept[0]}" if len(swept) == 1 else f"{swept[0]}-{swept[-1]}") if swept else "1"
+    if swept and (curves["rates"] == 1).any():
+        return (f"{count} learning rates swept at the grid's first point for each mixer and "
+                "width, the other points at the best of them")
+    return f"each point at the best of {count} learning rate{'s' if swept else ''}"
+
+
 def short_why(check: dict) -> str:
     """A mixer's failed bar in few words: "below its bar", or its check's own why."""
     return "below its bar" if check["why"].startswith("below") else check["why"]

@@ -6,7 +6,7 @@ import textwrap
 from pathlib import Path
 
 from ... import model as model_
-from .curves import compared_mixers, recall_curve_frame, recall_sanity, short_why
+from .curves import compared_mixers, rates_said, recall_curve_frame, recall_sanity, short_why
 from .results import (MIXER_NAMES, UNNAMED_CONFIGURATION, best_frame, learning_rate_choice,
                       runs_of)
 from .tasks import METRIC_TABLE, TASK_NAMES, TASKS
@@ -278,10 +278,9 @@ def recall_curves_figure(doc: dict):
     verdict = "" if drawn and not failed else (
         " — no comparison: attention failed its bar" if not drawn else
         " — dashed: below their own bar, not compared")
-    rates = int(curves["rates"].max()) if len(curves) else 0
-    fig.suptitle(f"Recall curves (best of {rates} learning rate{'s' if rates != 1 else ''} per "
-                 f"point; hollow: best at the sweep's edge; x: still learning){verdict} — "
-                 f"{title_note(doc)}", fontsize=10)
+    rates = rates_said(curves) if len(curves) else "no runs"
+    fig.suptitle(f"Recall curves ({rates}; hollow: best at the sweep's edge; x: still "
+                 f"learning){verdict} — {title_note(doc)}", fontsize=10)
     fig.tight_layout()
     return fig
 
