@@ -164,6 +164,7 @@ def test_a_written_part_is_read_not_trained_and_merge_joins_the_parts_anywhere(
                   configurations=table) == 0  # the command line: no notebook, no training
     said = capsys.readouterr().out
     assert "part 2/2 of echo is written already; nothing is trained" in said
+    assert "read " in said.splitlines()[-1] and "wrote" not in said  # the part's file, only read
     assert "cpu.echo.part-1-of-2.json" in said.split("to run again: ")[1]
     with pytest.raises(SystemExit):
         T.main(["--config", "echo", "--merge", "cpu"], configurations=table)

@@ -58,9 +58,9 @@ def notebook_folder(slug: str, chosen: list[str] | None, part: str | None = None
     return folder
 
 
-def print_document(doc: dict, name: str, path) -> None:
+def print_document(doc: dict, name: str, path, verb: str = "wrote") -> None:
     """A result document's tables (each mixer at its best rate; the recall curves), and where
-    it is."""
+    it is ("wrote" or "read" it)."""
     import pandas as pd
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         if doc["runs"]:
@@ -68,7 +68,7 @@ def print_document(doc: dict, name: str, path) -> None:
         if doc.get("recall_curves"):
             print("\n" + recall_curve_frame(doc).round(4).to_string(index=False))
     print(f"\n{name}: {len(doc['runs'])} runs, {len(doc.get('recall_curves', []))} "
-          f"recall-curve runs; wrote {paths.relative(path)}")
+          f"recall-curve runs; {verb} {paths.relative(path)}")
 
 
 def written_part_count(label: str, name: str, parser) -> int:
@@ -121,11 +121,11 @@ def read_written_part(slug: str, part: str, name: str, study) -> int:
     merged, why = merge_when_whole(slug, part, name, described(study))
     if why:
         print(why)
+        print_document(schema.read_valid_json(own, "training"), name, own, verb="read")
     else:
         drawn = draw_figures(merged, slug)
         print(f"merged; figures: {', '.join(str(paths.relative(p)) for p in drawn)}")
-    done = fresh_result(slug, part, name)
-    print_document(schema.read_valid_json(done, "training"), name, done)
+        print_document(merged, name, result_path(slug, name))
     return 0
 
 
