@@ -196,6 +196,9 @@ TRAINING_SCHEMA = {
         # Optional: the parts a merged document was run in, each with its environment.
         "parts": {"type": "array", "items": {"type": "object",
                                              "required": ["part", "environment"]}},
+        # Optional: the sanity bars the merge filled in for runs that ran before their task
+        # recorded one, by task, in words.
+        "bars_recorded": {"type": "object", "additionalProperties": {"type": "string"}},
         # Optional: MQAR runs of the recall curves, each with its width and key-value pairs
         # (documents of the earlier curves name the pairs in task_options, and add the curve,
         # "pairs" or "width", and its x).

@@ -452,13 +452,93 @@ def test_conclusion_refuses_to_compare_when_the_yardstick_fails():
     values = {"attention": [0.5, 0.9], "rglru": [0.1, 0.2], "samu": [0.1, 0.2]}
     failed = T.conclusion(synthetic(values, sanity_bar=0.95))
     assert "yardstick failed its sanity bar: no comparison" in failed
-    assert "selective copying L = 64: 0.700" in failed and "is best" not in failed
+    assert "selective copying at L = 64: held-out accuracy 0.700 (bar: at least 0.95; fails)" \
+        in failed and "is best" not in failed
     passed = T.conclusion(synthetic(values, sanity_bar=0.6))
     assert "no comparison" not in passed and "Attention is best" in passed
     assert T.sanity(synthetic(values))["bar"] == 0.0
     assert T.sanity(synthetic(values), bar=0.8) == {
-        "bar": 0.8, "passed": False,
-        "checks": {"copy": {"seq_len": 64, "accuracy": pytest.approx(0.7), "passed": False}}}
+        "bar": 0.8, "passed": False, "compared": [],
+        "checks": {"copy": {"seq_len": 64, "metric": "accuracy", "value": pytest.approx(0.7),
+                            "bar": 0.8, "passed": False}}}
+
+
+def with_lm(values: dict, bits: dict, bar: float | None = 3.5, sanity_bar: float = 0.0):
+    """synthetic(values) with character-LM runs beside the copy runs: bits[mixer] = bits per
+    character over seeds, each run recording the LM's own sanity bar ``bar``."""
+    d = synthetic(values, sanity_bar=sanity_bar)
+    lm = [dict(d["runs"][0], task="lm", mixer=m, seed=s, metric="bits_per_char", value=v,
+               chance=8.0, yardstick_bar=bar) for m, vs in bits.items() for s, v in enumerate(vs)]
+    d["runs"] += lm
+    d["study"]["tasks"]["lm"] = {}
+    d["study"]["train"]["lm"] = {"steps": 10}
+    return d
+
+
+def test_each_task_is_compared_only_where_attention_passes_its_own_bar():
+    recall = {"attention": [0.5, 0.6], "rglru": [0.8, 0.9], "samu": [0.1, 0.2]}
+    bits = {"attention": [2.3, 2.2], "rglru": [1.9, 1.95], "samu": [2.0, 2.05]}
+    doc = with_lm(recall, bits, bar=3.5, sanity_bar=0.9)
+    check = T.sanity(doc)
+    assert not check["passed"] and check["compared"] == ["lm"]
+    assert check["checks"]["lm"] == {"seq_len": 64, "metric": "bits_per_char",
+                                     "value": pytest.approx(2.25), "bar": 3.5, "passed": True}
+    text = T.conclusion(doc)
+    assert "**No comparison on selective copying:**" in text
+    assert "character LM (stdlib source) at L = 64: held-out bits per character 2.250 (bar: " \
+        "below 3.500; passes)" in text
+    assert "RG-LRU is best, beyond the spread over seeds" in text  # the LM, compared
+    assert "Selective copying, L = 64" not in text  # the copy task, not compared
+    assert "**Training speed** (median tokens/s over all runs): attention 200,000" in text
+    # Attention above the bigram bar: the LM is not compared either; nothing is.
+    worse = T.conclusion(with_lm(recall, bits, bar=2.0, sanity_bar=0.9))
+    assert "yardstick failed its sanity bar: no comparison" in worse and "is best" not in worse
+    # A document whose LM runs record no bar (an earlier study): the LM is not checked, and is
+    # compared only when every check passed.
+    old = T.sanity(with_lm(recall, bits, bar=None, sanity_bar=0.9))
+    assert set(old["checks"]) == {"copy"} and old["compared"] == []
+    assert T.sanity(with_lm(recall, bits, bar=None, sanity_bar=0.4))["compared"] == \
+        ["copy", "lm"]
+
+
+def test_a_merge_records_the_lm_bar_only_from_the_runs_own_data():
+    recall = {"attention": [0.5, 0.6], "rglru": [0.8, 0.9], "samu": [0.1, 0.2]}
+    bits = {"attention": [2.3, 2.2], "rglru": [1.9, 1.95], "samu": [2.0, 2.05]}
+    doc = with_lm(recall, bits, bar=None, sanity_bar=0.9)
+    doc["data"] = {"lm": T.CharLM(16).data_info()}
+    said = T.record_missing_bars(doc)
+    assert "recorded for 6 runs" in said["lm"] and "checksums match" in said["lm"]
+    assert {r.get("yardstick_bar") for r in doc["runs"] if r["task"] == "lm"} == \
+        {T.CharLM(16).yardstick_bar}
+    assert T.sanity(doc)["compared"] == ["lm"]
+    other = with_lm(recall, bits, bar=None, sanity_bar=0.9)
+    other["data"] = {"lm": dict(T.CharLM(16).data_info(), train_sha256="0" * 64)}
+    assert "not theirs" in T.record_missing_bars(other)["lm"]
+    assert all(r.get("yardstick_bar") is None for r in other["runs"])
+    # Runs that recorded their bar keep it.
+    kept = with_lm(recall, bits, bar=3.0)
+    kept["data"] = {"lm": T.CharLM(16).data_info()}
+    assert T.record_missing_bars(kept) == {}
+    assert {r["yardstick_bar"] for r in kept["runs"] if r["task"] == "lm"} == {3.0}
+
+
+def test_the_lm_bar_is_a_bigram_model_of_the_corpus():
+    # Each byte fixes the next: the only cost is the pseudo-counts, 500 of each pair against
+    # 500 + 256 * 0.5 in its row, where one byte alone (unigram) would cost 2 bits.
+    cycle = torch.tensor(list(b"abcd") * 500, dtype=torch.uint8)
+    assert T.bigram_bits_of(cycle, cycle[:3]) == pytest.approx(-math.log2(500.5 / 628))
+    # Against the counts by hand: train "aab", validation "ab"; the pair (a, b) has count 1,
+    # the row of a holds 2 pairs, and 256 cells of pseudo-count 0.5 each.
+    by_hand = -math.log2((1 + 0.5) / (2 + 256 * 0.5))
+    assert T.bigram_bits_of(torch.tensor(list(b"aab"), dtype=torch.uint8),
+                            torch.tensor(list(b"ab"), dtype=torch.uint8)) == \
+        pytest.approx(by_hand)
+    with pytest.raises(ValueError, match="at least two bytes"):
+        T.bigram_bits_of(cycle, cycle[:1])
+    task = T.CharLM(16)
+    assert task.yardstick_bar == T.bigram_bits_of(T.corpus()[0]["train"],
+                                                  T.corpus()[0]["validation"])
+    assert 1.0 < task.yardstick_bar < task.chance
 
 
 def swept(means: dict) -> dict:

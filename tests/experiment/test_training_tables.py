@@ -70,7 +70,7 @@ def test_the_task_table_is_what_every_module_reads():
     assert list(T.TASKS) == ["mqar", "copy", "lm"]
     assert dict(T.TASK_NAMES) == {name: spec.label for name, spec in T.TASKS.items()}
     assert dict(T.METRICS) == {"mqar": "accuracy", "copy": "accuracy", "lm": "bits_per_char"}
-    assert [n for n, spec in T.TASKS.items() if spec.sanity] == ["mqar", "copy"]
+    assert [n for n, spec in T.TASKS.items() if spec.sanity] == ["mqar", "copy", "lm"]
     assert T.make_task("mqar", 64, num_pairs=4).num_pairs == 4
     with pytest.raises(T.ParameterError, match="unknown task 'echo'"):
         T.make_task("echo", 8)

@@ -104,6 +104,8 @@ def merge_written_parts(label: str, name: str, parser) -> int:
     except ValueError as exc:
         parser.error(f"--merge {label}: {exc}")
     print_document(doc, name, result_path(label, name))
+    for task, said in doc.get("bars_recorded", {}).items():
+        print(f"{task}: {said}")
     print("\n" + sanity_text(doc))
     drawn = draw_figures(doc, label)
     print("\n" + conclusion(doc))

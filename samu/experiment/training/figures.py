@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ... import model as model_
 from .curves import compared_mixers, rates_said, recall_curve_frame, recall_sanity, short_why
-from .results import (MIXER_NAMES, UNNAMED_CONFIGURATION, best_frame, learning_rate_choice,
-                      runs_of)
+from .results import (MIXER_NAMES, UNNAMED_CONFIGURATION, best_frame, higher_is_better,
+                      learning_rate_choice, runs_of, sanity)
 from .tasks import METRIC_TABLE, TASK_NAMES, TASKS
 
 # --- figures -------------------------------------------------------------------------------------
@@ -144,6 +144,7 @@ def figures(doc: dict) -> dict:
     # the time is what the quality cost; documents of the earlier study lack it: tokens/s then.
     timed = "train_wall_s" if df["train_wall_s"].notna().all() else "tokens_per_s"
     tasks = list(dict.fromkeys(df["task"]))
+    check = sanity(doc)
     fig = Figure(figsize=(4.6 * len(tasks) + 1.5, 4.2))
     axes = np.atleast_1d(fig.subplots(1, len(tasks), squeeze=False)).ravel()
     for ax, task in zip(axes, tasks):
@@ -173,8 +174,15 @@ def figures(doc: dict) -> dict:
         ax.set_xlabel(("training time per run, timed alone (s)" if part["timed_alone"].all()
                        else "training wall time per run (s)") if timed == "train_wall_s"
                       else "training tokens / s")
+        own_bar = part["yardstick_bar"].dropna()
+        if len(own_bar) and not higher_is_better(part["metric"].iloc[0]):
+            ax.axhline(own_bar.iloc[0], color="gray", lw=1, ls=":")
+            ax.text(0.01, own_bar.iloc[0], "bigram model (attention's bar)", color="gray",
+                    transform=ax.get_yaxis_transform(), fontsize=8, va="bottom")
         ax.set_ylabel(METRIC_TABLE[part["metric"].iloc[0]].label)
-        ax.set_title(f"{TASK_NAMES[task]}, L = {longest}", fontsize=10)
+        ax.set_title(f"{TASK_NAMES[task]}, L = {longest}"
+                     + ("" if task in check["compared"] else
+                        "\nnot compared: attention below its bar"), fontsize=10)
     from matplotlib.lines import Line2D
     drawn = [m for m in mixers if (df["Mixer"] == m).any()]
     axes[-1].legend(handles=[Line2D([], [], ls="none", marker=markers[m], color=palette[m],

@@ -64,6 +64,7 @@ def run_job(job: Job, device, progress=None) -> dict:
         "metric": scored["metric"], "value": scored["value"], "eval_loss": scored["loss"],
         "eval_scored_positions": scored["scored"], "chance": job.task.chance,
         "values_baseline": getattr(job.task, "values_baseline", None),
+        "yardstick_bar": getattr(job.task, "yardstick_bar", None),
         "wall_s": time.perf_counter() - started,
         **dict(job.extra),
     }

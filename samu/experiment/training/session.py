@@ -15,8 +15,9 @@ from .curves import recall_curve_frame, recall_sanity
 from .figures import draw_figures, figures
 from .loop import dtype_name
 from .pool import RunPool
-from .results import (merge_when_whole, parse_part, part_path, result_document, result_path,
-                      results_label, sanity, summary, validate, write_part, write_result)
+from .results import (check_text, merge_when_whole, parse_part, part_path, result_document,
+                      result_path, results_label, sanity, summary, validate, write_part,
+                      write_result)
 from .resume import FinishedRuns, finished_path
 from .study import check_parameters, models_for, run_recall_curves, run_task, study_from_parameters
 from .tasks import TASK_NAMES
@@ -66,11 +67,13 @@ def sanity_text(doc: dict) -> str:
     if doc.get("runs"):
         check = sanity(doc)
         for task, c in check["checks"].items():
-            lines.append(f"attention on {TASK_NAMES[task]} at L = {c['seq_len']}: accuracy "
-                         f"{c['accuracy']:.3f} ({'passes' if c['passed'] else 'below'} the "
-                         f"bar {check['bar']})")
+            lines.append(f"attention on {check_text(task, c)}")
+        left_out = [TASK_NAMES[t] for t in dict.fromkeys(r["task"] for r in doc["runs"])
+                    if t not in check["compared"]]
         lines.append("yardstick passes its sanity bar" if check["passed"]
-                     else "yardstick failed its sanity bar: no comparison")
+                     else "yardstick failed its sanity bar: no comparison" if not check["compared"]
+                     else f"yardstick failed its sanity bar on {', '.join(left_out)}: no "
+                          "comparison there")
     if doc.get("recall_curves"):
         check = recall_sanity(doc)
         lines.append(f"recall curves' bar: accuracy {check['bar']} at {check['pairs']} pairs, "

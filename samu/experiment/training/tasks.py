@@ -65,12 +65,15 @@ class TaskSpec:
         ``vocab_size``, ``chance``, ``batch(batch_size, generator)`` -> (inputs, targets) int64
         [batch, seq_len] (targets IGNORE where nothing is scored), ``held_out(batches,
         batch_size)`` and ``preview()`` (a few lines that show an example); optionally
-        ``values_baseline`` (an accuracy reached before the task is learned) and ``data_info()``
-        (what the result document records about its data).
+        ``values_baseline`` (an accuracy reached before the task is learned), ``yardstick_bar``
+        (the score attention must beat to pass the sanity bar on it, where the task sets one
+        rather than the study) and ``data_info()`` (what the result document records about its
+        data).
     options: the numeric options it takes and what each may be (its other fields, such as a
         corpus root, are passed through to ``data``).
-    sanity: attention must reach the study's sanity bar on it, at its shortest length, before
-        the study compares mixers.
+    sanity: attention must pass a sanity bar on it, at its shortest length, before the study
+        compares mixers on it: the task's ``yardstick_bar`` where it has one, else the study's
+        sanity_bar (an accuracy).
     description: notebook 05's words on it (Markdown).
     """
     name: str
@@ -461,6 +464,12 @@ class CharLM:
     def __post_init__(self):
         _check_options(self)
 
+    @property
+    def yardstick_bar(self) -> float:
+        """The held-out bits per character of a bigram model of the corpus (bigram_bits):
+        attention must do better, that is use more than the byte before."""
+        return bigram_bits(self.root)
+
     def preview(self) -> str:
         """The corpus: its files, bytes and leak (the checksums left out)."""
         return str({k: v for k, v in self.data_info().items() if not k.endswith("sha256")})
@@ -493,6 +502,30 @@ class CharLM:
         starts = torch.linspace(0, data.numel() - self.seq_len - 1, n).long()
         return [self._windows(data, starts[i * batch_size:(i + 1) * batch_size])
                 for i in range(batches)]
+
+
+# Add-one-half (Krichevsky-Trofimov) counts: no byte pair held out is impossible.
+BIGRAM_PSEUDOCOUNT = 0.5
+
+
+def bigram_bits_of(train: torch.Tensor, validation: torch.Tensor) -> float:
+    """Bits per byte on ``validation`` of the bigram model fit on ``train`` (both uint8): each
+    byte predicted from the one before, by counts plus BIGRAM_PSEUDOCOUNT."""
+    if train.numel() < 2 or validation.numel() < 2:
+        raise ValueError("bigram_bits_of: each split needs at least two bytes")
+    t, v = train.long(), validation.long()
+    counts = torch.bincount(t[:-1] * 256 + t[1:], minlength=256 * 256).double()
+    counts = counts.view(256, 256) + BIGRAM_PSEUDOCOUNT
+    log_p = counts.log2() - counts.sum(1, keepdim=True).log2()
+    return float(-log_p[v[:-1], v[1:]].mean())
+
+
+@lru_cache(maxsize=4)
+def bigram_bits(root=None) -> float:
+    """The corpus's bigram bits per character (bigram_bits_of its two splits): what one byte of
+    context gives, the LM's sanity bar."""
+    data = corpus(root)[0]
+    return bigram_bits_of(data["train"], data["validation"])
 
 
 @lru_cache(maxsize=4)
@@ -539,7 +572,7 @@ def _builtin() -> dict[str, TaskSpec]:
                      "needs gates that depend on the input. Scored only at the markers. Tokens: "
                      "0 separator, 1 marker, then the data tokens, then the noise tokens.")),
         TaskSpec("lm", "character LM (stdlib source)", "bits_per_char", CharLM, {},
-                 description=(
+                 sanity=True, description=(
                      "**Character-level language model** on the Python standard library's own "
                      "`*.py` files (present wherever Python is; bytes as tokens): natural data, "
                      "scored in bits per character on held-out files. The corpus is this "
@@ -549,7 +582,10 @@ def _builtin() -> dict[str, TaskSpec]:
                      "generated and exact duplicates are left out: a split by file put "
                      "near-copies on both sides. The leak, the fraction of held-out 32-byte "
                      "windows found verbatim in training, is measured for the earlier by-file "
-                     "split and for this one; the result file records the corpus.")),
+                     "split and for this one; the result file records the corpus. Its sanity "
+                     "bar: attention must score fewer bits per character than a bigram model "
+                     "of the corpus (each byte from the one before), the dotted line of the "
+                     "quality-against-time figure.")),
     )}
 
 
