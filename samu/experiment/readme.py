@@ -354,26 +354,6 @@ def _minutes(seconds: float) -> str:
     return f"about {round(seconds / 60)} min"
 
 
-SCALE_FIRST_PART = "{slug}.scale.part-1-of-3.json"
-
-
-def scale_yardstick_text(root: Path, slug: str = report.COMMITTED_SLUG) -> str:
-    """What the scale study's first part says of attention on MQAR, the yardstick's bar: that it
-    did not learn it (every run below the study's sanity bar), at which length and steps."""
-    doc = schema.read_valid_json(root / "data" / "training" / SCALE_FIRST_PART.format(slug=slug),
-                                 "training")
-    runs = [r for r in doc["runs"] if r["task"] == "mqar" and r["mixer"] == "attention"]
-    lengths = {r["seq_len"] for r in runs}
-    if len(lengths) != 1:
-        raise ValueError(f"{SCALE_FIRST_PART.format(slug=slug)}: expected attention's MQAR runs "
-                         f"at one length, found {sorted(lengths)}")
-    length = lengths.pop()
-    steps = max(r["steps_completed"] for r in runs)
-    verdict = ("did not learn" if max(r["value"] for r in runs) < doc["study"]["sanity_bar"]
-               else "learned")
-    return f"attention {verdict} MQAR at L = {length} in {steps} steps"
-
-
 def facts(repo_root=None) -> dict[str, str]:
     """Each figure the README quotes outside its results block, as the README writes it."""
     root = Path(repo_root) if repo_root is not None else paths.REPO_ROOT
@@ -386,7 +366,6 @@ def facts(repo_root=None) -> dict[str, str]:
     pytest, nbval = make_test_seconds(root / MAKE_TEST_LOG)
     percent, budgets = calibration.memory_rule_text()
     return {
-        "scale study's yardstick": scale_yardstick_text(root),
         "published speed-ups": f"{sp.min():.2f} to {sp.max():.2f}",
         "make test, H200": f"{_minutes(pytest + nbval)}: pytest {pytest:.0f} s, nbval {nbval:.0f} s",
         "make train, H200": f"{_minutes(sum(map(sum, parts)))} in {len(parts)} parts",

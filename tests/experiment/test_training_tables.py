@@ -298,9 +298,11 @@ def test_the_recall_curves_follow_zoology_and_the_rate_grids_are_wide():
     for name in scale.tasks:
         for mixer in scale.mixers:
             assert len(scale.lrs(name, mixer)) >= (4 if mixer == "attention" else 5)
+    # Each task's steps and batch are the task's, not a mixer's: the same tokens for every
+    # mixer; MQAR's runs are the longer (attention was still leaving its plateau at the LM's).
     tokens = {name: scale.train[name].steps * scale.train[name].batch_size
               * scale.task_list(name)[0].seq_len for name in scale.tasks}
-    assert len(set(tokens.values())) == 1  # the same tokens for every mixer and task
+    assert tokens["mqar"] > tokens["lm"] >= 600 * 8 * 8192
 
 
 def test_the_fastest_attention_kernel_is_one_that_runs():
