@@ -172,7 +172,8 @@ def training_table(data_dir: Path, slug: str = report.COMMITTED_SLUG,
         f"width {study['width']}, {study['layers']} layers; steps: {steps}): mean over "
         f"{len(study['seeds'])} seeds at each mixer's best learning rate, the range over seeds "
         f"in brackets, the best mean of a row in bold, none where attention fails the "
-        f"task's sanity bar. Attention on each: {sanity}.")
+        f"task's sanity bar."
+        + (f" Attention on each: {sanity}." if sanity else " No task's bar was checked."))
     lines = [_wrap(caption)]
     lines += ["", "| task | " + " | ".join(names) + " |", "|---" * (len(mixers) + 1) + "|"]
     for (task, length), part in summary.groupby(level=["task", "seq_len"], sort=False):
@@ -182,9 +183,7 @@ def training_table(data_dir: Path, slug: str = report.COMMITTED_SLUG,
         label = f"{training.TASK_NAMES[task]}, L = {length}"
         label += "" if accuracy else ", bits per character"
         if task not in check["compared"]:
-            label += (" (not compared: attention fails its bar)" if task in check["checks"] else
-                      " (not compared: no bar of its own recorded, and attention fails another)")
-            best = None
+            label, best = label + training.not_compared_note(task, check), None
         lines.append(f"| {label} | " + " | ".join(_cell(part.loc[m], m == best)
                                                   for m in mixers) + " |")
     gpu = runs.groupby("mixer")["gpu_ms_per_step"].median()

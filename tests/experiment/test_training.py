@@ -452,6 +452,7 @@ def test_conclusion_refuses_to_compare_when_the_yardstick_fails():
     values = {"attention": [0.5, 0.9], "rglru": [0.1, 0.2], "samu": [0.1, 0.2]}
     failed = T.conclusion(synthetic(values, sanity_bar=0.95))
     assert "yardstick failed its sanity bar: no comparison" in failed
+    assert "**Training speed** (median tokens/s over all runs): attention 200,000" in failed
     assert "selective copying at L = 64: held-out accuracy 0.700 (bar: at least 0.95; fails)" \
         in failed and "is best" not in failed
     passed = T.conclusion(synthetic(values, sanity_bar=0.6))
@@ -1148,8 +1149,10 @@ def test_parts_cover_the_study_once_and_merge(tmp_path, monkeypatch):
     parts = [T.study_from_parameters(*args, part=f"{k}/3", **kw) for k in (1, 2, 3)]
     assert sorted(k for p in parts for k in keys(p)) == sorted(whole)
     assert [len(keys(p)) for p in parts] == [6, 5, 5]
+    first = None
     for study in parts:
         records = [r for n in study.tasks for r in T.run_task(study, n, "cpu", bar=False)]
+        first = first or T.result_document(study, records, "cpu")
         written = T.write_part(T.result_document(study, records, "cpu"), "cpu")
         assert written == tmp_path / "training" / f"cpu.part-{study.part[0]}-of-3.json"
         merged = T.merge_parts("cpu", study.part)
@@ -1161,6 +1164,10 @@ def test_parts_cover_the_study_once_and_merge(tmp_path, monkeypatch):
     records = [r for n in other.tasks for r in T.run_task(other, n, "cpu", bar=False)]
     T.write_part(T.result_document(other, records, "cpu"), "cpu")
     with pytest.raises(ValueError, match="its study differs"):
+        T.merge_parts("cpu", "3/3")
+    # A part that trained on other bytes (its corpus's checksums differ) is not merged.
+    T.write_part(dict(first, data={"lm": {"train_sha256": "0" * 64}}), "cpu")
+    with pytest.raises(ValueError, match="trained on other data"):
         T.merge_parts("cpu", "3/3")
     for bad in ("0/3", "4/3", "x", "1/0"):
         with pytest.raises(T.ParameterError, match="part must be"):

@@ -8,7 +8,7 @@ from pathlib import Path
 from ... import model as model_
 from .curves import compared_mixers, rates_said, recall_curve_frame, recall_sanity, short_why
 from .results import (MIXER_NAMES, UNNAMED_CONFIGURATION, best_frame, higher_is_better,
-                      learning_rate_choice, runs_of, sanity)
+                      learning_rate_choice, not_compared_note, runs_of, sanity)
 from .tasks import METRIC_TABLE, TASK_NAMES, TASKS
 
 # --- figures -------------------------------------------------------------------------------------
@@ -168,6 +168,8 @@ def figures(doc: dict) -> dict:
             ax.set_xscale("log")  # speeds an order of magnitude apart
             ax.set_xlim(lo / 1.3, hi * 1.3)
             plain_log_ticks(ax.xaxis, lo / 1.3, hi * 1.3)
+        elif math.isfinite(hi) and lo > 0 and hi / lo < 1.5:
+            ax.set_xlim(0, hi * 1.1)  # close times: from zero, so that gaps read as ratios
         ax.xaxis.set_major_formatter(FuncFormatter(
             (lambda v, _: f"{v:,.3g}") if timed == "train_wall_s" else (lambda v, _: f"{v:,.0f}")))
         ax.tick_params(axis="x", labelrotation=20)
@@ -180,9 +182,8 @@ def figures(doc: dict) -> dict:
             ax.text(0.01, own_bar.iloc[0], "bigram model (attention's bar)", color="gray",
                     transform=ax.get_yaxis_transform(), fontsize=8, va="bottom")
         ax.set_ylabel(METRIC_TABLE[part["metric"].iloc[0]].label)
-        ax.set_title(f"{TASK_NAMES[task]}, L = {longest}"
-                     + ("" if task in check["compared"] else
-                        "\nnot compared: attention below its bar"), fontsize=10)
+        ax.set_title(f"{TASK_NAMES[task]}, L = {longest}" + not_compared_note(task, check, "\n"),
+                     fontsize=10)
     from matplotlib.lines import Line2D
     drawn = [m for m in mixers if (df["Mixer"] == m).any()]
     axes[-1].legend(handles=[Line2D([], [], ls="none", marker=markers[m], color=palette[m],

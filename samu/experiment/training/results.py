@@ -5,6 +5,7 @@ and the yardstick's ``sanity``."""
 from __future__ import annotations
 
 import math
+import platform
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -140,6 +141,9 @@ def merge_parts(slug: str, part: str, configuration: str | None = None) -> dict 
     for p, d in zip(paths_[1:], docs[1:]):
         if _without_part(d["study"]) != _without_part(docs[0]["study"]):
             raise ValueError(f"{p}: its study differs from that of {paths_[0]}; not merged")
+        if _data_identity(d) != _data_identity(docs[0]):
+            raise ValueError(f"{p}: its runs trained on other data than those of {paths_[0]} "
+                             "(the checksums in \"data\" differ); not merged")
     merged = dict(docs[0])
     merged["study"] = {**_without_part(docs[0]["study"]), "part": None}
     merged["runs"] = [r for d in docs for r in d["runs"]]
@@ -159,6 +163,11 @@ def merge_parts(slug: str, part: str, configuration: str | None = None) -> dict 
 DATA_IDENTITY = ("train_bytes", "train_sha256", "validation_bytes", "validation_sha256")
 
 
+def _data_identity(doc: dict) -> dict:
+    return {name: {k: info.get(k) for k in DATA_IDENTITY}
+            for name, info in (doc.get("data") or {}).items()}
+
+
 def record_missing_bars(doc: dict) -> dict:
     """Fills in the task's own sanity bar (``yardstick_bar``) of runs that ran before it was
     recorded, where this machine holds the very data they trained on (the checksums in the
@@ -171,19 +180,20 @@ def record_missing_bars(doc: dict) -> dict:
         if not runs or name not in TASKS:
             continue
         task = make_task(name, runs[0]["seq_len"], **runs[0].get("task_options", {}))
-        if not hasattr(task, "yardstick_bar"):
+        if not hasattr(type(task), "yardstick_bar"):
             continue
         here = task.data_info()
+        where = f"where the merge ran (Python {here.get('python')}, {platform.machine()})"
         if any(here.get(k) != recorded.get(k) for k in DATA_IDENTITY):
-            done[name] = (f"no bar recorded for {len(runs)} runs: this machine's data is not "
-                          f"theirs (Python {here.get('python')} here, {recorded.get('python')} "
-                          "there; the checksums differ)")
+            done[name] = (f"no bar recorded for {len(runs)} runs: the data {where} are not "
+                          f"theirs (Python {recorded.get('python')} in the runs; the checksums "
+                          "differ)")
             continue
         bar = task.yardstick_bar
         for r in runs:
             r["yardstick_bar"] = bar
-        done[name] = (f"bar {bar:.4f} recorded for {len(runs)} runs, from this machine's copy of "
-                      "their data (the checksums match)")
+        done[name] = (f"bar {bar:.4f} recorded for {len(runs)} runs, from the data {where}, "
+                      "whose checksums match theirs")
     return done
 
 
@@ -283,7 +293,7 @@ def frame(doc):
     df = pd.DataFrame(rows, columns=[*keys, "timed_alone"] if not rows else None)
     df["stopped_early"] = df["stopped_early"].fillna(False).astype(bool)  # earlier documents
     for column in ("value", "eval_loss", "final_train_loss", "tokens_per_s", "lr",
-                   "wall_ms_per_step", "gpu_ms_per_step", "train_wall_s"):
+                   "wall_ms_per_step", "gpu_ms_per_step", "train_wall_s", "yardstick_bar"):
         df[column] = pd.to_numeric(df[column], errors="coerce")  # "nan" strings of a file
     return df
 
@@ -392,6 +402,16 @@ def sanity(doc, bar: float | None = None) -> dict:
     return {"bar": float(bar), "passed": every, "checks": checks, "compared": compared}
 
 
+def not_compared_note(task: str, check: dict, before: str = " ") -> str:
+    """Why ``task`` is not compared under ``check`` (sanity's), after ``before``; "" when it
+    is."""
+    if task in check["compared"]:
+        return ""
+    why = ("attention fails its bar" if task in check["checks"] else
+           "no bar of its own recorded, and attention fails another task's")
+    return f"{before}(not compared: {why})"
+
+
 def check_text(task: str, check: dict) -> str:
     """One sanity check (of sanity's "checks") in words, e.g. "associative recall (MQAR) at
     L = 64: held-out accuracy 0.998 (bar: at least 0.90; passes)"."""
@@ -399,7 +419,8 @@ def check_text(task: str, check: dict) -> str:
     label = METRIC_TABLE[check["metric"]].label.split("\n")[0]
     name = TASKS[task].label if task in TASKS else task
     return (f"{name} at L = {check['seq_len']}: {label} {check['value']:.3f} (bar: "
-            f"{'at least' if higher else 'below'} {check['bar']:.{2 if higher else 3}f}; "
+            f"{'at least' if higher else 'below'} "
+            f"{format(check['bar'], 'g') if higher else format(check['bar'], '.3f')}; "
             f"{'passes' if check['passed'] else 'fails'})")
 
 
