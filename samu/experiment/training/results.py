@@ -163,9 +163,12 @@ def merge_parts(slug: str, part: str, configuration: str | None = None) -> dict 
 DATA_IDENTITY = ("train_bytes", "train_sha256", "validation_bytes", "validation_sha256")
 
 
+def _identity(info: dict) -> dict:
+    return {k: info.get(k) for k in DATA_IDENTITY}
+
+
 def _data_identity(doc: dict) -> dict:
-    return {name: {k: info.get(k) for k in DATA_IDENTITY}
-            for name, info in (doc.get("data") or {}).items()}
+    return {name: _identity(info) for name, info in (doc.get("data") or {}).items()}
 
 
 def record_missing_bars(doc: dict) -> dict:
@@ -173,7 +176,7 @@ def record_missing_bars(doc: dict) -> dict:
     recorded, where this machine holds the very data they trained on (the checksums in the
     document's "data" match).  Returns {task: what was done, in words}; runs are changed in
     place, nothing else."""
-    from .tasks import make_task, task_options
+    from .tasks import make_task
     done = {}
     for name, recorded in (doc.get("data") or {}).items():
         runs = [r for r in doc["runs"] if r["task"] == name and r.get("yardstick_bar") is None]
@@ -184,7 +187,7 @@ def record_missing_bars(doc: dict) -> dict:
             continue
         here = task.data_info()
         where = f"where the merge ran (Python {here.get('python')}, {platform.machine()})"
-        if any(here.get(k) != recorded.get(k) for k in DATA_IDENTITY):
+        if _identity(here) != _identity(recorded):
             done[name] = (f"no bar recorded for {len(runs)} runs: the data {where} are not "
                           f"theirs (Python {recorded.get('python')} in the runs; the checksums "
                           "differ)")
@@ -274,9 +277,10 @@ def frame(doc):
     lr, metric, value, tokens_per_s, parameters, mixer_parameters, ms per step, ..."""
     import pandas as pd
     keys = ("task", "mixer", "seed", "seq_len", "lr", "metric", "value", "chance",
-            "values_baseline", "yardstick_bar", "eval_loss", "final_train_loss", "tokens_per_s", "parameters",
-            "mixer_parameters", "wall_ms_per_step", "gpu_ms_per_step", "steps", "steps_completed",
-            "stopped_by_time", "stopped_early", "diverged", "train_wall_s", "wall_s")
+            "values_baseline", "yardstick_bar", "eval_loss", "final_train_loss", "tokens_per_s",
+            "parameters", "mixer_parameters", "wall_ms_per_step", "gpu_ms_per_step", "steps",
+            "steps_completed", "stopped_by_time", "stopped_early", "diverged", "train_wall_s",
+            "wall_s")
     rows = []
     for r in runs_of(doc):
         row = {k: r.get(k) for k in keys}
