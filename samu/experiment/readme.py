@@ -186,8 +186,8 @@ def training_table(data_dir: Path, slug: str = report.COMMITTED_SLUG,
             label, best = label + training.not_compared_note(task, check), None
         lines.append(f"| {label} | " + " | ".join(_cell(part.loc[m], m == best)
                                                   for m in mixers) + " |")
-    gpu = runs.groupby("mixer")["gpu_ms_per_step"].median()
-    lines.append("| GPU time per training step (median over all runs, each timed alone) | "
+    gpu = training.speed_by_mixer(runs, "gpu_ms_per_step")
+    lines.append(f"| GPU time per training step ({training.SPEED_AVERAGE}; each timed alone) | "
                  + " | ".join(_ms(gpu.get(m, float("nan")), 2) for m in mixers) + " |")
     shared = _shared_timing(doc["runs"])
     if shared:

@@ -452,7 +452,8 @@ def test_conclusion_refuses_to_compare_when_the_yardstick_fails():
     values = {"attention": [0.5, 0.9], "rglru": [0.1, 0.2], "samu": [0.1, 0.2]}
     failed = T.conclusion(synthetic(values, sanity_bar=0.95))
     assert "yardstick failed its sanity bar: no comparison" in failed
-    assert "**Training speed** (median tokens/s over all runs): attention 200,000" in failed
+    assert "**Training speed** (tokens/s, median per task and length, averaged over them): " \
+        "attention 200,000" in failed
     assert "selective copying at L = 64: held-out accuracy 0.700 (bar: at least 0.95; fails)" \
         in failed and "is best" not in failed
     passed = T.conclusion(synthetic(values, sanity_bar=0.6))
@@ -490,7 +491,8 @@ def test_each_task_is_compared_only_where_attention_passes_its_own_bar():
         "below 3.500; passes)" in text
     assert "RG-LRU is best, beyond the spread over seeds" in text  # the LM, compared
     assert "Selective copying, L = 64" not in text  # the copy task, not compared
-    assert "**Training speed** (median tokens/s over all runs): attention 200,000" in text
+    assert "**Training speed** (tokens/s, median per task and length, averaged over them): " \
+        "attention 200,000" in text
     # Attention above the bigram bar: the LM is not compared either; nothing is.
     worse = T.conclusion(with_lm(recall, bits, bar=2.0, sanity_bar=0.9))
     assert "yardstick failed its sanity bar: no comparison" in worse and "is best" not in worse
@@ -500,6 +502,27 @@ def test_each_task_is_compared_only_where_attention_passes_its_own_bar():
     assert set(old["checks"]) == {"copy"} and old["compared"] == []
     assert T.sanity(with_lm(recall, bits, bar=None, sanity_bar=0.4))["compared"] == \
         ["copy", "lm"]
+
+
+def test_training_times_beside_the_losses_are_medians_by_task():
+    # A mixer with more runs of a short task must not look faster than the others.
+    recall = {"attention": [0.95, 0.96], "rglru": [0.8, 0.9], "samu": [0.1, 0.2]}
+    bits = {"attention": [2.3, 2.2], "rglru": [1.9, 1.95], "samu": [2.0, 2.05, 2.1, 2.0, 2.1]}
+    doc = with_lm(recall, bits, bar=3.5, sanity_bar=0.9)
+    for r in doc["runs"]:
+        r["train_wall_s"] = {"copy": 40.0, "lm": 15.0}[r["task"]] + (r["mixer"] == "samu")
+    text = T.conclusion(doc)
+    assert ("Median training wall time per run (the quality-against-time figure's axis): "
+            "selective copying: attention 40.0 s, RG-LRU 40.0 s, SAMU 41.0 s; character LM "
+            "(stdlib source): attention 15.0 s, RG-LRU 15.0 s, SAMU 16.0 s.") in text
+    # Speeds likewise: SAMU's three extra LM runs (the cheap task) do not make it look faster.
+    for r in doc["runs"]:
+        r["gpu_ms_per_step"] = {"copy": 30.0, "lm": 10.0}[r["task"]]
+    assert list(T.speed_by_mixer(T.frame(doc), "gpu_ms_per_step")) == [20.0, 20.0, 20.0]
+    assert "attention 20.00 ms, RG-LRU 20.00 ms, SAMU 20.00 ms" in T.conclusion(doc)
+    # Only the tasks compared: attention failing the copy bar takes the copy times out.
+    doc["study"]["sanity_bar"] = 0.99
+    assert "axis): character LM (stdlib source): attention 15.0 s" in T.conclusion(doc)
 
 
 def test_a_merge_records_the_lm_bar_only_from_the_runs_own_data():

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from .curves import compared_mixers, rates_said, recall_curve_frame, recall_sanity, short_why
-from .results import (MIXER_NAMES, best_frame, check_text, frame, higher_is_better,
-                      learning_rate_choice, sanity)
+from .results import (MIXER_NAMES, SPEED_AVERAGE, best_frame, check_text, frame,
+                      higher_is_better, learning_rate_choice, sanity, speed_by_mixer)
 from .tasks import METRIC_TABLE, TASK_NAMES
 
 # --- the conclusion ------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ def _speed_lines(timed, gpu: bool) -> list[str]:
     """Each mixer's training speed over all runs (``timed``: frame()), GPU time per step, and
     the runs the time budget stopped or that diverged."""
     lines = []
-    speed = timed.groupby("mixer", sort=False)["tokens_per_s"].median()
+    speed = speed_by_mixer(timed, "tokens_per_s")
     if "attention" in speed.index and len(speed) > 1:
         rel = ", ".join(f"{MIXER_NAMES.get(m, m)} {v / speed['attention']:.2f}×"
                         for m, v in speed.items() if m != "attention")
@@ -145,14 +145,14 @@ def _speed_lines(timed, gpu: bool) -> list[str]:
     else:
         speed_text = ""
     alone = ("timed_alone" in timed and bool(len(timed)) and bool(timed["timed_alone"].all()))
-    lines.append("**Training speed** (median tokens/s over all runs"
+    lines.append(f"**Training speed** (tokens/s, {SPEED_AVERAGE}"
                  + ("; each configuration timed alone on the device" if alone else "") + "): "
                  + ", ".join(f"{MIXER_NAMES.get(m, m)} {v:,.0f}" for m, v in speed.items())
                  + f".{speed_text}")
-    gpu_ms = timed.groupby("mixer", sort=False)["gpu_ms_per_step"].median().dropna()
+    gpu_ms = speed_by_mixer(timed, "gpu_ms_per_step")
     if len(gpu_ms):
-        lines.append("**GPU time per training step** (median, CUDA events; evaluation "
-                     "excluded): " + ", ".join(f"{MIXER_NAMES.get(m, m)} {v:.2f} ms"
+        lines.append(f"**GPU time per training step** ({SPEED_AVERAGE}; CUDA events, "
+                     "evaluation excluded): " + ", ".join(f"{MIXER_NAMES.get(m, m)} {v:.2f} ms"
                                                for m, v in gpu_ms.items()) + ".")
     elif not gpu:
         lines.append("(On a CPU only wall time is measured: tokens/s above are wall-clock.)")
@@ -189,10 +189,16 @@ def _where_each_loses(best, everything) -> list[str]:
     training times compare."""
     if best["mixer"].nunique() < 2:
         return []
-    time_ = everything.groupby("mixer")["train_wall_s"].median().dropna()
-    timing = (" Median training wall time per run: "
-              + ", ".join(f"{MIXER_NAMES.get(m, m)} {v:.1f} s" for m, v in time_.items())
-              + " (the quality-against-time figure)." if len(time_) > 1 else "")
+    # By task: a median over every run would weigh each mixer's mix of short and long tasks.
+    timed = everything[everything["task"].isin(set(best["task"]))]
+    by_task = []
+    for task, part in timed.groupby("task", sort=False):
+        time_ = part.groupby("mixer", sort=False)["train_wall_s"].median().dropna()
+        if len(time_) > 1:
+            by_task.append(f"{TASK_NAMES[task]}: " + ", ".join(
+                f"{MIXER_NAMES.get(m, m)} {v:.1f} s" for m, v in time_.items()))
+    timing = (" Median training wall time per run (the quality-against-time figure's axis): "
+              + "; ".join(by_task) + "." if by_task else "")
     out = []
     for mixer in dict.fromkeys(best["mixer"]):
         if mixer == "attention":

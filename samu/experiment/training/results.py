@@ -302,6 +302,22 @@ def frame(doc):
     return df
 
 
+def speed_by_mixer(timed, column: str):
+    """Each mixer's ``column`` of frame() (a speed) as one number: the median over its runs of
+    each task and length, then the mean over the tasks and lengths every mixer ran.  A median
+    over all runs would weigh each mixer's own mix of cheap and costly tasks (a wider rate sweep
+    on the LM pulls it toward the LM's step).  Mixers in the frame's order."""
+    known = timed.dropna(subset=[column])
+    cells = known.groupby(["task", "seq_len", "mixer"], sort=False)[column].median() \
+        .unstack("mixer")
+    common = cells.dropna()
+    means = (common if len(common) else cells).mean()
+    return means.reindex([m for m in dict.fromkeys(known["mixer"]) if m in means.index]).dropna()
+
+
+SPEED_AVERAGE = "median per task and length, averaged over them"
+
+
 def learning_rate_choice(doc):
     """Per task, length and mixer: the learning rate whose mean metric is best (highest
     accuracy, lowest bits per character) over the seeds that ran at every rate (all of them on
