@@ -277,7 +277,9 @@ def test_each_gpu_part_fits_a_ten_minute_command_and_the_docstring_says_so(name,
     parts = [budget.estimate(dataclasses.replace(study, part=f"{k}/{config.parts}"), committed)
              for k in range(1, config.parts + 1)]
     assert sum(p["runs"] for p in parts) == whole["runs"]
-    assert max(p["seconds"] for p in parts) < 8 * 60  # room for widenings and start-up
+    # A 10-minute command less its start-up (about 30 s) and a minute's room; a part that a
+    # widened sweep runs past it resumes from its finished runs.
+    assert max(p["seconds"] for p in parts) < 510
     said = quoted(name)
     assert said["runs"] == whole["runs"] and said["parts"] == config.parts
     assert said["seconds"] == pytest.approx(whole["seconds"], rel=0.05)
@@ -297,7 +299,8 @@ def test_the_recall_curves_follow_zoology_and_the_rate_grids_are_wide():
     assert scale.attention_kernel == "fastest" and scale.lr_search == "first_seed"
     for name in scale.tasks:
         for mixer in scale.mixers:
-            assert len(scale.lrs(name, mixer)) >= (4 if mixer == "attention" else 5)
+            rates = scale.lrs(name, mixer)
+            assert len(rates) >= 4 and max(rates) / min(rates) >= 8
     # Each task's steps and batch are the task's, not a mixer's: the same tokens for every
     # mixer; MQAR's runs are the longer (attention was still leaving its plateau at the LM's).
     tokens = {name: scale.train[name].steps * scale.train[name].batch_size
@@ -382,10 +385,10 @@ def test_make_train_estimates_a_study_and_runs_nothing(capsys, monkeypatch):
     monkeypatch.setattr(pipeline, "run_notebook", lambda *a, **k: pytest.fail("ran"))
     assert T.main(["--estimate", "--config", "scale"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("scale: 40 runs (not counting the rates a sweep adds past an edge "
+    assert out.startswith("scale: 36 runs (not counting the rates a sweep adds past an edge "
                           "best, nor early stops), about ")
     assert [line.split(":")[0].strip() for line in out.splitlines()[1:]] == [
-        "PART=1", "PART=2", "PART=3"]
+        f"PART={k}" for k in range(1, 7)]
     with pytest.raises(SystemExit) as stop:  # a name it lacks: a usage error, no traceback
         T.main(["--estimate", "--config", "bogus"])
     assert stop.value.code == 2

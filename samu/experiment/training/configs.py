@@ -19,8 +19,10 @@ it first times each configuration's step alone beside them), at the commit that 
 (``tests/experiment/test_training_tables.py`` recomputes them):
 
 - ``recall``: 72 runs (with no widening), about 720 s in all, 2 parts of about 370 s;
-- ``scale``: 40 runs (with no widening), about 1062 s in all, 3 parts of about 358 s;
-  per step (wall, alone): attention 26.5 ms, RG-LRU 22.5 ms, SAMU 21.6 ms.
+- ``scale``: 36 runs (with no widening), about 1613 s in all, 6 parts of about 497 s (one
+  (task, mixer) sweep each: the LM's three parts about 90-105 s, so that one command can run
+  them in turn, MQAR's 410-497 s); per step (wall, alone): attention 26.5 ms, RG-LRU 22.5 ms,
+  SAMU 21.6 ms, where the H100 measured 24.1-25.7, 23.9-25.7 and 23.2-25.0 ms.
 
 How the recall curves' numbers were chosen.  The points and widths are Zoology's figure 2
 ((L, pairs) = (64, 4), (128, 8), (256, 16); widths 64-512), at vocabulary 8192.  Rates: four
@@ -38,9 +40,9 @@ GPU's first part is the probe: each part sweeps the grid's first point, the bar'
 others.
 
 The scale study: L = 8192, width 512, 2 layers, batch 8 (65,536 tokens a step), the character LM
-(600 steps a run, 39M tokens) and MQAR (1500 steps, 98M tokens) at that length, the same tokens for
-every mixer; four rates for attention and five for the recurrent mixers at the first seed, widened
-past an edge best, then seeds 1 and 2 at the best; attention on the fastest
+(600 steps a run, 39M tokens) and MQAR (3000 steps, 197M tokens) at that length, the same tokens
+for every mixer; four rates for each mixer at the first seed, widened past an edge best, then
+seeds 1 and 2 at the best; attention on the fastest
 scaled_dot_product_attention kernel, timed before its runs; one run at a time, so that every run's
 GPU time per step (CUDA events) and tokens per second are its own, alone on the GPU.
 
@@ -57,8 +59,13 @@ easiest point, (L, pairs) = (64, 4), where attention at width 512 reached 0.96 a
 stream the recurrence carries 8192 tokens. At 600 steps on an H100 attention stayed at the plateau
 of a uniform guess over the values (loss 6.94) for about 300 steps at 3e-4 and was still falling
 steeply when the schedule ended (4.73, accuracy 0.18 over three seeds, below its 0.9 bar), while
-RG-LRU reached 0.77 (data/training/nvidia-h100-80gb-hbm3.scale.json); MQAR's runs are therefore
-2.5 times as long as the LM's.
+RG-LRU reached 0.77. At 1500 steps (docs/sweeps/2026-12-06_252233c_gpu_h100_scale_study_1500_step_mqar/)
+attention solved it in one seed of three (0.9996; 0.262 and 0.251 in the others, mean 0.504),
+RG-LRU reached 0.935 and SAMU 0.259 at every rate; attention alone at 3000 steps, lr 3e-4,
+seed 0 reached 1.000 (its loss 3.02 at step 620, 0.034 at step 920), so MQAR's runs are 3000
+steps, five times the LM's. The rates: each mixer's four span its best rates of those runs
+(attention 1e-3 on the LM and 3e-4 on MQAR; RG-LRU 2.4e-3 and 4.8e-3; SAMU 4.8e-3 on the LM),
+so that a sweep seldom widens, which would take a part past its command.
 """
 from __future__ import annotations
 
@@ -180,10 +187,10 @@ SCALE_GPU = dict(
     tasks={"lm": {"lengths": [SCALE_LENGTH]},
            "mqar": {"lengths": [SCALE_LENGTH], "num_pairs": 4, "vocab_size": 2048,
                     "episodes": SCALE_LENGTH // 64}},
-    steps={"lm": 600, "mqar": 1500},
+    steps={"lm": 600, "mqar": 3000},
     batch_size=8,
-    lr={"attention": [3e-4, 1e-3, 2e-3, 4e-3], "rglru": [3e-4, 6e-4, 1.2e-3, 2.4e-3, 4.8e-3],
-        "samu": [3e-4, 6e-4, 1.2e-3, 2.4e-3, 4.8e-3]},
+    lr={"attention": [1e-4, 3e-4, 1e-3, 2e-3], "rglru": [1.2e-3, 2.4e-3, 4.8e-3, 9.6e-3],
+        "samu": [1.2e-3, 2.4e-3, 4.8e-3, 9.6e-3]},
     lr_search="first_seed",
     warmup_steps=60,
     eval_batches=4,
@@ -262,7 +269,7 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
         "MQAR at that length, each mixer at its best rate, three seeds, attention on the "
         "fastest `scaled_dot_product_attention` kernel; quality against training time, each "
         "run timed alone.",
-        SCALE_GPU, SCALE_CPU, parts=3),
+        SCALE_GPU, SCALE_CPU, parts=6),
 )}
 
 
