@@ -177,6 +177,25 @@ def test_a_written_part_is_read_not_trained_and_merge_joins_the_parts_anywhere(
                       bar=False).written_part is None
 
 
+def test_a_part_holding_none_of_a_tasks_runs_goes_through(echo, data_dir):
+    # Parts split a study's (task, mixer) sweeps, so a part may hold none of a task's runs:
+    # the scale study's parts are one sweep each.  Here the sweeps are echo's three, then
+    # MQAR's, dealt to 4 parts in turn: part 4 holds MQAR's attention sweep alone.
+    two = dict(ECHO_STUDY, lr_search="first_seed", tasks={
+        "echo": {"lengths": [12], "vocab_size": 6},
+        "mqar": {"lengths": [8], "num_pairs": 2, "vocab_size": 8}})
+    table = {"two": configs.Configuration("two", "Two", "", two, two, parts=4)}
+    run = T.StudyRun("two", "cpu", "cpu", part=4, configurations=table, bar=False)
+    summary = run.run_task("echo")
+    assert summary.empty and list(summary.columns) == T.SUMMARY_COLUMNS
+    assert list(run.run_task("mqar")["mixer"]) == ["attention"]
+    assert {r["task"] for r in run.finish()["runs"]} == {"mqar"}
+    assert (data_dir / "training" / "cpu.two.part-4-of-4.json").exists()
+    # A part beyond the sweeps would hold nothing: refused before anything runs.
+    with pytest.raises(T.ParameterError, match=r"part 7/7 holds no runs: .* at most 6 parts"):
+        T.check_parameters(dict(two, part="7/7"))
+
+
 def test_merge_takes_the_number_of_parts_from_the_files(echo, data_dir, capsys):
     table = {"echo": configs.Configuration("echo", "Echo", "", ECHO_STUDY, ECHO_STUDY, parts=2)}
     for k in (1, 2, 3):  # run as thirds, not the configuration's halves

@@ -365,7 +365,10 @@ def summary(doc):
     learning rate (learning_rate_choice): the metric's mean, standard deviation, minimum and
     maximum over seeds, the rate and whether it is at the edge of the sweep, median tokens per
     second and ms per step (wall; GPU time on CUDA), total and mixer parameters."""
+    import pandas as pd
     df = best_frame(doc)
+    if df.empty:  # a part of a study that holds none of this task's runs
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
     choice = learning_rate_choice(doc).set_index(["task", "seq_len", "mixer"])["at_edge"]
     grouped = df.groupby(["task", "seq_len", "mixer"], sort=False)
     out = grouped.agg(metric=("metric", "first"), lr=("lr", "first"), seeds=("seed", "count"),
@@ -379,6 +382,11 @@ def summary(doc):
     out.insert(5, "lr_at_edge", [bool(choice.loc[(t, l, m)]) for t, l, m in
                                  zip(out["task"], out["seq_len"], out["mixer"])])
     return out
+
+
+SUMMARY_COLUMNS = ["task", "seq_len", "mixer", "metric", "lr", "lr_at_edge", "seeds", "mean",
+                   "std", "min", "max", "tokens_per_s", "wall_ms_per_step", "gpu_ms_per_step",
+                   "parameters", "mixer_parameters", "steps_completed"]
 
 
 def sanity(doc, bar: float | None = None) -> dict:

@@ -174,7 +174,11 @@ class Study:
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise ParameterError(f"study: attention_kernel must be one of "
                                  f"{list(ATTENTION_KERNELS)}, got {self.attention_kernel!r}")
-        parse_part(self.part)
+        parsed = parse_part(self.part)
+        if parsed is not None and parsed[0] > self.part_units():
+            raise ParameterError(
+                f"study: part {self.part} holds no runs: the study's runs split into at most "
+                f"{self.part_units()} parts (its rate sweeps stay whole)")
         if self.recall_curves:
             for length, pairs in points_in_order(self.recall_curves):
                 try:
@@ -254,6 +258,14 @@ class Study:
                       else whole.runs(name))
         offsets["recall"] = at
         return offsets
+
+    def part_units(self) -> int:
+        """How many units the parts split the study into (``_in_part``): its sweeps where a
+        sweep stays whole, else its runs; a part beyond them would hold none."""
+        whole = replace(self, part=None)
+        recall = (whole.recall_groups(every=True) if whole.recall_search() == "first_point"
+                  else whole.recall_jobs(every=True))
+        return whole._part_offsets()["recall"] + len(recall)
 
     def groups(self, name: str) -> list[tuple]:
         """(task, mixer) of every group of task ``name`` whose learning rate is searched
