@@ -134,8 +134,9 @@ def _tasks(doc: dict) -> list[str]:
 
 
 def _speed_lines(timed, gpu: bool) -> list[str]:
-    """Each mixer's training speed over all runs (``timed``: frame()), GPU time per step, and
-    the runs the time budget stopped or that diverged."""
+    """Each mixer's training speed and GPU time per step (``timed``: frame(); speed_by_mixer,
+    each task and length weighing the same), and the runs the time budget stopped or that
+    diverged."""
     lines = []
     speed = speed_by_mixer(timed, "tokens_per_s")
     if "attention" in speed.index and len(speed) > 1:

@@ -59,8 +59,9 @@ easiest point, (L, pairs) = (64, 4), where attention at width 512 reached 0.96 a
 stream the recurrence carries 8192 tokens. At 600 steps on an H100 attention stayed at the plateau
 of a uniform guess over the values (loss 6.94) for about 300 steps at 3e-4 and was still falling
 steeply when the schedule ended (4.73, accuracy 0.18 over three seeds, below its 0.9 bar), while
-RG-LRU reached 0.77. At 1500 steps (docs/sweeps/2026-12-06_252233c_gpu_h100_scale_study_1500_step_mqar/)
-attention solved it in one seed of three (0.9996; 0.262 and 0.251 in the others, mean 0.504),
+RG-LRU reached 0.77. At 1500 steps
+(docs/sweeps/2026-12-06_252233c_gpu_h100_scale_study_1500_step_mqar/) attention solved it in one
+seed of three (0.9996; 0.262 and 0.251 in the others, mean 0.504),
 RG-LRU reached 0.935 and SAMU 0.259 at every rate; attention alone at 3000 steps, lr 3e-4,
 seed 0 reached 1.000 (its loss 3.02 at step 620, 0.034 at step 920), so MQAR's runs are 3000
 steps, five times the LM's. The rates: each mixer's four span its best rates of those runs
