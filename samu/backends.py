@@ -316,7 +316,7 @@ def _reason_triton_failed(exc: ImportError) -> str:
                 "aarch64: pip install triton")
     if missing == "numpy" and _runtime.INTERPRETING:
         return (f"Triton's interpreter (TRITON_INTERPRET=1) needs numpy: pip install numpy, or "
-                f"pip install 'samu[interpret]' ({exc})")
+                f"pip install '.[interpret]' in a clone of samu ({exc})")
     return f"{type(exc).__name__}: {exc}"
 
 

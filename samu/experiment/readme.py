@@ -140,11 +140,18 @@ def _wrap(paragraph: str) -> str:
     return textwrap.fill(paragraph, width=100, break_long_words=False, break_on_hyphens=False)
 
 
-def _cell(stats: pd.Series, bold: bool) -> str:
+def _cell(stats: pd.Series | None, bold: bool) -> str:
+    """A mixer's mean (range over seeds) in the training table; "-" where it did not run."""
+    if stats is None:
+        return "-"
+    finite, seeds = int(stats["finite"]), int(stats["seeds"])
+    if finite == 0:  # the best rate is a finite one's where there is one: none was
+        return "diverged at every rate"
     text = f"{stats['mean']:.3f}"
     if f"{stats['min']:.3f}" != f"{stats['max']:.3f}":
         text += f" ({stats['min']:.3f}-{stats['max']:.3f})"
-    return f"**{text}**" if bold else text
+    text = f"**{text}**" if bold else text
+    return text + (f", {seeds - finite} of {seeds} seeds diverged" if finite < seeds else "")
 
 
 def training_table(data_dir: Path, slug: str = report.COMMITTED_SLUG,
@@ -179,13 +186,16 @@ def training_table(data_dir: Path, slug: str = report.COMMITTED_SLUG,
     for (task, length), part in summary.groupby(level=["task", "seq_len"], sort=False):
         part = part.droplevel(["task", "seq_len"])
         accuracy = training.METRICS[task] == "accuracy"
-        best = part["mean"].idxmax() if accuracy else part["mean"].idxmin()
+        means = part["mean"].dropna()
+        best = (means.idxmax() if accuracy else means.idxmin()) if len(means) else None
+        if (part["finite"] < part["seeds"]).any():
+            best = None  # a diverged seed: no best is claimed (as the conclusion)
         label = f"{training.TASK_NAMES[task]}, L = {length}"
         label += "" if accuracy else ", bits per character"
         if task not in check["compared"]:
             label, best = label + training.not_compared_note(task, check), None
-        lines.append(f"| {label} | " + " | ".join(_cell(part.loc[m], m == best)
-                                                  for m in mixers) + " |")
+        lines.append(f"| {label} | " + " | ".join(
+            _cell(part.loc[m] if m in part.index else None, m == best) for m in mixers) + " |")
     gpu = training.speed_by_mixer(runs, "gpu_ms_per_step")
     lines.append(f"| GPU time per training step ({training.SPEED_AVERAGE}; each timed alone) | "
                  + " | ".join(_ms(gpu.get(m, float("nan")), 2) for m in mixers) + " |")

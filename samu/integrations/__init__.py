@@ -2,7 +2,8 @@
 
 - ``samu.integrations.transformers``: Hugging Face transformers' RecurrentGemma run on samu's
   RG-LRU (``patch(model)``), and its recurrent blocks' weights mapped to and from
-  ``samu.model.RecurrentBlock``.  It imports transformers: ``pip install 'samu[transformers]'``.
+  ``samu.model.RecurrentBlock``.  It imports transformers: ``pip install '.[transformers]'`` in a
+  clone of samu.
 - ``samu.integrations.weights``: the Griffin recurrent block's parameter names and layouts in
   transformers, in recurrentgemma's PyTorch code and in samu, and the state-dict conversions
   between them (plain tensors; imports neither library).

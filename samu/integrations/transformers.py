@@ -78,7 +78,8 @@ try:
     from transformers.models.recurrent_gemma import modeling_recurrent_gemma as _hf
 except ImportError as exc:  # transformers missing, or one without RecurrentGemma
     raise ImportError("samu.integrations.transformers needs Hugging Face transformers with "
-                      "RecurrentGemma (5.20 to 5.25): pip install 'samu[transformers]'") from exc
+                      "RecurrentGemma (5.20 to 5.25): pip install '.[transformers]' in a clone of "
+                      "samu") from exc
 
 from ..checks import SUPPORTED_DTYPES
 from ..model import RecurrentBlock, causal_conv1d, causal_conv1d_step, gelu

@@ -109,6 +109,27 @@ def test_the_low_median_is_explained_from_the_rows():
     assert "60 % of SAMU's and 39 % of RG-LRU's" in text
 
 
+def test_the_training_table_shows_missing_and_diverged_runs(tmp_path):
+    """A mixer that did not run a task gets "-"; a diverged seed is said and no best is bolded;
+    a task where a mixer diverged at every rate still renders."""
+    doc = json.loads((DATA / "training" / "nvidia-h200.json").read_text())
+    doc["runs"] = [r for r in doc["runs"] if not (r["task"] == "lm" and r["mixer"] == "samu")]
+    for r in doc["runs"]:
+        if r["task"] == "lm" and r["mixer"] == "rglru" and r["seed"] == 2:
+            r["value"] = float("nan")
+        if r["task"] == "copy" and r["mixer"] == "rglru":
+            r["value"] = float("nan")
+    (tmp_path / "training").mkdir()
+    (tmp_path / "training" / "nvidia-h200.json").write_text(json.dumps(doc))
+    rows = {line.split(" | ")[0]: line for line in
+            readme.training_table(tmp_path, "nvidia-h200").splitlines() if line.startswith("| ")}
+    lm = rows["| character LM (stdlib source), L = 512, bits per character"]
+    assert lm.endswith("| - |")
+    assert "1 of 3 seeds diverged" in lm and "**" not in lm
+    copy = rows["| selective copying, L = 512"]
+    assert "diverged at every rate" in copy and "**" not in copy
+
+
 def test_the_shared_training_timing_is_said():
     """Attention's runs shared the GPU four at a time; the table's time is its solo re-timing,
     and the block says so with the shared median."""

@@ -13,6 +13,7 @@ import torch
 from samu import paths
 from samu.experiment import pipeline, schema, training as T
 from samu.experiment.training import tasks as task_module
+from samu.experiment.training import session as session_module
 
 REF = "reference_chunked"  # named: tests/conftest.py sets TRITON_INTERPRET=1 on a CPU
 
@@ -460,7 +461,7 @@ def test_conclusion_refuses_to_compare_when_the_yardstick_fails():
     assert "no comparison" not in passed and "Attention is best" in passed
     assert T.sanity(synthetic(values))["bar"] == 0.0
     assert T.sanity(synthetic(values), bar=0.8) == {
-        "bar": 0.8, "passed": False, "compared": [],
+        "bar": 0.8, "passed": False, "compared": [], "unjudged": [],
         "checks": {"copy": {"seq_len": 64, "metric": "accuracy", "value": pytest.approx(0.7),
                             "bar": 0.8, "passed": False}}}
 
@@ -512,9 +513,10 @@ def test_training_times_beside_the_losses_are_medians_by_task():
     for r in doc["runs"]:
         r["train_wall_s"] = {"copy": 40.0, "lm": 15.0}[r["task"]] + (r["mixer"] == "samu")
     text = T.conclusion(doc)
-    assert ("Median training wall time per run (the quality-against-time figure's axis): "
-            "selective copying: attention 40.0 s, RG-LRU 40.0 s, SAMU 41.0 s; character LM "
-            "(stdlib source): attention 15.0 s, RG-LRU 15.0 s, SAMU 16.0 s.") in text
+    assert ("Median training wall time per run at each mixer's best rate (the quality-against-"
+            "time figure's axis): selective copying L = 64: attention 40.0 s, RG-LRU 40.0 s, "
+            "SAMU 41.0 s; character LM (stdlib source) L = 64: attention 15.0 s, RG-LRU 15.0 s, "
+            "SAMU 16.0 s.") in text
     # Speeds likewise: SAMU's three extra LM runs (the cheap task) do not make it look faster.
     for r in doc["runs"]:
         r["gpu_ms_per_step"] = {"copy": 30.0, "lm": 10.0}[r["task"]]
@@ -522,7 +524,50 @@ def test_training_times_beside_the_losses_are_medians_by_task():
     assert "attention 20.00 ms, RG-LRU 20.00 ms, SAMU 20.00 ms" in T.conclusion(doc)
     # Only the tasks compared: attention failing the copy bar takes the copy times out.
     doc["study"]["sanity_bar"] = 0.99
-    assert "axis): character LM (stdlib source): attention 15.0 s" in T.conclusion(doc)
+    assert "axis): character LM (stdlib source) L = 64: attention 15.0 s" in T.conclusion(doc)
+
+
+def test_a_diverged_seed_is_said_and_claims_no_order():
+    recall = {"attention": [0.95, 0.96, 0.97], "rglru": [0.8, 0.9, 0.85], "samu": [0.1, 0.2, 0.3]}
+    nan = float("nan")
+    bits = {"attention": [2.3, 2.2, 2.25], "rglru": [1.9, 1.95, 1.92], "samu": [1.80, 1.81, nan]}
+    doc = with_lm(recall, bits, bar=3.5, sanity_bar=0.9)
+    summary = T.summary(doc).set_index(["task", "mixer"])
+    assert (summary.loc[("lm", "samu"), "seeds"], summary.loc[("lm", "samu"), "finite"]) == (3, 2)
+    text = T.conclusion(doc)
+    assert "SAMU 1.805 (1.800-1.810) bits/char (1 of 3 seeds diverged)" in text
+    assert "SAMU has the best mean of its finite seeds, but SAMU diverged in some: no ordering " \
+        "is claimed" in text and "is best, beyond" not in text.split("Character LM")[1]
+    # Every seed diverged: said, and counted as a loss.
+    bits["samu"] = [nan, nan, nan]
+    text = T.conclusion(with_lm(recall, bits, bar=3.5, sanity_bar=0.9))
+    assert "SAMU diverged at every rate" in text
+    assert "character LM (stdlib source) L = 64 (diverged at every rate)" in text
+    # The yardstick with a diverged seed fails its bar.
+    bits["attention"] = [2.3, nan, 2.25]
+    check = T.sanity(with_lm(recall, bits, bar=3.5, sanity_bar=0.9))
+    assert not check["checks"]["lm"]["passed"] and "lm" not in check["compared"]
+
+
+def test_a_task_attention_did_not_run_is_not_judged_nor_compared():
+    # A part of a study may hold no attention runs of a task: nothing says the training works.
+    recall = {"attention": [0.95, 0.96], "rglru": [0.8, 0.9], "samu": [0.1, 0.2]}
+    bits = {"rglru": [1.9, 1.95], "samu": [2.0, 2.05]}
+    doc = with_lm(recall, bits, bar=3.5, sanity_bar=0.9)
+    check = T.sanity(doc)
+    assert check["unjudged"] == ["lm"] and check["compared"] == ["copy"]
+    assert not check["passed"] and check["checks"]["copy"]["passed"]
+    assert T.not_compared_note("lm", check) == " (not compared: attention did not run it here)"
+    text = T.conclusion(doc)
+    assert "**No comparison on character LM (stdlib source):** attention did not run it here" \
+        in text and "yardstick failed" not in text
+    assert "attention did not run character LM (stdlib source) here: no comparison there" in \
+        session_module.sanity_text(doc)
+    # And its speeds, with no task every mixer ran, are not set against each other.
+    apart = with_lm({"attention": [0.95, 0.96]}, bits, bar=3.5, sanity_bar=0.9)
+    speed = T.conclusion(apart)
+    assert "not set against each other" in speed and "Relative to attention" not in speed
+    assert not T.speed_by_mixer(T.frame(apart), "tokens_per_s").attrs["comparable"]
 
 
 def test_a_merge_records_the_lm_bar_only_from_the_runs_own_data():
@@ -1191,6 +1236,11 @@ def test_parts_cover_the_study_once_and_merge(tmp_path, monkeypatch):
     # A part that trained on other bytes (its corpus's checksums differ) is not merged.
     T.write_part(dict(first, data={"lm": {"train_sha256": "0" * 64}}), "cpu")
     with pytest.raises(ValueError, match="trained on other data"):
+        T.merge_parts("cpu", "3/3")
+    # Nor one from another GPU: a part often holds one mixer's runs, whose speed it would set
+    # against another device's.
+    T.write_part(dict(first, environment=dict(first["environment"], gpu="NVIDIA H100")), "cpu")
+    with pytest.raises(ValueError, match="ran on cpu, .* on NVIDIA H100; not merged"):
         T.merge_parts("cpu", "3/3")
     for bad in ("0/3", "4/3", "x", "1/0"):
         with pytest.raises(T.ParameterError, match="part must be"):

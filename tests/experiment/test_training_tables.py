@@ -191,9 +191,11 @@ def test_a_part_holding_none_of_a_tasks_runs_goes_through(echo, data_dir):
     assert list(run.run_task("mqar")["mixer"]) == ["attention"]
     assert {r["task"] for r in run.finish()["runs"]} == {"mqar"}
     assert (data_dir / "training" / "cpu.two.part-4-of-4.json").exists()
-    # A part beyond the sweeps would hold nothing: refused before anything runs.
-    with pytest.raises(T.ParameterError, match=r"part 7/7 holds no runs: .* at most 6 parts"):
-        T.check_parameters(dict(two, part="7/7"))
+    # More parts than sweeps: one would hold nothing, and the merge would wait for it.
+    for part in ("1/7", "7/7"):
+        with pytest.raises(T.ParameterError, match=rf"part {part}: .* at most 6 parts .*not 7"):
+            T.check_parameters(dict(two, part=part))
+    assert T.check_parameters(dict(two, part="6/6")).part == "6/6"
 
 
 def test_merge_takes_the_number_of_parts_from_the_files(echo, data_dir, capsys):
@@ -408,6 +410,9 @@ def test_make_train_estimates_a_study_and_runs_nothing(capsys, monkeypatch):
                           "best, nor early stops), about ")
     assert [line.split(":")[0].strip() for line in out.splitlines()[1:]] == [
         f"PART={k}" for k in range(1, 7)]
+    with pytest.raises(SystemExit):  # it prints every part's: a part is refused, not ignored
+        T.main(["--estimate", "--config", "scale", "--part", "7"])
+    assert "--estimate prints every part's estimate: drop --part" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:  # a name it lacks: a usage error, no traceback
         T.main(["--estimate", "--config", "bogus"])
     assert stop.value.code == 2

@@ -203,6 +203,8 @@ def main(argv=None, configurations: dict | None = None) -> int:
     if args.measure and not (args.estimate and torch.cuda.is_available()):
         parser.error("--measure: with --estimate, on a machine with a CUDA device")
     if args.estimate:
+        if args.part is not None:
+            parser.error("--estimate prints every part's estimate: drop --part")
         names = list(table) if args.config in (None, "all") else [args.config]
         for name in names:
             try:

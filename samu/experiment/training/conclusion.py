@@ -47,7 +47,8 @@ def _tasks(doc: dict) -> list[str]:
              f"{params['min'].min():,}-{params['max'].max():,} parameters; "
              f"{', '.join(f'{t} {s} steps' for t, s in steps.items())}; learning rates "
              f"{', '.join(f'{v:.3g}' for v in rates) or 'as recorded'}"
-             f"{' (each mixer scored at its best)' if len(rates) > 1 else ''}."]
+             f"{' (each mixer scored at its best)' if len(rates) > 1 else ''}."
+             + _part_commits(doc)]
     lines.extend(_concurrency(doc))
     check = sanity(doc)
     if check["checks"]:
@@ -56,9 +57,13 @@ def _tasks(doc: dict) -> list[str]:
     timed = everything  # speed does not depend on what the runs learned
     failed = [t for t in dict.fromkeys(df["task"]) if t in check["checks"]
               and not check["checks"][t]["passed"]]
-    unguarded = [t for t in dict.fromkeys(df["task"])
-                 if t not in check["checks"] and t not in check["compared"]]
-    if not check["compared"]:
+    unguarded = [t for t in dict.fromkeys(df["task"]) if t not in check["checks"]
+                 and t not in check["compared"] and t not in check["unjudged"]]
+    if check["unjudged"]:
+        lines.append(f"**No comparison on {', '.join(TASK_NAMES[t] for t in check['unjudged'])}"
+                     ":** attention did not run it here (a part of a study), so nothing says "
+                     "whether the training works there; only its speed is used below.")
+    if not check["compared"] and failed:
         lines.append("**yardstick failed its sanity bar: no comparison.** Attention passed the "
                      "bar of no task here, so the training (steps, learning rates) is what these "
                      "runs measure, not the mixers; only their speed is reported.")
@@ -88,18 +93,27 @@ def _tasks(doc: dict) -> list[str]:
         part = part[part["seq_len"] == longest]
         metric = part["metric"].iloc[0]
         higher = higher_is_better(metric)
-        stats = part.groupby("mixer", sort=False)["value"].agg(["mean", "min", "max"])
-        better = stats["mean"].idxmax() if higher else stats["mean"].idxmin()
+        stats = part.groupby("mixer", sort=False)["value"].agg(
+            ["mean", "min", "max", "count", "size"])
+        lost = [m for m, st in stats.iterrows() if st["count"] < st["size"]]  # diverged seeds
+        cells = [_score_cell(m, st, metric) for m, st in stats.iterrows()]
+        finite = stats[stats["count"] > 0]
+        if finite.empty:
+            lines.append(f"**{TASK_NAMES[task][0].upper() + TASK_NAMES[task][1:]}, L = "
+                         f"{longest}**: {'; '.join(cells)}.")
+            continue
+        better = finite["mean"].idxmax() if higher else finite["mean"].idxmin()
         others = stats.drop(index=better)
         several = part.groupby("mixer")["seed"].nunique().min() > 1  # a spread to compare
         if higher:
             separated = bool(len(others)) and bool((stats.loc[better, "min"] > others["max"]).all())
         else:
             separated = bool(len(others)) and bool((stats.loc[better, "max"] < others["min"]).all())
-        separated = separated and several
-        cells = [f"{MIXER_NAMES.get(m, m)} {s['mean']:.3f} ({s['min']:.3f}-{s['max']:.3f})"
-                 f"{unit(metric)}" for m, s in stats.iterrows()]
-        verdict = (f"{MIXER_NAMES.get(better, better)} is best, beyond the spread over seeds"
+        separated = separated and several and not lost
+        verdict = (f"{MIXER_NAMES.get(better, better)} has the best mean of its finite seeds, "
+                   f"but {', '.join(MIXER_NAMES.get(m, m) for m in lost)} diverged in some: "
+                   "no ordering is claimed" if lost else
+                   f"{MIXER_NAMES.get(better, better)} is best, beyond the spread over seeds"
                    if separated else
                    f"{MIXER_NAMES.get(better, better)} has the best mean, but the ranges over "
                    "seeds overlap: no ordering is claimed" if several else
@@ -128,9 +142,29 @@ def _tasks(doc: dict) -> list[str]:
                      f"{by_len.loc[m].index[-1]}" for m in stats.index]
             lines.append(f"Mean accuracy from the shortest to the longest length: "
                          f"{'; '.join(trend)}.")
-    lines.extend(_where_each_loses(df, timed))
+    lines.extend(_where_each_loses(df))
     lines.extend(_what_speed_buys(df))
     return lines + _speed_lines(timed, gpu)
+
+
+def _part_commits(doc: dict) -> str:
+    """Where a merged study's parts ran at different commits, which (a part often holds one
+    mixer's runs, so its speed is that commit's)."""
+    commits = {p["part"]: p["environment"].get("git_commit") for p in doc.get("parts", [])}
+    if len(set(commits.values())) < 2:
+        return ""
+    return " Its parts ran at different commits: " + ", ".join(
+        f"{part} at {(commit or 'unknown')[:7]}" for part, commit in commits.items()) + "."
+
+
+def _score_cell(mixer: str, stats, metric: str) -> str:
+    """A mixer's mean (range over seeds) on a task, saying which seeds diverged."""
+    name = MIXER_NAMES.get(mixer, mixer)
+    size, count = int(stats["size"]), int(stats["count"])
+    if count == 0:  # the best rate is a finite one's where there is one: none was
+        return f"{name} diverged at every rate"
+    text = f"{name} {stats['mean']:.3f} ({stats['min']:.3f}-{stats['max']:.3f}){unit(metric)}"
+    return text + (f" ({size - count} of {size} seeds diverged)" if count < size else "")
 
 
 def _speed_lines(timed, gpu: bool) -> list[str]:
@@ -139,7 +173,10 @@ def _speed_lines(timed, gpu: bool) -> list[str]:
     diverged."""
     lines = []
     speed = speed_by_mixer(timed, "tokens_per_s")
-    if "attention" in speed.index and len(speed) > 1:
+    apart = ("" if speed.attrs["comparable"] else
+             " No task and length here has runs of every mixer, so these are each mixer's own "
+             "tasks, not set against each other.")
+    if "attention" in speed.index and len(speed) > 1 and not apart:
         rel = ", ".join(f"{MIXER_NAMES.get(m, m)} {v / speed['attention']:.2f}×"
                         for m, v in speed.items() if m != "attention")
         speed_text = f" Relative to attention: {rel}."
@@ -149,7 +186,7 @@ def _speed_lines(timed, gpu: bool) -> list[str]:
     lines.append(f"**Training speed** (tokens/s, {SPEED_AVERAGE}"
                  + ("; each configuration timed alone on the device" if alone else "") + "): "
                  + ", ".join(f"{MIXER_NAMES.get(m, m)} {v:,.0f}" for m, v in speed.items())
-                 + f".{speed_text}")
+                 + f".{speed_text}{apart}")
     gpu_ms = speed_by_mixer(timed, "gpu_ms_per_step")
     if len(gpu_ms):
         lines.append(f"**GPU time per training step** ({SPEED_AVERAGE}; CUDA events, "
@@ -184,22 +221,23 @@ def _caveats(gpu: bool, block: str = "griffin") -> str:
     return caveats
 
 
-def _where_each_loses(best, everything) -> list[str]:
+def _where_each_loses(best) -> list[str]:
     """Beside the quality-against-time figure: for each mixer other than attention, where its
     mean (at its best rate) is worse than another mixer's, at every length, and how the
     training times compare."""
     if best["mixer"].nunique() < 2:
         return []
-    # By task: a median over every run would weigh each mixer's mix of short and long tasks.
-    timed = everything[everything["task"].isin(set(best["task"]))]
+    # The figure's runs: each mixer's best rate, by task and length (a median over more would
+    # weigh each mixer's own mix of lengths, rates and diverged runs).
     by_task = []
-    for task, part in timed.groupby("task", sort=False):
+    for (task, length), part in best.groupby(["task", "seq_len"], sort=False):
         time_ = part.groupby("mixer", sort=False)["train_wall_s"].median().dropna()
         if len(time_) > 1:
-            by_task.append(f"{TASK_NAMES[task]}: " + ", ".join(
+            by_task.append(f"{TASK_NAMES[task]} L = {length}: " + ", ".join(
                 f"{MIXER_NAMES.get(m, m)} {v:.1f} s" for m, v in time_.items()))
-    timing = (" Median training wall time per run (the quality-against-time figure's axis): "
-              + "; ".join(by_task) + "." if by_task else "")
+    timing = (" Median training wall time per run at each mixer's best rate (the "
+              "quality-against-time figure's axis): " + "; ".join(by_task) + "."
+              if by_task else "")
     out = []
     for mixer in dict.fromkeys(best["mixer"]):
         if mixer == "attention":
@@ -211,6 +249,9 @@ def _where_each_loses(best, everything) -> list[str]:
                 continue
             metric = part["metric"].iloc[0]
             higher = higher_is_better(metric)
+            if means.isna()[mixer]:  # no finite score at any rate: it lost outright
+                losses.append(f"{TASK_NAMES[task]} L = {length} (diverged at every rate)")
+                continue
             beaten = [m for m, v in means.drop(mixer).items()
                       if (v > means[mixer] if higher else v < means[mixer])]
             if beaten:

@@ -131,7 +131,7 @@ def merge_parts(slug: str, part: str, configuration: str | None = None) -> dict 
     """When every part of ``part``'s study has its file: the documents joined into one (every
     run, in part order; the first part's environment, each part's in ``parts``), written to
     result_path(slug, configuration) and returned; None while a part is missing.  Parts of
-    different studies are refused."""
+    different studies, data or GPUs are refused."""
     _, n = parse_part(part)
     paths_ = [part_path(slug, f"{k}/{n}", configuration) for k in range(1, n + 1)]
     if not all(p.exists() for p in paths_):
@@ -141,6 +141,10 @@ def merge_parts(slug: str, part: str, configuration: str | None = None) -> dict 
     for p, d in zip(paths_[1:], docs[1:]):
         if _without_part(d["study"]) != _without_part(docs[0]["study"]):
             raise ValueError(f"{p}: its study differs from that of {paths_[0]}; not merged")
+        if d["environment"].get("gpu") != docs[0]["environment"].get("gpu"):
+            # Each part is often one mixer's runs: their speeds would compare two devices.
+            raise ValueError(f"{p}: ran on {d['environment'].get('gpu')}, {paths_[0]} on "
+                             f"{docs[0]['environment'].get('gpu')}; not merged")
         if _data_identity(d) != _data_identity(docs[0]):
             raise ValueError(f"{p}: its runs trained on other data than those of {paths_[0]} "
                              "(the checksums in \"data\" differ); not merged")
@@ -306,13 +310,17 @@ def speed_by_mixer(timed, column: str):
     """Each mixer's ``column`` of frame() (a speed) as one number: the median over its runs of
     each task and length, then the mean over the tasks and lengths every mixer ran.  A median
     over all runs would weigh each mixer's own mix of cheap and costly tasks (a wider rate sweep
-    on the LM pulls it toward the LM's step).  Mixers in the frame's order."""
+    on the LM pulls it toward the LM's step).  Mixers in the frame's order.  Where no task and
+    length has runs of every mixer (a part of a study) each mixer's own are averaged, and
+    ``attrs["comparable"]`` is False: the numbers are then not to be set against each other."""
     known = timed.dropna(subset=[column])
     cells = known.groupby(["task", "seq_len", "mixer"], sort=False)[column].median() \
         .unstack("mixer")
     common = cells.dropna()
     means = (common if len(common) else cells).mean()
-    return means.reindex([m for m in dict.fromkeys(known["mixer"]) if m in means.index]).dropna()
+    means = means.reindex([m for m in dict.fromkeys(known["mixer"]) if m in means.index]).dropna()
+    means.attrs["comparable"] = bool(len(common)) or len(means) < 2
+    return means
 
 
 SPEED_AVERAGE = "median per task and length, averaged over them"
@@ -364,7 +372,8 @@ def summary(doc):
     """Per task, length and mixer (of a document, or of a list of run records), at the best
     learning rate (learning_rate_choice): the metric's mean, standard deviation, minimum and
     maximum over seeds, the rate and whether it is at the edge of the sweep, median tokens per
-    second and ms per step (wall; GPU time on CUDA), total and mixer parameters."""
+    second and ms per step (wall; GPU time on CUDA), total and mixer parameters.  ``seeds``
+    counts the runs, ``finite`` those with a finite score: the mean and range are over these."""
     import pandas as pd
     df = best_frame(doc)
     if df.empty:  # a part of a study that holds none of this task's runs
@@ -372,7 +381,7 @@ def summary(doc):
     choice = learning_rate_choice(doc).set_index(["task", "seq_len", "mixer"])["at_edge"]
     grouped = df.groupby(["task", "seq_len", "mixer"], sort=False)
     out = grouped.agg(metric=("metric", "first"), lr=("lr", "first"), seeds=("seed", "count"),
-                      mean=("value", "mean"), std=("value", "std"), min=("value", "min"),
+                      finite=("value", "count"), mean=("value", "mean"), std=("value", "std"), min=("value", "min"),
                       max=("value", "max"), tokens_per_s=("tokens_per_s", "median"),
                       wall_ms_per_step=("wall_ms_per_step", "median"),
                       gpu_ms_per_step=("gpu_ms_per_step", "median"),
@@ -384,9 +393,9 @@ def summary(doc):
     return out
 
 
-SUMMARY_COLUMNS = ["task", "seq_len", "mixer", "metric", "lr", "lr_at_edge", "seeds", "mean",
-                   "std", "min", "max", "tokens_per_s", "wall_ms_per_step", "gpu_ms_per_step",
-                   "parameters", "mixer_parameters", "steps_completed"]
+SUMMARY_COLUMNS = ["task", "seq_len", "mixer", "metric", "lr", "lr_at_edge", "seeds", "finite",
+                   "mean", "std", "min", "max", "tokens_per_s", "wall_ms_per_step",
+                   "gpu_ms_per_step", "parameters", "mixer_parameters", "steps_completed"]
 
 
 def sanity(doc, bar: float | None = None) -> dict:
@@ -395,16 +404,18 @@ def sanity(doc, bar: float | None = None) -> dict:
     the task's own bar where its runs record one (``yardstick_bar``: the LM's bigram bits per
     character, to be beaten) and otherwise the accuracy ``bar`` (None: the study's sanity_bar,
     SANITY_BAR for documents without one).  Returns {"bar", "passed", "checks": {task:
-    {"seq_len", "metric", "value", "bar", "passed"}}, "compared"}: "compared" lists the
-    study's tasks whose comparison may be reported, those whose own check passed and, when
-    every check passed, those without one.  A task without attention runs, or a bits task
-    whose runs record no bar (earlier documents), is not checked."""
+    {"seq_len", "metric", "value", "bar", "passed"}}, "compared", "unjudged"}: "compared"
+    lists the study's tasks whose comparison may be reported, those whose own check passed
+    and, when every check passed, those without one; "unjudged" the tasks attention did not run
+    (a part of a study), never compared.  A bits task whose runs record no bar (earlier
+    documents) is not checked.  A seed with no finite score (diverged) fails the check."""
     if bar is None:
         bar = doc.get("study", {}).get("sanity_bar", SANITY_BAR) if isinstance(doc, dict) \
             else SANITY_BAR
     checks = {}
     if not runs_of(doc):
-        return {"bar": float(bar), "passed": True, "checks": checks, "compared": []}
+        return {"bar": float(bar), "passed": True, "checks": checks, "compared": [],
+                "unjudged": []}
     df = best_frame(doc)
     for task in [name for name, spec in TASKS.items() if spec.sanity]:
         part = df[(df["task"] == task) & (df["mixer"] == "attention")]
@@ -420,14 +431,17 @@ def sanity(doc, bar: float | None = None) -> dict:
             level = float(bar)
         else:
             continue
-        value = float(part["value"].mean())
+        value = float(part["value"].mean(skipna=False))  # NaN, failing, if a seed diverged
         passed = value >= level if higher_is_better(metric) else value < level
         checks[task] = {"seq_len": shortest, "metric": metric, "value": value, "bar": level,
                         "passed": bool(passed)}
+    tasks = list(dict.fromkeys(df["task"]))
+    unjudged = [t for t in tasks if not ((df["task"] == t) & (df["mixer"] == "attention")).any()]
     every = all(c["passed"] for c in checks.values())
-    compared = [t for t in dict.fromkeys(df["task"])
-                if (checks[t]["passed"] if t in checks else every)]
-    return {"bar": float(bar), "passed": every, "checks": checks, "compared": compared}
+    compared = [t for t in tasks if t not in unjudged
+                and (checks[t]["passed"] if t in checks else every)]
+    return {"bar": float(bar), "passed": every and not unjudged, "checks": checks,
+            "compared": compared, "unjudged": unjudged}
 
 
 def not_compared_note(task: str, check: dict, before: str = " ") -> str:
@@ -435,7 +449,8 @@ def not_compared_note(task: str, check: dict, before: str = " ") -> str:
     is."""
     if task in check["compared"]:
         return ""
-    why = ("attention fails its bar" if task in check["checks"] else
+    why = ("attention did not run it here" if task in check.get("unjudged", ()) else
+           "attention fails its bar" if task in check["checks"] else
            "no bar of its own recorded, and attention fails another task's")
     return f"{before}(not compared: {why})"
 

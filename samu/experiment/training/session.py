@@ -70,10 +70,17 @@ def sanity_text(doc: dict) -> str:
             lines.append(f"attention on {check_text(task, c)}")
         left_out = [TASK_NAMES[t] for t in dict.fromkeys(r["task"] for r in doc["runs"])
                     if t not in check["compared"]]
-        lines.append("yardstick passes its sanity bar" if check["passed"]
-                     else "yardstick failed its sanity bar: no comparison" if not check["compared"]
-                     else f"yardstick failed its sanity bar on {', '.join(left_out)}: no "
-                          "comparison there")
+        unjudged = [TASK_NAMES[t] for t in check["unjudged"]]
+        failed = [t for t in left_out if t not in unjudged]
+        if unjudged:
+            lines.append(f"attention did not run {', '.join(unjudged)} here: no comparison "
+                         "there")
+        if check["passed"]:
+            lines.append("yardstick passes its sanity bar")
+        elif failed:
+            lines.append("yardstick failed its sanity bar: no comparison" if not check["compared"]
+                         else f"yardstick failed its sanity bar on {', '.join(failed)}: no "
+                              "comparison there")
     if doc.get("recall_curves"):
         check = recall_sanity(doc)
         lines.append(f"recall curves' bar: accuracy {check['bar']} at {check['pairs']} pairs, "

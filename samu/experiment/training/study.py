@@ -175,10 +175,11 @@ class Study:
             raise ParameterError(f"study: attention_kernel must be one of "
                                  f"{list(ATTENTION_KERNELS)}, got {self.attention_kernel!r}")
         parsed = parse_part(self.part)
-        if parsed is not None and parsed[0] > self.part_units():
+        if parsed is not None and parsed[1] > self.part_units():
+            # Some part would hold no runs, and the merge would wait for it forever.
             raise ParameterError(
-                f"study: part {self.part} holds no runs: the study's runs split into at most "
-                f"{self.part_units()} parts (its rate sweeps stay whole)")
+                f"study: part {self.part}: the study's runs split into at most "
+                f"{self.part_units()} parts (its rate sweeps stay whole), not {parsed[1]}")
         if self.recall_curves:
             for length, pairs in points_in_order(self.recall_curves):
                 try:
