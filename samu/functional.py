@@ -112,10 +112,11 @@ def _result(y, final, name, output_final_state: bool, return_backend: bool):
     return out if len(out) > 1 else y
 
 STATE_DOC = """
-    initial_state: FP32 [B, D] ([N, D] with cu_seqlens), the state entering each sequence's first
-        token, which is then an ordinary step; without it the state resets there.
-    output_final_state: also return the FP32 state after each sequence's last token, [B, D]
-        ([N, D] with cu_seqlens).
+    initial_state: [B, D] ([N, D] with cu_seqlens), the state entering each sequence's first
+        token, which is then an ordinary step; without it the state resets there.  Any floating
+        dtype: it is carried in FP32 (float64 where x is float64).
+    output_final_state: also return the state after each sequence's last token, [B, D]
+        ([N, D] with cu_seqlens), in FP32 (float64 where x is float64).
     cu_seqlens: packed sequences in one row (batch 1): int32 or int64 offsets [0, ..., L] as in
         FlashAttention; every start resets (or takes its initial state).
     resets: torch.bool [B, L] ([1, L] with cu_seqlens) on x's device, or None: True at token t

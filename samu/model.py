@@ -557,10 +557,11 @@ class RecurrentBlock(nn.Module):
         """(out_t, state): one token x_t [B, D] from a RecurrentBlockState (None: a sequence's
         first token); a True row of ``resets`` ([B] bool) ignores its state.  A loop of steps
         equals one forward, and so do a prefill and steps."""
-        if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[1] != self.width:
-            shape = tuple(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
+        if not isinstance(x_t, torch.Tensor):
+            raise TypeError(f"griffin: x_t must be a torch.Tensor, got {type(x_t).__name__}")
+        if x_t.dim() != 2 or x_t.shape[1] != self.width:
             raise ValueError(f"griffin: step takes x_t of shape [batch, {self.width}], got "
-                             f"{shape}")
+                             f"{tuple(x_t.shape)}")
         if state is not None:
             self._check_state(state, x_t.shape[0], x_t.device)
         if resets is not None:

@@ -100,9 +100,12 @@ class Mixer(nn.Module):
         and allocates only y_t and the new state (samu.ops.<mixer>.step says when a layout
         costs a copy); otherwise the forward runs on the length-1 sequence.  Both refuse the
         same bad input with the same words; the kernel leaves ``last_backend`` as it was."""
-        if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2:
-            shape = tuple(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
-            raise ValueError(f"{self.mixer}: step takes x_t of shape [batch, width], got {shape}")
+        if not isinstance(x_t, torch.Tensor):  # as the forward refuses a non-tensor x
+            raise TypeError(f"{self.mixer}: x_t must be a torch.Tensor, got "
+                            f"{type(x_t).__name__}")
+        if x_t.dim() != 2:
+            raise ValueError(f"{self.mixer}: step takes x_t of shape [batch, width], got "
+                             f"{tuple(x_t.shape)}")
         check_dense(self.mixer, x_t, "x_t")
         x = x_t[:, None]
         if resets is not None:  # on both paths, named as step takes it ([B], not [B, 1])

@@ -518,6 +518,8 @@ def test_griffin_bad_input_is_refused():
         block(x, initial_state=M.RecurrentBlockState(torch.zeros(2, 3, D), torch.zeros(3, D)))
     with pytest.raises(ValueError, match="step takes x_t"):
         block.step(x)
+    with pytest.raises(TypeError, match="x_t must be a torch.Tensor, got list"):
+        block.step(x[:, 0].tolist())
     with pytest.raises(TypeError, match="output_final_state"):
         block(x, output_final_state=1)
 

@@ -128,6 +128,12 @@ def test_the_training_table_shows_missing_and_diverged_runs(tmp_path):
     assert "1 of 3 seeds diverged" in lm and "**" not in lm
     copy = rows["| selective copying, L = 512"]
     assert "diverged at every rate" in copy and "**" not in copy
+    assert "each timed alone) |" in readme.training_table(tmp_path, "nvidia-h200")
+    # A run that shared the GPU and was not re-timed alone: the speed row says so.
+    shared = next(r for r in doc["runs"] if "solo_gpu_ms_per_step" in r)
+    del shared["solo_gpu_ms_per_step"]
+    (tmp_path / "training" / "nvidia-h200.json").write_text(json.dumps(doc))
+    assert "some timed while sharing the GPU) |" in readme.training_table(tmp_path, "nvidia-h200")
 
 
 def test_the_shared_training_timing_is_said():
@@ -135,7 +141,7 @@ def test_the_shared_training_timing_is_said():
     and the block says so with the shared median."""
     text = " ".join(readme.results_tables(DATA).split())
     assert ("Attention's runs trained 4 at a time on the GPU (median GPU time per step while "
-            "sharing it: 4.73 ms); the table gives its 50 steps re-timed alone") in text
+            "sharing it: 4.52 ms); the table gives its 50 steps re-timed alone") in text
     assert "| GPU time per training step (median per task and length, averaged over them; " \
         "each timed alone) | 3.14 ms |" \
         in text

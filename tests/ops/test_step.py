@@ -226,6 +226,7 @@ def test_autocast_enters_as_bf16(launches):
 
 BAD_STEPS = [
     (lambda x, s: (x[None], s), ValueError, r"step takes x_t of shape \[batch, width\]"),
+    (lambda x, s: (x.tolist(), s), TypeError, "x_t must be a torch.Tensor, got list"),
     (lambda x, s: (x[:, :8], s), ValueError, "width 8 but the mixer's width is 16"),
     (lambda x, s: (x.int(), s), TypeError, "dtype"),
     (lambda x, s: (x, s[:1]), ValueError, r"initial_state must have shape \[2, 16\]"),
