@@ -532,21 +532,29 @@ def test_a_diverged_seed_is_said_and_claims_no_order():
     nan = float("nan")
     bits = {"attention": [2.3, 2.2, 2.25], "rglru": [1.9, 1.95, 1.92], "samu": [1.80, 1.81, nan]}
     doc = with_lm(recall, bits, bar=3.5, sanity_bar=0.9)
+    for r in doc["runs"]:
+        r["gpu_ms_per_step"] = 2.0
     summary = T.summary(doc).set_index(["task", "mixer"])
     assert (summary.loc[("lm", "samu"), "seeds"], summary.loc[("lm", "samu"), "finite"]) == (3, 2)
     text = T.conclusion(doc)
     assert "SAMU 1.805 (1.800-1.810) bits/char (1 of 3 seeds diverged)" in text
-    assert "SAMU has the best mean of its finite seeds, but SAMU diverged in some: no ordering " \
-        "is claimed" in text and "is best, beyond" not in text.split("Character LM")[1]
+    assert "SAMU has the best mean of its finite seeds, but seeds diverged (SAMU in some): no " \
+        "ordering is claimed" in text and "is best, beyond" not in text.split("Character LM")[1]
+    # Nor is it ranked beside the figure, nor its score set beside a step's speed.
+    assert "character LM (stdlib source) L = 64 (seeds diverged: not ranked)" in text
+    assert "behind SAMU" not in text and "SAMU 1.00× attention's step, diverged seeds" in text
     # Every seed diverged: said, and counted as a loss.
     bits["samu"] = [nan, nan, nan]
     text = T.conclusion(with_lm(recall, bits, bar=3.5, sanity_bar=0.9))
-    assert "SAMU diverged at every rate" in text
+    assert "SAMU diverged at every rate" in text and "(SAMU at every rate)" in text
     assert "character LM (stdlib source) L = 64 (diverged at every rate)" in text
+    assert "nan" not in text
     # The yardstick with a diverged seed fails its bar.
     bits["attention"] = [2.3, nan, 2.25]
     check = T.sanity(with_lm(recall, bits, bar=3.5, sanity_bar=0.9))
     assert not check["checks"]["lm"]["passed"] and "lm" not in check["compared"]
+    assert "held-out bits per character not finite (a seed diverged) (bar: below 3.500; " \
+        "fails)" in T.check_text("lm", check["checks"]["lm"])
 
 
 def test_a_task_attention_did_not_run_is_not_judged_nor_compared():

@@ -61,8 +61,8 @@ def _tasks(doc: dict) -> list[str]:
                  and t not in check["compared"] and t not in check["unjudged"]]
     if check["unjudged"]:
         lines.append(f"**No comparison on {', '.join(TASK_NAMES[t] for t in check['unjudged'])}"
-                     ":** attention did not run it here (a part of a study), so nothing says "
-                     "whether the training works there; only its speed is used below.")
+                     ":** attention did not run it here, so nothing says whether the training "
+                     "works there; only its speed is used below.")
     if not check["compared"] and failed:
         lines.append("**yardstick failed its sanity bar: no comparison.** Attention passed the "
                      "bar of no task here, so the training (steps, learning rates) is what these "
@@ -111,8 +111,8 @@ def _tasks(doc: dict) -> list[str]:
             separated = bool(len(others)) and bool((stats.loc[better, "max"] < others["min"]).all())
         separated = separated and several and not lost
         verdict = (f"{MIXER_NAMES.get(better, better)} has the best mean of its finite seeds, "
-                   f"but {', '.join(MIXER_NAMES.get(m, m) for m in lost)} diverged in some: "
-                   "no ordering is claimed" if lost else
+                   f"but seeds diverged ({_diverged_names(stats)}): no ordering is claimed"
+                   if lost else
                    f"{MIXER_NAMES.get(better, better)} is best, beyond the spread over seeds"
                    if separated else
                    f"{MIXER_NAMES.get(better, better)} has the best mean, but the ranges over "
@@ -155,6 +155,14 @@ def _part_commits(doc: dict) -> str:
         return ""
     return " Its parts ran at different commits: " + ", ".join(
         f"{part} at {(commit or 'unknown')[:7]}" for part, commit in commits.items()) + "."
+
+
+def _diverged_names(stats) -> str:
+    """Which mixers of ``stats`` (mean, count, size by mixer) lost seeds, in words."""
+    some = [MIXER_NAMES.get(m, m) for m, st in stats.iterrows() if 0 < st["count"] < st["size"]]
+    every = [MIXER_NAMES.get(m, m) for m, st in stats.iterrows() if st["count"] == 0]
+    return "; ".join(([f"{', '.join(some)} in some"] if some else [])
+                     + ([f"{', '.join(every)} at every rate"] if every else []))
 
 
 def _score_cell(mixer: str, stats, metric: str) -> str:
@@ -252,8 +260,13 @@ def _where_each_loses(best) -> list[str]:
             if means.isna()[mixer]:  # no finite score at any rate: it lost outright
                 losses.append(f"{TASK_NAMES[task]} L = {length} (diverged at every rate)")
                 continue
-            beaten = [m for m, v in means.drop(mixer).items()
-                      if (v > means[mixer] if higher else v < means[mixer])]
+            # A mean over the seeds that did not diverge ranks nothing, as the task's line.
+            partial = set(part.loc[part["value"].isna(), "mixer"])
+            if mixer in partial:
+                losses.append(f"{TASK_NAMES[task]} L = {length} (seeds diverged: not ranked)")
+                continue
+            beaten = [m for m, v in means.drop(mixer).items() if m not in partial
+                      and (v > means[mixer] if higher else v < means[mixer])]
             if beaten:
                 losses.append(f"{TASK_NAMES[task]} L = {length} (behind "
                               f"{', '.join(MIXER_NAMES.get(m, m) for m in beaten)}: "
@@ -283,9 +296,12 @@ def _what_speed_buys(best) -> list[str]:
         metric = part["metric"].iloc[0]
         if "attention" not in step.index or not step["attention"] > 0:
             continue
+        def scored(m):  # a mean over finite seeds only where every seed was finite
+            values = part.loc[part["mixer"] == m, "value"]
+            return f"{score[m]:.3f}" if values.notna().all() else "diverged seeds"
         cells.append(f"{TASK_NAMES[task]} L = {part['seq_len'].iloc[0]}: " + ", ".join(
             f"{MIXER_NAMES.get(m, m)} {step[m] / step['attention']:.2f}× attention's step, "
-            f"{score[m]:.3f} against {score['attention']:.3f}{unit(metric)}"
+            f"{scored(m)} against {scored('attention')}{unit(metric)}"
             for m in step.index if m != "attention"))
     if not cells:
         return []

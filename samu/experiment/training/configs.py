@@ -20,9 +20,9 @@ it first times each configuration's step alone beside them), at the commit that 
 
 - ``recall``: 72 runs (with no widening), about 720 s in all, 2 parts of about 370 s;
 - ``scale``: 36 runs (with no widening), about 1613 s in all, 6 parts of about 497 s (one
-  (task, mixer) sweep each: the LM's three parts about 90-105 s, so that one command can run
+  (task, mixer) sweep each: the LM's three parts about 87-105 s, so that one command can run
   them in turn, MQAR's 410-497 s); per step (wall, alone): attention 26.5 ms, RG-LRU 22.5 ms,
-  SAMU 21.6 ms, where the H100 measured 24.1-25.7, 23.9-25.7 and 23.2-25.0 ms.
+  SAMU 21.6 ms, where the H100's wall time per step was 24.2-25.8, 24.0-25.8 and 23.3-25.1 ms.
 
 How the recall curves' numbers were chosen.  The points and widths are Zoology's figure 2
 ((L, pairs) = (64, 4), (128, 8), (256, 16); widths 64-512), at vocabulary 8192.  Rates: four
@@ -61,12 +61,14 @@ of a uniform guess over the values (loss 6.94) for about 300 steps at 3e-4 and w
 steeply when the schedule ended (4.73, accuracy 0.18 over three seeds, below its 0.9 bar), while
 RG-LRU reached 0.77. At 1500 steps
 (docs/sweeps/2026-12-06_252233c_gpu_h100_scale_study_1500_step_mqar/) attention solved it in one
-seed of three (0.9996; 0.262 and 0.251 in the others, mean 0.504),
-RG-LRU reached 0.935 and SAMU 0.259 at every rate; attention alone at 3000 steps, lr 3e-4,
-seed 0 reached 1.000 (its loss 3.02 at step 620, 0.034 at step 920), so MQAR's runs are 3000
-steps, five times the LM's. The rates: each mixer's four span its best rates of those runs
-(attention 1e-3 on the LM and 3e-4 on MQAR; RG-LRU 2.4e-3 and 4.8e-3; SAMU 4.8e-3 on the LM),
-so that a sweep seldom widens, which would take a part past its command.
+seed of three (0.9996; 0.262 and 0.251 in the others, mean 0.504), RG-LRU reached 0.935, and
+SAMU stayed near a guess at every rate (0.234-0.262; 0.259 at its best, 1.2e-3); attention alone
+at 3000 steps, lr 3e-4, seed 0 (one of the seeds that failed at 1500) reached 1.000 (its loss
+3.02 at step 620, 0.034 at step 920), so MQAR's runs are 3000 steps, five times the LM's. The
+rates: each mixer's four span its best rates of those runs (attention 1e-3 on the LM and 3e-4 on
+MQAR; RG-LRU 2.4e-3 and 4.8e-3; SAMU 4.8e-3 on the LM and 1.2e-3 on MQAR, where its sweep was
+flat), so that an MQAR sweep seldom widens: a widened one takes its part past a 10-minute
+command, and the part resumes in the next.
 """
 from __future__ import annotations
 
@@ -191,7 +193,7 @@ SCALE_GPU = dict(
     steps={"lm": 600, "mqar": 3000},
     batch_size=8,
     lr={"attention": [1e-4, 3e-4, 1e-3, 2e-3], "rglru": [1.2e-3, 2.4e-3, 4.8e-3, 9.6e-3],
-        "samu": [1.2e-3, 2.4e-3, 4.8e-3, 9.6e-3]},
+        "samu": [6e-4, 1.2e-3, 2.4e-3, 4.8e-3]},
     lr_search="first_seed",
     warmup_steps=60,
     eval_batches=4,

@@ -318,7 +318,8 @@ def speed_by_mixer(timed, column: str):
         .unstack("mixer")
     common = cells.dropna()
     means = (common if len(common) else cells).mean()
-    means = means.reindex([m for m in dict.fromkeys(known["mixer"]) if m in means.index]).dropna()
+    order = [m for m in dict.fromkeys(known["mixer"]) if m in means.index]
+    means = means.reindex(order).dropna()
     means.attrs["comparable"] = bool(len(common)) or len(means) < 2
     return means
 
@@ -461,7 +462,9 @@ def check_text(task: str, check: dict) -> str:
     higher = higher_is_better(check["metric"])
     label = METRIC_TABLE[check["metric"]].label.split("\n")[0]
     name = TASKS[task].label if task in TASKS else task
-    return (f"{name} at L = {check['seq_len']}: {label} {check['value']:.3f} (bar: "
+    value = ("not finite (a seed diverged)" if math.isnan(check["value"])
+             else f"{check['value']:.3f}")
+    return (f"{name} at L = {check['seq_len']}: {label} {value} (bar: "
             f"{'at least' if higher else 'below'} "
             f"{format(check['bar'], 'g') if higher else format(check['bar'], '.3f')}; "
             f"{'passes' if check['passed'] else 'fails'})")
