@@ -202,6 +202,12 @@ def training_table(data_dir: Path, slug: str = report.COMMITTED_SLUG,
     lines.append(f"| GPU time per training step ({training.SPEED_AVERAGE}; "
                  f"{'each timed alone' if alone else 'some timed while sharing the GPU'}) | "
                  + " | ".join(_ms(gpu.get(m, float("nan")), 2) for m in mixers) + " |")
+    side = training.side_by_side_frame(doc)
+    if side is not None:  # the parts' configurations timed again in the command that merged
+        ms = training.speed_by_mixer(side, "ms_per_step")
+        lines.append(f"| {side.attrs['clock']} time per training step, every configuration timed "
+                     f"side by side in the command that merged the parts ({training.SPEED_AVERAGE}"
+                     ") | " + " | ".join(_ms(ms.get(m, float("nan")), 2) for m in mixers) + " |")
     shared = _shared_timing(doc["runs"])
     if shared:
         lines += ["", _wrap(" ".join(shared))]

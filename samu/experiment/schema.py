@@ -196,6 +196,17 @@ TRAINING_SCHEMA = {
         # Optional: the parts a merged document was run in, each with its environment.
         "parts": {"type": "array", "items": {"type": "object",
                                              "required": ["part", "environment"]}},
+        # Optional: every (task, length, mixer) configuration's step timed alone, one after
+        # another in the command that merged the parts (the parts' runs timed on their own
+        # machines), with that command's environment.
+        "side_by_side": {"type": "object", "required": ["environment", "steps", "rows"],
+                         "properties": {"rows": {"type": "array", "minItems": 1, "items": {
+                             "type": "object",
+                             "required": ["task", "seq_len", "mixer", "wall_ms_per_step",
+                                          "gpu_ms_per_step", "tokens_per_s"],
+                             "properties": {
+                                 "wall_ms_per_step": _real, "tokens_per_s": _real,
+                                 "gpu_ms_per_step": {"anyOf": [_real, {"type": "null"}]}}}}}},
         # Optional: the sanity bars the merge filled in for runs that ran before their task
         # recorded one, by task, in words.
         "bars_recorded": {"type": "object", "additionalProperties": {"type": "string"}},

@@ -134,6 +134,15 @@ def test_the_training_table_shows_missing_and_diverged_runs(tmp_path):
     del shared["solo_gpu_ms_per_step"]
     (tmp_path / "training" / "nvidia-h200.json").write_text(json.dumps(doc))
     assert "some timed while sharing the GPU) |" in readme.training_table(tmp_path, "nvidia-h200")
+    # A merged study's configurations timed side by side: a row of their own, averaged per task.
+    doc["side_by_side"] = {"environment": doc["environment"], "steps": 20, "rows": [
+        {"task": t, "seq_len": 512, "mixer": m, "wall_ms_per_step": 9.0, "tokens_per_s": 1e6,
+         "gpu_ms_per_step": {"lm": 2.0, "copy": 4.0}[t] * (1.5 if m == "samu" else 1.0)}
+        for t in ("lm", "copy") for m in ("attention", "rglru", "samu")]}
+    (tmp_path / "training" / "nvidia-h200.json").write_text(json.dumps(doc))
+    assert ("| GPU time per training step, every configuration timed side by side in the command "
+            "that merged the parts (median per task and length, averaged over them) | 3.00 ms | "
+            "3.00 ms | 4.50 ms |") in readme.training_table(tmp_path, "nvidia-h200")
 
 
 def test_the_shared_training_timing_is_said():

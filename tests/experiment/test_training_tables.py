@@ -122,6 +122,16 @@ def test_a_written_part_is_read_not_trained_and_merge_joins_the_parts_anywhere(
         run.run_task("echo")
         run.finish()
     assert run.merged is not None
+    # The part that merged timed every configuration again, one after another, on one machine.
+    side = schema.read_valid_json(data_dir / "training" / "cpu.echo.json",
+                                  "training")["side_by_side"]
+    assert [(r["task"], r["seq_len"], r["mixer"]) for r in side["rows"]] == [
+        ("echo", 12, m) for m in T.model_.mixer_names()]
+    assert side["steps"] == ECHO_STUDY["speed_steps"] and all(
+        r["wall_ms_per_step"] > 0 and r["gpu_ms_per_step"] is None for r in side["rows"])
+    assert "**Timed side by side** (every configuration alone, one after another in the " \
+        "command that merged the parts, on a CPU; 2 steps each, wall time per step): echo " \
+        "(the token before) L = 12: attention " in T.conclusion(run.merged)
     first = data_dir / "training" / "cpu.echo.part-1-of-2.json"
     written = first.read_bytes()
     (data_dir / "training" / "cpu.echo.json").unlink()

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from .curves import compared_mixers, rates_said, recall_curve_frame, recall_sanity, short_why
 from .results import (MIXER_NAMES, SPEED_AVERAGE, best_frame, check_text, frame,
-                      higher_is_better, learning_rate_choice, sanity, speed_by_mixer)
+                      higher_is_better, learning_rate_choice, sanity, side_by_side_frame,
+                      speed_by_mixer)
 from .tasks import METRIC_TABLE, TASK_NAMES
 
 # --- the conclusion ------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ def _tasks(doc: dict) -> list[str]:
                      "no sanity bar of its own was recorded, and attention failed another "
                      "task's.")
     if not check["compared"]:
-        return lines + _speed_lines(timed, gpu)
+        return lines + _speed_lines(timed, gpu) + _side_by_side_lines(doc)
     df = df[df["task"].isin(check["compared"])]
     everything = everything[everything["task"].isin(check["compared"])]
     choice = learning_rate_choice(doc)
@@ -144,7 +145,29 @@ def _tasks(doc: dict) -> list[str]:
                          f"{'; '.join(trend)}.")
     lines.extend(_where_each_loses(df))
     lines.extend(_what_speed_buys(df))
-    return lines + _speed_lines(timed, gpu)
+    return lines + _speed_lines(timed, gpu) + _side_by_side_lines(doc)
+
+
+def _side_by_side_lines(doc: dict) -> list[str]:
+    """The merged study's configurations timed one after another in one command: each mixer's
+    time per step, and its multiple of attention's, by task and length."""
+    df = side_by_side_frame(doc)
+    if df is None:
+        return []
+    cells = []
+    for (task, length), part in df.groupby(["task", "seq_len"], sort=False):
+        ms = part.set_index("mixer")["ms_per_step"]
+        base = ms.get("attention")
+        cells.append(f"{TASK_NAMES[task]} L = {length}: " + ", ".join(
+            f"{MIXER_NAMES.get(m, m)} {v:.2f} ms"
+            + (f" ({v / base:.2f}×)" if base and m != "attention" else "")
+            for m, v in ms.items()))
+    env = doc["side_by_side"]["environment"]
+    where = env.get("gpu") if str(env.get("device", "")).startswith("cuda") else "a CPU"
+    return [f"**Timed side by side** (every configuration alone, one after another in the "
+            f"command that merged the parts, on {where}; "
+            f"{doc['side_by_side']['steps']} steps each, {df.attrs['clock']} time per step): "
+            + "; ".join(cells) + "."]
 
 
 def _part_commits(doc: dict) -> str:

@@ -327,6 +327,21 @@ def speed_by_mixer(timed, column: str):
 SPEED_AVERAGE = "median per task and length, averaged over them"
 
 
+def side_by_side_frame(doc):
+    """The side-by-side timings of a merged document (time_side_by_side), one row per (task,
+    length, mixer), with ``column``: GPU time per step where measured, else wall; None when the
+    document has none."""
+    import pandas as pd
+    block = doc.get("side_by_side") if isinstance(doc, dict) else None
+    if not block:
+        return None
+    df = pd.DataFrame(block["rows"])
+    gpu = pd.to_numeric(df["gpu_ms_per_step"], errors="coerce")
+    df["ms_per_step"] = gpu if gpu.notna().all() else df["wall_ms_per_step"]
+    df.attrs["clock"] = "GPU" if gpu.notna().all() else "wall"
+    return df
+
+
 def learning_rate_choice(doc):
     """Per task, length and mixer: the learning rate whose mean metric is best (highest
     accuracy, lowest bits per character) over the seeds that ran at every rate (all of them on

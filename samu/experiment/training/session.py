@@ -15,11 +15,12 @@ from .curves import recall_curve_frame, recall_sanity
 from .figures import draw_figures, figures
 from .loop import dtype_name
 from .pool import RunPool
-from .results import (check_text, merge_when_whole, parse_part, part_path, result_document,
-                      result_path, results_label, sanity, summary, validate, write_part,
-                      write_result)
+from .results import (check_text, environment, merge_when_whole, parse_part, part_path,
+                      result_document, result_path, results_label, sanity, summary, validate,
+                      write_part, write_result)
 from .resume import FinishedRuns, finished_path
-from .study import check_parameters, models_for, run_recall_curves, run_task, study_from_parameters
+from .study import (check_parameters, models_for, run_recall_curves, run_task,
+                    study_from_parameters, time_side_by_side)
 from .tasks import TASK_NAMES
 
 # What a configuration's parameters may name: the study's, and how its runs are spread.
@@ -239,6 +240,16 @@ class StudyRun:
                                        described(self.study))
         if why:
             print(why)
+        if merged is not None and merged["runs"]:
+            # The parts timed their runs in their own commands: here every configuration is
+            # timed again, one after another, so that the mixers' speeds share one machine.
+            print(f"timing every configuration side by side ({self.study.speed_steps} steps "
+                  "each)", flush=True)
+            merged["side_by_side"] = {
+                "environment": environment(self.device), "steps": self.study.speed_steps,
+                "rows": time_side_by_side(self.study, merged["runs"], self.device,
+                                          self.study.speed_steps)}
+            write_result(merged, self.slug)
         return merged
 
     def written(self) -> list:

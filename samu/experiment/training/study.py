@@ -550,6 +550,34 @@ def _with_kernels(study: Study, jobs: list, device, kernels: dict) -> list:
     return out
 
 
+def time_side_by_side(study: Study, records: list[dict], device, steps: int) -> list[dict]:
+    """Every (task, length, mixer) configuration of ``study`` timed alone on ``device`` for
+    ``steps`` steps, one after another: a merged study's parts ran in separate commands, often
+    one mixer each, so their own timings compare machines as much as mixers.  Attention uses
+    the kernel its runs in ``records`` used (else the fastest, as they would); the rate does
+    not change a step's time."""
+    used = {(r["task"], r["seq_len"]): r["attention_kernel"] for r in records
+            if r["mixer"] == "attention" and r.get("attention_kernel")}
+    rows, kernels = [], {}
+    for name in study.tasks:
+        for task in study.task_list(name):
+            for mixer in study.mixers:
+                config = study.train_config(name)
+                job = study.job(name, task, mixer, config.lr, study.seeds[0], config)
+                if mixer == "attention" and (name, task.seq_len) in used:
+                    job = replace(job, config=replace(
+                        config, attention_kernel=used[(name, task.seq_len)]))
+                else:
+                    (job,) = _with_kernels(study, [job], device, kernels)
+                timed = measure_speed(job, device, steps)
+                rows.append({"task": name, "seq_len": task.seq_len, "mixer": mixer,
+                             "wall_ms_per_step": timed["solo_wall_ms_per_step"],
+                             "gpu_ms_per_step": timed["solo_gpu_ms_per_step"],
+                             "tokens_per_s": timed["solo_tokens_per_s"],
+                             "timed_steps": timed["solo_timed_steps"]})
+    return rows
+
+
 def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool=None,
              desc: str = "runs", speeds: dict | None = None,
              finished: FinishedRuns | None = None, kernels: dict | None = None) -> list[dict]:
