@@ -208,6 +208,42 @@ def test_a_part_holding_none_of_a_tasks_runs_goes_through(echo, data_dir):
     assert T.check_parameters(dict(two, part="6/6")).part == "6/6"
 
 
+def test_the_side_by_side_timing_is_kept_contained_and_never_lost(echo, data_dir, monkeypatch,
+                                                                    capsys):
+    from samu.experiment.training import session as session_module
+    table = {"echo": configs.Configuration("echo", "Echo", "", ECHO_STUDY, ECHO_STUDY, parts=2)}
+    for k in (1, 2):
+        run = T.StudyRun("echo", "cpu", "cpu", part=k, configurations=table, bar=False)
+        run.run_task("echo")
+        run.finish()
+    whole = data_dir / "training" / "cpu.echo.json"
+    timed = schema.read_valid_json(whole, "training")["side_by_side"]
+    # Merged again from the files (--merge times nothing): the timing of the same study stays.
+    assert T.main(["--config", "echo", "--merge", "cpu"], configurations=table) == 0
+    assert schema.read_valid_json(whole, "training")["side_by_side"] == timed
+    # A timing that fails leaves the merged runs written and untimed, and says so.
+    doc = schema.read_valid_json(whole, "training")
+    del doc["side_by_side"]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+    monkeypatch.setattr(session_module, "time_side_by_side", broken)
+    said = session_module.time_merged(doc, run.study, "cpu", "cpu")
+    assert said.startswith("side-by-side timing failed (RuntimeError: out of memory)")
+    assert "side_by_side" not in doc
+    # Another machine's GPU: not timed here.
+    other = dict(doc, environment=dict(doc["environment"], gpu="NVIDIA H100"))
+    assert "not timed side by side" in session_module.time_merged(other, run.study, "cpu", "cpu")
+    # A time budget whose share this part cannot split (a part of no task runs) is no matter:
+    # a step's time is timed, not a run's share.
+    monkeypatch.undo()
+    budgeted = dataclasses.replace(run.study, time_budget_s=5.0)
+    monkeypatch.setattr(type(budgeted), "total_steps", lambda self: 0)
+    rows = T.time_side_by_side(budgeted, doc["runs"], "cpu", 1)
+    assert [r["mixer"] for r in rows] == list(T.model_.mixer_names())
+    capsys.readouterr()
+
+
 def test_merge_takes_the_number_of_parts_from_the_files(echo, data_dir, capsys):
     table = {"echo": configs.Configuration("echo", "Echo", "", ECHO_STUDY, ECHO_STUDY, parts=2)}
     for k in (1, 2, 3):  # run as thirds, not the configuration's halves

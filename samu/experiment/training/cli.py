@@ -113,10 +113,12 @@ def merge_written_parts(label: str, name: str, parser) -> int:
     return 0
 
 
-def read_written_part(slug: str, part: str, name: str, study) -> int:
+def read_written_part(slug: str, part: str, name: str, study, device) -> int:
     """A part whose file holds its study already: nothing trained, its notebook left as it
-    ran; the parts merged (and the figures drawn) once every one is written."""
+    ran; the parts merged (timed side by side on ``device`` where not yet: time_merged, and
+    the figures drawn) once every one is written."""
     from .figures import draw_figures
+    from .session import time_merged
     own = part_path(slug, part, name)
     print(f"{paths.relative(own)}: part {part} of {name} is written already; nothing is "
           "trained (remove the file to train it again)", flush=True)
@@ -125,6 +127,7 @@ def read_written_part(slug: str, part: str, name: str, study) -> int:
         print(why)
         print_document(schema.read_valid_json(own, "training"), name, own, verb="read")
     else:
+        time_merged(merged, study, device, slug)
         drawn = draw_figures(merged, slug)
         print(f"merged; figures: {', '.join(str(paths.relative(p)) for p in drawn)}")
         print_document(merged, name, result_path(slug, name))
@@ -273,7 +276,7 @@ def main(argv=None, configurations: dict | None = None) -> int:
     pipeline.export_data_dir()
     slug = results_label(device, size)
     if part is not None and written_part(part_path(slug, part, names[0]), built[names[0]]):
-        return read_written_part(slug, part, names[0], built[names[0]])
+        return read_written_part(slug, part, names[0], built[names[0]], device)
     out_dir = notebook_folder(slug, chosen, part)
     stored = paths.relative(pipeline.executed_paths(NOTEBOOK, out_dir)["stored"])
     fd, log = tempfile.mkstemp(prefix="samu-training-", suffix=".log")

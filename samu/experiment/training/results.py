@@ -159,8 +159,25 @@ def merge_parts(slug: str, part: str, configuration: str | None = None) -> dict 
                        for d in docs]
     merged.pop("concurrency", None)  # each part's is in "parts"
     merged["bars_recorded"] = record_missing_bars(merged)
+    earlier = _earlier_side_by_side(result_path(slug, configuration), merged)
+    if earlier:  # timed when these parts were first merged; merged again, it still holds
+        merged["side_by_side"] = earlier
     write_result(merged, slug)
     return merged
+
+
+def _earlier_side_by_side(path: Path, merged: dict) -> dict | None:
+    """The side-by-side timing of the document at ``path`` when it holds ``merged``'s study
+    timed on its GPU; else None."""
+    try:
+        before = schema.read_valid_json(path, "training")
+    except (FileNotFoundError, schema.ResultFileError):
+        return None
+    block = before.get("side_by_side")
+    if not block or _without_part(before["study"]) != _without_part(merged["study"]) \
+            or block["environment"].get("gpu") != merged["environment"].get("gpu"):
+        return None
+    return block
 
 
 # What a corpus's checksums are: the fields of data_info() that say which bytes it holds.

@@ -19,7 +19,7 @@ from .results import (check_text, environment, merge_when_whole, parse_part, par
                       result_document, result_path, results_label, sanity, summary, validate,
                       write_part, write_result)
 from .resume import FinishedRuns, finished_path
-from .study import (check_parameters, models_for, run_recall_curves, run_task,
+from .study import (check_parameters, log_line, models_for, run_recall_curves, run_task,
                     study_from_parameters, time_side_by_side)
 from .tasks import TASK_NAMES
 
@@ -58,6 +58,36 @@ def written_part(path, study) -> dict | None:
 def described(study) -> dict:
     """study.describe() as its JSON file holds it."""
     return json.loads(json.dumps(study.describe()))
+
+
+def time_merged(merged: dict, study, device, slug: str, progress_log=None) -> str:
+    """A merged document's configurations timed side by side on ``device`` (time_side_by_side)
+    and the document written again, when it has task runs, lacks that timing and ran on this
+    device's GPU (the parts timed their runs in their own commands, often one mixer each).
+    A failure leaves the merged document as it was, untimed, and is said, not raised: the
+    runs are kept either way.  Returns what was done, as printed."""
+    if not merged["runs"] or "side_by_side" in merged:
+        return ""
+    env = environment(device)
+    if env.get("gpu") != merged["environment"].get("gpu"):
+        said = (f"not timed side by side: this machine's device ({env.get('gpu')}) is not the "
+                f"parts' ({merged['environment'].get('gpu')})")
+    else:
+        log_line(progress_log, f"timing every configuration side by side "
+                               f"({study.speed_steps} steps each)")
+        try:
+            rows = time_side_by_side(study, merged["runs"], device, study.speed_steps)
+        except Exception as exc:  # noqa: BLE001 - the trained runs must not be lost to it
+            said = (f"side-by-side timing failed ({type(exc).__name__}: {exc}); the merged "
+                    "document has none, and running this part again times it")
+        else:
+            merged["side_by_side"] = {"environment": env, "steps": study.speed_steps,
+                                      "rows": rows}
+            write_result(merged, slug)
+            said = f"timed {len(rows)} configurations side by side"
+    print(said, flush=True)
+    log_line(progress_log, said)
+    return said
 
 
 def sanity_text(doc: dict) -> str:
@@ -240,16 +270,8 @@ class StudyRun:
                                        described(self.study))
         if why:
             print(why)
-        if merged is not None and merged["runs"]:
-            # The parts timed their runs in their own commands: here every configuration is
-            # timed again, one after another, so that the mixers' speeds share one machine.
-            print(f"timing every configuration side by side ({self.study.speed_steps} steps "
-                  "each)", flush=True)
-            merged["side_by_side"] = {
-                "environment": environment(self.device), "steps": self.study.speed_steps,
-                "rows": time_side_by_side(self.study, merged["runs"], self.device,
-                                          self.study.speed_steps)}
-            write_result(merged, self.slug)
+        if merged is not None:
+            time_merged(merged, self.study, self.device, self.slug, self.progress_log)
         return merged
 
     def written(self) -> list:

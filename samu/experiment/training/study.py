@@ -558,6 +558,7 @@ def time_side_by_side(study: Study, records: list[dict], device, steps: int) -> 
     not change a step's time."""
     used = {(r["task"], r["seq_len"]): r["attention_kernel"] for r in records
             if r["mixer"] == "attention" and r.get("attention_kernel")}
+    study = replace(study, part=None, time_budget_s=None)  # a step's time, not a run's share
     rows, kernels = [], {}
     for name in study.tasks:
         for task in study.task_list(name):
