@@ -414,8 +414,9 @@ def summary(doc):
     choice = learning_rate_choice(doc).set_index(["task", "seq_len", "mixer"])["at_edge"]
     grouped = df.groupby(["task", "seq_len", "mixer"], sort=False)
     out = grouped.agg(metric=("metric", "first"), lr=("lr", "first"), seeds=("seed", "count"),
-                      finite=("value", "count"), mean=("value", "mean"), std=("value", "std"), min=("value", "min"),
-                      max=("value", "max"), tokens_per_s=("tokens_per_s", "median"),
+                      finite=("value", "count"), mean=("value", "mean"),
+                      std=("value", "std"), min=("value", "min"), max=("value", "max"),
+                      tokens_per_s=("tokens_per_s", "median"),
                       wall_ms_per_step=("wall_ms_per_step", "median"),
                       gpu_ms_per_step=("gpu_ms_per_step", "median"),
                       parameters=("parameters", "first"),
