@@ -18,7 +18,8 @@ samu.experiment.training --estimate --config <name>`` prints them; with ``--meas
 it first times each configuration's step alone beside them), at the commit that set these values
 (``tests/experiment/test_training_tables.py`` recomputes them):
 
-- ``recall``: 72 runs (with no widening), about 720 s in all, 2 parts of about 370 s;
+- ``recall``: 72 runs (with no widening), about 1530 s in all, 6 parts of about 357 s (151-357
+  s each);
 - ``scale``: 36 runs (with no widening), about 1613 s in all, 6 parts of about 497 s (one
   (task, mixer) sweep each: the LM's three parts about 87-105 s, so that one command can run
   them in turn, MQAR's 410-497 s); per step (wall, alone): attention 26.5 ms, RG-LRU 22.5 ms,
@@ -29,15 +30,16 @@ How the recall curves' numbers were chosen.  The points and widths are Zoology's
 from 1e-4 to 1e-2 (Zoology's logspace(-4, -2, 4)), swept at the grid's first point for each
 mixer and width and widened past an edge best (``lr_search="first_point"``: a third of the
 runs of sweeping every point, which the budget does not allow at these steps).  Steps: 4000 of
-batch 64, an early stop once a logging window's mean training loss is 0.02 nats or less (the
-point solved).  On the committed H200 study the recurrent mixers needed 1200-4000 steps to
-leave the guessing baseline at vocabulary 64 (4000 brought 0.78-0.97) and attention reached
-0.88 at 16 pairs in 2500 steps; Zoology's 64 epochs of 100k examples (100k steps of 64) is
-25 times the budget.  So every point records whether its run was still learning when it
-stopped (``curves.still_learning``), and the figure marks it.  The bar: accuracy 0.9.  A CPU
-cannot probe vocabulary 8192 at these sizes (about 2 s a step at width 64, L = 64), so the
-GPU's first part is the probe: each part sweeps the grid's first point, the bar's, before the
-others.
+batch 256, an early stop once a logging window's mean training loss is 0.02 nats or less (the
+point solved).  At batch 64 (data/training/nvidia-h100-80gb-hbm3.recall.json) most points were
+still learning after 4000 steps: RG-LRU at width 512 ended at 0.889 with 4 pairs, attention at
+widths 128-512 at 0.48-0.84 with 8 and 16 pairs.  A step there took a fixed 1.7-2.0 ms plus a
+time per element (``budget.fit_step_models`` on that document), so four times the sequences a
+step cost about twice the time: 1,024,000 sequences a run, four times batch 64's, where
+Zoology's 64 epochs of 100k examples are 6.4 million.  So every point still records whether
+its run was still learning when it stopped (``curves.still_learning``), and the figure marks
+it.  The bar: accuracy 0.9.  Each part sweeps the grid's first point, the bar's, before the
+others, so that its progress log shows the bar's runs first.
 
 The scale study: L = 8192, width 512, 2 layers, batch 8 (65,536 tokens a step), the character LM
 (600 steps a run, 39M tokens) and MQAR (3000 steps, 197M tokens) at that length, the same tokens
@@ -52,8 +54,8 @@ attention learned nothing in 600 steps at any of four rates on the H200
 (data/training/nvidia-h200.scale.part-1-of-3.json), nor with 128 pairs in 1500 steps at 3e-4 on
 an H100 (accuracy 0.0105 against 1/128;
 docs/sweeps/2026-12-06_c563b21_gpu_h100_recall_curves_and_tests/): 600 steps of 8 sequences are
-4,800 sequences, where the recall curves needed 128,000-256,000 (2000-4000 steps of 64) for
-attention to solve a point. The episodes give the same 600 steps 614,400 of the recall curves'
+4,800 sequences, where the recall curves at batch 64 needed 128,000-256,000 (2000-4000 steps)
+for attention to solve a point. The episodes give the same 600 steps 614,400 of the recall curves'
 easiest point, (L, pairs) = (64, 4), where attention at width 512 reached 0.96 and RG-LRU 0.89
 (data/training/nvidia-h100-80gb-hbm3.recall.json); the recall distance is an episode's, the
 stream the recurrence carries 8192 tokens. At 600 steps on an H100 attention stayed at the plateau
@@ -160,7 +162,7 @@ RECALL_GPU = dict(
     processes=1,
     cuda_graph=True,
     recall_curves={"points": [[64, 4], [128, 8], [256, 16]], "widths": [64, 128, 256, 512],
-                   "vocab_size": 8192, "steps": 4000, "batch_size": 64, "bar": 0.9,
+                   "vocab_size": 8192, "steps": 4000, "batch_size": 256, "bar": 0.9,
                    "attention_from_width": 128, "stop_loss": 0.02,
                    "lr_search": "first_point"},
 )
@@ -265,7 +267,7 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
         "pairs at every width of at least 128, each other mixer at the widest width); a mixer "
         "below its bar is drawn dashed and not compared, and no mixer is drawn when attention "
         "is below its own.",
-        RECALL_GPU, RECALL_CPU, parts=2),
+        RECALL_GPU, RECALL_CPU, parts=6),
     Configuration(
         "scale", "At a scale where a recurrent step is cheaper",
         "L = 8192, width 512 on a GPU, the same tokens for every mixer: the character LM and "
