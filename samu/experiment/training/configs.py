@@ -31,15 +31,15 @@ from 1e-4 to 1e-2 (Zoology's logspace(-4, -2, 4)), swept at the grid's first poi
 mixer and width and widened past an edge best (``lr_search="first_point"``: a third of the
 runs of sweeping every point, which the budget does not allow at these steps).  Steps: 4000 of
 batch 256, an early stop once a logging window's mean training loss is 0.02 nats or less (the
-point solved).  At batch 64 (data/training/nvidia-h100-80gb-hbm3.recall.json) most points were
-still learning after 4000 steps: RG-LRU at width 512 ended at 0.889 with 4 pairs, attention at
-widths 128-512 at 0.48-0.84 with 8 and 16 pairs.  A step there took a fixed 1.7-2.0 ms plus a
-time per element (``budget.fit_step_models`` on that document), so four times the sequences a
-step cost about twice the time: 1,024,000 sequences a run, four times batch 64's, where
-Zoology's 64 epochs of 100k examples are 6.4 million.  So every point still records whether
-its run was still learning when it stopped (``curves.still_learning``), and the figure marks
-it.  The bar: accuracy 0.9.  Each part sweeps the grid's first point, the bar's, before the
-others, so that its progress log shows the bar's runs first.
+point solved).  At batch 64 (data/training/nvidia-h100-80gb-hbm3.recall.json as committed in
+3563b7f) most points were still learning after 4000 steps: RG-LRU at width 512 ended at 0.889
+with 4 pairs, attention at widths 128-512 at 0.48-0.84 with 8 and 16 pairs.  A step there took
+a fixed 1.7-2.0 ms plus a time per element (``budget.fit_step_models`` on that document), so
+four times the sequences a step cost about twice the time: 1,024,000 sequences a run, four
+times batch 64's, where Zoology's 64 epochs of 100k examples are 6.4 million.  So every point
+still records whether its run was still learning when it stopped (``curves.still_learning``),
+and the figure marks it.  The bar: accuracy 0.9.  Each part sweeps the grid's first point, the
+bar's, before the others, so that its progress log shows the bar's runs first.
 
 The scale study: L = 8192, width 512, 2 layers, batch 8 (65,536 tokens a step), the character LM
 (600 steps a run, 39M tokens) and MQAR (3000 steps, 197M tokens) at that length, the same tokens
@@ -57,7 +57,7 @@ docs/sweeps/2026-12-06_c563b21_gpu_h100_recall_curves_and_tests/): 600 steps of 
 4,800 sequences, where the recall curves at batch 64 needed 128,000-256,000 (2000-4000 steps)
 for attention to solve a point. The episodes give the same 600 steps 614,400 of the recall curves'
 easiest point, (L, pairs) = (64, 4), where attention at width 512 reached 0.96 and RG-LRU 0.89
-(data/training/nvidia-h100-80gb-hbm3.recall.json); the recall distance is an episode's, the
+(the batch-64 curves of 3563b7f); the recall distance is an episode's, the
 stream the recurrence carries 8192 tokens. At 600 steps on an H100 attention stayed at the plateau
 of a uniform guess over the values (loss 6.94) for about 300 steps at 3e-4 and was still falling
 steeply when the schedule ended (4.73, accuracy 0.18 over three seeds, below its 0.9 bar), while
