@@ -18,8 +18,8 @@ samu.experiment.training --estimate --config <name>`` prints them; with ``--meas
 it first times each configuration's step alone beside them), at the commit that set these values
 (``tests/experiment/test_training_tables.py`` recomputes them):
 
-- ``recall``: 72 runs (with no widening), about 1530 s in all, 6 parts of about 357 s (151-357
-  s each);
+- ``recall``: 72 runs (with no widening), about 1530 s in all, 6 parts of about 357 s (one
+  mixer at two widths each: 151-357 s);
 - ``scale``: 36 runs (with no widening), about 1613 s in all, 6 parts of about 497 s (one
   (task, mixer) sweep each: the LM's three parts about 87-105 s, so that one command can run
   them in turn, MQAR's 410-497 s); per step (wall, alone): attention 26.5 ms, RG-LRU 22.5 ms,
