@@ -11,7 +11,7 @@ minute on one core: they exercise every step and are no result).
 
 Each GPU study runs in ``parts``: ``make train CONFIG=<name> PART=k`` (k = 1 .. parts) runs the
 k-th, each estimated (``budget.estimate`` from the committed H200 step times) to take under
-eight minutes of device time, so that one fits a 10-minute device command; a part stopped short
+8.5 minutes of device time, so that one fits a 10-minute device command; a part stopped short
 is run again with the same command and trains only what it had not finished (FinishedRuns).
 The part that finds every part's file merges them.  The estimates (``python -m
 samu.experiment.training --estimate --config <name>`` prints them; with ``--measure`` on the GPU
@@ -50,8 +50,8 @@ GPU time per step (CUDA events) and tokens per second are its own, alone on the 
 
 Its MQAR is episodic: each sequence holds 128 episodes of 64 tokens, 4 pairs each, keys distinct
 over the sequence (vocabulary 2048). With 64 pairs at the start of a sequence (vocabulary 512)
-attention learned nothing in 600 steps at any of four rates on the H200
-(data/training/nvidia-h200.scale.part-1-of-3.json), nor with 128 pairs in 1500 steps at 3e-4 on
+attention learned nothing in 600 steps at any of five rates (four and one past the grid's edge)
+on the H200 (data/training/nvidia-h200.scale.part-1-of-3.json), nor with 128 pairs in 1500 steps at 3e-4 on
 an H100 (accuracy 0.0105 against 1/128;
 docs/sweeps/2026-12-06_c563b21_gpu_h100_recall_curves_and_tests/): 600 steps of 8 sequences are
 4,800 sequences, where the recall curves at batch 64 needed 128,000-256,000 (2000-4000 steps)
