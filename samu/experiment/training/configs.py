@@ -51,8 +51,8 @@ GPU time per step (CUDA events) and tokens per second are its own, alone on the 
 Its MQAR is episodic: each sequence holds 128 episodes of 64 tokens, 4 pairs each, keys distinct
 over the sequence (vocabulary 2048). With 64 pairs at the start of a sequence (vocabulary 512)
 attention learned nothing in 600 steps at any of five rates (four and one past the grid's edge)
-on the H200 (data/training/nvidia-h200.scale.part-1-of-3.json), nor with 128 pairs in 1500 steps at 3e-4 on
-an H100 (accuracy 0.0105 against 1/128;
+on the H200 (data/training/nvidia-h200.scale.part-1-of-3.json), nor with 128 pairs in 1500
+steps at 3e-4 on an H100 (accuracy 0.0105 against 1/128;
 docs/sweeps/2026-12-06_c563b21_gpu_h100_recall_curves_and_tests/): 600 steps of 8 sequences are
 4,800 sequences, where the recall curves at batch 64 needed 128,000-256,000 (2000-4000 steps)
 for attention to solve a point. The episodes give the same 600 steps 614,400 of the recall curves'
