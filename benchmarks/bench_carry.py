@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from samu.experiment import benchmark_rows
+from samu.experiment import benchmark_cli, benchmark_rows
 from samu.ops.common import carry
 
 SHAPES = ["1x4096x2048", "1x2048x2048", "1x4096x1024", "2x1024x3072", "1x1024x4096"]
@@ -63,15 +63,18 @@ def replay_ms(fn, calls_per_graph=10, graphs=5):
     return best
 
 
-def main():
-    if not torch.cuda.is_available():
-        sys.exit("bench_carry.py times GPU kernels: it needs CUDA")
-    calls = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--calls=")), 100)
-    shapes = [a for a in sys.argv[1:] if not a.startswith("--")] or SHAPES
+def main(argv=None) -> int:
+    parser = benchmark_cli.parser(__doc__)
+    parser.add_argument("shapes", nargs="*", type=benchmark_cli.shape,
+                        default=[benchmark_cli.shape(s) for s in SHAPES],
+                        help=f"BATCHxCHUNKSxWIDTH ... (default: {' '.join(SHAPES)})")
+    parser.add_argument("--calls", type=int, default=100, help="calls per CUDA graph")
+    args = parser.parse_args(argv)
+    benchmark_cli.require_cuda("bench_carry.py")
+    calls = args.calls
     two_level = carry.CarryPlan()
     table = benchmark_rows.BenchmarkRows("bench_carry", "cuda")
-    for text in shapes:
-        batch, n_chunks, width = map(int, text.split("x"))
+    for batch, n_chunks, width in args.shapes:
         shape = {"batch": batch, "chunks": n_chunks, "width": width}
         for scalar in (True, False):
             mixer = "samu" if scalar else "rglru"  # sums of r are SAMU's, decays RG-LRU's
@@ -105,7 +108,8 @@ def main():
                     table.add(mixer, plan_configuration(plan), shape, {"gpu_time_ms": ms})
             print("    ms per call: " + "  ".join(times), flush=True)
     print(table.summary())
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,12 +15,13 @@ run). Rows go to data/benchmarks/<gpu>/bench_single_pass.jsonl (samu.experiment.
 a GPU the kernels run under Triton's interpreter at the shapes given and nothing is timed."""
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
 
-from samu import backends
-from samu.experiment import benchmark_rows, legality, protocol
+from samu import backends, dispatch
+from samu.experiment import benchmark_cli, benchmark_rows, legality, protocol
 from samu.ops.common import launching
 from samu.ops.common.sequences import sequence_args
 
@@ -81,8 +82,9 @@ def replay_ms(launches, device) -> float | None:
     return protocol.graph_replay_time(step, device)
 
 
-def kernel_rows(mixer, name, shape, device):
-    """{role: GPU ms} of the backend's single-pass kernels and sum_partials, each alone."""
+def launches_by_role(mixer, name, shape, device):
+    """(the backend's configuration, x, {role: launches}) of one eager forward and backward: its
+    single-pass kernels ("forward", "backward") and the partial sums ("sum_partials")."""
     config = backends.REGISTRY[mixer][name].config
     family = backends.family_of(mixer, config)
     x, params, dy = legality.make_inputs(mixer, shape, device, seed=1)
@@ -95,27 +97,62 @@ def kernel_rows(mixer, name, shape, device):
     forward_launches = recorded_launches(forward)
     backward_launches = recorded_launches(
         lambda: family.backward(x, params, residuals, dy, None, sequences, config))
-    by_role = {"forward": forward_launches,
-               "backward": [r for r in backward_launches if r[0] in family.KERNELS.values()],
-               "sum_partials": [r for r in backward_launches
-                                if r[0] not in family.KERNELS.values()]}
+    kernels = set(family.KERNELS.values())
+    return config, x, {"forward": forward_launches,
+                       "backward": [r for r in backward_launches if r[0] in kernels],
+                       "sum_partials": [r for r in backward_launches if r[0] not in kernels]}
+
+
+def kernel_rows(mixer, name, shape, device):
+    """{role: GPU ms} of the backend's single-pass kernels and sum_partials, each alone."""
+    _, _, by_role = launches_by_role(mixer, name, shape, device)
     return {role: replay_ms(launches, device) for role, launches in by_role.items()}
 
 
-def main():
-    args = sys.argv[1:]
-    mixers = [a for a in args if a in backends.REGISTRY] or list(backends.REGISTRY)
-    shapes = [tuple(map(int, a.split("x"))) for a in args if "x" in a and not a.startswith("--")]
-    shapes = shapes or [tuple(map(int, s.split("x"))) for s in DEFAULT_SHAPES]
-    wanted = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("--backends=")),
-                  None)
+def parse_args(argv=None):
+    """(mixers, shapes, backend words) from the command line: mixer names and BxLxD shapes in any
+    order (every mixer and DEFAULT_SHAPES where none is given), --backends=WORD,... to keep the
+    single-pass backends holding one of those words."""
+    parser = benchmark_cli.parser(__doc__)
+    parser.add_argument("targets", nargs="*", metavar="MIXER_OR_SHAPE",
+                        help=f"mixers ({', '.join(backends.REGISTRY)}; default: every one) and "
+                             f"shapes BATCHxLENGTHxWIDTH (default: {' '.join(DEFAULT_SHAPES)})")
+    parser.add_argument("--backends", type=benchmark_cli.words, default=[],
+                        help="words of the single-pass backend names to keep (default: all)")
+    args = parser.parse_args(argv)
+    mixers, shapes = [], []
+    for word in args.targets:
+        if word in backends.REGISTRY:
+            mixers.append(word)
+            continue
+        try:
+            shapes.append(benchmark_cli.shape(word))
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"{word!r} is neither a mixer ({', '.join(backends.REGISTRY)}) nor a "
+                         f"shape: {exc}")
+    return (mixers or list(backends.REGISTRY),
+            shapes or [benchmark_cli.shape(s) for s in DEFAULT_SHAPES], args.backends)
+
+
+def main(argv=None) -> int:
+    mixers, shapes, wanted = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda" and not dispatch.interpreting():
+        raise SystemExit("bench_single_pass.py: no GPU here, and the kernels run off a GPU only "
+                         "under Triton's interpreter: set TRITON_INTERPRET=1 (nothing is timed "
+                         "then) and give small shapes, e.g. samu 1x64x64")
+    names_of = {}
+    for mixer in mixers:
+        names_of[mixer] = [n for n in backends.matching(mixer, ["singlepass"])
+                           if not wanted or n in backends.matching(mixer, wanted)]
+        if not names_of[mixer]:
+            raise SystemExit(f"no {mixer} single-pass backend matches {wanted}: "
+                             f"{backends.matching(mixer, ['singlepass'])}")
     copy = protocol.copy_bandwidth(device)
     table = benchmark_rows.BenchmarkRows("bench_single_pass", device.type)
     for shape in shapes:
         for mixer in mixers:
-            names = [n for n in backends.available(mixer) if "singlepass" in n.split("_")
-                     and (not wanted or any(n.endswith(w) for w in wanted))]
+            names = names_of[mixer]
             default = backends.DEFAULTS[mixer]
             for name in names + [default]:
                 module = protocol.build_module(mixer, shape[2], name, device)
@@ -138,14 +175,15 @@ def main():
                     rate = moved / (ms * 1e-3) if ms and moved else None
                     share = f", {rate / copy:.0%} of copy" if rate and copy else ""
                     print(f"    {role:13s} " + (f"{ms:8.4f} ms" if ms else "   (untimed)")
-                          + f"  counted {moved / 1e6:9.1f} MB"
+                          + f"  counted {moved / 1e6:9.3f} MB"
                           + (f"  {rate / 1e9:7.0f} GB/s{share}" if rate else ""), flush=True)
                     table.add(mixer, benchmark_rows.configuration(mixer, name, kernel=role),
                               shape, {"gpu_time_ms": ms, "counted_bytes": moved,
                                       "bandwidth_gbps": rate / 1e9 if rate else None},
                               {"bandwidth_gbps": "GB/s"})
     print(table.summary())
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -22,7 +22,7 @@ import sys
 import torch
 
 from samu import backends
-from samu.experiment import benchmark_rows, legality, protocol
+from samu.experiment import benchmark_cli, benchmark_rows, legality, protocol
 from samu.ops.common.carry import CarryPlan
 from samu.ops.common.single_pass import Lookback
 from samu.ops.rglru import gemm
@@ -54,8 +54,7 @@ def main(argv=None):
     if not args or args[-1] == "--set":  # no mixer, or a --set without its variant
         print(__doc__, file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        sys.exit("compare_configs.py times GPU kernels: it needs CUDA")
+    benchmark_cli.require_cuda("compare_configs.py")
     mixer = args[0]
     settings = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
     wanted = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("--backends=")),

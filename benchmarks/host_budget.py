@@ -21,13 +21,12 @@ default, which the host-cost figure draws) and the one that ran."""
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import torch
 
 from samu import backends, functional
-from samu.experiment import benchmark_rows, legality, protocol
+from samu.experiment import benchmark_cli, benchmark_rows, legality, protocol
 from samu.mixers import MIXERS
 from samu.ops.common import launching
 from samu.ops.common.function import FamilyFunction
@@ -111,8 +110,7 @@ def main(argv=None):
     empty_mixers = [mixer for mixer, names in asked.items() if not names]
     if empty_mixers:
         parser.error(f"no backend of {empty_mixers} matches {args.backends}")
-    if not torch.cuda.is_available():
-        sys.exit("host_budget.py times a GPU machine's host: it needs CUDA")
+    benchmark_cli.require_cuda("host_budget.py", "times a GPU machine's host")
     shape = (1, args.length, args.width)
     table = benchmark_rows.BenchmarkRows("host_budget", "cuda")
     empty = wall_us(lambda: None)

@@ -14,14 +14,13 @@ share of its bound.  The run ends with status 1 when any backend was illegal.  O
 kernels run under Triton's interpreter: give it small widths and lengths."""
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import torch
 
 from samu import backends
-from samu.experiment import benchmark_rows, legality
+from samu.experiment import benchmark_cli, benchmark_rows, legality
 
 WIDTHS = (512, 640, 1024, 2048, 2560, 4096, 5120, 8192)
 HEADS = (10, 16, 32)
@@ -52,10 +51,9 @@ def worst_share(entry: dict) -> float | None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_cli.parser(__doc__)
     parser.add_argument("mixers", nargs="*", help="mixers (default: every one)")
-    parser.add_argument("--backends", type=lambda s: [w for w in s.split(",") if w],
+    parser.add_argument("--backends", type=benchmark_cli.words,
                         default=[], help="words of backend names (default: every Triton one)")
     parser.add_argument("--widths", type=lambda s: [int(w) for w in s.split(",")],
                         default=list(WIDTHS))

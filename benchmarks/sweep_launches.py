@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from samu.experiment import benchmark_rows, legality, protocol
+from samu.experiment import benchmark_cli, benchmark_rows, legality, protocol
 from samu.ops.samu import chunk as samu_chunk
 
 # (warps, channels per thread)
@@ -60,22 +60,24 @@ def measure(mixer, backend, shape, inputs, want, eager):
     return statistics.median(samples), legal, max(errs.values())
 
 
-def _option(name):
-    """--name=a,b from the command line, as a list (None when absent)."""
-    for arg in sys.argv[1:]:
-        if arg.startswith(f"--{name}="):
-            return arg.split("=", 1)[1].split(",")
-    return None
-
-
-def main():
-    backends_wanted, roles_wanted = _option("backends"), _option("roles")
-    caps = [None] + [int(c) for c in _option("registers") or []]
-    shapes = [a for a in sys.argv[1:] if not a.startswith("--")]
+def main(argv=None) -> int:
+    parser = benchmark_cli.parser(__doc__)
+    parser.add_argument("shapes", nargs="*", type=benchmark_cli.shape, default=[(1, 32768, 2048)],
+                        help="BATCHxLENGTHxWIDTH ... (default: 1x32768x2048)")
+    parser.add_argument("--backends", type=benchmark_cli.words, default=None,
+                        help="endings of SAMU backend names to sweep (default: every one)")
+    parser.add_argument("--roles", type=benchmark_cli.words, default=None,
+                        help="kernel roles to sweep (default: every one)")
+    parser.add_argument("--registers", type=lambda t: [int(c) for c in benchmark_cli.words(t)],
+                        default=[],
+                        help="register caps to add beside each uncapped setting")
+    args = parser.parse_args(argv)
+    benchmark_cli.require_cuda("sweep_launches.py")
+    backends_wanted, roles_wanted = args.backends, args.roles
+    caps = [None] + args.registers
     table = benchmark_rows.BenchmarkRows("sweep_launches", "cuda")
     bandwidth = protocol.copy_bandwidth("cuda")
-    for arg in shapes or ["1x32768x2048"]:
-        shape = tuple(map(int, arg.split("x")))
+    for shape in args.shapes:
         floor = protocol.floor_ms(shape, bandwidth)
         for mixer, module in (("samu", samu_chunk),):
             inputs = legality.make_inputs(mixer, shape, "cuda")
@@ -114,6 +116,7 @@ def main():
             del want, inputs
             torch.cuda.empty_cache()
     print(table.summary())
+    return 0
 
 
 def _try(mixer, backend, shape, inputs, want, eager):
@@ -126,4 +129,4 @@ def _try(mixer, backend, shape, inputs, want, eager):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

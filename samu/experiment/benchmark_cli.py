@@ -1,0 +1,50 @@
+"""The command line the GPU benchmarks (benchmarks/*.py) share: shapes and mixers checked as they
+are read, each list of mixers taken from the registry, and a clear refusal off a GPU."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from .. import backends
+from ..shapes import Shape
+
+
+def shape(text: str) -> tuple[int, int, int]:
+    """An argparse type: BATCHxLENGTHxWIDTH as (batch, length, width)."""
+    try:
+        return tuple(Shape.parse(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def mixer(text: str) -> str:
+    """An argparse type: a registered mixer's name."""
+    if text not in backends.REGISTRY:
+        raise argparse.ArgumentTypeError(
+            f"unknown mixer {text!r}; choose from {', '.join(backends.REGISTRY)}")
+    return text
+
+
+def words(text: str) -> list[str]:
+    """An argparse type: comma-separated words, empty ones dropped."""
+    return [w for w in text.split(",") if w]
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """A parser whose --help prints the benchmark's docstring as written."""
+    return argparse.ArgumentParser(description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_mixers(parser: argparse.ArgumentParser) -> None:
+    """--mixers NAME ...: the mixers to run (default: every registered one)."""
+    parser.add_argument("--mixers", nargs="+", type=mixer, default=list(backends.REGISTRY),
+                        help=f"mixers to run (default: {' '.join(backends.REGISTRY)})")
+
+
+def require_cuda(program: str, what: str = "times GPU kernels") -> None:
+    """Exit, naming the program and what it does, where torch sees no GPU."""
+    if not torch.cuda.is_available():
+        sys.exit(f"{program} {what}: it needs CUDA")

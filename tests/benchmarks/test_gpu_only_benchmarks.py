@@ -1,0 +1,54 @@
+"""The benchmarks that only time or profile a GPU: each loads without running, answers --help,
+refuses a bad shape or mixer by name, and off a GPU says it needs CUDA before touching one."""
+import pytest
+
+from samu import paths
+
+GPU_ONLY = sorted(p.stem for p in (paths.REPO_ROOT / "benchmarks").glob("*.py")
+                  if "benchmark_cli.require_cuda(" in p.read_text())
+
+
+def test_the_gpu_only_benchmarks_are_found():
+    assert {"host_overhead", "host_timeline", "profile_kernels", "sweep_launches",
+            "bench_carry"} <= set(GPU_ONLY)
+
+
+@pytest.mark.parametrize("name", GPU_ONLY)
+def test_help_prints_the_usage(load_benchmark, capsys, name):
+    bench = load_benchmark(name)
+    try:
+        code = bench.main(["--help"])
+    except SystemExit as stop:
+        code = stop.code
+    assert code in (0, None)
+    assert f"{name}.py" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", GPU_ONLY)
+def test_off_a_gpu_it_says_it_needs_cuda(load_benchmark, monkeypatch, name):
+    bench = load_benchmark(name)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    argv = {"compare_configs": ["samu", "1x64x64"], "host_budget": []}.get(name, ["1x64x64"])
+    with pytest.raises(SystemExit, match=f"{name}.py .*: it needs CUDA"):
+        bench.main(argv)
+
+
+@pytest.mark.parametrize("name", ["host_overhead", "host_timeline", "profile_kernels",
+                                  "sweep_launches", "bench_carry"])
+def test_a_bad_shape_is_refused_by_name(load_benchmark, capsys, name):
+    bench = load_benchmark(name)
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["1x0x64"])
+    assert stop.value.code == 2
+    assert "bad shape '1x0x64'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,argv", [("host_timeline", ["--mixer", "mamba"]),
+                                       ("profile_kernels", ["--mixers", "samu", "mamba"]),
+                                       ("host_overhead", ["--mixers", "mamba"])])
+def test_an_unknown_mixer_is_refused_by_name(load_benchmark, capsys, name, argv):
+    bench = load_benchmark(name)
+    with pytest.raises(SystemExit) as stop:
+        bench.main(argv)
+    assert stop.value.code == 2
+    assert "unknown mixer 'mamba'" in capsys.readouterr().err
