@@ -29,6 +29,9 @@ from triton.compiler import ASTSource
 from samu.ops.rglru import gemm as rglru_gemm
 from samu.ops.samu import chunk as samu_chunk
 
+# Each mixer's hierarchical kernel family, whose launch plans are compiled here.
+KERNEL_MODULES = {"samu": samu_chunk, "rglru": rglru_gemm}
+
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 # Newer triton ships a second ptxas for the PTX versions its own compiler emits.
 PTXAS = next(os.path.join(BIN, name) for name in ("ptxas-blackwell", "ptxas")
@@ -76,7 +79,7 @@ def configurations():
     launch by default, and the look-back carry of CarryPlan(lookback=True), window 0 and 32."""
     from samu.ops.common import carry, reduce
     for width in (2048, 2560):
-        for module in (samu_chunk, rglru_gemm):
+        for module in KERNEL_MODULES.values():
             for config in module.CONFIGS:
                 for kernel, constexprs, options in module.launch_plan(config, width):
                     yield f"{width} {config.name}", kernel, constexprs, options
@@ -171,7 +174,7 @@ def samu_per_element(instructions, constexprs, width: int) -> float | None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mixer", nargs="?", choices=("samu", "rglru"))
+    parser.add_argument("mixer", nargs="?", choices=list(KERNEL_MODULES))
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--layouts", action="store_true", help="print the TTGIR layouts too")
     parser.add_argument("--features", action="store_true", help="compile with every state "
@@ -184,7 +187,7 @@ def main():
         return
     if args.mixer is None:
         parser.error("name a mixer, or pass --ptx-digest FILE")
-    module = samu_chunk if args.mixer == "samu" else rglru_gemm
+    module = KERNEL_MODULES[args.mixer]
     for config in module.CONFIGS:
         name = config.name
         for kernel, constexprs, options in module.launch_plan(config, args.width,

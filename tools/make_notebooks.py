@@ -164,7 +164,7 @@ recurrence.BoundedSqrt.apply(v).sum().backward()
 assert abs(v.grad[0].item() - 1000.0) < 1e-9
 print("reverse scan, a_t h_(t-1) = h_t - u_t, bounded sqrt derivative: OK")'''),
     code('''rows = []
-for mixer in ("rglru", "samu"):
+for mixer in REFERENCES:  # every registered mixer
     module = samu.modules.MODULES[mixer](width).double()
     module.reset_parameters(generator=torch.Generator().manual_seed(seed))
     ps = [p.detach().clone().requires_grad_() for p in module.parameters()]
@@ -219,7 +219,7 @@ assert (a_fold[seqs.starts] == 0).all()
 print("starts folded into the inputs = states replaced at the starts; packed = one by one: OK")'''),
     code('''# The backward's state algebra against autograd on the references (float64).
 rows = []
-for mixer in ("rglru", "samu"):
+for mixer in REFERENCES:  # every registered mixer
     module = samu.modules.MODULES[mixer](width).double()
     module.reset_parameters(generator=torch.Generator().manual_seed(seed))
     ps = [p.detach() for p in module.parameters()]
