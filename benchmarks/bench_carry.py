@@ -69,12 +69,12 @@ def main(argv=None) -> int:
                         default=[benchmark_cli.shape(s) for s in SHAPES],
                         help=f"BATCHxCHUNKSxWIDTH ... (default: {' '.join(SHAPES)})")
     parser.add_argument("--calls", type=int, default=100, help="calls per CUDA graph")
-    args = parser.parse_args(argv)
+    options = parser.parse_args(argv)
     benchmark_cli.require_cuda("bench_carry.py")
-    calls = args.calls
+    calls = options.calls
     two_level = carry.CarryPlan()
     table = benchmark_rows.BenchmarkRows("bench_carry", "cuda")
-    for batch, n_chunks, width in args.shapes:
+    for batch, n_chunks, width in options.shapes:
         shape = {"batch": batch, "chunks": n_chunks, "width": width}
         for scalar in (True, False):
             mixer = "samu" if scalar else "rglru"  # sums of r are SAMU's, decays RG-LRU's

@@ -45,18 +45,16 @@ def main(argv=None) -> int:
                         help="cProfile's Python frames of each mixer's forward+backward")
     parser.add_argument("--backward", action="store_true",
                         help="where a tiny-length backward's host wall time goes")
-    args = parser.parse_args(argv)
+    options = parser.parse_args(argv)
     benchmark_cli.require_cuda("host_overhead.py", "times a GPU machine's host")
-    shape = args.shape
+    shape = options.shape
     B, L, D = shape
     table = benchmark_rows.BenchmarkRows("host_overhead", "cuda")
-
 
     def launch_row(path, us):
         """A row of one launch of SAMU's output kernel by ``path``."""
         table.add("samu", {"kernel": "_samu_output_kernel", "launch_path": path}, shape,
                   {"host_us_per_launch": us}, {"host_us_per_launch": "us"})
-
 
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
@@ -117,7 +115,7 @@ def main(argv=None) -> int:
     print(", ".join(f"{op} {us:.1f} us" for op, us in ops.items()))
     for op, us in ops.items():  # of no mixer: the op's own tensors are (B, L / 8, D) or (D,)
         table.add(None, {"op": op}, shape, {"host_us_per_call": us}, {"host_us_per_call": "us"})
-    for mixer in args.mixers:
+    for mixer in options.mixers:
         inputs = legality.make_inputs(mixer, shape, "cuda")
         backend = protocol.build_module(mixer, D, "auto", "cuda")
         xg = inputs[0].detach().requires_grad_()
@@ -141,7 +139,7 @@ def main(argv=None) -> int:
                    "event_median_forward_backward_us": sorted(gpu)[5] * 1e3})
 
     # At a tiny length the GPU work is negligible, so a synchronised call's wall time is host time.
-    for mixer in args.mixers:
+    for mixer in options.mixers:
         tiny = (1, 128, D)
         inputs = legality.make_inputs(mixer, tiny, "cuda")
         module = protocol.build_module(mixer, D, "auto", "cuda")
@@ -172,7 +170,7 @@ def main(argv=None) -> int:
     print(table.summary())
 
     # The host functions that take the time, for the SAMU backend above.
-    if args.profile:
+    if options.profile:
         from torch.profiler import ProfilerActivity, profile
         inputs = legality.make_inputs("samu", shape, "cuda")
         module = protocol.build_module("samu", D, "auto", "cuda")
@@ -186,10 +184,10 @@ def main(argv=None) -> int:
                                         max_name_column_width=60))
 
     # The Python functions that take the host time (cProfile: every Python frame, unlike the above).
-    if args.cprofile:
+    if options.cprofile:
         import cProfile
         import pstats
-        for mixer in args.mixers:
+        for mixer in options.mixers:
             inputs = legality.make_inputs(mixer, shape, "cuda")
             module = protocol.build_module(mixer, D, "auto", "cuda")
             xg = inputs[0].detach().requires_grad_()
@@ -204,10 +202,10 @@ def main(argv=None) -> int:
             pstats.Stats(profiler).sort_stats("tottime").print_stats(22)
 
     # Where a tiny-length backward's host wall time goes: Python frames (cProfile) against the wall.
-    if args.backward:
+    if options.backward:
         import cProfile
         import pstats
-        for mixer in args.mixers:
+        for mixer in options.mixers:
             tiny = (1, 128, D)
             inputs = legality.make_inputs(mixer, tiny, "cuda")
             module = protocol.build_module(mixer, D, "auto", "cuda")
