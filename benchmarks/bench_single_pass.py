@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from samu import backends, dispatch
+from samu import backends
 from samu.experiment import benchmark_cli, benchmark_rows, legality, protocol
 from samu.ops.common import launching
 from samu.ops.common.sequences import sequence_args
@@ -136,11 +136,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     mixers, shapes, wanted = parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type != "cuda" and not dispatch.interpreting():
-        raise SystemExit("bench_single_pass.py: no GPU here, and the kernels run off a GPU only "
-                         "under Triton's interpreter: set TRITON_INTERPRET=1 (nothing is timed "
-                         "then) and give small shapes, e.g. samu 1x64x64")
+    device = benchmark_cli.kernel_device("bench_single_pass.py")
     names_of = {}
     for mixer in mixers:
         names_of[mixer] = [n for n in backends.matching(mixer, ["singlepass"])

@@ -17,8 +17,6 @@ from __future__ import annotations
 import sys
 import time
 
-import torch
-
 from samu import backends
 from samu.experiment import benchmark_cli, benchmark_rows, legality
 
@@ -65,7 +63,7 @@ def main(argv=None) -> int:
     unknown = [m for m in args.mixers if m not in backends.REGISTRY]
     if unknown:
         parser.error(f"unknown mixers {unknown}; choose from {list(backends.REGISTRY)}")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = benchmark_cli.kernel_device("legality_widths.py")
     table = benchmark_rows.BenchmarkRows("legality_widths", device.type)
     illegal = []
     for mixer in args.mixers or list(backends.REGISTRY):

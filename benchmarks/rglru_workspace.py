@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-import torch
-
-from samu.experiment import benchmark_rows, legality, protocol, sweep
+from samu.experiment import benchmark_cli, benchmark_rows, legality, protocol, sweep
 from samu.experiment.pipeline import parse_shapes
 from samu.ops.rglru import gemm
 
@@ -42,7 +40,7 @@ def main(argv=None) -> int:
     parser.add_argument("--workspaces", nargs="+", type=float, default=list(WORKSPACES))
     parser.add_argument("--samples", type=int, default=10)
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = benchmark_cli.kernel_device("rglru_workspace.py")
     table = benchmark_rows.BenchmarkRows("rglru_workspace", device)
     print(f"{'shape':>14} {'chunk':>5} {'workspace':>9} {'groups':>6} {'gpu ms':>8} "
           f"{'median ms':>9} {'peak units':>10}", flush=True)

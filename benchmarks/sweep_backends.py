@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 from tqdm import tqdm
 
 from samu import dispatch, mixers, paths
-from samu.experiment import benchmark_rows, protocol, schema, sweep
+from samu.experiment import benchmark_cli, benchmark_rows, protocol, schema, sweep
 from samu.experiment.pipeline import parse_shapes
 
 
@@ -78,7 +77,7 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=None,
                         help="gate blocks of a mixer with heads (default: the modules')")
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = benchmark_cli.kernel_device("sweep_backends.py")
     shapes = parse_shapes(args.shapes)
     slug = dispatch.gpu_slug()
     source = dispatch.calibration_source(slug)

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from .. import backends
+from .. import backends, dispatch
 from ..shapes import Shape
 
 
@@ -48,3 +48,15 @@ def require_cuda(program: str, what: str = "times GPU kernels") -> None:
     """Exit, naming the program and what it does, where torch sees no GPU."""
     if not torch.cuda.is_available():
         sys.exit(f"{program} {what}: it needs CUDA")
+
+
+def kernel_device(program: str) -> torch.device:
+    """The device the Triton kernels run on: the GPU, or a CPU under Triton's interpreter; exit,
+    naming the program and the fix, on a CPU without it (every kernel would fail there)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if not dispatch.interpreting():
+        sys.exit(f"{program}: no GPU here, and the kernels run off a GPU only under Triton's "
+                 "interpreter: set TRITON_INTERPRET=1 before starting it, and give small "
+                 "shapes, e.g. 1x64x64")
+    return torch.device("cpu")

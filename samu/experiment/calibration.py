@@ -186,29 +186,35 @@ def main(argv=None) -> int:
     as it finishes, so a run cut short keeps what it measured)."""
     import argparse
 
-    import torch
-
+    from . import benchmark_cli
     from .pipeline import parse_shapes
     parser = argparse.ArgumentParser(prog="python -m samu.experiment.calibration",
-                                     description=main.__doc__.splitlines()[0])
+                                     description=" ".join(main.__doc__.split()))
     parser.add_argument("shapes", nargs="+", help="BxLxD shapes")
-    parser.add_argument("--mixers", nargs="+", choices=mixers_.names(), default=None)
+    parser.add_argument("--mixers", nargs="+", choices=mixers_.names(), default=None,
+                        help="the mixers to calibrate (default: every one)")
     parser.add_argument("--heads", type=int, default=NUM_HEADS,
                         help=f"gate blocks of a mixer with heads (default {NUM_HEADS})")
-    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=10,
+                        help="timed forward+backward samples per backend (default 10)")
     parser.add_argument("--backends", nargs="+", help="only these backends (default: all)")
     parser.add_argument("--memory-tolerance", type=finite_tolerance, default=MEMORY_TOLERANCE,
                         help="how much slower than the fastest a choice within its mixer's "
                              f"memory budget may be (default {MEMORY_TOLERANCE}; 1 ranks by "
                              "time alone)")
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    slug = protocol.device_slug(device)
-    environment = protocol.environment(device)
     candidates = None
     if args.backends:
         candidates = {m: [n for n in backends.available(m) if n in args.backends]
                       for m in args.mixers or mixers_.names()}
+        unknown = sorted(set(args.backends) - {n for names in candidates.values() for n in names})
+        if unknown:
+            parser.error(f"unknown backends {unknown} for {list(candidates)}; available: "
+                         + "; ".join(f"{m}: {', '.join(backends.available(m))}"
+                                     for m in candidates))
+    device = benchmark_cli.kernel_device("python -m samu.experiment.calibration")
+    slug = protocol.device_slug(device)
+    environment = protocol.environment(device)
     for shape in parse_shapes(args.shapes):
         result = calibrate_shape(shape, device, args.mixers, candidates, reps=args.reps,
                                  num_heads=args.heads, memory_tolerance=args.memory_tolerance)

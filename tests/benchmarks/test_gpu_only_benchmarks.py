@@ -1,11 +1,21 @@
 """The benchmarks that only time or profile a GPU: each loads without running, answers --help,
-refuses a bad shape or mixer by name, and off a GPU says it needs CUDA before touching one."""
+refuses a bad shape or mixer by name, and off a GPU says it needs CUDA before touching one; those
+that run the kernels anywhere refuse a CPU without Triton's interpreter."""
 import pytest
 
 from samu import paths
 
-GPU_ONLY = sorted(p.stem for p in (paths.REPO_ROOT / "benchmarks").glob("*.py")
-                  if "benchmark_cli.require_cuda(" in p.read_text())
+def _calling(function):
+    return sorted(p.stem for p in (paths.REPO_ROOT / "benchmarks").glob("*.py")
+                  if f"benchmark_cli.{function}(" in p.read_text())
+
+
+GPU_ONLY = _calling("require_cuda")
+KERNELS_ANYWHERE = _calling("kernel_device")
+# The least each takes to reach its device check.
+KERNEL_ARGV = {"legality_widths": ["samu", "--widths=32"], "bench_single_pass": ["samu"],
+               "sweep_backends": ["1x16x32", "--name", "refused"],
+               "rglru_workspace": ["1x16x32"]}
 
 
 def test_the_gpu_only_benchmarks_are_found():
@@ -52,3 +62,18 @@ def test_an_unknown_mixer_is_refused_by_name(load_benchmark, capsys, name, argv)
         bench.main(argv)
     assert stop.value.code == 2
     assert "unknown mixer 'mamba'" in capsys.readouterr().err
+
+
+def test_every_kernel_benchmark_has_its_arguments_here():
+    assert set(KERNELS_ANYWHERE) == set(KERNEL_ARGV)
+
+
+@pytest.mark.parametrize("name", KERNELS_ANYWHERE)
+def test_a_cpu_without_the_interpreter_is_refused_before_any_kernel(load_benchmark, rows_folder,
+                                                                    monkeypatch, name):
+    bench = load_benchmark(name)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("samu.dispatch.interpreting", lambda: False)
+    with pytest.raises(SystemExit, match=f"{name}.py: no GPU here.*set TRITON_INTERPRET=1"):
+        bench.main(KERNEL_ARGV[name])
+    assert not rows_folder.parent.exists() or not any(rows_folder.parent.rglob("*.jsonl"))

@@ -348,6 +348,26 @@ def test_the_command_calibrates_each_shape_at_its_head_count(tmp_path, monkeypat
     assert f"1x8x16 rglru: chosen {name}" in capsys.readouterr().out
 
 
+def test_the_command_refuses_an_unknown_backend_by_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    with pytest.raises(SystemExit) as info:
+        calibration.main(["1x8x16", "--mixers", "samu", "--backends", "nope",
+                          backends.DEFAULTS["samu"]])
+    assert info.value.code == 2
+    assert "unknown backends ['nope'] for ['samu']" in capsys.readouterr().err
+    assert not any(tmp_path.rglob("*.json"))
+
+
+def test_the_command_refuses_a_cpu_without_the_interpreter(tmp_path, monkeypatch):
+    # Every Triton backend would fail there, and the file would choose none.
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("samu.dispatch.interpreting", lambda: False)
+    with pytest.raises(SystemExit, match="set TRITON_INTERPRET=1"):
+        calibration.main(["1x8x16", "--mixers", "samu", "--reps", "1"])
+    assert not any(tmp_path.rglob("*.json"))
+
+
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_the_memory_rule_refuses_non_finite_numbers(bad):
     """A NaN tolerance would let a 100x slower backend through for the budget, and a NaN time
