@@ -35,8 +35,10 @@ def check_dense(mixer: str, x: torch.Tensor, name: str = "x") -> None:
                         f"{name}.to_dense()")
 
 
-def check_input(x, width: int, mixer: str) -> None:
-    """Refuse bad input with a message naming the problem; touches nothing."""
+def check_input(x, width: int, mixer: str, width_from=None) -> None:
+    """Refuse bad input with a message naming the problem; touches nothing.  ``width_from()``,
+    called only to word an error, says where the width comes from (the functional forms: the
+    parameters' shapes)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{mixer}: x must be a torch.Tensor, got {type(x).__name__}")
     check_dense(mixer, x)
@@ -45,7 +47,8 @@ def check_input(x, width: int, mixer: str) -> None:
                          f"with shape {tuple(x.shape)}")
     batch, length, got = x.shape
     if got != width:
-        raise ValueError(f"{mixer}: x has width {got} but the mixer's width is {width}")
+        raise ValueError(f"{mixer}: x has width {got} but the mixer's width is {width}"
+                         + (f" (the parameters: {width_from()})" if width_from else ""))
     if batch == 0 or length == 0:
         raise ValueError(f"{mixer}: x is empty (batch {batch}, length {length}); "
                          "batch and length must be at least 1")
@@ -219,7 +222,8 @@ def check_shapes(mixer: str, spec, x, named: dict) -> None:
     """The parameters' types and shapes and x, by the mixer's spec."""
     check_tensors(mixer, named)
     width = spec.width_of(named)
-    check_input(x, width, mixer)
+    check_input(x, width, mixer,
+                lambda: ", ".join(f"{name} {tuple(p.shape)}" for name, p in named.items()))
     spec.check_shapes(named, width)
 
 

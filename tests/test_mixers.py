@@ -101,7 +101,8 @@ def test_a_toy_mixer_runs_through_dispatch_and_equals_its_loop(toy):
 
 def test_a_toy_mixer_refuses_bad_input_in_the_common_words(toy):
     decay = torch.zeros(8)
-    with pytest.raises(ValueError, match="toy: x has width 4 but the mixer's width is 8"):
+    with pytest.raises(ValueError, match=r"toy: x has width 4 but the mixer's width is 8 "
+                                         r"\(the parameters: decay \(8,\)\)"):
         functional.mix("toy", torch.randn(1, 3, 4), decay)
     with pytest.raises(ValueError, match=r"toy: decay must have shape \[D\]"):
         functional.mix("toy", torch.randn(1, 3, 8), decay[None])

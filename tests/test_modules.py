@@ -94,6 +94,18 @@ def test_bad_input_is_refused_clearly(mixer, bad, error, words):
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
 
 
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_a_functional_width_mismatch_lists_the_parameters_shapes(mixer):
+    # The width comes from one parameter: where that one is wrong, x is blamed, so the message
+    # shows every parameter's shape, the odd one among them.
+    module = samu.modules.MODULES[mixer](16, **({"num_heads": 2} if mixer == "rglru" else {}))
+    params = [p.detach() for p in module.parameters()]
+    params[0] = params[0][..., :8] if mixer == "samu" else params[0][:1]
+    with pytest.raises(ValueError, match=r"x has width 16 but the mixer's width is 8 "
+                                         r"\(the parameters: .*a_param \(16,\)"):
+        samu.functional.FUNCTIONS[mixer](torch.randn(1, 4, 16), *params)
+
+
 def test_width_not_divisible_by_heads():
     with pytest.raises(ValueError, match="not divisible by num_heads 16"):
         samu.RGLRU(40)

@@ -26,7 +26,7 @@ def width_of(params: dict) -> int:
 def check_shapes(params: dict, width: int) -> None:
     for name in ("gate_x_bias", "gate_a_bias", "a_param"):
         if tuple(params[name].shape) != (width,):
-            raise ValueError(f"rglru: {name} must have shape [{width}], got "
+            raise ValueError(f"rglru: {name} must have shape ({width},), got "
                              f"{tuple(params[name].shape)}")
     if params["gate_a_weight"].shape != params["gate_x_weight"].shape:
         raise ValueError("rglru: gate_a_weight and gate_x_weight must have the same shape")
