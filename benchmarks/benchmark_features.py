@@ -106,10 +106,13 @@ def main(argv=None) -> int:
     parser.add_argument("--sequences", type=int, default=8)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--compile-shape", type=int, nargs=3, action="append",
-                        help="B L D; repeatable (default: 1 128 2048 and 4 2048 2048)")
+                        help="B L D; repeatable (default on a GPU: 1 128 2048 and 4 2048 2048; "
+                             "on a CPU: 1, at most 16 tokens of --length, --width)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    compile_shapes = args.compile_shape or [[1, 128, 2048], [4, 2048, 2048]]
+    compile_shapes = args.compile_shape or (
+        [[1, 128, 2048], [4, 2048, 2048]] if device.type == "cuda"
+        else [[1, min(args.length, 16), args.width]])
     slug = dispatch.gpu_slug()
     doc = {"environment": protocol.environment(), "packing": [], "decode": [], "compile": []}
     work = len(mixers.names()) * (1 + 1 + len(compile_shapes))
