@@ -1,5 +1,6 @@
-"""The command line the GPU benchmarks (benchmarks/*.py) share: shapes and mixers checked as they
-are read, each list of mixers taken from the registry, and a clear refusal off a GPU."""
+"""The command line the benchmarks (benchmarks/*.py) and the calibration command share: shapes and
+mixers checked as they are read, each list of mixers taken from the registry, and a clear refusal
+where the kernels cannot run (off a GPU, or on a CPU without Triton's interpreter)."""
 from __future__ import annotations
 
 import argparse
