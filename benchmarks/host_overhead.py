@@ -34,6 +34,29 @@ def cpu_us(fn, n=200, synchronise_each=False):
     return (t1 - t0) / n * 1e6
 
 
+def output_kernel_launch(shape, device):
+    """(kernel, grid, args, T, meta, flags) of one launch of SAMU's output kernel at ``shape``,
+    every state keyword off: what the launch paths below are timed on."""
+    B, L, D = shape
+    x = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    y = torch.full_like(x, float("nan"))
+    T = 8
+    nc = triton.cdiv(L, T)
+    r = torch.rand(B, L, device=device)
+    g = torch.rand(B, L, device=device)
+    h_in = torch.zeros(B, nc, D, device=device)
+    p = torch.zeros(D, device=device)
+    s = torch.zeros((), device=device)
+    meta = samu_chunk.SamuConfig(T).output.tile(D, T)
+    grid = (B * nc, triton.cdiv(D, meta["BD"]))
+    # r_sum, end (WALKED_CARRY), seq, h0, resets and final (the state keywords) are not read
+    # with those flags off; any tensor will do.  The order is the kernel's signature's.
+    args = (x, y, r, g, h_in, s, s, p, s, s, s, s, s, L, D, nc, B, D // meta["V"])
+    flags = dict(PACKED=False, HAS_INITIAL=False, HAS_FINAL=False, HAS_RESETS=False,
+                 WALKED_CARRY=False)
+    return samu_chunk._samu_output_kernel, grid, args, T, meta, flags
+
+
 def main(argv=None) -> int:
     parser = benchmark_cli.parser(__doc__)
     parser.add_argument("shape", nargs="?", type=benchmark_cli.shape, default=(4, 2048, 2048),
@@ -56,22 +79,8 @@ def main(argv=None) -> int:
         table.add("samu", {"kernel": "_samu_output_kernel", "launch_path": path}, shape,
                   {"host_us_per_launch": us}, {"host_us_per_launch": "us"})
 
-    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    y = torch.empty_like(x)
-    T = 8
-    nc = triton.cdiv(L, T)
-    r = torch.rand(B, L, device="cuda")
-    g = torch.rand(B, L, device="cuda")
-    h_in = torch.zeros(B, nc, D, device="cuda")
-    p = torch.zeros(D, device="cuda")
-    s = torch.zeros((), device="cuda")
-    meta = samu_chunk.SamuConfig(T).output.tile(D, T)
-    grid = (B * nc, triton.cdiv(D, meta["BD"]))
-    # r_sum, end (WALKED_CARRY), seq, h0 and final (the state keywords) are not read with those
-    # flags off; any tensor will do.
-    args = (x, y, r, g, h_in, s, s, p, s, s, s, s, L, D, nc, B, D // meta["V"])
-    flags = dict(PACKED=False, HAS_INITIAL=False, HAS_FINAL=False, WALKED_CARRY=False)
-    kernel = samu_chunk._samu_output_kernel
+    kernel, grid, args, T, meta, flags = output_kernel_launch(shape, "cuda")
+    h_in, p, nc = args[4], args[7], args[15]
     compiled = kernel[grid](*args, T=T, **meta, **flags)
     full = [*args, T, meta["BD"], meta["V"], *flags.values()]
     jit_us = cpu_us(lambda: kernel[grid](*args, T=T, **meta, **flags))

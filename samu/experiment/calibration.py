@@ -212,6 +212,11 @@ def main(argv=None) -> int:
             parser.error(f"unknown backends {unknown} for {list(candidates)}; available: "
                          + "; ".join(f"{m}: {', '.join(backends.available(m))}"
                                      for m in candidates))
+        # A mixer left with none would be written choosing none, over its shape's entry.
+        bare = [m for m, names in candidates.items() if not names]
+        if bare:
+            parser.error(f"none of --backends {args.backends} is a backend of {bare}: name "
+                         "the mixers they belong to with --mixers")
     device = benchmark_cli.kernel_device("python -m samu.experiment.calibration")
     slug = protocol.device_slug(device)
     environment = protocol.environment(device)

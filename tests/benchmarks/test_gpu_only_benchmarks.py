@@ -77,3 +77,11 @@ def test_a_cpu_without_the_interpreter_is_refused_before_any_kernel(load_benchma
     with pytest.raises(SystemExit, match=f"{name}.py: no GPU here.*set TRITON_INTERPRET=1"):
         bench.main(KERNEL_ARGV[name])
     assert not rows_folder.parent.exists() or not any(rows_folder.parent.rglob("*.jsonl"))
+
+
+def test_host_overheads_output_kernel_launch_matches_the_kernels_signature(load_benchmark):
+    # The launch it times is built by hand; under the interpreter it must run and write every y.
+    bench = load_benchmark("host_overhead")
+    kernel, grid, args, chunk, meta, flags = bench.output_kernel_launch((1, 16, 32), "cpu")
+    kernel[grid](*args, T=chunk, **meta, **flags)
+    assert bool(args[1].isfinite().all())

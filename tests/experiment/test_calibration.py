@@ -358,6 +358,15 @@ def test_the_command_refuses_an_unknown_backend_by_name(tmp_path, monkeypatch, c
     assert not any(tmp_path.rglob("*.json"))
 
 
+def test_the_command_refuses_backends_that_leave_a_mixer_none(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    with pytest.raises(SystemExit) as info:
+        calibration.main(["1x8x16", "--reps", "1", "--backends", backends.DEFAULTS["samu"]])
+    assert info.value.code == 2
+    assert "is a backend of ['rglru']" in capsys.readouterr().err
+    assert not any(tmp_path.rglob("*.json"))
+
+
 def test_the_command_refuses_a_cpu_without_the_interpreter(tmp_path, monkeypatch):
     # Every Triton backend would fail there, and the file would choose none.
     monkeypatch.setattr(paths, "DATA", tmp_path)
