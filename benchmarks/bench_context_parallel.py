@@ -411,7 +411,7 @@ def check(args, device) -> int:
                   f"{errors[worst]:.2e} <= {bounds[worst]:.2e}", flush=True)
     out = Path(args.out) if args.out else (paths.DATA / "context_parallel"
                                            / f"{protocol.device_slug(device)}_check.json")
-    schema.write_json_atomic(out, report, kind=None)
+    schema.write_json_atomic(out, report, kind="context_parallel_check")
     print("wrote", paths.relative(out))
     return 0 if legal else 1
 
@@ -508,7 +508,7 @@ def distributed(args, device) -> int:
            "rows": rows}
     out = Path(args.out) if args.out else (paths.DATA / "context_parallel"
                                            / f"{protocol.device_slug(device)}_distributed.json")
-    schema.write_json_atomic(out, doc, kind=None)
+    schema.write_json_atomic(out, doc, kind="context_parallel_distributed")
     print("wrote", paths.relative(out))
     return 0
 
@@ -575,7 +575,7 @@ def main(argv=None) -> int:
            **benchmark(args, device)}
     out = Path(args.out) if args.out else (paths.DATA / "context_parallel"
                                            / f"{protocol.device_slug(device)}.json")
-    schema.write_json_atomic(out, doc, kind=None)
+    schema.write_json_atomic(out, doc, kind="context_parallel")
     print("wrote", paths.relative(out))
     return 0
 

@@ -33,7 +33,7 @@ def load(slug: str | None = None) -> tuple[dict, Path]:
     if path is None:
         raise FileNotFoundError(f"no context-parallel timings for {' or '.join(slugs)}: run "
                                 "benchmarks/bench_context_parallel.py on that GPU")
-    return schema.read_json(path), path
+    return schema.read_valid_json(path, "context_parallel"), path
 
 
 def frame(doc: dict) -> pd.DataFrame:

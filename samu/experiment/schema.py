@@ -274,6 +274,69 @@ SWEEP_SCHEMA = {
                                            "auto_over_fastest"]}},
     },
 }
+# Context parallelism on one GPU (benchmarks/bench_context_parallel.py; notebook 04 draws it),
+# its legality check over processes (--check) and its real multi-process timing (--distributed).
+_times_ms = {"type": "array", "minItems": 1, "items": _real}
+_cp_case = {"mixer": {"enum": _MIXERS}, "length": {"type": "integer", "minimum": 1},
+            "width": {"type": "integer", "minimum": 1}, "ranks": {"type": "integer",
+                                                                 "minimum": 1}}
+CONTEXT_PARALLEL_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "samu context parallelism on one GPU",
+    "type": "object",
+    "required": ["environment", "protocol", "rows"],
+    "properties": {
+        "environment": _environment,
+        "protocol": {"type": "object"},
+        "rows": {"type": "array", "items": {
+            "type": "object",
+            "required": [*_cp_case, "backend", "one_call_at_length_ms", "one_call_at_slice_ms",
+                         "rank_ms", "slowest_rank_ms", "slowest_rank_over_slice_call",
+                         "speedup_over_one_call"],
+            "properties": {**_cp_case, "rank_ms": _times_ms,
+                           **{k: _real for k in ("one_call_at_length_ms",
+                                                   "one_call_at_slice_ms", "slowest_rank_ms",
+                                                   "slowest_rank_over_slice_call",
+                                                   "speedup_over_one_call")},
+                           **{k: _maybe_number for k in (
+                               "one_call_at_slice_gpu_ms", "slowest_rank_gpu_ms",
+                               "slowest_rank_over_slice_call_gpu")}}}},
+    },
+}
+CONTEXT_PARALLEL_CHECK_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "samu context parallelism against one call, over processes",
+    "type": "object",
+    "required": ["environment", "cases"],
+    "properties": {
+        "environment": _environment,
+        "cases": {"type": "array", "minItems": 1, "items": {
+            "type": "object",
+            "required": ["case", "ranks", "slices", "backends", "errors", "bounds", "legal"],
+            "properties": {"ranks": {"type": "integer", "minimum": 1},
+                           "errors": {"type": "object", "additionalProperties": _real},
+                           "bounds": {"type": "object", "additionalProperties": _real},
+                           "legal": {"type": "boolean"}}}},
+    },
+}
+CONTEXT_PARALLEL_DISTRIBUTED_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "samu context parallelism, each rank its own process",
+    "type": "object",
+    "required": ["environment", "protocol", "rows"],
+    "properties": {
+        "environment": _environment,
+        "protocol": {"type": "object"},
+        "rows": {"type": "array", "items": {
+            "type": "object",
+            "required": [*_cp_case, "rank_ms", "call_at_slice_ms", "all_gather_ms",
+                         "slowest_rank_ms", "slowest_rank_over_slice_call"],
+            "properties": {**_cp_case, "rank_ms": _times_ms,
+                           "call_at_slice_ms": _times_ms, "all_gather_ms": _times_ms,
+                           "slowest_rank_ms": _real,
+                           "slowest_rank_over_slice_call": _real}}},
+    },
+}
 # One measurement of a benchmark (samu.experiment.benchmark_rows): a JSON line.  A value is a
 # number, a boolean, null (not measured here) or "inf"/"nan" as _finite writes them.
 _name = {"type": "string", "pattern": "^[a-z][a-z0-9_]*$"}
@@ -303,7 +366,10 @@ BENCHMARK_ROW_SCHEMA = {
 SCHEMAS = {"result": RESULT_SCHEMA, "calibration": CALIBRATION_SCHEMA,
            "correctness": CORRECTNESS_SCHEMA, "training": TRAINING_SCHEMA,
            "features": FEATURES_SCHEMA, "sweep": SWEEP_SCHEMA,
-           "benchmark_row": BENCHMARK_ROW_SCHEMA, "training_run": _training_run}
+           "benchmark_row": BENCHMARK_ROW_SCHEMA, "training_run": _training_run,
+           "context_parallel": CONTEXT_PARALLEL_SCHEMA,
+           "context_parallel_check": CONTEXT_PARALLEL_CHECK_SCHEMA,
+           "context_parallel_distributed": CONTEXT_PARALLEL_DISTRIBUTED_SCHEMA}
 
 
 def _fill_tables() -> None:

@@ -11,11 +11,13 @@ def _doc():
         for ranks in (2, 4):
             for length in (1024, 2048):
                 rows.append({"mixer": mixer, "length": length, "width": 16, "ranks": ranks,
+                             "backend": "test_backend",
                              "one_call_at_length_ms": 2.0, "one_call_at_slice_ms": 2.0 / ranks,
                              "rank_ms": [1.5 / ranks] * ranks, "slowest_rank_ms": 1.5 / ranks,
                              "slowest_rank_over_slice_call": 0.75,
                              "speedup_over_one_call": 1.5 * ranks})
-    return {"environment": {"gpu": "Test GPU", "torch": "x"}, "rows": rows}
+    return {"environment": {"gpu": "Test GPU", "torch": "x", "cuda": None},
+            "protocol": {"repeats": 1}, "rows": rows}
 
 
 def test_frame_and_figure():
@@ -38,7 +40,8 @@ def test_load_prefers_the_data_folder_then_the_committed_file(tmp_path, monkeypa
         with pytest.raises(FileNotFoundError,
                            match="no context-parallel timings for test-gpu or nvidia-h200"):
             context_parallel.load("test-gpu")
-    schema.write_json_atomic(context_parallel.result_file("nvidia-h200"), _doc(), kind=None)
+    schema.write_json_atomic(context_parallel.result_file("nvidia-h200"), _doc(),
+                             kind="context_parallel")
     doc, path = context_parallel.load()
     assert path == tmp_path / "context_parallel" / "nvidia-h200.json"
     assert doc["environment"]["gpu"] == "Test GPU"
@@ -59,3 +62,38 @@ def test_gpu_time_is_drawn_where_the_rows_have_it():
     assert drawn[:2] == [[1.2, 1.2], [1.2, 1.2]]  # RG-LRU, P = 2 and 4
     assert all(all(v != v for v in ys) for ys in drawn[2:])  # SAMU: no GPU time (NaN)
     assert gpu.lines[4].get_ydata()[0] == context_parallel.TARGET_SHARE_OVER_SLICE_CALL
+
+
+@pytest.mark.parametrize("path, kind", [
+    ("data/context_parallel/nvidia-h200.json", "context_parallel"),
+    ("data/context_parallel/nvidia-h200_check.json", "context_parallel_check")])
+def test_committed_files_validate(path, kind):
+    schema.read_valid_json(paths.REPO_ROOT / path, kind)
+
+
+def test_a_malformed_document_is_refused_unwritten_and_unread(tmp_path, monkeypatch):
+    """The benchmark's write and notebook 04's read both check the document: a row without its
+    slowest rank is refused by name, and nothing is written."""
+    doc = _doc()
+    del doc["rows"][0]["slowest_rank_ms"]
+    target = tmp_path / "context_parallel" / "test-gpu.json"
+    with pytest.raises(Exception, match="slowest_rank_ms"):
+        schema.write_json_atomic(target, doc, kind="context_parallel")
+    assert not target.exists()
+    target.parent.mkdir()
+    schema.write_json_atomic(target, doc, kind=None)
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    with pytest.raises(schema.ResultFileError, match="slowest_rank_ms"):
+        context_parallel.load("test-gpu")
+
+
+def test_a_failed_check_with_a_non_finite_error_is_still_written(tmp_path):
+    """--check must record an illegal case, NaN error included (written as "nan")."""
+    report = {"environment": {"gpu": "Test GPU", "torch": "x", "cuda": None},
+              "cases": [{"case": "packed", "ranks": 2, "slices": [8, 8], "cu_seqlens": [0, 16],
+                         "backends": ["b", "b"], "errors": {"y": float("nan")},
+                         "bounds": {"y": 1e-3}, "eager_errors": {"y": 1e-4}, "legal": False}]}
+    path = schema.write_json_atomic(tmp_path / "check.json", report,
+                                    kind="context_parallel_check")
+    assert schema.read_valid_json(path, "context_parallel_check")["cases"][0]["errors"] == {
+        "y": "nan"}
