@@ -591,6 +591,10 @@ def transformers_notebook():
     """06: Hugging Face transformers' RecurrentGemma on samu (samu.integrations.transformers)."""
     save("06_transformers", [
         md("# RecurrentGemma in Hugging Face transformers, on samu\n\n`samu.integrations.transformers.patch(model)` makes a loaded `RecurrentGemmaForCausalLM` (or `RecurrentGemmaModel`) run the causal convolution and the RG-LRU of its recurrent blocks on samu, for training and generation, on transformers' own parameters and cache, and `unpatch()` gives the model its own code back. This notebook builds a tiny random model (no download), patches it, checks it against the unpatched model and shows where and why the numbers differ (`docs/SPEC.md`, section 3). It runs in seconds on a CPU, where samu's reference runs (`backend=\"auto\"`; on a GPU the calibrated Triton kernels)."),
+        params('''backend = "auto"  # samu's backend for the patched layers ("auto": the reference on a CPU, the calibrated kernels on a GPU)
+seed = 0  # the tiny model's weights and tokens
+hidden_size = 32  # the tiny model's width (2 heads)
+lru_width = 48  # its RG-LRU's width (2 blocks)'''),
         code('''import copy
 import torch
 import transformers
@@ -600,10 +604,10 @@ import samu.integrations.transformers as samu_hf
 from samu.integrations import weights
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
-config = RecurrentGemmaConfig(num_hidden_layers=3, vocab_size=64, hidden_size=32, intermediate_size=64,
-                              num_attention_heads=2, lru_width=48, attention_window_size=64,
-                              block_types=("recurrent", "recurrent", "attention"))
-torch.manual_seed(0)
+config = RecurrentGemmaConfig(num_hidden_layers=3, vocab_size=64, hidden_size=hidden_size,
+                              intermediate_size=2 * hidden_size, num_attention_heads=2, lru_width=lru_width,
+                              attention_window_size=64, block_types=("recurrent", "recurrent", "attention"))
+torch.manual_seed(seed)
 model = RecurrentGemmaForCausalLM(config)
 with torch.no_grad():  # random weights away from the initialisation, so that every parameter counts
     for p in model.parameters():
@@ -613,7 +617,7 @@ print(f"transformers {transformers.__version__}; supported: {samu_hf.version_sup
 print(f"{sum(p.numel() for p in model.parameters()):,} parameters; layers: {config.layers_block_type}")'''),
         md("## Patch\n\nOne call; every check runs before anything changes. The parameters, the `state_dict` and the module tree stay transformers'."),
         code('''unpatched = copy.deepcopy(model)
-handle = samu_hf.patch(model, backend="auto")
+handle = samu_hf.patch(model, backend=backend)
 print(handle)
 print(type(model.model.layers[0].temporal_block).__name__, type(model.model.layers[0].temporal_block.rg_lru).__name__)
 assert list(model.state_dict()) == list(unpatched.state_dict())'''),
@@ -673,7 +677,7 @@ print(f"four calls against one call: {(torch.cat(parts, dim=1) - whole).abs().ma
         md("## Weights both ways, and undoing the patch\n\n`to_samu_block` builds samu's own Griffin block (`samu.model.RecurrentBlock`) from a transformers block; `load_samu_block` copies one back; `samu.integrations.weights` holds the name and layout tables (transformers and recurrentgemma)."),
         code('''block = unpatched.model.layers[0].temporal_block
 samu_block = samu_hf.to_samu_block(block).double()
-x = torch.randn(2, 12, 32, device=device, dtype=torch.float64)
+x = torch.randn(2, 12, hidden_size, device=device, dtype=torch.float64)
 with torch.no_grad():
     print(f"samu block against transformers' block (its scan in FP32): {(samu_block(x) - block(x, position_ids=torch.arange(12, device=device)[None], attention_mask=None, use_cache=False)[0]).abs().max().item():.1e}")
 for e in weights.TABLES["transformers"]:

@@ -16,3 +16,13 @@ def test_the_generator_writes_the_committed_notebooks(tmp_path):
     for name in committed:
         assert (tmp_path / name).read_bytes() == \
             (paths.REPO_ROOT / "notebooks" / name).read_bytes(), name
+
+
+def test_every_notebook_has_one_parameters_cell_before_its_other_code():
+    """papermill injects a run's values after the cell tagged "parameters": every notebook has
+    exactly one, and it is the first code cell."""
+    import nbformat
+    for path in sorted((paths.REPO_ROOT / "notebooks").glob("*.ipynb")):
+        code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        tagged = [i for i, c in enumerate(code) if "parameters" in c.metadata.get("tags", [])]
+        assert tagged == [0], f"{path.name}: parameters cells at code cells {tagged}"
