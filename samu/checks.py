@@ -124,10 +124,10 @@ def check_offsets_increase(who: str, offsets) -> None:
                          f"{offsets[short + 1]}")
 
 
-def check_cu_seqlens(mixer: str, x: torch.Tensor, cu_seqlens) -> int:
+def check_cu_seqlens(mixer: str, x: torch.Tensor, cu_seqlens, values: bool = True) -> int:
     """The number of packed sequences, after FlashAttention's convention is checked: batch 1,
     [N + 1] int32 or int64 offsets on x's device, from 0 to the length, each sequence at least
-    one token long."""
+    one token long (the values only with ``values``, where they can be read)."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"{mixer}: cu_seqlens must be a torch.Tensor, got "
                         f"{type(cu_seqlens).__name__}")
@@ -141,7 +141,7 @@ def check_cu_seqlens(mixer: str, x: torch.Tensor, cu_seqlens) -> int:
     if x.shape[0] != 1:
         raise ValueError(f"{mixer}: packed sequences (cu_seqlens) need batch 1, got batch "
                          f"{x.shape[0]}")
-    if values_checkable(cu_seqlens):
+    if values and values_checkable(cu_seqlens):
         check_cu_seqlens_values(mixer, cu_seqlens, x.shape[1])
     return cu_seqlens.numel() - 1
 
@@ -165,16 +165,18 @@ def check_resets(mixer: str, x: torch.Tensor, resets, what: str = "resets") -> N
 
 
 def check_sequences(mixer: str, x: torch.Tensor, initial_state, cu_seqlens,
-                    output_final_state, resets=None) -> None:
-    """The state keywords of SPEC section 3, checked before anything runs."""
+                    output_final_state, resets=None, offsets_values: bool = True) -> int:
+    """The state keywords of SPEC section 3, checked before anything runs; the number of
+    sequences.  ``offsets_values=False`` leaves cu_seqlens' values to a check of their own."""
     if not isinstance(output_final_state, bool):
         raise TypeError(f"{mixer}: output_final_state must be True or False, got "
                         f"{output_final_state!r}")
-    count = x.shape[0] if cu_seqlens is None else check_cu_seqlens(mixer, x, cu_seqlens)
+    count = (x.shape[0] if cu_seqlens is None
+             else check_cu_seqlens(mixer, x, cu_seqlens, offsets_values))
     if resets is not None:
         check_resets(mixer, x, resets)
     if initial_state is None:
-        return
+        return count
     if not isinstance(initial_state, torch.Tensor):
         raise TypeError(f"{mixer}: initial_state must be a torch.Tensor, got "
                         f"{type(initial_state).__name__}")
@@ -189,6 +191,7 @@ def check_sequences(mixer: str, x: torch.Tensor, initial_state, cu_seqlens,
     if initial_state.device != x.device:
         raise ValueError(f"{mixer}: initial_state is on {initial_state.device} but x is on "
                          f"{x.device}")
+    return count
 
 
 def resolve_backend(mixer: str, x, backend):
@@ -238,6 +241,35 @@ def check_call(mixer: str, x, params, backend="auto") -> None:
     x = autocast_input(x)
     check_parameters(mixer, x, named)
     resolve_backend(mixer, x, backend)
+
+
+def check_like(mixer: str, name: str, value, shape: tuple, device) -> None:
+    """value a floating-point tensor of ``shape`` on ``device``: a tensor the kernels index as
+    another's shape (a gradient, a state), which a wrong shape would have them read past."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{mixer}: {name} must be a torch.Tensor, got {type(value).__name__}")
+    check_dense(mixer, value, name)
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{mixer}: {name} must have shape {list(shape)}, got "
+                         f"{list(value.shape)}")
+    if not value.is_floating_point():
+        raise TypeError(f"{mixer}: {name} must be floating point, got {value.dtype}")
+    if value.device != device:
+        raise ValueError(f"{mixer}: {name} is on {value.device} but x is on {device}")
+
+
+def check_op_inputs(mixer: str, x, params, initial_state, cu_seqlens, resets,
+                    output_final_state) -> int:
+    """What the custom ops (samu.custom_ops) check before a kernel runs, called directly or from
+    a compiled graph: x, the parameters and the state keywords as an eager call checks them,
+    cu_seqlens' values apart (their own op reads them); the number of sequences."""
+    spec = mixers.get(mixer)
+    mixers.check_count(mixer, params)
+    named = dict(zip(spec.parameter_names, params))
+    check_shapes(mixer, spec, x, named)
+    check_parameters(mixer, x, named)
+    return check_sequences(mixer, x, initial_state, cu_seqlens, output_final_state, resets,
+                           offsets_values=False)
 
 
 @runtime_checkable

@@ -47,6 +47,8 @@ def scan_forward(x: torch.Tensor, params: list[torch.Tensor],
     """[y, final state (empty unless asked for), *residuals] of one backend's forward; resets,
     the reset mask (torch.bool [B, L]) or None."""
     module, config = _family(mixer, backend)
+    checks.check_op_inputs(mixer, x, params, initial_state, cu_seqlens, resets,
+                           output_final_state)
     if initial_state is not None:
         initial_state = fp32_contiguous(initial_state)
     sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state, resets)
@@ -77,6 +79,8 @@ def scan_backward(x: torch.Tensor, params: list[torch.Tensor], residuals: list[t
     without one)] of one backend.  A custom op's outputs may not alias each other, and the
     kernels' parameter gradients are views of one buffer: one small copy joins them."""
     module, config = _family(mixer, backend)
+    count = checks.check_op_inputs(mixer, x, params, initial_state, cu_seqlens, resets, False)
+    _check_backward_inputs(mixer, module, config, x, params, residuals, dy, d_final, count)
     if initial_state is not None:
         initial_state = fp32_contiguous(initial_state)
     sequences = sequence_args(x, initial_state, cu_seqlens, False, resets)
@@ -84,6 +88,24 @@ def scan_backward(x: torch.Tensor, params: list[torch.Tensor], residuals: list[t
     d_h0 = grads[-1] if grads[-1] is not None else x.new_empty(0, dtype=torch.float32)
     flat = torch.cat([g.reshape(-1).float() for g in grads[1:-1]])
     return [grads[0], flat, d_h0]
+
+
+def _check_backward_inputs(mixer, module, config, x, params, residuals, dy, d_final, count):
+    """dy like x, d_final [sequences, D], and the residuals of the shapes and dtypes that this
+    backend's forward gives (residual_specs): the kernels index each by x's shape."""
+    batch, length, width = x.shape
+    if dy is not None:
+        checks.check_like(mixer, "dy", dy, x.shape, x.device)
+    if d_final is not None:
+        checks.check_like(mixer, "d_final", d_final, (count, width), x.device)
+    want = module.residual_specs(config, batch, length, width, x.dtype, params)
+    got = [(tuple(r.shape), r.dtype) if isinstance(r, torch.Tensor) else type(r).__name__
+           for r in residuals]
+    if got != [(tuple(shape), dtype) for shape, dtype in want] or any(
+            r.device != x.device for r in residuals):
+        raise ValueError(f"{mixer}: the residuals must be those of this backend's forward "
+                         f"for x of shape {list(x.shape)}, {[tuple(w) for w in want]} on "
+                         f"{x.device}, got {got}")
 
 
 @scan_backward.register_fake

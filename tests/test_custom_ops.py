@@ -234,3 +234,36 @@ def test_compiled_initial_state_changed_in_place_before_backward_is_refused(mixe
             y.square().sum().backward()
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("mixer, name", FAMILIES)
+def test_direct_op_calls_refuse_what_the_kernels_would_index_past(mixer, name):
+    """The ops are public (torch.ops.samu.*): called directly they check what an eager call
+    checks, and the backward's dy, d_final and residuals, before a kernel runs.  Without these
+    checks a [1, D] initial state for batch 3 had the backward write past its d_h0 buffer."""
+    module = _module(mixer, name)
+    params = _params(module)
+    x = torch.randn(3, 16, 32, device=DEVICE)
+    h0 = torch.randn(3, 32, device=DEVICE)
+    forward, backward = torch.ops.samu.scan_forward, torch.ops.samu.scan_backward
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[3, 32\]"):
+        forward(x, params, h0[:1], None, None, mixer, name, True)
+    short = [params[0][..., :-1], *params[1:]]
+    with pytest.raises(ValueError, match="width|must have shape"):
+        forward(x, short, None, None, None, mixer, name, True)
+    with pytest.raises(ValueError, match="resets must have x's shape"):
+        forward(x, params, None, None, torch.zeros(3, 8, dtype=torch.bool, device=DEVICE),
+                mixer, name, True)
+    out = forward(x, params, h0, None, None, mixer, name, True)
+    residuals, dy = out[2:], torch.randn_like(x)
+    bad = {"dy": dict(dy=dy[..., :16]), "initial_state": dict(h0=h0[:1]),
+           "d_final": dict(d_final=torch.ones(1, 32, device=DEVICE)),
+           "residuals": dict(residuals=[r[:-1] for r in residuals])}
+    for word, change in bad.items():
+        args = {**dict(residuals=residuals, dy=dy, d_final=torch.ones(3, 32, device=DEVICE),
+                       h0=h0), **change}
+        with pytest.raises(ValueError, match=word):
+            backward(x, params, args["residuals"], args["dy"], args["d_final"], args["h0"],
+                     None, None, mixer, name)
+    dx, flat, d_h0 = backward(x, params, residuals, dy, None, h0, None, None, mixer, name)
+    assert dx.shape == x.shape and d_h0.shape == h0.shape and torch.isfinite(dx).all()
