@@ -248,3 +248,30 @@ def test_a_slice_run_refuses_an_entering_state_that_does_not_fit(mixer, name):
     runner = cp.slice_runner(mixer, layout, x, params, name)  # no initial state: resets
     with pytest.raises(ValueError, match="built without an initial state and is called with"):
         cp.slice_summary(mixer, layout, x, params, name, initial_state=state, runner=runner)
+
+
+@pytest.mark.parametrize("mixer, name", CASES)
+def test_the_phases_refuse_tensors_that_do_not_fit_x(mixer, name):
+    """Every family's slice_summary and start_adjoint, and a sharing run's backward, take an
+    initial state, dy and the end state's cotangent shaped by x and refuse any other before a
+    kernel runs (each had its kernels read past the buffer); a refused backward leaves the run
+    able to go on."""
+    shape = (2, 9, 48)
+    x, params, _ = legality.make_inputs(mixer, shape, DEVICE, seed=5)
+    params = list(params.values())
+    family, config = cp.kernel_phases(mixer, x, name)
+    state, dy = torch.randn(2, 48, device=DEVICE), torch.randn(shape, device=DEVICE)
+    with pytest.raises(ValueError, match=r"slice_summary: initial_state .* shape \(2, 48\)"):
+        family.slice_summary(x, params, config, initial_state=state[:1])
+    with pytest.raises(ValueError, match=r"start_adjoint: dy .* shape \(2, 9, 48\)"):
+        family.start_adjoint(x, params, dy[..., :24], state, config)
+    with pytest.raises(ValueError, match=r"start_adjoint: the end state's cotangent"):
+        family.start_adjoint(x, params, dy, state[:1], config)
+    if family.SliceRun is None or not family.SliceRun.fits(params, config):
+        return
+    run = family.SliceRun(x, params, config)
+    run.summary()
+    run.forward(state)
+    with pytest.raises(ValueError, match=r"SliceRun.backward: the end state's cotangent"):
+        run.backward(dy, state[:1], None)
+    assert torch.isfinite(run.backward(dy, state, None)[0]).all()

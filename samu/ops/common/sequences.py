@@ -271,6 +271,18 @@ def _check_state_rows(what: str, value, shape: tuple, device) -> None:
                          f"got {got}")
 
 
+def check_phase_tensors(who: str, x, initial_state=None, dy=None, d_state=None) -> None:
+    """The tensors that context parallelism's phases take beside x (which samu.checks checks):
+    a state or its cotangent [B, D], dy like x, each floating point on x's device; the kernels
+    index each by x's shape, and a wrong one would have them read past its buffer."""
+    batch, _, width = x.shape
+    for what, value in (("initial_state", initial_state), ("the end state's cotangent", d_state)):
+        if value is not None:
+            _check_state_rows(f"{who}: {what} must be", value, (batch, width), x.device)
+    if dy is not None:
+        _check_state_rows(f"{who}: dy must be", dy, tuple(x.shape), x.device)
+
+
 def slice_run_sequences(run, entering):
     """A SliceRun's sequence arguments (context parallelism) from its entering state, checked:
     None where the run resets (its summary came from the reset), else a floating-point [B, D]

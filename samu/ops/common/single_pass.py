@@ -17,7 +17,7 @@ import torch
 
 from ..._runtime import INTERPRETING
 from .launching import aligned, fp32_contiguous, sm_count, workspace
-from .sequences import sequence_args
+from .sequences import check_phase_tensors, sequence_args
 
 
 @dataclass(frozen=True)
@@ -164,6 +164,7 @@ def slice_summary(family, x, params, config, initial_state=None, resets: bool = 
     (zeros by default; with ``resets`` the state resets at the first token); A is the product
     of the slice's decays, exp of the mixer's log_decay (samu.mixers), the one extra pass."""
     from ...mixers import MIXERS
+    check_phase_tensors("slice_summary", x, initial_state=initial_state)
     x = aligned(x)
     sequences = _slice_sequences(x, initial_state, resets, True)
     _, h, _ = family.forward(x, list(params), sequences, config)
@@ -178,6 +179,7 @@ def start_adjoint(family, x, params, dy, d_end, config):
     entering it, from dy and the cotangent d_end on the slice's end state: the gradient of the
     state entering the slice, from the family's forward and backward (from a zero entering
     state: the adjoint does not depend on it)."""
+    check_phase_tensors("start_adjoint", x, dy=dy, d_state=d_end)
     x = aligned(x)
     params = list(params)
     sequences = _slice_sequences(x, None, False, False)

@@ -61,9 +61,9 @@ from ..common.math import (FAST_MATH, _ptx_approx, exp_fast, one_minus_a_squared
                            softplus, to_element, transition)
 from ..common.reduce import named_columns, sum_partials
 from ..common.scan import affine_combine, decayed_previous_state, last_row
-from ..common.sequences import (adjoint_inputs, cut_resets, entering_state, fold_starts,
-                                load_at, reset_mask, row_sequences, sequence_args,
-                                slice_run_sequences, store_at, taken_starts, take_end_cotangent,
+from ..common.sequences import (adjoint_inputs, check_phase_tensors, cut_resets, entering_state,
+                                fold_starts, load_at, reset_mask, row_sequences, sequence_args,
+                                slice_run_sequences, store_at, take_end_cotangent, taken_starts,
                                 token_resets)
 from ..recurrence import GATE_SCALE
 
@@ -827,6 +827,7 @@ def slice_summary(x, params, config: GemmConfig, initial_state=None, resets: boo
     kernel folds the first token's a into the entering state, so chunk 0's decay comes from G.
     Where a sequence starts at the first token, h is the end state itself: from
     ``initial_state`` (FP32 [B, D]), or with ``resets`` from the reset (A is then unused)."""
+    check_phase_tensors("slice_summary", x, initial_state=initial_state)
     s = _SlicePass.of(x, params, config, initial_state, resets)
     batch, length, width = s.x.shape
     A, h = [torch.empty(batch, width, device=s.x.device, dtype=torch.float32) for _ in "Ah"]
@@ -867,6 +868,7 @@ def start_adjoint(x, params, dy, d_end, config: GemmConfig):
     the state entering it, from dy and the cotangent d_end on the slice's end state.  Per head
     group the gate GEMM, the backward's reverse summary and its carry, where a backward through
     the slice would run every kernel."""
+    check_phase_tensors("start_adjoint", x, dy=dy, d_state=d_end)
     s = _SlicePass.of(x, params, config)
     batch, _, width = s.x.shape
     dy, d_end = aligned(dy), fp32_contiguous(d_end)
@@ -930,6 +932,7 @@ class SliceRun:
         """(dx, d gate_x_weight, d gate_x_bias, d gate_a_weight, d gate_a_bias, d a_param,
         d entering or None with ``resets``); end_cotangent as backward's.  Once only: G is
         overwritten by its gradient."""
+        check_phase_tensors("SliceRun.backward", self.x, dy=dy, d_state=d_final)
         sequences, residuals = self._saved
         self._saved = None
         grads = backward(self.x, self.params, residuals, dy, d_final, sequences, self.config,

@@ -32,10 +32,10 @@ from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transiti
 from ..common.reduce import sum_partials, weight_partials, weight_rows
 from ..common.scan import (DROP, KEEP, affine_combine, decayed_previous_state, last_row,
                            load_tile, row_offsets, shifted_rows, store_tile)
-from ..common.sequences import (START_MARK, adjoint_inputs, cut_resets, entering_state,
-                                fold_starts, load_at, reset_mask, row_sequences, sequence_args,
-                                slice_run_sequences, store_at, taken_starts, take_end_cotangent,
-                                token_resets)
+from ..common.sequences import (START_MARK, adjoint_inputs, check_phase_tensors, cut_resets,
+                                entering_state, fold_starts, load_at, reset_mask, row_sequences,
+                                sequence_args, slice_run_sequences, store_at, take_end_cotangent,
+                                taken_starts, token_resets)
 
 MIXER = "samu"
 
@@ -701,6 +701,7 @@ def slice_summary(x, params, config: SamuConfig, initial_state=None, resets: boo
     and carry without its output kernel: x read once, no y; A from the chunks' sums of r.
     Where a sequence starts at the first token, h is the end state itself: from
     ``initial_state`` (FP32 [B, D]), or with ``resets`` from the reset (A is then unused)."""
+    check_phase_tensors("slice_summary", x, initial_state=initial_state)
     entering = None if resets else (_zero_state(x) if initial_state is None else initial_state)
     run = _slice_pass(x, params, config, entering)
     return _end_state(run, config)
@@ -721,6 +722,7 @@ def start_adjoint(x, params, dy, d_end, config: SamuConfig):
     the state entering it, from dy and the cotangent d_end on the slice's end state.  The
     summary kernel (for r), the backward's reverse summary and its carry: x and dy read once
     each, where a backward through the slice would run every kernel."""
+    check_phase_tensors("start_adjoint", x, dy=dy, d_state=d_end)
     run = _slice_pass(x, params, config, _zero_state(x), "HAS_DFINAL")
     x, meta, r_sum, rate = run.x, run.meta, run.r_sum, run.rate
     batch, length, width = x.shape
@@ -782,6 +784,7 @@ class SliceRun:
         """(dx, d ctrl_weight, d ctrl_bias, d a_param, d log_temp, d skip, d entering or None
         with ``resets``); end_cotangent as backward's.  Once only: the forward's residuals go
         with it."""
+        check_phase_tensors("SliceRun.backward", self.x, dy=dy, d_state=d_final)
         sequences, residuals = self._saved
         self._saved = None
         grads = backward(self.x, self.params, residuals, dy, d_final, sequences, self.config,
