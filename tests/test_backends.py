@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import samu
-from samu import _runtime, backends, dispatch, paths
+from samu import _runtime, backends, dispatch, mixers, paths
 from samu.experiment import schema
 from samu.functional import FUNCTIONS
 
@@ -371,3 +371,29 @@ def test_every_kernel_family_implements_the_interface():
         family.check_family(types.SimpleNamespace(__name__="half_a_family", MIXER="samu",
                                                   CONFIGS=(), KERNELS={}, FEATURES={},
                                                   LAUNCHES={}, SliceRun=None))
+
+
+@pytest.mark.parametrize("mixer", mixers.names())
+def test_a_configuration_refuses_a_chunk_or_launch_the_kernels_cannot_take(mixer):
+    """dataclasses.replace(config, ...) makes a backend= a user may pass: a chunk or launch
+    that no kernel can compile is refused where it is made, naming the field, not deep in
+    Triton (chunk 3: 'arange's range must be a power of 2'; chunk 0: ZeroDivisionError)."""
+    import dataclasses
+    configs = [b.config for b in backends.REGISTRY[mixer].values() if b.kind == "triton"]
+    assert configs
+    for config in configs:
+        launch_role, launch = next(iter(config.launches().items()))
+        for change, error, words in ((dict(chunk=0), ValueError, "chunk must be a power of two"),
+                                     (dict(chunk=3), ValueError, "chunk must be a power of two"),
+                                     (dict(chunk=256), ValueError, "from 1 to 128"),
+                                     (dict(chunk=8.0), TypeError, "chunk must be an int"),
+                                     (dict(chunk=True), TypeError, "chunk must be an int"),
+                                     ({launch_role: "fast"}, TypeError, "must be a Launch")):
+            with pytest.raises(error, match=words):
+                dataclasses.replace(config, **change)
+        for change, words in ((dict(warps=3), "warps must be a power of two"),
+                              (dict(vector=0), "vector must be a power of two"),
+                              (dict(registers=300), "registers must be None or an int")):
+            with pytest.raises(ValueError, match=words):
+                dataclasses.replace(launch, **change)
+        assert dataclasses.replace(config, chunk=4).chunk == 4

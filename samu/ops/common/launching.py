@@ -283,6 +283,46 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+# The longest chunk a configuration may take: each thread holds a chunk of tokens of its
+# channels, and 128 is the longest checked against the oracle.
+MAX_CHUNK = 128
+
+
+def _check_power_of_two(owner: str, name: str, value, top: int, why: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner}: {name} must be an int, a power of two from 1 to {top} "
+                        f"({why}), got {type(value).__name__} {value!r}")
+    if value < 1 or value & (value - 1) or value > top:
+        raise ValueError(f"{owner}: {name} must be a power of two from 1 to {top} ({why}), "
+                         f"got {value}")
+
+
+def check_launch(launch) -> None:
+    """A kernel's Launch: warps and channels per thread powers of two (a tile's width is
+    32 x warps x vector, and Triton's tiles are powers of two), a register cap of 24-255 or
+    none.  Refused where it is made, not inside a kernel's compile."""
+    owner = type(launch).__name__
+    _check_power_of_two(owner, "warps", launch.warps, 32, "warps per program")
+    _check_power_of_two(owner, "vector", launch.vector, 16, "channels per thread")
+    cap = launch.registers
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)
+                            or not 24 <= cap <= 255):
+        raise ValueError(f"{owner}: registers must be None or an int from 24 to 255 (a cap per "
+                         f"thread), got {cap!r}")
+
+
+def check_configuration(config) -> None:
+    """A backend configuration's chunk and launches (its launches() by role), refused where the
+    configuration is made: dataclasses.replace(config, chunk=3) is one a user may pass as
+    backend=."""
+    owner = type(config).__name__
+    _check_power_of_two(owner, "chunk", config.chunk, MAX_CHUNK, "tokens per chunk")
+    for role, launch in config.launches().items():
+        if not all(hasattr(launch, name) for name in ("warps", "vector", "registers")):
+            raise TypeError(f"{owner}: {role} must be a Launch (warps, vector, registers), got "
+                            f"{type(launch).__name__} {launch!r}")
+
+
 def vector_width(width: int, wanted: int) -> int:
     """Channels per thread and load: `wanted` where it divides the width, else 1."""
     return wanted if width % wanted == 0 else 1

@@ -16,7 +16,7 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from ..._runtime import INTERPRETING
-from .launching import aligned, fp32_contiguous, sm_count, workspace
+from .launching import aligned, check_configuration, fp32_contiguous, sm_count, workspace
 from .sequences import check_phase_tensors, sequence_args
 
 
@@ -67,6 +67,9 @@ class SinglePassConfig:
     backward: object = None
     lookback: Lookback = Lookback()
     NAME: ClassVar[str] = "singlepass_chunk{chunk}"
+
+    def __post_init__(self):
+        check_configuration(self)
 
     @property
     def name(self) -> str:

@@ -55,8 +55,9 @@ import triton.language as tl
 
 from ..common import launching
 from ..common.carry import DEFAULT_PLAN, CarryPlan, chunk_carry
-from ..common.launching import (Site, aligned, carve, carved_size, cdiv, fp32_contiguous,
-                                register_cap, sm_count, tile_width, with_state_keywords)
+from ..common.launching import (Site, aligned, carve, carved_size, cdiv, check_configuration,
+                                check_launch, fp32_contiguous, register_cap, sm_count,
+                                tile_width, with_state_keywords)
 from ..common.math import (FAST_MATH, _ptx_approx, exp_fast, one_minus_a_squared, sigmoid_fast,
                            softplus, to_element, transition)
 from ..common.reduce import named_columns, sum_partials
@@ -375,6 +376,9 @@ class Launch:
     vector: int
     registers: int | None = None  # a cap on registers per thread (Triton's maxnreg), or none
 
+    def __post_init__(self):
+        check_launch(self)
+
     def tile(self, bw: int, chunk: int) -> dict:
         vector = self.vector if bw % self.vector == 0 else 1
         while vector > 1 and chunk * vector > VALUES_PER_THREAD:
@@ -405,6 +409,9 @@ class GemmConfig:
     workspace_units: float = 0.5
     gradient_over_gates: bool = True
     carry: CarryPlan = DEFAULT_PLAN
+
+    def __post_init__(self):
+        check_configuration(self)
 
     @property
     def name(self) -> str:

@@ -25,9 +25,10 @@ import triton.language as tl
 
 from ..common.carry import DEFAULT_PLAN, CarryPlan, chunk_carry, walked_carry
 from ..common import launching
-from ..common.launching import (Site, aligned, cdiv, exact, fp32_contiguous, piece_sizes,
-                                pieces, register_cap, row_stride_units, sm_count, tile_width,
-                                vector_width, with_state_keywords, workspace)
+from ..common.launching import (Site, aligned, cdiv, check_configuration, check_launch, exact,
+                                fp32_contiguous, piece_sizes, pieces, register_cap,
+                                row_stride_units, sm_count, tile_width, vector_width,
+                                with_state_keywords, workspace)
 from ..common.math import exp_fast, sigmoid_fast, softplus, to_element, transition
 from ..common.reduce import sum_partials, weight_partials, weight_rows
 from ..common.scan import (DROP, KEEP, affine_combine, decayed_previous_state, last_row,
@@ -330,6 +331,9 @@ class Launch:
     vector: int
     registers: int | None = None  # a cap on registers per thread (Triton's maxnreg), or none
 
+    def __post_init__(self):
+        check_launch(self)
+
     def tile(self, width: int, chunk: int):
         vector = vector_width(width, min(self.vector, max(1, VALUES_PER_THREAD // chunk)))
         return dict(BD=tile_width(self.warps, vector), V=vector, num_warps=self.warps,
@@ -357,6 +361,9 @@ class SamuConfig:
     carry: CarryPlan = DEFAULT_PLAN
     partial_dx: bool = False
     l2_hints: bool = False
+
+    def __post_init__(self):
+        check_configuration(self)
 
     def walks_carry(self, n_chunks: int, elements: int) -> bool:
         return n_chunks <= self.walked_carry_chunks and elements <= self.walked_carry_elements
