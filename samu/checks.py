@@ -29,28 +29,34 @@ def check_positive_int(mixer: str, name: str, value, what: str = "") -> None:
         raise ValueError(f"{mixer}: {name} must be a positive integer{what}, got {value}")
 
 
+def check_flag(mixer: str, name: str, value) -> None:
+    """A keyword that is True or False, not a value that is merely truthy or falsy."""
+    if value is not True and value is not False:
+        raise TypeError(f"{mixer}: {name} must be True or False, got {value!r}")
+
+
 def check_dense(mixer: str, x: torch.Tensor, name: str = "x") -> None:
     if x.layout != torch.strided:  # a sparse tensor has no strides for a view or a kernel
         raise TypeError(f"{mixer}: {name} must be a dense tensor, got layout {x.layout}; pass "
                         f"{name}.to_dense()")
 
 
-def check_input(x, width: int, mixer: str, width_from=None) -> None:
+def check_input(x, width: int, mixer: str, width_from=None, name: str = "x") -> None:
     """Refuse bad input with a message naming the problem; touches nothing.  ``width_from()``,
     called only to word an error, says where the width comes from (the functional forms: the
-    parameters' shapes)."""
+    parameters' shapes); ``name``, the caller's name for x."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{mixer}: x must be a torch.Tensor, got {type(x).__name__}")
-    check_dense(mixer, x)
+        raise TypeError(f"{mixer}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    check_dense(mixer, x, name)
     if x.dim() != 3:
         raise ValueError(f"{mixer}: x must have rank 3 [batch, length, width], got rank {x.dim()} "
                          f"with shape {tuple(x.shape)}")
     batch, length, got = x.shape
     if got != width:
-        raise ValueError(f"{mixer}: x has width {got} but the mixer's width is {width}"
+        raise ValueError(f"{mixer}: {name} has width {got} but the mixer's width is {width}"
                          + (f" (the parameters: {width_from()})" if width_from else ""))
     if batch == 0 or length == 0:
-        raise ValueError(f"{mixer}: x is empty (batch {batch}, length {length}); "
+        raise ValueError(f"{mixer}: {name} is empty (batch {batch}, length {length}); "
                          "batch and length must be at least 1")
     if x.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{mixer}: unsupported dtype {x.dtype}; use one of "
@@ -165,12 +171,12 @@ def check_resets(mixer: str, x: torch.Tensor, resets, what: str = "resets") -> N
 
 
 def check_sequences(mixer: str, x: torch.Tensor, initial_state, cu_seqlens,
-                    output_final_state, resets=None, offsets_values: bool = True) -> int:
+                    output_final_state, resets=None, offsets_values: bool = True,
+                    state_name: str = "initial_state", x_name: str = "x") -> int:
     """The state keywords of SPEC section 3, checked before anything runs; the number of
-    sequences.  ``offsets_values=False`` leaves cu_seqlens' values to a check of their own."""
-    if not isinstance(output_final_state, bool):
-        raise TypeError(f"{mixer}: output_final_state must be True or False, got "
-                        f"{output_final_state!r}")
+    sequences.  ``offsets_values=False`` leaves cu_seqlens' values to a check of their own;
+    ``state_name`` and ``x_name``, the caller's names (step's ``state`` and ``x_t``)."""
+    check_flag(mixer, "output_final_state", output_final_state)
     count = (x.shape[0] if cu_seqlens is None
              else check_cu_seqlens(mixer, x, cu_seqlens, offsets_values))
     if resets is not None:
@@ -178,19 +184,19 @@ def check_sequences(mixer: str, x: torch.Tensor, initial_state, cu_seqlens,
     if initial_state is None:
         return count
     if not isinstance(initial_state, torch.Tensor):
-        raise TypeError(f"{mixer}: initial_state must be a torch.Tensor, got "
+        raise TypeError(f"{mixer}: {state_name} must be a torch.Tensor, got "
                         f"{type(initial_state).__name__}")
     width = x.shape[2]
     if tuple(initial_state.shape) != (count, width):
         what = "sequences in cu_seqlens" if cu_seqlens is not None else "batch"
-        raise ValueError(f"{mixer}: initial_state must have shape [{count}, {width}] "
+        raise ValueError(f"{mixer}: {state_name} must have shape [{count}, {width}] "
                          f"({what} {count}, width {width}), got {tuple(initial_state.shape)}")
     if not initial_state.is_floating_point():
-        raise TypeError(f"{mixer}: initial_state must be floating point (FP32), got "
+        raise TypeError(f"{mixer}: {state_name} must be floating point (FP32), got "
                         f"{initial_state.dtype}")
     if initial_state.device != x.device:
-        raise ValueError(f"{mixer}: initial_state is on {initial_state.device} but x is on "
-                         f"{x.device}")
+        raise ValueError(f"{mixer}: {state_name} is on {initial_state.device} but {x_name} is "
+                         f"on {x.device}")
     return count
 
 

@@ -136,6 +136,8 @@ def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
     """Any registered mixer's functional form (samu.mixers): its parameters in the spec's
     order, the shapes checked by its spec; samu.rglru and samu.samu are this with named
     parameters."""
+    checks.check_flag(mixer, "output_final_state", output_final_state)
+    checks.check_flag(mixer, "return_backend", return_backend)
     if cp_context is not None:  # this rank's slice of a sequence split over ranks: the
         # context runs it, checking everything there and sharing its verdict with the other ranks
         if not isinstance(cp_context, checks.SplitContext):

@@ -111,15 +111,16 @@ class Mixer(nn.Module):
         if resets is not None:  # on both paths, named as step takes it ([B], not [B, 1])
             check_resets(self.mixer, x_t, resets)
         params = self._parameters_in_order()
+        # The forward's checks, in its order, with step's names: the same errors on both paths.
+        check_input(x, self.width, self.mixer, name="x_t")
+        check_parameters(self.mixer, autocast_input(x_t),
+                         dict(zip(PARAMETER_NAMES[self.mixer], params)))
+        check_sequences(self.mixer, x, state, None, True, state_name="state", x_name="x_t")
         if not self._step_in_one_launch(x_t, state, params):
             y, state = self(x, initial_state=state, output_final_state=True,
                             resets=None if resets is None else resets[:, None])
             return y[:, 0], state
-        # The forward's checks, in its order: the same errors on both paths.
-        check_input(x, self.width, self.mixer)
         x_t = autocast_input(x_t)
-        check_parameters(self.mixer, x_t, dict(zip(PARAMETER_NAMES[self.mixer], params)))
-        check_sequences(self.mixer, x, state, None, True)
         kernel = importlib.import_module(f"samu.ops.{self.mixer}.step")  # imports triton
         return kernel.step(x_t, state, *params, resets=resets)
 

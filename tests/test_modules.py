@@ -4,7 +4,7 @@ import torch
 
 import samu
 from samu.functional import PARAMETER_NAMES
-from samu.modules import parameter_count
+from samu.modules import MODULES, parameter_count
 
 SEED_FOOTPRINTS = {  # (width): (rglru parameters, samu parameters), from the seed file
     1024: (134144, 3076), 2048: (530432, 6148), 2560: (826880, 7684)}
@@ -283,3 +283,15 @@ def test_torch_jit_script_is_refused_and_says_what_to_use():
             with pytest.raises(RuntimeError, match=f"^{name}: torch.jit.script is not supported"
                                                    ".*use torch.compile or torch.export"):
                 torch.jit.script(target)
+
+
+@pytest.mark.parametrize("keyword", ["output_final_state", "return_backend"])
+@pytest.mark.parametrize("value", [0, 1, None, "yes"])
+def test_flags_must_be_true_or_false(keyword, value):
+    """A flag that is merely falsy (0, None) was taken as False, and a truthy one was refused
+    or taken by one path and not the other: each is refused by name, on every mixer."""
+    for mixer in samu.mixers.names():
+        module = MODULES[mixer](16)
+        params = [p.detach() for p in module._parameters_in_order()]
+        with pytest.raises(TypeError, match=f"{keyword} must be True or False, got {value!r}"):
+            samu.functional.mix(mixer, torch.randn(1, 4, 16), *params, **{keyword: value})

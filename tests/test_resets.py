@@ -559,8 +559,8 @@ def test_kernel_entry_points_refuse_a_mask_they_would_misread(mixer, name):
                                  ((2, 19), torch.bool, "meta")):
         mask = torch.zeros(shape, dtype=dtype, device=device)
         if device != "meta":  # a meta input would send the op to its fake implementation
-            with pytest.raises(ValueError,
-                               match=r"the reset mask must be torch.bool \[2, 19\]"):
+            with pytest.raises((ValueError, TypeError),  # an eager call's words
+                               match=r"resets must (have x's shape|be a torch.bool tensor)"):
                 torch.ops.samu.scan_forward(x, params, None, None, mask, mixer, name, False)
         row_mask = torch.zeros(shape[1:], dtype=dtype, device=device)
         with pytest.raises(ValueError, match=r"the reset mask must be torch.bool \[2\]"):

@@ -227,13 +227,13 @@ def test_autocast_enters_as_bf16(launches):
 BAD_STEPS = [
     (lambda x, s: (x[None], s), ValueError, r"step takes x_t of shape \[batch, width\]"),
     (lambda x, s: (x.tolist(), s), TypeError, "x_t must be a torch.Tensor, got list"),
-    (lambda x, s: (x[:, :8], s), ValueError, "width 8 but the mixer's width is 16"),
+    (lambda x, s: (x[:, :8], s), ValueError, "x_t has width 8 but the mixer's width is 16"),
     (lambda x, s: (x.int(), s), TypeError, "dtype"),
-    (lambda x, s: (x, s[:1]), ValueError, r"initial_state must have shape \[2, 16\]"),
-    (lambda x, s: (x, s[:, :8]), ValueError, r"initial_state must have shape \[2, 16\]"),
+    (lambda x, s: (x, s[:1]), ValueError, r": state must have shape \[2, 16\]"),
+    (lambda x, s: (x, s[:, :8]), ValueError, r": state must have shape \[2, 16\]"),
     (lambda x, s: (x, s.long()), TypeError, "floating point"),
-    (lambda x, s: (x, s.tolist()), TypeError, "initial_state must be a torch.Tensor"),
-    (lambda x, s: (x, s.to("meta")), ValueError, "initial_state is on meta"),
+    (lambda x, s: (x, s.tolist()), TypeError, ": state must be a torch.Tensor"),
+    (lambda x, s: (x, s.to("meta")), ValueError, "state is on meta but x_t is on"),
 ]
 
 
