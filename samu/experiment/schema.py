@@ -280,29 +280,41 @@ _times_ms = {"type": "array", "minItems": 1, "items": _real}
 _cp_case = {"mixer": {"enum": _MIXERS}, "length": {"type": "integer", "minimum": 1},
             "width": {"type": "integer", "minimum": 1}, "ranks": {"type": "integer",
                                                                  "minimum": 1}}
-CONTEXT_PARALLEL_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "samu context parallelism on one GPU",
-    "type": "object",
-    "required": ["environment", "protocol", "rows"],
-    "properties": {
-        "environment": _environment,
-        "protocol": {"type": "object"},
-        "rows": {"type": "array", "items": {
-            "type": "object",
-            "required": [*_cp_case, "backend", "one_call_at_length_ms", "one_call_at_slice_ms",
-                         "rank_ms", "slowest_rank_ms", "slowest_rank_over_slice_call",
-                         "speedup_over_one_call"],
-            "properties": {**_cp_case, "rank_ms": _times_ms,
-                           **{k: _real for k in ("one_call_at_length_ms",
-                                                   "one_call_at_slice_ms", "slowest_rank_ms",
-                                                   "slowest_rank_over_slice_call",
-                                                   "speedup_over_one_call")},
-                           **{k: _maybe_number for k in (
-                               "one_call_at_slice_gpu_ms", "slowest_rank_gpu_ms",
-                               "slowest_rank_over_slice_call_gpu")}}}},
-    },
-}
+
+
+def _context_parallel_rows(title: str, required: list, properties: dict) -> dict:
+    """A context-parallel timing document: its environment, protocol and one row per (mixer,
+    length, width, ranks) with ``required`` and ``properties`` beside those."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": title,
+        "type": "object",
+        "required": ["environment", "protocol", "rows"],
+        "properties": {
+            "environment": _environment,
+            "protocol": {"type": "object"},
+            "rows": {"type": "array", "items": {
+                "type": "object", "required": [*_cp_case, *required],
+                "properties": {**_cp_case, **properties}}},
+        },
+    }
+
+
+CONTEXT_PARALLEL_SCHEMA = _context_parallel_rows(
+    "samu context parallelism on one GPU",
+    ["backend", "one_call_at_length_ms", "one_call_at_slice_ms", "rank_ms", "slowest_rank_ms",
+     "slowest_rank_over_slice_call", "speedup_over_one_call"],
+    {"rank_ms": _times_ms,
+     **{k: _real for k in ("one_call_at_length_ms", "one_call_at_slice_ms", "slowest_rank_ms",
+                           "slowest_rank_over_slice_call", "speedup_over_one_call")},
+     **{k: _maybe_number for k in ("one_call_at_slice_gpu_ms", "slowest_rank_gpu_ms",
+                                   "slowest_rank_over_slice_call_gpu")}})
+CONTEXT_PARALLEL_DISTRIBUTED_SCHEMA = _context_parallel_rows(
+    "samu context parallelism, each rank its own process",
+    ["rank_ms", "call_at_slice_ms", "all_gather_ms", "slowest_rank_ms",
+     "slowest_rank_over_slice_call"],
+    {"rank_ms": _times_ms, "call_at_slice_ms": _times_ms, "all_gather_ms": _times_ms,
+     "slowest_rank_ms": _real, "slowest_rank_over_slice_call": _real})
 CONTEXT_PARALLEL_CHECK_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "samu context parallelism against one call, over processes",
@@ -317,24 +329,6 @@ CONTEXT_PARALLEL_CHECK_SCHEMA = {
                            "errors": {"type": "object", "additionalProperties": _real},
                            "bounds": {"type": "object", "additionalProperties": _real},
                            "legal": {"type": "boolean"}}}},
-    },
-}
-CONTEXT_PARALLEL_DISTRIBUTED_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "samu context parallelism, each rank its own process",
-    "type": "object",
-    "required": ["environment", "protocol", "rows"],
-    "properties": {
-        "environment": _environment,
-        "protocol": {"type": "object"},
-        "rows": {"type": "array", "items": {
-            "type": "object",
-            "required": [*_cp_case, "rank_ms", "call_at_slice_ms", "all_gather_ms",
-                         "slowest_rank_ms", "slowest_rank_over_slice_call"],
-            "properties": {**_cp_case, "rank_ms": _times_ms,
-                           "call_at_slice_ms": _times_ms, "all_gather_ms": _times_ms,
-                           "slowest_rank_ms": _real,
-                           "slowest_rank_over_slice_call": _real}}},
     },
 }
 # One measurement of a benchmark (samu.experiment.benchmark_rows): a JSON line.  A value is a
