@@ -1,5 +1,7 @@
-# samu: `make reproduce` regenerates every data file and figure; `make test` runs the tests.
-# PYTHON=/path/to/python uses an existing environment (e.g. a GPU machine's image) and installs nothing.
+# samu: `make reproduce` regenerates the per-shape results, calibration and the report's figures,
+# `make train` the training studies; `make test` runs the tests. PYTHON=/path/to/python uses an
+# existing environment (e.g. a GPU machine's image) and installs nothing (`make lab` adds
+# jupyterlab to it where it lacks one).
 VENV := .venv
 TORCH_SPEC ?= torch==2.13.0
 ifeq ($(origin PYTHON), undefined)

@@ -35,6 +35,33 @@ def _family(mixer: str, backend: str):
     return module, config
 
 
+# Argument signatures whose checks passed: the ops' checks read only types, shapes, dtypes,
+# devices and layouts (cu_seqlens' values have their own op), so a compiled graph that runs
+# without CUDA graphs pays for them once per signature, as eager calls do (samu.functional).
+_CHECKED: dict = {}
+
+
+def _checked_before(*arguments) -> tuple | None:
+    """None where this signature passed its checks before, else the key to remember once they
+    pass (or None inside checks_on_every_call, where nothing is remembered)."""
+    from . import functional
+    if not functional._remembering:
+        return ()
+    sign = functional._tensor_signature
+    key = tuple(sign(a) if isinstance(a, torch.Tensor)
+                else tuple(sign(t) for t in a) if isinstance(a, list) else a
+                for a in arguments)
+    return None if key in _CHECKED else key
+
+
+def _remember(key: tuple) -> None:
+    from .functional import CHECKED_SIGNATURES
+    if key:
+        if len(_CHECKED) >= CHECKED_SIGNATURES:
+            _CHECKED.clear()
+        _CHECKED[key] = True
+
+
 def _count(x: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
     return x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
 
@@ -47,8 +74,12 @@ def scan_forward(x: torch.Tensor, params: list[torch.Tensor],
     """[y, final state (empty unless asked for), *residuals] of one backend's forward; resets,
     the reset mask (torch.bool [B, L]) or None."""
     module, config = _family(mixer, backend)
-    checks.check_op_inputs(mixer, x, params, initial_state, cu_seqlens, resets,
-                           output_final_state)
+    key = _checked_before("forward", mixer, backend, output_final_state, x, params,
+                          initial_state, cu_seqlens, resets)
+    if key is not None:
+        checks.check_op_inputs(mixer, x, params, initial_state, cu_seqlens, resets,
+                               output_final_state)
+        _remember(key)
     if initial_state is not None:
         initial_state = fp32_contiguous(initial_state)
     sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state, resets)
@@ -79,8 +110,13 @@ def scan_backward(x: torch.Tensor, params: list[torch.Tensor], residuals: list[t
     without one)] of one backend.  A custom op's outputs may not alias each other, and the
     kernels' parameter gradients are views of one buffer: one small copy joins them."""
     module, config = _family(mixer, backend)
-    count = checks.check_op_inputs(mixer, x, params, initial_state, cu_seqlens, resets, False)
-    _check_backward_inputs(mixer, module, config, x, params, residuals, dy, d_final, count)
+    key = _checked_before("backward", mixer, backend, x, params, residuals, dy, d_final,
+                          initial_state, cu_seqlens, resets)
+    if key is not None:
+        count = checks.check_op_inputs(mixer, x, params, initial_state, cu_seqlens, resets,
+                                       False)
+        _check_backward_inputs(mixer, module, config, x, params, residuals, dy, d_final, count)
+        _remember(key)
     if initial_state is not None:
         initial_state = fp32_contiguous(initial_state)
     sequences = sequence_args(x, initial_state, cu_seqlens, False, resets)

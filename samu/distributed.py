@@ -80,7 +80,7 @@ import torch
 import torch.distributed as dist
 
 from . import backends, dispatch, mixers
-from .checks import (SUPPORTED_DTYPES, autocast_input, capturing, check_call,
+from .checks import (SUPPORTED_DTYPES, autocast_input, capturing, check_call, check_flag,
                      check_offsets_increase, check_resets, check_tensors, cp_context_error)
 from .functional import FUNCTIONS
 from .ops.recurrence import carry_dtype
@@ -1018,9 +1018,8 @@ def context_parallel(mixer: str, x, params, *, cp_context: CPContext, backend="a
         mixers.check_count(mixer, param_list)
         named = dict(zip(spec.parameter_names, param_list))
         check_tensors(mixer, named)
-        if not isinstance(output_final_state, bool):
-            raise TypeError(f"{mixer}: output_final_state must be True or False, got "
-                            f"{output_final_state!r}")
+        check_flag(mixer, "output_final_state", output_final_state)
+        check_flag(mixer, "return_backend", return_backend)
         _check_local(mixer, x, initial_state, cu_seqlens, ctx, dist.get_rank(ctx.group),
                      dist.get_world_size(ctx.group))
         if resets is not None:

@@ -136,8 +136,6 @@ def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
     """Any registered mixer's functional form (samu.mixers): its parameters in the spec's
     order, the shapes checked by its spec; samu.rglru and samu.samu are this with named
     parameters."""
-    checks.check_flag(mixer, "output_final_state", output_final_state)
-    checks.check_flag(mixer, "return_backend", return_backend)
     if cp_context is not None:  # this rank's slice of a sequence split over ranks: the
         # context runs it, checking everything there and sharing its verdict with the other ranks
         if not isinstance(cp_context, checks.SplitContext):
@@ -145,6 +143,8 @@ def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
         return cp_context.mix(mixer, x, params, backend=backend, return_backend=return_backend,
                               initial_state=initial_state, output_final_state=output_final_state,
                               cu_seqlens=cu_seqlens, resets=resets)
+    checks.check_flag(mixer, "output_final_state", output_final_state)
+    checks.check_flag(mixer, "return_backend", return_backend)
     spec = mixers.get(mixer)
     mixers.check_count(mixer, params)
     named = dict(zip(spec.parameter_names, params))

@@ -464,6 +464,9 @@ def _mismatched_call(name: str, rank: int, group):
     elif name == "output_final_state_not_a_bool_on_one_rank":
         samu.samu(mine, *params, cp_context=context(), output_final_state=1 if rank else True,
                   **reference)
+    elif name == "return_backend_not_a_bool_on_one_rank":
+        samu.samu(mine, *params, cp_context=context(), return_backend="yes" if rank else False,
+                  **reference)
     elif name == "parameter_missing_on_one_rank":
         samu.functional.mix("samu", mine, *params[:len(params) - rank], cp_context=context(),
                             **reference)
@@ -506,7 +509,8 @@ def _mismatched_call(name: str, rank: int, group):
 
 MISMATCH_CASES = ("cu_seqlens_collide_at_build", "cu_seqlens_collide_in_the_call",
                   "slice_lengths_differ_in_the_call", "mixers_differ", "heads_differ",
-                  "output_final_state_not_a_bool_on_one_rank", "parameter_missing_on_one_rank",
+                  "output_final_state_not_a_bool_on_one_rank",
+                  "return_backend_not_a_bool_on_one_rank", "parameter_missing_on_one_rank",
                   "parameter_none_on_one_rank", "nested_cu_seqlens_on_one_rank",
                   "fractional_slice_lengths", "fractional_cu_seqlens", "nested_cu_seqlens",
                   "create_graph_on_one_rank", "create_graph_on_the_kernels",

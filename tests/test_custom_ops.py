@@ -267,3 +267,23 @@ def test_direct_op_calls_refuse_what_the_kernels_would_index_past(mixer, name):
                      None, None, mixer, name)
     dx, flat, d_h0 = backward(x, params, residuals, dy, None, h0, None, None, mixer, name)
     assert dx.shape == x.shape and d_h0.shape == h0.shape and torch.isfinite(dx).all()
+
+
+def test_direct_op_checks_run_once_per_signature(monkeypatch):
+    """The ops' checks read only their arguments' types, shapes, dtypes and devices: a compiled
+    graph without CUDA graphs pays for them once per signature, and a new shape is checked."""
+    mixer, name = FAMILIES[0]
+    params = _params(_module(mixer, name))
+    calls = []
+    real = samu.checks.check_op_inputs
+    monkeypatch.setattr(samu.checks, "check_op_inputs",
+                        lambda *a: (calls.append(a[1].shape), real(*a))[1])
+    monkeypatch.setattr(custom_ops, "_CHECKED", {})
+    for length in (16, 16, 8):
+        torch.ops.samu.scan_forward(torch.randn(2, length, 32, device=DEVICE), params, None,
+                                    None, None, mixer, name, False)
+    assert [tuple(s) for s in calls] == [(2, 16, 32), (2, 8, 32)]
+    with pytest.raises(ValueError, match="initial_state must have shape"):
+        torch.ops.samu.scan_forward(torch.randn(2, 16, 32, device=DEVICE), params,
+                                    torch.zeros(1, 32, device=DEVICE), None, None, mixer, name,
+                                    False)

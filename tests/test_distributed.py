@@ -360,6 +360,8 @@ MISMATCH_ERRORS = {
     "heads_differ": ("ValueError", "the ranks disagree on the number of heads: [2, 4] by rank"),
     "output_final_state_not_a_bool_on_one_rank": (
         "TypeError", "rank 1: TypeError: samu: output_final_state must be True or False, got 1"),
+    "return_backend_not_a_bool_on_one_rank": (
+        "TypeError", "rank 1: TypeError: samu: return_backend must be True or False, got 'yes'"),
     "parameter_missing_on_one_rank": ("TypeError", "rank 1: TypeError: samu: takes 5 parameters"),
     "parameter_none_on_one_rank": (
         "TypeError", "rank 1: TypeError: samu: ctrl_weight must be a torch.Tensor, got NoneType"),

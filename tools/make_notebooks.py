@@ -590,8 +590,8 @@ print("notebooks written")
 def transformers_notebook():
     """06: Hugging Face transformers' RecurrentGemma on samu (samu.integrations.transformers)."""
     save("06_transformers", [
-        md("# RecurrentGemma in Hugging Face transformers, on samu\n\n`samu.integrations.transformers.patch(model)` makes a loaded `RecurrentGemmaForCausalLM` (or `RecurrentGemmaModel`) run the causal convolution and the RG-LRU of its recurrent blocks on samu, for training and generation, on transformers' own parameters and cache, and `unpatch()` gives the model its own code back. This notebook builds a tiny random model (no download), patches it, checks it against the unpatched model and shows where and why the numbers differ (`docs/SPEC.md`, section 3). It runs in seconds on a CPU, where samu's reference runs (`backend=\"auto\"`; on a GPU the calibrated Triton kernels)."),
-        params('''backend = "auto"  # samu's backend for the patched layers ("auto": the reference on a CPU, the calibrated kernels on a GPU)
+        md("# RecurrentGemma in Hugging Face transformers, on samu\n\n`samu.integrations.transformers.patch(model)` makes a loaded `RecurrentGemmaForCausalLM` (or `RecurrentGemmaModel`) run the causal convolution and the RG-LRU of its recurrent blocks on samu, for training and generation, on transformers' own parameters and cache, and `unpatch()` gives the model its own code back. This notebook builds a tiny random model (no download), patches it, checks it against the unpatched model and shows where and why the numbers differ (`docs/SPEC.md`, section 3). It runs in seconds on a CPU. The model is float64, the oracle's precision, so samu runs its chunked reference here (`backend=\"auto\"`); a BF16 model on a GPU takes the calibrated Triton kernels."),
+        params('''backend = "auto"  # samu's backend for the patched layers; the model is float64 (the oracle's precision), where "auto" takes the chunked reference and the Triton kernels do not run
 seed = 0  # the tiny model's weights and tokens
 hidden_size = 32  # the tiny model's width (2 heads)
 lru_width = 48  # its RG-LRU's width (2 blocks)'''),

@@ -305,10 +305,14 @@ def check_launch(launch) -> None:
     _check_power_of_two(owner, "warps", launch.warps, 32, "warps per program")
     _check_power_of_two(owner, "vector", launch.vector, 16, "channels per thread")
     cap = launch.registers
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)
-                            or not 24 <= cap <= 255):
+    if cap is None:
+        return
+    if isinstance(cap, bool) or not isinstance(cap, int):
+        raise TypeError(f"{owner}: registers must be None or an int from 24 to 255 (a cap per "
+                        f"thread), got {type(cap).__name__} {cap!r}")
+    if not 24 <= cap <= 255:
         raise ValueError(f"{owner}: registers must be None or an int from 24 to 255 (a cap per "
-                         f"thread), got {cap!r}")
+                         f"thread), got {cap}")
 
 
 def check_configuration(config) -> None:
