@@ -43,7 +43,7 @@ _CHECKED: dict = {}
 
 def _checked_before(*arguments) -> tuple | None:
     """None where this signature passed its checks before, else the key to remember once they
-    pass (or None inside checks_on_every_call, where nothing is remembered)."""
+    pass (an empty one inside checks_on_every_call: checked every time, never remembered)."""
     from . import functional
     if not functional._remembering:
         return ()
