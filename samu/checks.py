@@ -7,6 +7,7 @@ backend, so every backend refuses the same inputs with the same words.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -289,3 +290,38 @@ class SplitContext(Protocol):
 def cp_context_error(mixer: str, cp_context) -> TypeError:
     return TypeError(f"{mixer}: cp_context must be a CPContext from "
                      f"samu.distributed.build_cp_context, got {type(cp_context).__name__}")
+
+
+# --- signatures whose checks passed ------------------------------------------------------------
+# The entry points' checks read only what a signature fixes (types, shapes, dtypes, devices,
+# layouts, the backend and the keywords): a call whose signature passed before skips them
+# (samu.functional's _CHECKED, samu.custom_ops' own).
+
+CHECKED_SIGNATURES = 4096  # per table; a full table starts again
+_remembering = True  # checks_on_every_call turns it off for its block
+
+
+def tensor_signature(t):
+    return None if t is None else (t.__class__, t.shape, t.dtype, t.device, t.layout)
+
+
+def remembering() -> bool:
+    return _remembering
+
+
+def remember(table: dict, key, value=True) -> None:
+    if len(table) >= CHECKED_SIGNATURES:
+        table.clear()
+    table[key] = value
+
+
+@contextlib.contextmanager
+def checks_on_every_call():
+    """Within the block no call is remembered, so every call runs every check: what a call
+    costs without the remembered signatures (benchmarks/host_budget.py)."""
+    global _remembering
+    before, _remembering = _remembering, False
+    try:
+        yield
+    finally:
+        _remembering = before

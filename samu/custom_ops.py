@@ -44,10 +44,9 @@ _CHECKED: dict = {}
 def _checked_before(*arguments) -> tuple | None:
     """None where this signature passed its checks before, else the key to remember once they
     pass (an empty one inside checks_on_every_call: checked every time, never remembered)."""
-    from . import functional
-    if not functional._remembering:
+    if not checks.remembering():
         return ()
-    sign = functional._tensor_signature
+    sign = checks.tensor_signature
     key = tuple(sign(a) if isinstance(a, torch.Tensor)
                 else tuple(sign(t) for t in a) if isinstance(a, list) else a
                 for a in arguments)
@@ -55,11 +54,8 @@ def _checked_before(*arguments) -> tuple | None:
 
 
 def _remember(key: tuple) -> None:
-    from .functional import CHECKED_SIGNATURES
     if key:
-        if len(_CHECKED) >= CHECKED_SIGNATURES:
-            _CHECKED.clear()
-        _CHECKED[key] = True
+        checks.remember(_CHECKED, key)
 
 
 def _count(x: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):

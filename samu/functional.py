@@ -5,7 +5,6 @@ context object: this module imports neither).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import NamedTuple
 
@@ -159,9 +158,7 @@ def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
     y, final, name = _run(mixer, x, named, backend, initial_state, cu_seqlens,
                           output_final_state, checked, resets)
     if signature is not None and not checked:  # every check passed: remembered
-        if len(_CHECKED) >= CHECKED_SIGNATURES:
-            _CHECKED.clear()
-        _CHECKED[signature] = spec  # held: its id in the key stays its own
+        checks.remember(_CHECKED, signature, spec)  # held: its id in the key stays its own
     return _result(y, final, name, output_final_state, return_backend)
 
 
@@ -170,26 +167,8 @@ def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
 # from the packed offsets' values: a later call with the same signature skips them (host time,
 # ~4.6 us on a CPU).  A mixer registered again under its name has a new spec, so new keys.
 _CHECKED: dict = {}
-CHECKED_SIGNATURES = 4096
-
-
-def _tensor_signature(t):
-    return None if t is None else (t.__class__, t.shape, t.dtype, t.device, t.layout)
-
-
-_remembering = True  # checks_on_every_call turns it off for its block
-
-
-@contextlib.contextmanager
-def checks_on_every_call():
-    """Within the block no call is remembered, so every call runs every check: what a call
-    costs without _CHECKED (benchmarks/host_budget.py)."""
-    global _remembering
-    before, _remembering = _remembering, False
-    try:
-        yield
-    finally:
-        _remembering = before
+_tensor_signature = checks.tensor_signature
+checks_on_every_call = checks.checks_on_every_call  # what a call costs without _CHECKED
 
 
 def _signature(spec, x, params: tuple, backend, initial_state, cu_seqlens,
@@ -197,7 +176,7 @@ def _signature(spec, x, params: tuple, backend, initial_state, cu_seqlens,
     """What the checks of a call depend on, or None where it cannot be a key (a traced call, an
     argument that is no tensor, a call inside checks_on_every_call): such calls are checked
     every time."""
-    if not _remembering or torch.compiler.is_compiling():
+    if not checks.remembering() or torch.compiler.is_compiling():
         return None
     try:
         return (id(spec), backend, output_final_state.__class__, output_final_state,
