@@ -260,6 +260,19 @@ def test_merge_takes_the_number_of_parts_from_the_files(echo, data_dir, capsys):
     with pytest.raises(SystemExit):
         T.main(["--config", "echo", "--merge", "cpu"], configurations=table)
     assert "part files of echo split 2 ways (2, 3 parts)" in capsys.readouterr().err
+    extra.unlink()
+    # A part's file copied over another's name would merge its runs twice: refused, unwritten.
+    third = data_dir / "training" / "cpu.echo.part-3-of-3.json"
+    third.write_text((data_dir / "training" / "cpu.echo.part-1-of-3.json").read_text())
+    (data_dir / "training" / "cpu.echo.json").unlink()
+    with pytest.raises(SystemExit):
+        T.main(["--config", "echo", "--merge", "cpu"], configurations=table)
+    assert "holds part '1/3' of its study, not 3/3" in capsys.readouterr().err
+    assert not (data_dir / "training" / "cpu.echo.json").exists()
+    for label in ("", "../cpu", " cpu"):
+        with pytest.raises(SystemExit):
+            T.main(["--config", "echo", "--merge", label], configurations=table)
+        assert "not a path or blank" in capsys.readouterr().err
 
 
 def notebook_05(out: Path, monkeypatch) -> nbformat.NotebookNode:

@@ -93,6 +93,9 @@ def merge_written_parts(label: str, name: str, parser) -> int:
     from .conclusion import conclusion
     from .figures import draw_figures
     from .session import sanity_text
+    if not label or label != label.strip() or "/" in label or label.startswith("."):
+        parser.error(f"--merge {label!r}: a label is a GPU's slug (the start of a "
+                     "data/training file name, e.g. nvidia-h200), not a path or blank")
     parts = written_part_count(label, name, parser)
     wanted = [part_path(label, f"{k}/{parts}", name) for k in range(1, parts + 1)]
     missing = [str(paths.relative(p)) for p in wanted if not p.exists()]

@@ -137,6 +137,12 @@ def merge_parts(slug: str, part: str, configuration: str | None = None) -> dict 
     if not all(p.exists() for p in paths_):
         return None
     docs = [schema.read_valid_json(p, "training") for p in paths_]
+    for k, (p, d) in enumerate(zip(paths_, docs), start=1):
+        if d["study"].get("part") != f"{k}/{n}":
+            # A file copied or renamed to another part's name would be merged twice or as
+            # another part's runs.
+            raise ValueError(f"{p}: holds part {d['study'].get('part')!r} of its study, not "
+                             f"{k}/{n} as its name says; not merged")
 
     for p, d in zip(paths_[1:], docs[1:]):
         if _without_part(d["study"]) != _without_part(docs[0]["study"]):
