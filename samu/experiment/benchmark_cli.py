@@ -20,6 +20,17 @@ def shape(text: str) -> tuple[int, int, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1 (a count, a width, a number of ranks)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def mixer(text: str) -> str:
     """An argparse type: a registered mixer's name."""
     if text not in backends.REGISTRY:

@@ -193,9 +193,9 @@ def main(argv=None) -> int:
     parser.add_argument("shapes", nargs="+", help="BxLxD shapes")
     parser.add_argument("--mixers", nargs="+", choices=mixers_.names(), default=None,
                         help="the mixers to calibrate (default: every one)")
-    parser.add_argument("--heads", type=int, default=NUM_HEADS,
+    parser.add_argument("--heads", type=benchmark_cli.positive_int, default=NUM_HEADS,
                         help=f"gate blocks of a mixer with heads (default {NUM_HEADS})")
-    parser.add_argument("--reps", type=int, default=10,
+    parser.add_argument("--reps", type=benchmark_cli.positive_int, default=10,
                         help="timed forward+backward samples per backend (default 10)")
     parser.add_argument("--backends", nargs="+", help="only these backends (default: all)")
     parser.add_argument("--memory-tolerance", type=finite_tolerance, default=MEMORY_TOLERANCE,
@@ -217,10 +217,28 @@ def main(argv=None) -> int:
         if bare:
             parser.error(f"none of --backends {args.backends} is a backend of {bare}: name "
                          "the mixers they belong to with --mixers")
+    try:
+        shapes = parse_shapes(args.shapes)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not shapes:
+        parser.error(f"no shape in {args.shapes}: give BxLxD shapes such as 4x2048x2048")
+    headed = [m for m in (args.mixers or mixers_.names()) if mixers_.get(m).has_heads]
+    uneven = [s.key for s in shapes if s[2] % args.heads] if headed else []
+    if uneven:  # refused before any shape is calibrated and written
+        parser.error(f"--heads {args.heads} does not divide the width of {', '.join(uneven)} "
+                     f"({', '.join(headed)} split the width into --heads blocks)")
     device = benchmark_cli.kernel_device("python -m samu.experiment.calibration")
     slug = protocol.device_slug(device)
     environment = protocol.environment(device)
-    for shape in parse_shapes(args.shapes):
+    try:  # a broken file is refused before any backend is timed, not after
+        dispatch.check_calibration(calibration_file.read(paths.calibration_file(slug)),
+                                   paths.calibration_file(slug), check_settings=False)
+    except FileNotFoundError:
+        pass
+    except calibration_file.CalibrationFileError as exc:
+        parser.exit(1, f"python -m samu.experiment.calibration: {exc}\n")
+    for shape in shapes:
         result = calibrate_shape(shape, device, args.mixers, candidates, reps=args.reps,
                                  num_heads=args.heads, memory_tolerance=args.memory_tolerance)
         merge_calibration(slug, shape, result, environment)

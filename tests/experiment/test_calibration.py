@@ -367,6 +367,39 @@ def test_the_command_refuses_backends_that_leave_a_mixer_none(tmp_path, monkeypa
     assert not any(tmp_path.rglob("*.json"))
 
 
+@pytest.mark.parametrize("argv, words", [
+    ([""], "no shape in ['']"),
+    (["1x8x16", "--reps", "0"], "argument --reps: must be at least 1, got 0"),
+    (["1x8x16", "--heads", "-1"], "argument --heads: must be at least 1, got -1"),
+    (["1x8x16", "1x8x12", "--mixers", "rglru", "--heads", "8"],
+     "--heads 8 does not divide the width of 1x8x12")])
+def test_the_command_refuses_bad_counts_before_calibrating_anything(tmp_path, monkeypatch,
+                                                                    capsys, argv, words):
+    """An empty shape list exited 0 having written nothing; --reps 0 died in statistics;
+    --heads that does not divide a later shape's width failed after earlier shapes were
+    written."""
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    with pytest.raises(SystemExit) as info:
+        calibration.main(argv)
+    assert info.value.code == 2 and words in capsys.readouterr().err
+    assert not any(tmp_path.rglob("*.json"))
+
+
+def test_the_command_refuses_a_broken_file_before_timing_anything(tmp_path, monkeypatch,
+                                                                  capsys):
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    slug = dispatch.gpu_slug() if _triton_device() == "cuda" else "cpu"
+    broken = paths.calibration_file(slug)
+    broken.parent.mkdir(parents=True)
+    broken.write_text("{broken")
+    monkeypatch.setattr(calibration, "calibrate_shape",
+                        lambda *a, **k: pytest.fail("calibrated before the file was read"))
+    with pytest.raises(SystemExit) as info:
+        calibration.main(["1x8x16", "--mixers", "samu", "--reps", "1"])
+    assert info.value.code == 1 and "not valid JSON" in capsys.readouterr().err
+    assert broken.read_text() == "{broken"
+
+
 def test_the_command_refuses_a_cpu_without_the_interpreter(tmp_path, monkeypatch):
     # Every Triton backend would fail there, and the file would choose none.
     monkeypatch.setattr(paths, "DATA", tmp_path)
