@@ -514,16 +514,18 @@ def distributed(args, device) -> int:
 
 
 def main(argv=None) -> int:
+    from samu.experiment.benchmark_cli import device as device_type, positive_int
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default=None, help="cuda (default when present) or cpu")
-    parser.add_argument("--lengths", type=int, nargs="+",
+    parser.add_argument("--device", type=device_type, default=None,
+                        help="cuda (default when present) or cpu")
+    parser.add_argument("--lengths", type=positive_int, nargs="+",
                         default=[2**17, 2**18, 2**19, 2**20])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--ranks", type=positive_int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--width", type=positive_int, default=2048)
     parser.add_argument("--mixers", nargs="+", default=_mixers(), choices=_mixers())
     parser.add_argument("--backend", default="auto")
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=positive_int, default=10)
     parser.add_argument("--warmup", type=int, default=None,
                         help="calls before timing (default 3 on a GPU, 1 on a CPU)")
     parser.add_argument("--host", action="store_true",
@@ -535,10 +537,10 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="legality of the context-parallel path, P processes (on one "
                              "GPU, or over --gpus)")
-    parser.add_argument("--check-length", type=int, default=2**14)
+    parser.add_argument("--check-length", type=positive_int, default=2**14)
     parser.add_argument("--distributed", action="store_true",
                         help="time the real call, P processes with real collectives")
-    parser.add_argument("--gpus", type=int, default=None,
+    parser.add_argument("--gpus", type=positive_int, default=None,
                         help="--check and --distributed: rank r on GPU r mod GPUS (default 1 "
                              "on CUDA)")
     parser.add_argument("--dist-backend", default=None,
@@ -547,7 +549,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="the JSON file to write (default: "
                         "data/context_parallel/<gpu-slug>.json, or <gpu-slug>_check.json)")
     args = parser.parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = args.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.warmup is None:
         args.warmup = 3 if device.type == "cuda" else 1
     if args.profile and device.type != "cuda":

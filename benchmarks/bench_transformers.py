@@ -217,20 +217,22 @@ def draw(ratios, title: str, path) -> None:
 
 
 def parse(argv=None):
+    from samu.experiment.benchmark_cli import device as device_type, positive_int
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default=None, help="cuda (default when present) or cpu")
+    parser.add_argument("--device", type=device_type, default=None,
+                        help="cuda (default when present) or cpu")
     for name in ("width", "heads", "kv_heads", "intermediate", "vocab", "layers", "prompt",
                  "new_tokens", "repeats"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
-    parser.add_argument("--lengths", type=int, nargs="+", default=None)
-    parser.add_argument("--batches", type=int, nargs="+", default=BATCHES)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=positive_int, default=None)
+    parser.add_argument("--lengths", type=positive_int, nargs="+", default=None)
+    parser.add_argument("--batches", type=positive_int, nargs="+", default=BATCHES)
     parser.add_argument("--dtype", choices=list(DTYPES), default=None)
     parser.add_argument("--backend", default="auto", help="samu's RG-LRU backend (default auto)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--figure", action="store_true", help="draw the speed-ups")
     args = parser.parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = args.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     for name, value in (GPU if device.type == "cuda" else CPU).items():
         if getattr(args, name) is None:
             setattr(args, name, value)

@@ -31,6 +31,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def device(text: str) -> torch.device:
+    """An argparse type: cpu, cuda or cuda:<index>."""
+    try:
+        value = torch.device(text)
+    except RuntimeError:
+        value = None
+    if value is None or value.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:<index>, got {text!r}")
+    return value
+
+
 def mixer(text: str) -> str:
     """An argparse type: a registered mixer's name."""
     if text not in backends.REGISTRY:

@@ -86,3 +86,20 @@ def test_distributed_and_check_spawn_ranks_with_real_collectives(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     cases = json.loads(check.read_text())["cases"]
     assert len(cases) == 4 and all(c["legal"] for c in cases)
+
+
+def test_bad_counts_and_devices_are_refused_by_argparse(load_benchmark, capsys):
+    """--ranks 0 died in a ZeroDivisionError, --device garbage in torch, --width 0 deep in
+    samu; transformers' benchmark took --lengths 0 into transformers' scan."""
+    import pytest
+    for program, argv, words in (
+            ("bench_context_parallel", ["--ranks", "0"], "--ranks: must be at least 1, got 0"),
+            ("bench_context_parallel", ["--width", "0"], "--width: must be at least 1, got 0"),
+            ("bench_context_parallel", ["--device", "garbage"],
+             "must be cpu, cuda or cuda:<index>, got 'garbage'"),
+            ("bench_transformers", ["--device", "cpu", "--lengths", "0"],
+             "--lengths: must be at least 1, got 0")):
+        bench = load_benchmark(program)
+        with pytest.raises(SystemExit) as info:
+            (bench.main if program == "bench_context_parallel" else bench.parse)(argv)
+        assert info.value.code == 2 and words in capsys.readouterr().err

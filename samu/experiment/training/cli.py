@@ -11,7 +11,7 @@ import time
 import torch
 
 from ... import paths
-from .. import schema
+from .. import benchmark_cli, schema
 from .budget import committed_document, estimate_lines
 from .configs import CONFIGURATIONS, configuration
 from .curves import recall_curve_frame
@@ -25,14 +25,7 @@ NOTEBOOK = "05_training"
 UNSTORED_PARAMETERS = ("progress_log",)
 
 
-def device_argument(text: str) -> torch.device:
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:<index>, got {text!r}")
-    return device
+device_argument = benchmark_cli.device
 
 
 def chosen_configurations(text: str | None, on_gpu: bool, table: dict) -> list[str] | None:
