@@ -85,9 +85,14 @@ def counts(mixer: str, width: int, heads: int):
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--width", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=16)
+    from samu.experiment.benchmark_cli import positive_int
+    parser.add_argument("--width", type=positive_int, default=2048)
+    parser.add_argument("--heads", type=positive_int, default=16)
     args = parser.parse_args()
+    if args.width % args.heads:
+        parser.error(f"--heads {args.heads} does not divide --width {args.width}")
+    if os.environ.get("TRITON_INTERPRET") == "1":  # its kernels are then not compiled
+        parser.error("counts compiled kernels: run it without TRITON_INTERPRET=1")
     for mixer in backends.REGISTRY:
         for name, kernel, regs, spills, per, per_round, held, block, chunk, barred in counts(
                 mixer, args.width, args.heads):

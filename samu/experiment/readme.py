@@ -438,8 +438,12 @@ def main(argv=None) -> int:
     if not (args.write or args.check):
         print(results_tables(), end="")
         return 0
+    try:
+        rendered_blocks = list(targets())
+    except schema.ResultFileError as exc:  # a data file the blocks render from is broken
+        raise SystemExit(f"python -m samu.experiment.readme: {exc}") from None
     stale = []
-    for path, begin, end, rendered in targets():
+    for path, begin, end, rendered in rendered_blocks:
         text = path.read_text()
         try:
             current = block(text, begin, end)

@@ -313,3 +313,17 @@ def test_other_gpus_get_a_table_each_and_none_without_their_results(tmp_path):
     assert f"`data/training/{slug}.scale.json`: {len(scale['runs'])} runs;" in rendered
     assert "**Measured.**" in rendered and "recall-curve runs" not in rendered
     assert "![" not in rendered  # no figure in this data folder
+
+
+def test_a_broken_data_file_stops_write_with_its_name_and_no_traceback(monkeypatch):
+    """--write and --check name the broken file the blocks render from and change nothing."""
+    from samu.experiment import schema
+
+    def broken(data_dir=None):
+        raise schema.ResultFileError("data/results/nvidia-h200.json", "not valid JSON")
+    monkeypatch.setattr(readme, "targets", broken)
+    monkeypatch.setattr(schema, "atomic_write",
+                        lambda *a, **k: pytest.fail("wrote despite a broken data file"))
+    for flag in ("--write", "--check"):
+        with pytest.raises(SystemExit, match="nvidia-h200.json: not valid JSON"):
+            readme.main([flag])
