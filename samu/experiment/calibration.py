@@ -217,10 +217,7 @@ def main(argv=None) -> int:
         if bare:
             parser.error(f"none of --backends {args.backends} is a backend of {bare}: name "
                          "the mixers they belong to with --mixers")
-    try:
-        shapes = parse_shapes(args.shapes)
-    except ValueError as exc:
-        parser.error(str(exc))
+    shapes = parse_shapes(args.shapes)  # a malformed one exits naming it
     if not shapes:
         parser.error(f"no shape in {args.shapes}: give BxLxD shapes such as 4x2048x2048")
     headed = [m for m in (args.mixers or mixers_.names()) if mixers_.get(m).has_heads]

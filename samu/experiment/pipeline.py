@@ -34,8 +34,8 @@ def parse_shape(text: str) -> Shape:
 
 def parse_shapes(args: list[str] | None) -> list[Shape]:
     """Each argument may hold several shapes separated by whitespace: `make reproduce` passes
-    SHAPES as one quoted argument."""
-    return [parse_shape(word) for arg in args or () for word in arg.split()]
+    SHAPES as one quoted argument.  A shape given twice (1x8x16 and 1X8x16) runs once."""
+    return list(dict.fromkeys(parse_shape(word) for arg in args or () for word in arg.split()))
 
 
 def export_data_dir() -> str:

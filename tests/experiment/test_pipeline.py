@@ -28,6 +28,8 @@ def test_parse_shapes_splits_each_argument_on_whitespace():
     assert pipeline.parse_shapes(["4x2048x2048 1x8192x2560", "1x16x16"]) == [
         (4, 2048, 2048), (1, 8192, 2560), (1, 16, 16)]
     assert pipeline.parse_shapes([""]) == pipeline.parse_shapes(None) == []
+    assert pipeline.parse_shapes(["1x16x16 1X16x16", "2x8x8 1x16x16"]) == [
+        (1, 16, 16), (2, 8, 8)]  # each shape once, in the order first given
 
 
 def test_notebooks_inherit_the_absolute_data_dir(tmp_path, monkeypatch):
