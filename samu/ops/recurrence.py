@@ -151,9 +151,12 @@ def scan_chunked(a: torch.Tensor, u: torch.Tensor, starts: torch.Tensor | None =
     # Positions taken by unbind, not a4[:, :, c], so that the backward stays linear in L (see
     # scan_sequential); the decay from the chunk's start to t multiplied in the same loop, not
     # by torch.cumprod, whose backward (torch 2.11) does chunk^2 work per chunk.
+    # A decay of exactly 0 (a start folded in) cuts by selection, not by a product: 0 * NaN is
+    # NaN, and a NaN or infinity before a cut would cross it (the sequential scan selects too).
     for a_c, u_c in zip(a4.unbind(2), u4.unbind(2)):
-        h = a_c * h + u_c
-        product = product * a_c
+        cut = a_c == 0
+        h = torch.where(cut, u_c, a_c * h + u_c)
+        product = torch.where(cut, 0.0, product * a_c)
         local.append(h)
         decay.append(product)
     local = torch.stack(local, dim=2)
@@ -167,9 +170,9 @@ def scan_chunked(a: torch.Tensor, u: torch.Tensor, starts: torch.Tensor | None =
     carries = []
     for decay_k, end_k in zip(chunk_decay.unbind(1), chunk_end.unbind(1)):
         carries.append(carry)
-        carry = decay_k * carry + end_k
+        carry = torch.where(decay_k == 0, end_k, decay_k * carry + end_k)
     carries = leading(torch.stack(carries, dim=1), n_chunks)
-    h = local + decay * carries[:, :, None]
+    h = torch.where(decay == 0, local, local + decay * carries[:, :, None])
     return leading(h.reshape(batch, padded, width), length)
 
 

@@ -219,3 +219,24 @@ def test_forward_mode_ad_prints_no_torchscript_deprecation(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
     assert "torch.jit.script" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 16])
+def test_a_cut_stops_a_nan_in_the_chunked_scan_as_in_the_sequential(chunk):
+    """A start folded in as a = 0 cuts by selection: a NaN or infinity before it stays before it
+    (0 * NaN is NaN), at any chunk, whether the cut falls inside a chunk or on its edge; finite
+    values are the sequential scan's to the last bit of what they were before."""
+    torch.manual_seed(0)
+    a, u = torch.rand(2, 13, 4) * 0.9 + 0.05, torch.randn(2, 13, 4)
+    u[0, 2, 1], u[1, 4, 0] = float("nan"), float("inf")
+    starts = torch.zeros(2, 13, dtype=torch.bool)
+    starts[:, 0] = True
+    starts[0, 6], starts[1, 8] = True, True
+    entering = torch.zeros(2, 13, 4)
+    want = recurrence.scan_sequential(a, u, starts, entering)
+    got = recurrence.scan_chunked(a, u, starts, entering, chunk=chunk)
+    assert torch.isfinite(got[0, 6:]).all() and torch.isfinite(got[1, 8:]).all()
+    assert not torch.isfinite(got[0, 2:6, 1]).any()
+    finite = torch.isfinite(want)
+    assert torch.equal(finite, torch.isfinite(got))
+    torch.testing.assert_close(got[finite], want[finite])
