@@ -576,8 +576,9 @@ def incoming_state(summaries: torch.Tensor, rank: int) -> torch.Tensor:
     """[rows, D]: the state entering ``rank``'s slice from every earlier slice's (A, hloc)
     ([world, 2, rows, D]): h_in_r = sum_{j<r} (prod_{j<k<r} A_k) hloc_j, composed locally."""
     state = torch.zeros_like(summaries[0, 1])
-    for j in range(rank):
-        state = summaries[j, 0] * state + summaries[j, 1]
+    for j in range(rank):  # a slice with a cut (A = 0) starts the state again: a selection,
+        decay, hloc = summaries[j, 0], summaries[j, 1]  # so that 0 * NaN cannot cross it
+        state = torch.where(decay == 0, hloc, decay * state + hloc)
     return state
 
 
@@ -585,8 +586,8 @@ def outgoing_cotangent(decays: torch.Tensor, adjoints: torch.Tensor, rank: int) 
     """[rows, D]: the cotangent that later ranks put on ``rank``'s end state, from their A_k
     and mu_k ([world, rows, D] each): g_r = sum_{k>r} (prod_{r<j<k} A_j) mu_k."""
     cotangent = torch.zeros_like(adjoints[0])
-    for k in range(adjoints.shape[0] - 1, rank, -1):
-        cotangent = adjoints[k] + decays[k] * cotangent
+    for k in range(adjoints.shape[0] - 1, rank, -1):  # selected at a cut, as incoming_state
+        cotangent = torch.where(decays[k] == 0, adjoints[k], adjoints[k] + decays[k] * cotangent)
     return cotangent
 
 

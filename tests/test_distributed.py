@@ -251,6 +251,15 @@ def test_closed_forms_equal_the_chain():
                     for k in range(rank + 1, world)), torch.zeros(rows, width,
                                                                   dtype=torch.float64))
         torch.testing.assert_close(outgoing_cotangent(decays, adjoints, rank), want)
+    # A NaN in a slice before the cut stays before it, in both directions.
+    poisoned = summaries.clone()
+    poisoned[1, 1, 0] = float("nan")  # row 0's end state on slice 1; slice 2 cuts row 0
+    assert torch.isfinite(incoming_state(poisoned, 3)[0]).all()
+    assert not torch.isfinite(incoming_state(poisoned, 2)[0]).all()  # before the cut: it does
+    hurt = adjoints.clone()
+    hurt[3, 0] = float("nan")  # row 0's adjoint on slice 3, behind the cut of slice 2
+    assert torch.isfinite(outgoing_cotangent(decays, hurt, 0)[0]).all()
+    assert not torch.isfinite(outgoing_cotangent(decays, hurt, 2)[0]).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
