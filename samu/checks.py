@@ -265,16 +265,12 @@ def check_like(mixer: str, name: str, value, shape: tuple, device) -> None:
         raise ValueError(f"{mixer}: {name} is on {value.device} but x is on {device}")
 
 
-def check_op_inputs(mixer: str, x, params, initial_state, cu_seqlens, resets,
+def check_op_inputs(mixer: str, backend: str, x, params, initial_state, cu_seqlens, resets,
                     output_final_state) -> int:
     """What the custom ops (samu.custom_ops) check before a kernel runs, called directly or from
-    a compiled graph: x, the parameters and the state keywords as an eager call checks them,
+    a compiled graph: check_call, and the state keywords as an eager call checks them,
     cu_seqlens' values apart (their own op reads them); the number of sequences."""
-    spec = mixers.get(mixer)
-    mixers.check_count(mixer, params)
-    named = dict(zip(spec.parameter_names, params))
-    check_shapes(mixer, spec, x, named)
-    check_parameters(mixer, x, named)
+    check_call(mixer, x, params, backend)
     return check_sequences(mixer, x, initial_state, cu_seqlens, output_final_state, resets,
                            offsets_values=False)
 

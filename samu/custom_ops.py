@@ -73,7 +73,7 @@ def scan_forward(x: torch.Tensor, params: list[torch.Tensor],
     key = _checked_before("forward", mixer, backend, output_final_state, x, params,
                           initial_state, cu_seqlens, resets)
     if key is not None:
-        checks.check_op_inputs(mixer, x, params, initial_state, cu_seqlens, resets,
+        checks.check_op_inputs(mixer, backend, x, params, initial_state, cu_seqlens, resets,
                                output_final_state)
         _remember(key)
     if initial_state is not None:
@@ -109,8 +109,8 @@ def scan_backward(x: torch.Tensor, params: list[torch.Tensor], residuals: list[t
     key = _checked_before("backward", mixer, backend, x, params, residuals, dy, d_final,
                           initial_state, cu_seqlens, resets)
     if key is not None:
-        count = checks.check_op_inputs(mixer, x, params, initial_state, cu_seqlens, resets,
-                                       False)
+        count = checks.check_op_inputs(mixer, backend, x, params, initial_state, cu_seqlens,
+                                       resets, False)
         _check_backward_inputs(mixer, module, config, x, params, residuals, dy, d_final, count)
         _remember(key)
     if initial_state is not None:

@@ -167,7 +167,6 @@ def mix(mixer: str, x, *params, backend="auto", return_backend: bool = False,
 # from the packed offsets' values: a later call with the same signature skips them (host time,
 # ~4.6 us on a CPU).  A mixer registered again under its name has a new spec, so new keys.
 _CHECKED: dict = {}
-_tensor_signature = checks.tensor_signature
 checks_on_every_call = checks.checks_on_every_call  # what a call costs without _CHECKED
 
 
@@ -180,9 +179,9 @@ def _signature(spec, x, params: tuple, backend, initial_state, cu_seqlens,
         return None
     try:
         return (id(spec), backend, output_final_state.__class__, output_final_state,
-                _tensor_signature(x), _tensor_signature(initial_state),
-                _tensor_signature(cu_seqlens), _tensor_signature(resets),
-                *[_tensor_signature(p) for p in params])
+                checks.tensor_signature(x), checks.tensor_signature(initial_state),
+                checks.tensor_signature(cu_seqlens), checks.tensor_signature(resets),
+                *[checks.tensor_signature(p) for p in params])
     except AttributeError:
         return None
 

@@ -277,7 +277,7 @@ def test_direct_op_checks_run_once_per_signature(monkeypatch):
     calls = []
     real = samu.checks.check_op_inputs
     monkeypatch.setattr(samu.checks, "check_op_inputs",
-                        lambda *a: (calls.append(a[1].shape), real(*a))[1])
+                        lambda *a: (calls.append(a[2].shape), real(*a))[1])
     monkeypatch.setattr(custom_ops, "_CHECKED", {})
     for length in (16, 16, 8):
         torch.ops.samu.scan_forward(torch.randn(2, length, 32, device=DEVICE), params, None,
