@@ -1,12 +1,14 @@
-"""benchmarks/bench_single_pass.py at tiny sizes under Triton's interpreter: its bytes counted from
-the code bound by the tensors each kernel takes, its rows, and its refusals of bad words."""
+"""benchmarks/bench_single_pass.py at tiny sizes, on the GPU or under Triton's interpreter: its
+bytes counted from the code bound by the tensors each kernel takes, its rows, and its refusals of
+bad words."""
 import pytest
 import torch
 
 from samu import backends
-from samu.experiment import benchmark_rows
+from samu.experiment import benchmark_rows, protocol
 
 SHAPE = (2, 64, 32)
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @pytest.mark.parametrize("mixer,name", [(m, n) for m in backends.REGISTRY
@@ -16,7 +18,7 @@ def test_counted_bytes_lie_between_the_big_tensors_and_every_tensor_read_and_wri
     # Each tensor of B*L*D elements or more that a kernel takes is moved at least once; no byte
     # is moved more than twice (read, then written over).
     bench = load_benchmark("bench_single_pass")
-    config, x, by_role = bench.launches_by_role(mixer, name, SHAPE, torch.device("cpu"))
+    config, x, by_role = bench.launches_by_role(mixer, name, SHAPE, DEVICE)
     counted = bench.counted_bytes(mixer, config.chunk, SHAPE, element=x.element_size())
     elements = SHAPE[0] * SHAPE[1] * SHAPE[2]
     for role, launches in by_role.items():
@@ -32,7 +34,8 @@ def test_a_run_writes_each_kernel_and_the_whole_beside_the_default(load_benchmar
                                                                   capsys):
     bench = load_benchmark("bench_single_pass")
     assert bench.main(["samu", "1x32x32"]) == 0
-    rows = benchmark_rows.read_rows(rows_folder / "bench_single_pass.jsonl")
+    folder = rows_folder.parent / protocol.device_slug(DEVICE)
+    rows = benchmark_rows.read_rows(folder / "bench_single_pass.jsonl")
     names = backends.matching("samu", ["singlepass"])
     wholes = [r for r in rows if "kernel" not in r["configuration"]]
     assert sorted(r["configuration"]["backend"] for r in wholes) == sorted(
@@ -40,10 +43,11 @@ def test_a_run_writes_each_kernel_and_the_whole_beside_the_default(load_benchmar
     kernels = [r for r in rows if "kernel" in r["configuration"]]
     assert sorted(r["configuration"]["kernel"] for r in kernels) == sorted(
         ["forward", "backward", "sum_partials"] * len(names))
-    assert all(r["values"]["counted_bytes"] > 0 and r["values"]["gpu_time_ms"] is None
+    timed = DEVICE.type == "cuda"
+    assert all(r["values"]["counted_bytes"] > 0 and (r["values"]["gpu_time_ms"] is not None) == timed
                for r in kernels)
     assert all(r["shape"] == {"batch": 1, "length": 32, "width": 32} for r in rows)
-    assert "not timed (no GPU)" in capsys.readouterr().out
+    assert ("not timed (no GPU)" in capsys.readouterr().out) != timed
 
 
 @pytest.mark.parametrize("argv,said", [

@@ -2,8 +2,11 @@
 refuses a bad shape or mixer by name, and off a GPU says it needs CUDA before touching one; those
 that run the kernels anywhere refuse a CPU without Triton's interpreter."""
 import pytest
+import torch
 
 from samu import paths
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def _calling(function):
     return sorted(p.stem for p in (paths.REPO_ROOT / "benchmarks").glob("*.py")
@@ -80,8 +83,9 @@ def test_a_cpu_without_the_interpreter_is_refused_before_any_kernel(load_benchma
 
 
 def test_host_overheads_output_kernel_launch_matches_the_kernels_signature(load_benchmark):
-    # The launch it times is built by hand; under the interpreter it must run and write every y.
+    # The launch it times is built by hand; it must run and write every y (on the GPU, or under
+    # the interpreter).
     bench = load_benchmark("host_overhead")
-    kernel, grid, args, chunk, meta, flags = bench.output_kernel_launch((1, 16, 32), "cpu")
+    kernel, grid, args, chunk, meta, flags = bench.output_kernel_launch((1, 16, 32), DEVICE)
     kernel[grid](*args, T=chunk, **meta, **flags)
     assert bool(args[1].isfinite().all())
