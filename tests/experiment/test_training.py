@@ -1144,12 +1144,14 @@ def test_the_recall_curves_compare_only_the_mixers_that_pass_their_bar_and_show_
     assert check["bar"] == 0.9 and (check["pairs"], check["seq_len"]) == (4, 64)
     assert check["checks"]["attention"] == {"widths": [128, 256],
                                             "accuracy": {128: 1.0, 256: 1.0},
-                                            "passed": True, "why": "solved"}
+                                            "passed": True, "why": "1.00, 1.00 at widths 128, 256"}
+    assert check["checks"]["samu"]["why"] == "0.95 at width 256"
     assert check["checks"]["samu"]["passed"] and not check["checks"]["rglru"]["passed"]
     assert check["checks"]["rglru"]["why"] == "below the bar at width 256 (0.30)"
     assert T.compared_mixers(check) == ["attention", "samu"]
     text = T.conclusion(synthetic_curves(solved))
     assert "RG-LRU fails (below the bar at width 256 (0.30))" in text
+    assert "SAMU passes (0.95 at width 256)" in text
     assert "SAMU (widths 64, 128, 256): L = 64, 4 pairs: 0.30, 0.30, 0.95" in text
     assert ("RG-LRU, below its bar: what it learned in these steps, not compared (widths 64, "
             "128, 256): L = 64, 4 pairs: 0.30, 0.30, 0.30") in text

@@ -183,8 +183,10 @@ def recall_sanity(doc, bar: float | None = None, attention_from_width: int | Non
             missing = [w for w in widths if w not in accuracy]
             why = (f"not measured at width {', '.join(map(str, missing))}" if widths
                    else f"no width of at least {attention_from_width} in the grid")
-        elif passed:
-            why = "solved"
+        elif passed:  # at or over the bar, not necessarily solved
+            why = (", ".join(f"{a:.2f}" for a in accuracy.values())
+                   + f" at width{'s' if len(accuracy) > 1 else ''} "
+                   + ", ".join(map(str, accuracy)))
         else:
             why = ("below the bar at width "
                    + ", ".join(f"{w} ({a:.2f})" for w, a in accuracy.items() if a < bar))
