@@ -44,8 +44,8 @@ def test_a_run_writes_each_kernel_and_the_whole_beside_the_default(load_benchmar
     assert sorted(r["configuration"]["kernel"] for r in kernels) == sorted(
         ["forward", "backward", "sum_partials"] * len(names))
     timed = DEVICE.type == "cuda"
-    assert all(r["values"]["counted_bytes"] > 0 and (r["values"]["gpu_time_ms"] is not None) == timed
-               for r in kernels)
+    assert all(r["values"]["counted_bytes"] > 0
+               and (r["values"]["gpu_time_ms"] is not None) == timed for r in kernels)
     assert all(r["shape"] == {"batch": 1, "length": 32, "width": 32} for r in rows)
     assert ("not timed (no GPU)" in capsys.readouterr().out) != timed
 

@@ -8,6 +8,7 @@ from samu import paths
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
+
 def _calling(function):
     return sorted(p.stem for p in (paths.REPO_ROOT / "benchmarks").glob("*.py")
                   if f"benchmark_cli.{function}(" in p.read_text())

@@ -35,7 +35,8 @@ point solved).  At batch 64 (data/training/nvidia-h100-80gb-hbm3.recall.json as 
 3563b7f) most points were still learning after 4000 steps: RG-LRU at width 512 ended at 0.889
 with 4 pairs, attention at widths 128-512 at 0.48-0.84 with 8 and 16 pairs.  A step there took
 a fixed 1.7-2.0 ms plus a time per element (``budget.fit_step_models`` on that document), so
-four times the sequences a step cost about twice the time: 1,024,000 sequences a run, four
+four times the sequences a step were estimated at about twice the time (measured on the H100:
+2.2-3.7 times, median 3.2): 1,024,000 sequences a run, four
 times batch 64's, where Zoology's 64 epochs of 100k examples are 6.4 million.  So every point
 still records whether its run was still learning when it stopped (``curves.still_learning``),
 and the figure marks it.  The bar: accuracy 0.9.  Each part sweeps the grid's first point, the
