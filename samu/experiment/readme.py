@@ -52,6 +52,17 @@ def _times(value: float, digits: int = 1) -> str:
     return DASH if pd.isna(value) else f"{value:.{digits}f}"
 
 
+def _code_said(doc: dict, shapes: list) -> str:
+    """The commits the shapes' rows ran at, from the results' per-shape environments: "at c; "
+    for one, "at c (n shapes), d (m shapes); " for several, "" where none is recorded."""
+    commits = [e.get("git_commit", "")[:7] for key, e in doc.get("shape_environments", {}).items()
+               if Shape.of(key).label in shapes]
+    counts = {c: commits.count(c) for c in dict.fromkeys(commits) if c}
+    if len(counts) <= 1:
+        return "".join(f"at {c}; " for c in counts)
+    return "at " + ", ".join(f"{c} ({n} shape{'s' * (n > 1)})" for c, n in counts.items()) + "; "
+
+
 def speed_table(data_dir: Path, slug: str = report.COMMITTED_SLUG) -> str:
     """The complete mixer's forward+backward at `make reproduce`'s default GPU shapes: each
     mixer's published H800 median beside this GPU's median and GPU time (with its multiple of
@@ -72,7 +83,8 @@ def speed_table(data_dir: Path, slug: str = report.COMMITTED_SLUG) -> str:
     names = [m for m in mixers.names() if m in set(df["mixer"])]
     caption = (
         f"Speed on the {env['gpu']} (torch {env['torch']}, triton {env['triton']}; "
-        f"`data/results/{slug}.json`) beside the published H800 result: the complete mixer's "
+        f"{_code_said(doc, shapes)}`data/results/{slug}.json`) beside the published H800 "
+        f"result: the complete mixer's "
         f"forward+backward at `make reproduce`'s default GPU shapes, each mixer at its calibrated "
         f"backend. A median is the protocol's (CUDA events around each call, so the GPU's waits "
         f"for the host's launches are in it; the published times are such medians); GPU time is "

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from samu import paths
+from samu.shapes import Shape
 from samu.experiment import pipeline, readme
 
 ROOT = paths.REPO_ROOT
@@ -327,3 +328,15 @@ def test_a_broken_data_file_stops_write_with_its_name_and_no_traceback(monkeypat
     for flag in ("--write", "--check"):
         with pytest.raises(SystemExit, match="nvidia-h200.json: not valid JSON"):
             readme.main([flag])
+
+
+def test_the_speed_table_names_the_commits_its_shapes_ran_at():
+    envs = {"4x2048x2048": {"git_commit": "a" * 40}, "1x8192x2560": {"git_commit": "b" * 40},
+            "1x32768x1024": {"git_commit": "b" * 40}, "2x4097x512": {"git_commit": "c" * 40}}
+    shown = [Shape.of(key).label for key in ("4x2048x2048", "1x8192x2560", "1x32768x1024")]
+    assert (readme._code_said({"shape_environments": envs}, shown)
+            == "at aaaaaaa (1 shape), bbbbbbb (2 shapes); ")  # the unshown shape's commit left out
+    one = {"shape_environments": {"4x2048x2048": envs["4x2048x2048"]}}
+    assert readme._code_said(one, shown) == "at aaaaaaa; "
+    assert readme._code_said({}, shown) == ""
+    assert re.search(r"triton [0-9.]+; at [0-9a-f]{7}[;( ]", " ".join(readme.speed_table(DATA).split()))
