@@ -10,13 +10,17 @@ import math
 import torch
 from torch import nn
 
-from . import _runtime, backends, dispatch, mixers
+from . import _runtime, backends, checks, dispatch, mixers
 from .checks import (autocast_input, check_dense, check_input, check_parameters,
                      check_positive_int, check_resets, check_sequences)
 from .functional import FUNCTIONS, PARAMETER_NAMES, refuse_script
 
 
 NUM_HEADS = 16
+
+# Step signatures whose checks passed (samu.checks): a decode loop pays for them once, as
+# forward calls do (samu.functional's _CHECKED).
+_STEP_CHECKED: dict = {}
 
 
 def parameter_count(mixer: str, width: int, num_heads: int = NUM_HEADS) -> int:
@@ -106,16 +110,13 @@ class Mixer(nn.Module):
         if x_t.dim() != 2:
             raise ValueError(f"{self.mixer}: step takes x_t of shape [batch, width], got "
                              f"{tuple(x_t.shape)}")
-        check_dense(self.mixer, x_t, "x_t")
-        x = x_t[:, None]
-        if resets is not None:  # on both paths, named as step takes it ([B], not [B, 1])
-            check_resets(self.mixer, x_t, resets)
         params = self._parameters_in_order()
-        # The forward's checks, in its order, with step's names: the same errors on both paths.
-        check_input(x, self.width, self.mixer, name="x_t")
-        check_parameters(self.mixer, autocast_input(x_t),
-                         dict(zip(PARAMETER_NAMES[self.mixer], params)))
-        check_sequences(self.mixer, x, state, None, True, state_name="state", x_name="x_t")
+        key = self._step_signature(x_t, state, resets, params)
+        if key is None or key not in _STEP_CHECKED:
+            self._check_step(x_t, state, resets, params)
+            if key is not None:  # every check passed: remembered
+                checks.remember(_STEP_CHECKED, key)
+        x = x_t[:, None]
         if not self._step_in_one_launch(x_t, state, params):
             y, state = self(x, initial_state=state, output_final_state=True,
                             resets=None if resets is None else resets[:, None])
@@ -123,6 +124,30 @@ class Mixer(nn.Module):
         x_t = autocast_input(x_t)
         kernel = importlib.import_module(f"samu.ops.{self.mixer}.step")  # imports triton
         return kernel.step(x_t, state, *params, resets=resets)
+
+    def _check_step(self, x_t, state, resets, params) -> None:
+        check_dense(self.mixer, x_t, "x_t")
+        x = x_t[:, None]
+        if resets is not None:  # on both paths, named as step takes it ([B], not [B, 1])
+            check_resets(self.mixer, x_t, resets)
+        # The forward's checks, in its order, with step's names: the same errors on both paths.
+        check_input(x, self.width, self.mixer, name="x_t")
+        check_parameters(self.mixer, autocast_input(x_t),
+                         dict(zip(PARAMETER_NAMES[self.mixer], params)))
+        check_sequences(self.mixer, x, state, None, True, state_name="state", x_name="x_t")
+
+    def _step_signature(self, x_t, state, resets, params) -> tuple | None:
+        """What step's checks depend on (the mixer, its width, and the tensors' types, shapes,
+        dtypes, devices and layouts), or None where it cannot be a key: such calls are checked
+        every time, as the functional forms' are."""
+        if not checks.remembering() or torch.compiler.is_compiling():
+            return None
+        sign = checks.tensor_signature
+        try:
+            return (self.mixer, self.width, sign(x_t), sign(state), sign(resets),
+                    *[sign(p) for p in params])
+        except AttributeError:  # a state or mask that is no tensor: its check names it
+            return None
 
     def _step_in_one_launch(self, x_t, state, params) -> bool:
         """Whether step takes its one-launch kernel: the forward would run a Triton backend on

@@ -248,3 +248,30 @@ def test_bad_input_is_refused_clearly(mixer, make, error, words, launches):
     assert launches == []
     with pytest.raises(error, match=words):  # the forward's path, with autograd
         module.step(x_t, state)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_a_signature_that_passed_is_not_checked_again_and_a_new_one_is(mixer, monkeypatch):
+    """A decode loop pays for step's checks once per signature, as forward calls do; a bad
+    input after a good one is still refused, and checks_on_every_call checks every call."""
+    from samu import checks, modules
+    monkeypatch.setattr(modules, "_STEP_CHECKED", {})  # whatever earlier tests remembered
+    calls = []
+    real = modules.check_sequences
+    monkeypatch.setattr(modules, "check_sequences",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    module = _module(mixer, 16, heads=2)
+    x, state = _inputs((2, 16), seed=0), _inputs((2, 16), seed=1)
+    with torch.no_grad():
+        first = module.step(x, state)
+        again = module.step(x, state)
+        assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(first, again))
+        with pytest.raises(ValueError, match=r": state must have shape \[2, 16\]"):
+            module.step(x, state[:1])
+        with pytest.raises(TypeError, match="resets must be a torch.bool tensor"):
+            module.step(x, state, resets=torch.zeros(2, dtype=torch.int32, device=DEVICE))
+        calls.clear()
+        with checks.checks_on_every_call():
+            module.step(x, state)
+            module.step(x, state)
+        assert len(calls) == 2
