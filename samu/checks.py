@@ -305,6 +305,19 @@ def remembering() -> bool:
     return _remembering
 
 
+def call_signature(plain: tuple, tensors) -> tuple | None:
+    """The key of a call whose checks read only ``plain`` (as it is) and ``tensors`` (each by
+    tensor_signature; None allowed), or None where it cannot be one (inside
+    checks_on_every_call, a traced call, an argument that is no tensor): such calls are checked
+    every time."""
+    if not _remembering or torch.compiler.is_compiling():
+        return None
+    try:
+        return (*plain, *[tensor_signature(t) for t in tensors])
+    except AttributeError:
+        return None
+
+
 def remember(table: dict, key, value=True) -> None:
     if len(table) >= CHECKED_SIGNATURES:
         table.clear()

@@ -172,18 +172,11 @@ checks_on_every_call = checks.checks_on_every_call  # what a call costs without 
 
 def _signature(spec, x, params: tuple, backend, initial_state, cu_seqlens,
                output_final_state, resets=None):
-    """What the checks of a call depend on, or None where it cannot be a key (a traced call, an
-    argument that is no tensor, a call inside checks_on_every_call): such calls are checked
-    every time."""
-    if not checks.remembering() or torch.compiler.is_compiling():
-        return None
-    try:
-        return (id(spec), backend, output_final_state.__class__, output_final_state,
-                checks.tensor_signature(x), checks.tensor_signature(initial_state),
-                checks.tensor_signature(cu_seqlens), checks.tensor_signature(resets),
-                *[checks.tensor_signature(p) for p in params])
-    except AttributeError:
-        return None
+    """What the checks of a call depend on, or None where it cannot be a key
+    (checks.call_signature): such calls are checked every time."""
+    return checks.call_signature((id(spec), backend, output_final_state.__class__,
+                                  output_final_state),
+                                 (x, initial_state, cu_seqlens, resets, *params))
 
 
 def rglru(x, gate_x_weight, gate_x_bias, gate_a_weight, gate_a_bias, a_param, backend="auto",

@@ -138,16 +138,9 @@ class Mixer(nn.Module):
 
     def _step_signature(self, x_t, state, resets, params) -> tuple | None:
         """What step's checks depend on (the mixer, its width, and the tensors' types, shapes,
-        dtypes, devices and layouts), or None where it cannot be a key: such calls are checked
-        every time, as the functional forms' are."""
-        if not checks.remembering() or torch.compiler.is_compiling():
-            return None
-        sign = checks.tensor_signature
-        try:
-            return (self.mixer, self.width, sign(x_t), sign(state), sign(resets),
-                    *[sign(p) for p in params])
-        except AttributeError:  # a state or mask that is no tensor: its check names it
-            return None
+        dtypes, devices and layouts), or None where it cannot be a key (checks.call_signature):
+        such calls are checked every time."""
+        return checks.call_signature((self.mixer, self.width), (x_t, state, resets, *params))
 
     def _step_in_one_launch(self, x_t, state, params) -> bool:
         """Whether step takes its one-launch kernel: the forward would run a Triton backend on
