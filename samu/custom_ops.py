@@ -41,15 +41,13 @@ def _family(mixer: str, backend: str):
 _CHECKED: dict = {}
 
 
-def _checked_before(*arguments) -> tuple | None:
-    """None where this signature passed its checks before, else the key to remember once they
-    pass (an empty one inside checks_on_every_call: checked every time, never remembered)."""
-    if not checks.remembering():
+def _checked_before(plain: tuple, tensors) -> tuple | None:
+    """None where this signature (checks.call_signature) passed its checks before, else the key
+    to remember once they pass (an empty one where there is none, as inside
+    checks_on_every_call: checked every time, never remembered)."""
+    key = checks.call_signature(plain, tensors)
+    if key is None:
         return ()
-    sign = checks.tensor_signature
-    key = tuple(sign(a) if isinstance(a, torch.Tensor)
-                else tuple(sign(t) for t in a) if isinstance(a, list) else a
-                for a in arguments)
     return None if key in _CHECKED else key
 
 
@@ -70,8 +68,8 @@ def scan_forward(x: torch.Tensor, params: list[torch.Tensor],
     """[y, final state (empty unless asked for), *residuals] of one backend's forward; resets,
     the reset mask (torch.bool [B, L]) or None."""
     module, config = _family(mixer, backend)
-    key = _checked_before("forward", mixer, backend, output_final_state, x, params,
-                          initial_state, cu_seqlens, resets)
+    key = _checked_before(("forward", mixer, backend, output_final_state, len(params)),
+                          (x, *params, initial_state, cu_seqlens, resets))
     if key is not None:
         checks.check_op_inputs(mixer, backend, x, params, initial_state, cu_seqlens, resets,
                                output_final_state)
@@ -106,8 +104,9 @@ def scan_backward(x: torch.Tensor, params: list[torch.Tensor], residuals: list[t
     without one)] of one backend.  A custom op's outputs may not alias each other, and the
     kernels' parameter gradients are views of one buffer: one small copy joins them."""
     module, config = _family(mixer, backend)
-    key = _checked_before("backward", mixer, backend, x, params, residuals, dy, d_final,
-                          initial_state, cu_seqlens, resets)
+    key = _checked_before(("backward", mixer, backend, len(params), len(residuals)),
+                          (x, *params, *residuals, dy, d_final, initial_state, cu_seqlens,
+                           resets))
     if key is not None:
         count = checks.check_op_inputs(mixer, backend, x, params, initial_state, cu_seqlens,
                                        resets, False)

@@ -132,8 +132,7 @@ class Mixer(nn.Module):
             check_resets(self.mixer, x_t, resets)
         # The forward's checks, in its order, with step's names: the same errors on both paths.
         check_input(x, self.width, self.mixer, name="x_t")
-        check_parameters(self.mixer, autocast_input(x_t),
-                         dict(zip(PARAMETER_NAMES[self.mixer], params)))
+        check_parameters(self.mixer, x_t, dict(zip(PARAMETER_NAMES[self.mixer], params)))
         check_sequences(self.mixer, x, state, None, True, state_name="state", x_name="x_t")
 
     def _step_signature(self, x_t, state, resets, params) -> tuple | None:
