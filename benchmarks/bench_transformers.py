@@ -8,8 +8,8 @@ model, and decode tokens per second of greedy generation at batch 1 and 16.
 
 On a GPU the default is a RecurrentGemma-2B-like layout in BF16: width 2560 (lru_width 2560),
 10 heads (one key-value head), MLP 15360, vocabulary 256000, the blocks recurrent, recurrent,
-attention, and as many of its 26 layers as fit (halved until transformers' forward+backward at
-the longest length fits), random weights; sequence lengths 2048 and 8192 at batch 1; generation
+attention, and as many of its 26 layers as fit (halved until each of transformers' timed
+forward+backward steps at the longest length fits, in turn), random weights; sequence lengths 2048 and 8192 at batch 1; generation
 from a 128-token prompt, 64 new tokens.  On a CPU it runs a small shape (width 64, 3 layers,
 L = 64, FP32) and every line, row and figure says it is no GPU result.
 
@@ -23,10 +23,14 @@ choice).  Each measurement is a row of data/benchmarks/<gpu>/bench_transformers.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
-import torch
+# Segments that grow instead of fixed blocks, unless the caller chose: the 26-layer model at
+# L = 8192 fills most of an 80 GB GPU, and fixed blocks strand gigabytes between steps.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+import torch  # noqa: E402
 
 GPU = dict(width=2560, heads=10, kv_heads=1, intermediate=15360, vocab=256000, layers=26,
            lengths=[2048, 8192], dtype="bfloat16", prompt=128, new_tokens=64, repeats=3)
@@ -112,19 +116,30 @@ def generate_ms(model, batch, prompt, new_tokens, device, repeats):
     return first, batch * (new_tokens - 1) / max(whole - first, 1e-9) * 1e3
 
 
+def release_cache(device) -> None:
+    """Return the allocator's cached blocks: one step's leftovers must not fragment the next's."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def fit_layers(args, device):
-    """The model with the most layers (halving from --layers) whose unpatched forward+backward at
-    the longest length fits in memory; on a CPU, --layers."""
+    """The model with the most layers (halving from --layers) on which every timed unpatched
+    forward+backward runs, in the order measure() takes them, at the longest length; on a CPU,
+    --layers.  The model alone is not enough: a layer step's blocks left in the cache made the
+    model step at L = 8192 run out of memory where it fitted by itself."""
+    steps = [step for part, (step, _, _) in STEPS.items() if part in args.parts]
     while True:
         model = build_model(args, device)
         if device.type != "cuda" or "model" not in args.parts:
             return model
         try:
-            model_step(model, 1, max(args.lengths), device)()
+            for step in steps:
+                step(model, 1, max(args.lengths), device)()
+                release_cache(device)
             return model
         except torch.OutOfMemoryError:
             del model
-            torch.cuda.empty_cache()
+            release_cache(device)
             if args.layers == 1:
                 raise
             args.layers = max(1, args.layers // 2)
@@ -158,6 +173,7 @@ def measure(args, device, table, gpu_result: bool) -> list[dict]:
                 if part not in args.parts:
                     continue
                 ms = wall_ms(step(model, 1, length, device), device, args.repeats)
+                release_cache(device)
                 record(name, shape, implementation, backend(), {"wall_ms": ms})
                 print(f"{implementation:>12}: {what.format(layers=args.layers)} "
                       f"{tuple(shape.values())} {ms:.2f} ms", flush=True)
@@ -173,6 +189,7 @@ def measure(args, device, table, gpu_result: bool) -> list[dict]:
                       f"first token {first:.1f} ms, decode {rate:.1f} tokens/s", flush=True)
         if handle is not None:
             handle.unpatch()
+        release_cache(device)
     return results
 
 
