@@ -5,6 +5,7 @@ model, and decode tokens per second of greedy generation at batch 1 and 16.
 
     python benchmarks/bench_transformers.py --figure           # on a GPU: the default below
     python benchmarks/bench_transformers.py --lengths 2048 --layers 8 --batches 1
+    python benchmarks/bench_transformers.py --redraw nvidia-h200  # the figure from committed rows
 
 On a GPU the default is a RecurrentGemma-2B-like layout in BF16: width 2560 (lru_width 2560),
 10 heads (one key-value head), MLP 15360, vocabulary 256000, the blocks recurrent, recurrent,
@@ -18,12 +19,14 @@ around each (host time included: transformers' scan is host-bound).  Decode toke
 batch x (new tokens - 1) over the time generate takes beyond the time of one new token (prefill
 and first token excluded).  The patched model runs samu's ``backend`` (``auto``: the calibrated
 choice).  Each measurement is a row of data/benchmarks/<gpu>/bench_transformers.jsonl
-(samu.experiment.benchmark_rows); --figure draws data/figures/<gpu>_transformers.png.
+(samu.experiment.benchmark_rows); --figure draws data/figures/<gpu>_transformers.png from the
+run, --redraw from the GPU's committed rows (each bar the latest commit that measured both).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import time
 
@@ -194,19 +197,69 @@ def measure(args, device, table, gpu_result: bool) -> list[dict]:
 
 
 def speedups(results: list[dict]) -> list[tuple[str, float]]:
-    """(label, samu over transformers) of each measurement: time ratio, or tokens/s ratio."""
+    """(label, samu over transformers) of each measurement: time ratio, or tokens/s ratio; a
+    result that names its commit (results_from_rows) has it in its label."""
     out = []
     for ours in (r for r in results if r["implementation"] == "samu"):
         theirs = next(r for r in results if r["implementation"] == "transformers"
                       and r["part"] == ours["part"] and r["shape"] == ours["shape"])
         s = ours["shape"]
         if ours["part"] == "generate":
-            out.append((f"decode, batch {s['batch']}",
-                        ours["decode_tokens_per_s"] / theirs["decode_tokens_per_s"]))
+            label = f"decode, batch {s['batch']}"
+            ratio = ours["decode_tokens_per_s"] / theirs["decode_tokens_per_s"]
         else:
-            label = "RG-LRU layer" if ours["part"].startswith("rglru") else "model"
-            out.append((f"{label} fwd+bwd, L = {s['length']}", theirs["wall_ms"] / ours["wall_ms"]))
+            what = "RG-LRU layer" if ours["part"].startswith("rglru") else "model"
+            label = f"{what} fwd+bwd, L = {s['length']}"
+            ratio = theirs["wall_ms"] / ours["wall_ms"]
+        out.append((f"{label} ({ours['commit']})" if "commit" in ours else label, ratio))
     return out
+
+
+def results_from_rows(rows: list[dict]) -> list[dict]:
+    """measure()'s results rebuilt from committed rows of GPU runs: for each measurement (part
+    and shape), the rows of the latest commit that has both implementations', each result naming
+    its commit.  Rows of one commit are never paired with another's."""
+    by_measurement = {}
+    for row in rows:
+        config = row["configuration"]
+        if not config.get("gpu_result"):
+            continue
+        key = (config["part"], tuple(sorted(row["shape"].items())))
+        pair = by_measurement.setdefault(key, {}).setdefault(row["commit"], {})
+        pair[config["implementation"]] = row
+    results = []
+    for (part, _), by_commit in by_measurement.items():
+        complete = [(commit, pair) for commit, pair in by_commit.items()
+                    if {"samu", "transformers"} <= set(pair)]
+        if not complete:
+            continue
+        commit, pair = complete[-1]  # commits in the order their rows were first appended
+        for implementation, row in pair.items():
+            results.append(dict(part=part, shape=row["shape"], implementation=implementation,
+                                commit=commit[:7], layout=row["configuration"], **row["values"]))
+    order = [name for _, name, _ in STEPS.values()] + ["generate"]
+    return sorted(results, key=lambda r: (order.index(r["part"]) if r["part"] in order
+                                          else len(order), r["part"], r["shape"]["length"],
+                                          r["shape"]["batch"]))
+
+
+def redraw(gpu: str) -> int:
+    """Draw data/figures/<gpu>_transformers.png from that GPU's committed rows, measuring nothing."""
+    from samu import paths
+    from samu.experiment import benchmark_rows
+    source = paths.benchmarks_file(gpu, "bench_transformers")
+    results = results_from_rows(benchmark_rows.read_rows(source))
+    if not results:
+        print(f"no GPU rows with both implementations in {paths.relative(source)}")
+        return 1
+    layouts = sorted({f"width {r['shape']['width']}, {r['layout']['heads']} heads, "
+                      f"{r['layout']['layers']} layers, {r['layout']['dtype']}" for r in results})
+    title = ("RecurrentGemma in transformers, patched onto samu\n"
+             f"{gpu}, committed rows\n" + "; ".join(layouts))
+    path = paths.figures_dir() / f"{gpu}_transformers.png"
+    draw(speedups(results), title, path)
+    print("wrote", paths.relative(path))
+    return 0
 
 
 def draw(ratios, title: str, path) -> None:
@@ -221,12 +274,13 @@ def draw(ratios, title: str, path) -> None:
     ax.invert_yaxis()
     ax.axvline(1.0, color="grey", lw=1)
     ax.set_xscale("log")
+    ax.set_xlim(right=max(max(values), 1.0) * 4)  # room for the largest bar's label
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("samu over transformers (times faster; log scale)")
-    ax.set_title(title, fontsize=9)
+    fig.suptitle(title, fontsize=9)
     for i, v in enumerate(values):
-        ax.text(v, i, f" {v:.1f}x", va="center", fontsize=8)
+        ax.text(v, i, f" {v:.2f}x" if v < 10 else f" {v:.1f}x", va="center", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -248,7 +302,13 @@ def parse(argv=None):
     parser.add_argument("--backend", default="auto", help="samu's RG-LRU backend (default auto)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--figure", action="store_true", help="draw the speed-ups")
+    parser.add_argument("--redraw", metavar="GPU",
+                        help="measure nothing: draw GPU's figure (e.g. nvidia-h200) from its "
+                             "committed rows, each bar the latest commit that measured both")
     args = parser.parse_args(argv)
+    if args.redraw is not None and not re.fullmatch(r"[a-z0-9][a-z0-9-]*", args.redraw):
+        parser.error(f"--redraw takes a GPU's folder name under data/benchmarks (e.g. "
+                     f"nvidia-h200), got {args.redraw!r}")
     device = args.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     for name, value in (GPU if device.type == "cuda" else CPU).items():
         if getattr(args, name) is None:
@@ -265,6 +325,8 @@ def main(argv=None) -> int:
     from samu import paths
     from samu.experiment import benchmark_rows
     args, device = parse(argv)
+    if args.redraw:
+        return redraw(args.redraw)
     gpu_result = device.type == "cuda"
     if not gpu_result:
         print("CPU run at a small shape: no GPU result", flush=True)

@@ -2,6 +2,8 @@
 measurement, labelled as no GPU result, the speed-ups it prints and its figure."""
 import importlib.util
 
+import pytest
+
 from samu import paths
 from samu.experiment import benchmark_rows
 
@@ -40,3 +42,36 @@ def test_a_small_cpu_run_appends_its_rows_and_draws(tmp_path, monkeypatch, capsy
         assert all(v > 0 for v in row["values"].values())
     assert printed.count("samu over transformers,") == 4
     assert (tmp_path / "data" / "figures" / "cpu_transformers.png").stat().st_size > 0
+
+
+def test_redraw_pairs_each_measurement_within_its_latest_complete_commit(tmp_path, monkeypatch,
+                                                                         capsys):
+    monkeypatch.setattr(paths, "DATA", tmp_path / "data")
+    bench = load_benchmark()
+    shape = {"batch": 1, "length": 8192, "width": 2560}
+    table = benchmark_rows.BenchmarkRows(
+        "bench_transformers", "cpu",
+        path=paths.benchmarks_file("nvidia-h200", "bench_transformers"))
+
+    def add(commit, implementation, wall_ms, gpu_result=True, length=8192):
+        table.commit = commit
+        config = benchmark_rows.configuration(
+            "rglru", implementation, part="model_forward_backward", implementation=implementation,
+            dtype="bfloat16", layers=26, heads=10, vocab=256000, gpu_result=gpu_result)
+        table.add("rglru", config, {**shape, "length": length}, {"wall_ms": wall_ms})
+    add("a" * 40, "transformers", 400.0)
+    add("a" * 40, "samu", 10.0)          # 40x at commit aaaaaaa
+    add("b" * 40, "transformers", 500.0)  # commit bbbbbbb has no samu row: not paired
+    add("c" * 40, "samu", 1.0, gpu_result=False)  # no GPU result: left out
+    add("d" * 40, "transformers", 90.0, length=2048)
+    add("d" * 40, "samu", 3.0, length=2048)  # 30x at commit ddddddd
+    results = bench.results_from_rows(benchmark_rows.read_rows(table.path))
+    assert bench.speedups(results) == [("model fwd+bwd, L = 2048 (ddddddd)", 30.0),
+                                       ("model fwd+bwd, L = 8192 (aaaaaaa)", 40.0)]
+    assert bench.main(["--redraw", "nvidia-h200"]) == 0
+    assert (tmp_path / "data" / "figures" / "nvidia-h200_transformers.png").stat().st_size > 0
+    assert bench.main(["--redraw", "nvidia-h100"]) == 1  # no rows there
+    assert "no GPU rows" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.parse(["--redraw", "../elsewhere"])
+    assert "--redraw takes a GPU's folder name" in capsys.readouterr().err
