@@ -10,9 +10,12 @@ model, and decode tokens per second of greedy generation at batch 1 and 16.
 On a GPU the default is a RecurrentGemma-2B-like layout in BF16: width 2560 (lru_width 2560),
 10 heads (one key-value head), MLP 15360, vocabulary 256000, the blocks recurrent, recurrent,
 attention, and as many of its 26 layers as fit (halved until each of transformers' timed
-forward+backward steps at the longest length fits, in turn), random weights; sequence lengths 2048 and 8192 at batch 1; generation
-from a 128-token prompt, 64 new tokens.  On a CPU it runs a small shape (width 64, 3 layers,
-L = 64, FP32) and every line, row and figure says it is no GPU result.
+forward+backward steps at the longest length fits, in turn), random weights; sequence lengths
+2048 and 8192 at batch 1; generation from a 128-token prompt, 64 new tokens.  On a CPU it runs a
+small shape (width 64, 3 layers, L = 64, FP32) and every line, row and figure says it is no GPU
+result.  Run as a script, CUDA's allocator grows its segments (expandable_segments) unless the
+caller set PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF: the 26-layer model at L = 8192 fills
+most of an 80 GB GPU, and fixed blocks can strand gigabytes between steps.
 
 Each time is the median wall time of --repeats calls after a warm-up, the device synchronised
 around each (host time included: transformers' scan is host-bound).  Decode tokens per second are
@@ -30,10 +33,7 @@ import re
 import statistics
 import time
 
-# Segments that grow instead of fixed blocks, unless the caller chose: the 26-layer model at
-# L = 8192 fills most of an 80 GB GPU, and fixed blocks strand gigabytes between steps.
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-import torch  # noqa: E402
+import torch
 
 GPU = dict(width=2560, heads=10, kv_heads=1, intermediate=15360, vocab=256000, layers=26,
            lengths=[2048, 8192], dtype="bfloat16", prompt=128, new_tokens=64, repeats=3)
@@ -128,8 +128,8 @@ def release_cache(device) -> None:
 def fit_layers(args, device):
     """The model with the most layers (halving from --layers) on which every timed unpatched
     forward+backward runs, in the order measure() takes them, at the longest length; on a CPU,
-    --layers.  The model alone is not enough: a layer step's blocks left in the cache made the
-    model step at L = 8192 run out of memory where it fitted by itself."""
+    --layers.  The model step alone is not enough: at L = 8192 it fitted by itself and then ran
+    out of memory after the layer step, with 13 GiB reserved by the allocator but unused."""
     steps = [step for part, (step, _, _) in STEPS.items() if part in args.parts]
     while True:
         model = build_model(args, device)
@@ -141,12 +141,12 @@ def fit_layers(args, device):
                 release_cache(device)
             return model
         except torch.OutOfMemoryError:
-            del model
-            release_cache(device)
             if args.layers == 1:
                 raise
-            args.layers = max(1, args.layers // 2)
-            print(f"out of memory: trying {args.layers} layers", flush=True)
+        del model  # outside the handler, whose traceback holds the failed step's tensors
+        release_cache(device)
+        args.layers = max(1, args.layers // 2)
+        print(f"out of memory: trying {args.layers} layers", flush=True)
 
 
 def measure(args, device, table, gpu_result: bool) -> list[dict]:
@@ -198,11 +198,12 @@ def measure(args, device, table, gpu_result: bool) -> list[dict]:
 
 def speedups(results: list[dict]) -> list[tuple[str, float]]:
     """(label, samu over transformers) of each measurement: time ratio, or tokens/s ratio; a
-    result that names its commit (results_from_rows) has it in its label."""
+    result with a tag (results_from_rows: its commit) has it in its label."""
     out = []
     for ours in (r for r in results if r["implementation"] == "samu"):
         theirs = next(r for r in results if r["implementation"] == "transformers"
-                      and r["part"] == ours["part"] and r["shape"] == ours["shape"])
+                      and r["part"] == ours["part"] and r["shape"] == ours["shape"]
+                      and r.get("tag") == ours.get("tag"))
         s = ours["shape"]
         if ours["part"] == "generate":
             label = f"decode, batch {s['batch']}"
@@ -211,40 +212,49 @@ def speedups(results: list[dict]) -> list[tuple[str, float]]:
             what = "RG-LRU layer" if ours["part"].startswith("rglru") else "model"
             label = f"{what} fwd+bwd, L = {s['length']}"
             ratio = theirs["wall_ms"] / ours["wall_ms"]
-        out.append((f"{label} ({ours['commit']})" if "commit" in ours else label, ratio))
+        out.append((f"{label} ({ours['tag']})" if "tag" in ours else label, ratio))
     return out
 
 
 def results_from_rows(rows: list[dict]) -> list[dict]:
-    """measure()'s results rebuilt from committed rows of GPU runs: for each measurement (part
-    and shape), the rows of the latest commit that has both implementations', each result naming
-    its commit.  Rows of one commit are never paired with another's."""
+    """measure()'s results rebuilt from committed rows of GPU runs: for each measurement (part,
+    shape and model layout), the rows of the latest commit that has both implementations', each
+    result naming its commit in ``tag`` (with its layout where the results hold several).  Latest
+    is the commit whose row was appended last, so a rerun of older code counts as new; rows of
+    one commit or layout are never paired with another's."""
+    layout_keys = ("layers", "dtype", "heads", "vocab")
     by_measurement = {}
-    for row in rows:
+    for index, row in enumerate(rows):
         config = row["configuration"]
         if not config.get("gpu_result"):
             continue
-        key = (config["part"], tuple(sorted(row["shape"].items())))
-        pair = by_measurement.setdefault(key, {}).setdefault(row["commit"], {})
-        pair[config["implementation"]] = row
+        layout = tuple(config.get(k) for k in layout_keys)
+        key = (config["part"], tuple(sorted(row["shape"].items())), layout)
+        commit = (row.get("commit") or "unknown")[:7]
+        entry = by_measurement.setdefault(key, {}).setdefault(commit, {"pair": {}})
+        entry["pair"][config["implementation"]] = row
+        entry["last"] = index
+    chosen = []
+    for (part, _, layout), by_commit in by_measurement.items():
+        complete = [(entry["last"], commit, entry["pair"]) for commit, entry in by_commit.items()
+                    if {"samu", "transformers"} <= set(entry["pair"])]
+        if complete:
+            chosen.append((part, layout, *max(complete)[1:]))
+    several = len({layout for _, layout, _, _ in chosen}) > 1
     results = []
-    for (part, _), by_commit in by_measurement.items():
-        complete = [(commit, pair) for commit, pair in by_commit.items()
-                    if {"samu", "transformers"} <= set(pair)]
-        if not complete:
-            continue
-        commit, pair = complete[-1]  # commits in the order their rows were first appended
+    for part, (layers, dtype, *_), commit, pair in chosen:
+        tag = f"{commit}, {layers} layers, {dtype}" if several else commit
         for implementation, row in pair.items():
             results.append(dict(part=part, shape=row["shape"], implementation=implementation,
-                                commit=commit[:7], layout=row["configuration"], **row["values"]))
+                                tag=tag, layout=row["configuration"], **row["values"]))
     order = [name for _, name, _ in STEPS.values()] + ["generate"]
     return sorted(results, key=lambda r: (order.index(r["part"]) if r["part"] in order
                                           else len(order), r["part"], r["shape"]["length"],
-                                          r["shape"]["batch"]))
+                                          r["shape"]["batch"], r["tag"]))
 
 
 def redraw(gpu: str) -> int:
-    """Draw data/figures/<gpu>_transformers.png from that GPU's committed rows, measuring nothing."""
+    """Draw data/figures/<gpu>_transformers.png from that GPU's committed rows; measures nothing."""
     from samu import paths
     from samu.experiment import benchmark_rows
     source = paths.benchmarks_file(gpu, "bench_transformers")
@@ -303,8 +313,9 @@ def parse(argv=None):
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--figure", action="store_true", help="draw the speed-ups")
     parser.add_argument("--redraw", metavar="GPU",
-                        help="measure nothing: draw GPU's figure (e.g. nvidia-h200) from its "
-                             "committed rows, each bar the latest commit that measured both")
+                        help="measure nothing (the measuring options are ignored): draw GPU's "
+                             "figure (e.g. nvidia-h200) from its committed rows, each bar the "
+                             "latest commit that measured both")
     args = parser.parse_args(argv)
     if args.redraw is not None and not re.fullmatch(r"[a-z0-9][a-z0-9-]*", args.redraw):
         parser.error(f"--redraw takes a GPU's folder name under data/benchmarks (e.g. "
@@ -347,4 +358,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    if not {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"} & set(os.environ):
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # read at CUDA's start
     raise SystemExit(main())

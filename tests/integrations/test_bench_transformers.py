@@ -1,5 +1,6 @@
 """benchmarks/bench_transformers.py at a tiny size on a CPU: a row for each implementation and
-measurement, labelled as no GPU result, the speed-ups it prints and its figure."""
+measurement, labelled as no GPU result, the speed-ups it prints and its figure; and its figure
+redrawn from committed rows."""
 import importlib.util
 
 import pytest
@@ -48,26 +49,36 @@ def test_redraw_pairs_each_measurement_within_its_latest_complete_commit(tmp_pat
                                                                          capsys):
     monkeypatch.setattr(paths, "DATA", tmp_path / "data")
     bench = load_benchmark()
-    shape = {"batch": 1, "length": 8192, "width": 2560}
     table = benchmark_rows.BenchmarkRows(
         "bench_transformers", "cpu",
         path=paths.benchmarks_file("nvidia-h200", "bench_transformers"))
 
-    def add(commit, implementation, wall_ms, gpu_result=True, length=8192):
-        table.commit = commit
+    def add(commit, implementation, wall_ms, gpu_result=True, length=8192, layers=26):
+        table.commit = commit * 40
         config = benchmark_rows.configuration(
             "rglru", implementation, part="model_forward_backward", implementation=implementation,
-            dtype="bfloat16", layers=26, heads=10, vocab=256000, gpu_result=gpu_result)
-        table.add("rglru", config, {**shape, "length": length}, {"wall_ms": wall_ms})
-    add("a" * 40, "transformers", 400.0)
-    add("a" * 40, "samu", 10.0)          # 40x at commit aaaaaaa
-    add("b" * 40, "transformers", 500.0)  # commit bbbbbbb has no samu row: not paired
-    add("c" * 40, "samu", 1.0, gpu_result=False)  # no GPU result: left out
-    add("d" * 40, "transformers", 90.0, length=2048)
-    add("d" * 40, "samu", 3.0, length=2048)  # 30x at commit ddddddd
-    results = bench.results_from_rows(benchmark_rows.read_rows(table.path))
-    assert bench.speedups(results) == [("model fwd+bwd, L = 2048 (ddddddd)", 30.0),
-                                       ("model fwd+bwd, L = 8192 (aaaaaaa)", 40.0)]
+            dtype="bfloat16", layers=layers, heads=10, vocab=256000, gpu_result=gpu_result)
+        table.add("rglru", config, {"batch": 1, "length": length, "width": 2560},
+                  {"wall_ms": wall_ms})
+
+    def bars():
+        return bench.speedups(bench.results_from_rows(benchmark_rows.read_rows(table.path)))
+    add("a", "transformers", 400.0)
+    add("a", "samu", 10.0)                      # 40x
+    add("b", "transformers", 500.0)             # no samu row at b: never paired with a's
+    add("d", "transformers", 90.0, length=2048)
+    add("d", "samu", 3.0, length=2048)          # 30x
+    add("e", "samu", 20.0)
+    add("e", "transformers", 500.0)             # 25x, complete after a: the latest
+    add("c", "transformers", 1000.0, gpu_result=False)
+    add("c", "samu", 1.0, gpu_result=False)     # no GPU result: left out, though last
+    assert bars() == [("model fwd+bwd, L = 2048 (ddddddd)", 30.0),
+                      ("model fwd+bwd, L = 8192 (eeeeeee)", 25.0)]
+    add("f", "transformers", 200.0, layers=13)
+    add("f", "samu", 8.0, layers=13)            # another layout: its own bar, never e's
+    assert bars() == [("model fwd+bwd, L = 2048 (ddddddd, 26 layers, bfloat16)", 30.0),
+                      ("model fwd+bwd, L = 8192 (eeeeeee, 26 layers, bfloat16)", 25.0),
+                      ("model fwd+bwd, L = 8192 (fffffff, 13 layers, bfloat16)", 25.0)]
     assert bench.main(["--redraw", "nvidia-h200"]) == 0
     assert (tmp_path / "data" / "figures" / "nvidia-h200_transformers.png").stat().st_size > 0
     assert bench.main(["--redraw", "nvidia-h100"]) == 1  # no rows there
