@@ -33,7 +33,10 @@ import re
 import statistics
 import time
 
-import torch
+ALLOCATOR_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+if __name__ == "__main__" and not set(ALLOCATOR_VARIABLES) & set(os.environ):
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # before torch is loaded
+import torch  # noqa: E402
 
 GPU = dict(width=2560, heads=10, kv_heads=1, intermediate=15360, vocab=256000, layers=26,
            lengths=[2048, 8192], dtype="bfloat16", prompt=128, new_tokens=64, repeats=3)
@@ -358,6 +361,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if not {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"} & set(os.environ):
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # read at CUDA's start
     raise SystemExit(main())
