@@ -55,7 +55,8 @@ def _times(value: float, digits: int = 1) -> str:
 def _code_said(doc: dict, shapes: list) -> str:
     """The commits the shapes' rows ran at, from the results' per-shape environments: "at c; "
     for one, "at c (n shapes), d (m shapes); " for several, "" where none is recorded."""
-    commits = [e.get("git_commit", "")[:7] for key, e in doc.get("shape_environments", {}).items()
+    commits = [(e.get("git_commit") or "")[:7]  # None outside a git checkout
+               for key, e in doc.get("shape_environments", {}).items()
                if Shape.of(key).label in shapes]
     counts = {c: commits.count(c) for c in dict.fromkeys(commits) if c}
     if len(counts) <= 1:

@@ -339,5 +339,7 @@ def test_the_speed_table_names_the_commits_its_shapes_ran_at():
     one = {"shape_environments": {"4x2048x2048": envs["4x2048x2048"]}}
     assert readme._code_said(one, shown) == "at aaaaaaa; "
     assert readme._code_said({}, shown) == ""
+    unknown = {"shape_environments": {"4x2048x2048": {"git_commit": None}}}
+    assert readme._code_said(unknown, shown) == ""  # run outside a git checkout
     table = " ".join(readme.speed_table(DATA).split())
     assert re.search(r"triton [0-9.]+; at [0-9a-f]{7}[;( ]", table)
