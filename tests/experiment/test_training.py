@@ -1124,6 +1124,57 @@ def test_first_point_search_sweeps_the_first_point_then_runs_the_rest_at_its_bes
         assert other["lr"] == T.best_rate(first)
 
 
+def test_a_refined_first_point_search_adds_the_midpoints_around_each_best_and_uses_them():
+    plain = T.run_recall_curves(recall_study(lr_search="first_point"), "cpu", bar=False)
+    study = recall_study(lr_search="first_point", lr_refine=1)
+    curves = T.run_recall_curves(study, "cpu", bar=False)
+    refined = 0
+    for mixer, width in study.recall_groups():
+        def first(records):
+            return [r for r in records if (r["mixer"], r["width"], r["pairs"]) ==
+                    (mixer, width, 2)]
+        swept = first(plain)[0]["lr_sweep"]
+        added = T.refined_rates(swept, first(plain))
+        refined += len(added)
+        assert first(curves)[0]["lr_sweep"] == sorted(swept + added)
+        assert sorted(r["lr"] for r in first(curves)) == sorted(swept + added)  # each once
+        (other,) = [r for r in curves if (r["mixer"], r["width"], r["pairs"]) ==
+                    (mixer, width, 4)]
+        assert other["lr"] == T.best_rate(first(curves))  # refinements counted
+    assert refined  # some group had a best that beat a neighbour
+
+
+@pytest.mark.parametrize("values, want", [
+    ((0.2, 0.9, 0.5, 0.1), [1.73e-3, 5.2e-3]),  # inside: a midpoint on each side
+    ((0.9, 0.5, 0.2, 0.1), [1.73e-3]),  # at an edge: only the side it has
+    ((0.2, 0.9, 0.9, 0.1), [1.73e-3]),  # a tie with a neighbour: nothing between them
+    ((0.2, 0.9, math.nan, 0.1), [1.73e-3, 5.2e-3]),  # a diverged neighbour: still refined
+    ((math.nan,) * 4, []),  # nothing finite: nothing to refine
+])
+def test_refinement_adds_the_geometric_midpoints_between_the_best_and_what_it_beats(values,
+                                                                                    want):
+    rates = [1e-3, 3e-3, 9e-3, 2.7e-2]
+    got = T.refined_rates(rates, [_fake_record(r, v) for r, v in zip(rates, values)])
+    assert got == want
+    if got:  # a better midpoint refines again, about itself
+        again = T.refined_rates(rates + got, [_fake_record(r, v) for r, v in zip(
+            rates + got, values + (0.95,) + (0.5,) * (len(got) - 1))])
+        assert again and all(min(rates + got) < r < max(rates + got) for r in again)
+        assert got[0] not in again
+    bits = [_fake_record(r, v, "bits_per_char") for r, v in zip(rates, (3.0, 1.0, 2.0, 4.0))]
+    assert T.refined_rates(rates, bits) == [1.73e-3, 5.2e-3]  # the lowest bits are the best
+
+
+def test_refinement_is_refused_where_every_point_runs_every_rate():
+    base = {"points": [[16, 2]], "widths": [8], "vocab_size": 16, "steps": 12}
+    with pytest.raises(T.ParameterError, match="lr_refine'\\] refines a first_point sweep"):
+        T.check_parameter_ranges({"recall_curves": {**base, "lr_refine": 1}})
+    with pytest.raises(T.ParameterError, match="lr_refine"):
+        T.check_parameter_ranges({"recall_curves": {**base, "lr_search": "first_point",
+                                                    "lr_refine": -1}})
+    T.check_parameter_ranges({"recall_curves": {**base, "lr_refine": 0}})
+
+
 def synthetic_curves(accuracy) -> dict:
     """A recall-curve document: accuracy(mixer, pairs, width), one rate."""
     base = {"task": "mqar", "seed": 0, "metric": "accuracy", "lr": 1e-3, "steps": 10,

@@ -132,7 +132,8 @@ def estimate(study, doc: dict) -> dict:
     """The device time of ``study`` (a Study; its part only, when it has one) on the GPU of
     ``doc`` (a committed training document): {"runs", "seconds", "step_ms": {(task, seq_len,
     mixer, width): ms}, "per_run_overhead_s"}.  Every planned run takes all its steps
-    (a first_seed sweep's widenings and early stops left out), one at a time."""
+    (a sweep's widenings and early stops left out; a recall sweep's refinements counted at
+    their most, a rate either side of the best each round), one at a time."""
     models = fit_step_models(doc)
     overhead = run_overhead_s(doc)
     step_ms, seconds, runs = {}, 0.0, 0
@@ -161,7 +162,12 @@ def estimate(study, doc: dict) -> dict:
                 (job.task, job.mixer, job.width), 0) + 1
         if study.recall_search() == "first_point":  # the other points, at the best rate
             points = points_in_order(study.recall_curves)[1:]
+            refine = study.recall_curves.get("lr_refine", 0)
             for mixer, width in study.recall_groups():
+                # each round of refinement: at most a rate on either side of the best
+                job = study.recall_job(points_in_order(study.recall_curves)[0], mixer, width,
+                                       config.lr)
+                count[(job.task, mixer, width)] += 2 * refine
                 for length, pairs in points:
                     job = study.recall_job((length, pairs), mixer, width, config.lr)
                     count[(job.task, mixer, width)] = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from ... import model as model_
-from .parameters import COUNT, LEARNING_RATE, ParameterError, Range, check_list
+from .parameters import COUNT, LEARNING_RATE, OFFSET, ParameterError, Range, check_list
 from .results import edge_beyond
 
 # The keys of a study's ``recall_curves``: "points", a list of [seq_len, pairs]; "widths";
@@ -20,12 +20,14 @@ from .results import edge_beyond
 # study's sweep), "bar" (the accuracy that counts as solved; default the study's sanity_bar),
 # "attention_from_width" (default 128), "stop_loss" (a run stops once its mean training loss
 # over a logging window is at most this: solved; default None, every step), "lr_search"
-# (RECALL_LR_SEARCHES; default "every_point").
+# (RECALL_LR_SEARCHES; default "every_point"), "lr_refine" (with "first_point": rounds of
+# refinement after the widenings, each adding the geometric midpoints between each group's best
+# rate and its neighbours, study.refined_rates; default 0).
 RECALL_CURVE_KEYS = {"points": COUNT, "widths": COUNT, "vocab_size": COUNT, "steps": COUNT}
 RECALL_CURVE_OPTIONAL = {"batch_size": COUNT, "lr": LEARNING_RATE, "bar": Range(low=0, high=1),
                          "attention_from_width": COUNT,
                          "stop_loss": Range(low=0, low_open=True, optional=True),
-                         "lr_search": None}
+                         "lr_search": None, "lr_refine": OFFSET}
 # How the curves choose each mixer's rate: "every_point", every point at every rate and scored
 # at its best (Zoology's protocol); "first_point", every rate at the grid's first point (fewest
 # pairs), widened past an edge best as a first_seed sweep is, for each mixer and width, and the
@@ -72,6 +74,12 @@ def check_recall_curves(value) -> None:
             if value[key] not in RECALL_LR_SEARCHES:
                 raise ParameterError(f"recall_curves['lr_search'] must be one of "
                                      f"{list(RECALL_LR_SEARCHES)}, got {value[key]!r}")
+        elif key == "lr_refine":
+            allowed.check(f"recall_curves[{key!r}]", value[key])
+            if value[key] and value.get("lr_search", "every_point") != "first_point":
+                raise ParameterError(f"recall_curves['lr_refine'] refines a first_point sweep; "
+                                     f"with lr_search {value.get('lr_search', 'every_point')!r}"
+                                     f" every point already runs every rate, so it must be 0")
         else:
             allowed.check(f"recall_curves[{key!r}]", value[key])
 

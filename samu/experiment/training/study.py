@@ -4,6 +4,7 @@ the recall curves (``run_recall_curves``), through ``run_jobs``."""
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import asdict, dataclass, field, replace
 
 from ... import model as model_
@@ -370,7 +371,7 @@ class Study:
         return jobs if every else self._in_part("recall", jobs)
 
     def planned_recall_runs(self) -> int:
-        """How many runs the recall curves make (this part's), without widenings."""
+        """How many runs the recall curves make (this part's), without widenings or refinements."""
         if self.recall_search() != "first_point":
             return len(self.recall_jobs())
         points = len(points_in_order(self.recall_curves))
@@ -663,6 +664,62 @@ def widened_rate(rates: list[float], records: list[dict]) -> float | None:
     return ordered[-1] * (ordered[-1] / ordered[-2])
 
 
+def refined_rates(rates: list[float], records: list[dict]) -> list[float]:
+    """The rates one round of refinement adds to a sweep: the geometric midpoint (to three
+    figures) between its best rate (best_rate) and each neighbouring rate that the best
+    strictly beats; none where the best is not finite, or where a midpoint rounds onto a rate
+    already swept."""
+    ordered = sorted(rates)
+    value = dict.fromkeys(ordered, float("nan"))
+    value.update((r["lr"], r["value"]) for r in records if r["lr"] in value)
+    best = best_rate(records)
+    if len(ordered) < 2 or best not in value or not math.isfinite(value[best]):
+        return []
+    higher = higher_is_better(records[0]["metric"])
+    out = []
+    i = ordered.index(best)
+    for j in (i - 1, i + 1):
+        if not 0 <= j < len(ordered):
+            continue
+        other = value[ordered[j]]
+        if math.isfinite(other) and not (value[best] > other if higher
+                                         else value[best] < other):
+            continue  # a tie: a flat or saturated stretch, where a rate between does as well
+        mid = float(f"{math.sqrt(best * ordered[j]):.3g}")
+        if all(not math.isclose(mid, r, rel_tol=1e-9) for r in ordered):
+            out.append(mid)
+    return out
+
+
+def search_rates(swept: dict, first_jobs: list, job_of, records_of, run,
+                 refine: int = 0) -> list[dict]:
+    """A sweep searched at its first seed or point: ``first_jobs`` (every group's rates), then
+    each group (``swept``: group -> its rates, extended in place) widened past an edge best
+    (widened_rate, at most LR_WIDENINGS rounds), then ``refine`` rounds of refined_rates.
+    ``job_of(group, rate)``: the job of a new rate; ``records_of(records, group)``: a group's
+    records; ``run(jobs, round_name)``: their records ("", "widened k", "refined k")."""
+    records = run(first_jobs, "")
+
+    def widened(rates, records):
+        rate = widened_rate(rates, records)
+        return [] if rate is None else [rate]
+    rounds = [("widened", widened)] * LR_WIDENINGS + [("refined", refined_rates)] * refine
+    done = {}
+    for kind, new_rates in rounds:
+        todo = []
+        for group, rates in swept.items():
+            for rate in new_rates(rates, records_of(records, group)):
+                rates.append(rate)
+                todo.append(job_of(group, rate))
+        if not todo:
+            if kind == "widened":
+                continue  # no edge best: the refinements may still add rates
+            break
+        done[kind] = done.get(kind, 0) + 1
+        records += run(todo, f"{kind} {done[kind]}")
+    return records
+
+
 def run_task(study: Study, name: str, device, progress_log=None, bar=True,
              pool=None, finished: FinishedRuns | None = None) -> list[dict]:
     """Every run of task ``name`` by run_jobs: with grid, each length, mixer, learning rate and
@@ -678,22 +735,15 @@ def run_task(study: Study, name: str, device, progress_log=None, bar=True,
         for record in records:
             record["lr_sweep"] = list(study.lrs(name, record["mixer"]))
         return records
-    records = []
     swept = {(task, mixer): list(study.lrs(name, mixer)) for task, mixer in study.groups(name)}
-    todo = study.runs(name)
-    for widening in range(LR_WIDENINGS + 1):
-        desc = f"{name} sweep" + (f" widened {widening}" if widening else "")
-        records += run_jobs(study, [job(*run) for run in todo], device, progress_log, bar, pool,
-                            desc=desc, speeds=speeds, finished=finished, kernels=kernels)
-        todo = []
-        if widening < LR_WIDENINGS:
-            for (task, mixer), rates in swept.items():
-                rate = widened_rate(rates, _group_records(records, task, mixer))
-                if rate is not None:
-                    rates.append(rate)
-                    todo.append((task, mixer, rate, study.seeds[0]))
-        if not todo:
-            break
+    records = search_rates(
+        swept, [job(*run) for run in study.runs(name)],
+        lambda group, rate: job(*group, rate, study.seeds[0]),
+        lambda records, group: _group_records(records, *group),
+        lambda jobs, round_name: run_jobs(
+            study, jobs, device, progress_log, bar, pool,
+            desc=f"{name} sweep {round_name}".rstrip(), speeds=speeds, finished=finished,
+            kernels=kernels))
     best = {group: best_rate(_group_records(records, *group)) for group in swept}
     records += run_jobs(study, [job(task, mixer, best[(task, mixer)], seed)
                                 for (task, mixer) in swept for seed in study.seeds[1:]],
@@ -720,25 +770,18 @@ def run_recall_curves(study: Study, device, progress_log=None, bar=True,
         return records
     points = points_in_order(study.recall_curves) if study.recall_curves else []
     swept = {group: list(study.recall_lrs(group[0])) for group in study.recall_groups()}
-    speeds, kernels, records = {}, {}, []
+    speeds, kernels = {}, {}
 
-    def mine(group):
+    def mine(records, group):
         return [r for r in records if (r["mixer"], r["width"]) == group]
-    todo = study.recall_jobs()
-    for widening in range(LR_WIDENINGS + 1):
-        records += run_jobs(study, todo, device, progress_log, bar, pool,
-                            desc="recall sweep" + (f" widened {widening}" if widening else ""),
-                            speeds=speeds, finished=finished, kernels=kernels)
-        todo = []
-        if widening < LR_WIDENINGS:
-            for group, rates in swept.items():
-                rate = widened_rate(rates, mine(group))
-                if rate is not None:
-                    rates.append(rate)
-                    todo.append(study.recall_job(points[0], *group, rate))
-        if not todo:
-            break
-    best = {group: best_rate(mine(group)) for group in swept}
+    records = search_rates(
+        swept, study.recall_jobs(), lambda group, rate: study.recall_job(points[0], *group, rate),
+        mine, lambda jobs, round_name: run_jobs(
+            study, jobs, device, progress_log, bar, pool,
+            desc=f"recall sweep {round_name}".rstrip(), speeds=speeds, finished=finished,
+            kernels=kernels),
+        refine=study.recall_curves.get("lr_refine", 0))
+    best = {group: best_rate(mine(records, group)) for group in swept}
     records += run_jobs(study, [study.recall_job(point, *group, best[group])
                                 for point in points[1:] for group in swept],
                         device, progress_log, bar, pool, desc="recall points", speeds=speeds,
