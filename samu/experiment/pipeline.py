@@ -241,14 +241,30 @@ def print_summary(slug: str) -> None:
             print(published.round(3).to_string(index=False))
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def default_shapes_text() -> str:
+    """--shapes' default in words, from GPU_SHAPES and CPU_SHAPES."""
+    n = len(PUBLISHED_SHAPES)
+    if GPU_SHAPES[:n] == PUBLISHED_SHAPES:
+        gpu = f"the {n} shapes of the published H800 result ({', '.join(PUBLISHED_SHAPES)})"
+        if GPU_SHAPES[n:]:
+            gpu += f" and {', '.join(GPU_SHAPES[n:])}"
+    else:
+        gpu = ", ".join(GPU_SHAPES)
+    return f"on a GPU {gpu}; on a CPU {', '.join(CPU_SHAPES)}"
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m samu.experiment.pipeline",
+                                     description=__doc__)
     parser.add_argument("--shapes", nargs="*", default=None,
                         help="BATCHxLENGTHxWIDTH ..., separate arguments or one whitespace-"
-                             "separated argument (default, also for an empty one: the four "
-                             "shapes of the published H800 result on a GPU, a small one on a "
-                             "CPU)")
-    args = parser.parse_args(argv)
+                             "separated argument (default, also for an empty one: "
+                             f"{default_shapes_text()})")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = argument_parser().parse_args(argv)
     explicit = parse_shapes(args.shapes)  # a bad shape stops the run before any notebook
     # Triton 3.9 warns when TRITON_DEFAULT_FP_FUSION is unset; "1" keeps its default (fused
     # multiply-adds on), which every committed result was measured with.  The notebook kernels

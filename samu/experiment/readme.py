@@ -442,7 +442,8 @@ def targets(data_dir=None) -> list[tuple[Path, str, str, str]]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m samu.experiment.readme",
+                                     description=__doc__.split("\n\n")[0])
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--write", action="store_true", help="rewrite the blocks in place")
     action.add_argument("--check", action="store_true",

@@ -32,6 +32,28 @@ def test_parse_shapes_splits_each_argument_on_whitespace():
         (1, 16, 16), (2, 8, 8)]  # each shape once, in the order first given
 
 
+def test_help_names_every_default_shape(capsys, monkeypatch):
+    """--help's default is the shapes main runs: GPU_SHAPES on a GPU, CPU_SHAPES on a CPU."""
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option: a shape is never broken
+    with pytest.raises(SystemExit) as exit_:
+        pipeline.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m samu.experiment.pipeline ")
+    for shape in pipeline.GPU_SHAPES + pipeline.CPU_SHAPES:
+        assert shape in out
+    assert f"the {len(pipeline.PUBLISHED_SHAPES)} shapes of the published H800 result" in out
+    assert "the four shapes" not in out
+
+
+def test_default_shapes_text_follows_the_constants(monkeypatch):
+    monkeypatch.setattr(pipeline, "GPU_SHAPES", pipeline.PUBLISHED_SHAPES[:])
+    text = pipeline.default_shapes_text()
+    assert text.endswith(f"({', '.join(pipeline.PUBLISHED_SHAPES)}); on a CPU 1x16x16")
+    monkeypatch.setattr(pipeline, "GPU_SHAPES", ["2x8x8"])
+    assert pipeline.default_shapes_text() == "on a GPU 2x8x8; on a CPU 1x16x16"
+
+
 def test_notebooks_inherit_the_absolute_data_dir(tmp_path, monkeypatch):
     """paths.DATA was made absolute at import; the kernels, started in notebooks/, must get the
     same folder, not the relative text the user gave."""

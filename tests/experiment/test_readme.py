@@ -343,3 +343,15 @@ def test_the_speed_table_names_the_commits_its_shapes_ran_at():
     assert readme._code_said(unknown, shown) == ""  # run outside a git checkout
     table = " ".join(readme.speed_table(DATA).split())
     assert re.search(r"triton [0-9.]+; at [0-9a-f]{7}[;( ]", table)
+
+
+def test_help_gives_the_command_and_the_docstring_s_whole_first_paragraph(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")
+    with pytest.raises(SystemExit) as exit_:
+        readme.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m samu.experiment.readme ")
+    first_paragraph = " ".join(readme.__doc__.split("\n\n")[0].split())
+    assert first_paragraph.endswith("device logs.")
+    assert first_paragraph in " ".join(out.split())
