@@ -30,6 +30,13 @@ def check_positive_int(mixer: str, name: str, value, what: str = "") -> None:
         raise ValueError(f"{mixer}: {name} must be a positive integer{what}, got {value}")
 
 
+def check_heads(mixer: str, width: int, num_heads) -> None:
+    """num_heads, a mixer's gate blocks (RG-LRU's), a positive integer that divides ``width``."""
+    check_positive_int(mixer, "num_heads", num_heads, f" dividing width {width}")
+    if width % num_heads:
+        raise ValueError(f"{mixer}: width {width} is not divisible by num_heads {num_heads}")
+
+
 def check_flag(mixer: str, name: str, value) -> None:
     """A keyword that is True or False, not a value that is merely truthy or falsy."""
     if value is not True and value is not False:

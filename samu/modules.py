@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from . import _runtime, backends, checks, dispatch, mixers
-from .checks import (autocast_input, check_dense, check_input, check_parameters,
+from .checks import (autocast_input, check_dense, check_heads, check_input, check_parameters,
                      check_positive_int, check_resets, check_sequences)
 from .functional import FUNCTIONS, PARAMETER_NAMES, refuse_script
 
@@ -23,13 +23,27 @@ NUM_HEADS = 16
 _STEP_CHECKED: dict = {}
 
 
+def checked_spec(mixer: str, width: int, num_heads: int | None = None) -> mixers.MixerSpec:
+    """The spec of ``mixer`` once its sizes pass the checks its module's constructor runs: a
+    width that is a positive integer and, for a mixer with heads, a head count that divides it
+    (None: not checked).  ValueError or TypeError naming the problem otherwise, and ValueError
+    listing the registered mixers for an unknown name."""
+    spec = mixers.get(mixer)
+    check_positive_int(spec.name, "width", width)
+    if spec.has_heads and num_heads is not None:
+        check_heads(spec.name, width, num_heads)
+    return spec
+
+
 def parameter_count(mixer: str, width: int, num_heads: int = NUM_HEADS) -> int:
-    """Parameters of one mixer of ``width`` (num_heads: RG-LRU's gate blocks), by its spec."""
-    return mixers.get(mixer).parameter_count(width, num_heads)
+    """Parameters of one mixer of ``width`` (num_heads: RG-LRU's gate blocks, ignored by a mixer
+    without heads), by its spec; the sizes are checked as the module's constructor checks them."""
+    return checked_spec(mixer, width, num_heads).parameter_count(width, num_heads)
 
 
 def dynamic_control_values_per_token(mixer: str, width: int) -> int:
-    return mixers.get(mixer).dynamic_control_values_per_token(width)
+    """The input-dependent gate values one token of a mixer of ``width`` computes, by its spec."""
+    return checked_spec(mixer, width).dynamic_control_values_per_token(width)
 
 
 def build(mixer: str, width: int, num_heads: int = NUM_HEADS, backend="auto", **kwargs):
@@ -190,9 +204,7 @@ class RGLRU(Mixer):
     def __init__(self, width: int, num_heads: int = NUM_HEADS, backend: str = "auto",
                  device=None):
         super().__init__(width, backend)
-        check_positive_int("rglru", "num_heads", num_heads, f" dividing width {width}")
-        if width % num_heads:
-            raise ValueError(f"rglru: width {width} is not divisible by num_heads {num_heads}")
+        check_heads("rglru", width, num_heads)
         self.num_heads = num_heads
         bw = width // num_heads
         kw = dict(device=device, dtype=torch.float32)

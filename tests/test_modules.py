@@ -144,6 +144,38 @@ def test_bad_sizes_are_refused_clearly(make, error, words):
         make()
 
 
+@pytest.mark.parametrize("mixer, width, heads", [
+    ("samu", -64, 1), ("samu", 0, 16), ("samu", 16.0, 16), ("samu", True, 16),
+    ("rglru", 64, -1), ("rglru", 64, 3), ("rglru", 64, 0), ("rglru", 64, 2.0),
+    ("rglru", -64, 16), ("rglru", 40, 16),
+])
+def test_counts_refuse_the_sizes_the_constructor_refuses_with_its_words(mixer, width, heads):
+    heads_kw = {"num_heads": heads} if mixer == "rglru" else {}
+    with pytest.raises((TypeError, ValueError)) as made:
+        samu.modules.MODULES[mixer](width, **heads_kw)
+    with pytest.raises(made.type) as counted:
+        parameter_count(mixer, width, heads)
+    assert str(counted.value) == str(made.value)
+    if heads_kw:  # a width the constructor accepts keeps the count's words the same
+        return
+    with pytest.raises(made.type) as counted:
+        samu.dynamic_control_values_per_token(mixer, width)
+    assert str(counted.value) == str(made.value)
+
+
+def test_counts_of_good_sizes_and_unknown_mixers():
+    assert parameter_count("rglru", 64, 4) == samu.RGLRU(64, num_heads=4).num_parameters == 2240
+    assert parameter_count("samu", 64, 3) == samu.SAMU(64).num_parameters  # heads: RG-LRU's only
+    assert samu.dynamic_control_values_per_token("samu", 64) == 2
+    assert samu.dynamic_control_values_per_token("rglru", 64) == 128
+    with pytest.raises(TypeError, match="rglru: width must be a positive integer"):
+        samu.dynamic_control_values_per_token("rglru", 64.0)
+    for count in (parameter_count, samu.dynamic_control_values_per_token):
+        with pytest.raises(ValueError,
+                           match=r"unknown mixer 'lstm'; choose one of \['rglru', 'samu'\]"):
+            count("lstm", 64)
+
+
 @pytest.mark.parametrize("mixer", ["rglru", "samu"])
 def test_non_tensor_parameter_is_refused_by_name(mixer):
     m = samu.modules.MODULES[mixer](16, backend="reference_chunked")
