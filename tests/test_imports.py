@@ -139,3 +139,44 @@ def test_every_module_imports_in_a_fresh_interpreter_in_either_order():
     for run in runs:
         out, err = run.communicate(timeout=300)
         assert run.returncode == 0, err[-3000:]
+
+
+def _run_fresh(code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(paths.REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                  if p]))
+    return subprocess.run([sys.executable, "-c", code], cwd=paths.REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_distributed_and_integrations_are_attributes_imported_on_first_use():
+    """README's samu.distributed.build_cp_context and samu.integrations.transformers.patch work
+    after a bare ``import samu``, which imports neither them nor transformers."""
+    import importlib.util
+    has_transformers = importlib.util.find_spec("transformers") is not None
+    code = f"""
+import sys
+import samu
+lazy = ("samu.distributed", "samu.integrations", "samu.integrations.transformers",
+        "samu.integrations.weights", "transformers")
+assert not [m for m in lazy if m in sys.modules], [m for m in lazy if m in sys.modules]
+assert {{"distributed", "integrations"}} <= set(dir(samu))
+assert callable(samu.distributed.build_cp_context)
+assert "transformers" not in sys.modules  # samu.integrations imports none of its submodules
+assert "transformers" in dir(samu.integrations)
+assert samu.integrations.weights is sys.modules["samu.integrations.weights"]
+assert "transformers" not in sys.modules
+if {has_transformers}:
+    assert callable(samu.integrations.transformers.patch)
+    assert "transformers" in sys.modules
+for owner, name in ((samu, "nothing"), (samu.integrations, "nothing")):
+    try:
+        getattr(owner, name)
+    except AttributeError as exc:
+        assert "has no attribute 'nothing'" in str(exc), exc
+    else:
+        raise AssertionError(f"{{owner.__name__}}.nothing resolved")
+print("ok")
+"""
+    out = _run_fresh(code)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

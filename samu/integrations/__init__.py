@@ -8,5 +8,19 @@
   transformers, in recurrentgemma's PyTorch code and in samu, and the state-dict conversions
   between them (plain tensors; imports neither library).
 
-Nothing here is imported by ``import samu``.
+Nothing here is imported by ``import samu``; each submodule is imported when first read as an
+attribute (``samu.integrations.transformers.patch(model)`` after ``import samu``).
 """
+
+SUBMODULES = ("transformers", "weights")
+
+
+def __getattr__(name: str):
+    if name in SUBMODULES:
+        import importlib
+        return importlib.import_module(f".{name}", __name__)  # binds it here too
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(SUBMODULES))
