@@ -1,5 +1,9 @@
 """Writes notebooks/*.ipynb (without outputs).  The notebooks are the source users open; this
-script only keeps their cells reviewable as one Python file.  Run: python tools/make_notebooks.py"""
+script only keeps their cells reviewable as one Python file.  Run: python tools/make_notebooks.py
+
+It takes no arguments.  SAMU_NOTEBOOKS_OUT, where set, names another folder to write them to (a
+test compares what it writes there with the committed notebooks)."""
+import argparse
 import os
 from pathlib import Path
 
@@ -19,8 +23,8 @@ LABELS = " and ".join(mixers.LABELS.values())
 SPEEDUPS = "; ".join(f"{mixers.LABELS[m]}'s speedup over {mixers.LABELS[b]}"
                      for m, b in mixers.baselines().items())
 HOST_TARGETS = ", ".join(f"{mixers.LABELS[m]} {t}x" for m, t in host_cost.targets().items())
-# Where the notebooks go: notebooks/, or the folder a test names (it compares them with these).
-OUT = Path(os.environ.get("SAMU_NOTEBOOKS_OUT") or ROOT / "notebooks")
+# The notebooks built, by name, in the order they are written (main writes them).
+NOTEBOOKS: dict = {}
 # tqdm.auto without ipywidgets warns (TqdmWarning) naming its own file, a machine's path; the
 # notebooks use the text bar, so the warning says nothing about them.
 QUIET_TQDM = '''import warnings
@@ -67,7 +71,7 @@ def save(name, cells):
     nb = new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
-    nbformat.write(nb, OUT / f"{name}.ipynb")
+    NOTEBOOKS[name] = nb
 
 
 save("00_derivation", [
@@ -584,8 +588,6 @@ print(f"device {device} (files labelled {training.results_label(device, size)});
 
 training_notebook()
 
-print("notebooks written")
-
 
 def transformers_notebook():
     """06: Hugging Face transformers' RecurrentGemma on samu (samu.integrations.transformers)."""
@@ -689,3 +691,22 @@ print(handle, "| patched:", samu_hf.is_patched(model))'''),
 
 
 transformers_notebook()
+
+
+def out_dir() -> Path:
+    """Where the notebooks go: notebooks/, or the folder SAMU_NOTEBOOKS_OUT names."""
+    return Path(os.environ.get("SAMU_NOTEBOOKS_OUT") or ROOT / "notebooks")
+
+
+def main(argv=None) -> int:
+    argparse.ArgumentParser(prog="python tools/make_notebooks.py", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
+    out = out_dir()
+    for name, nb in NOTEBOOKS.items():
+        nbformat.write(nb, out / f"{name}.ipynb")
+    print(f"notebooks written: {', '.join(NOTEBOOKS)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

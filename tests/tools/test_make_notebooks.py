@@ -18,6 +18,22 @@ def test_the_generator_writes_the_committed_notebooks(tmp_path):
             (paths.REPO_ROOT / "notebooks" / name).read_bytes(), name
 
 
+def test_help_and_unknown_arguments_write_nothing(tmp_path):
+    env = dict(os.environ, SAMU_NOTEBOOKS_OUT=str(tmp_path))
+    tool = str(paths.REPO_ROOT / "tools" / "make_notebooks.py")
+    helped = subprocess.run([sys.executable, tool, "--help"], env=env, capture_output=True,
+                            text=True)
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("usage: python tools/make_notebooks.py [-h]")
+    assert "Writes notebooks/*.ipynb" in helped.stdout
+    for bad in (["--bogus"], ["notebooks"]):
+        refused = subprocess.run([sys.executable, tool, *bad], env=env, capture_output=True,
+                                 text=True)
+        assert refused.returncode == 2
+        assert f"unrecognized arguments: {bad[0]}" in refused.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_every_notebook_has_one_parameters_cell_before_its_other_code():
     """papermill injects a run's values after the cell tagged "parameters": every notebook has
     exactly one, and it is the first code cell."""
