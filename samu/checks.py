@@ -236,12 +236,30 @@ def check_takes_resets(mixer: str, chosen) -> None:
 
 
 def check_shapes(mixer: str, spec, x, named: dict) -> None:
-    """The parameters' types and shapes and x, by the mixer's spec."""
+    """The parameters' types and shapes and x, by the mixer's spec.  Where x's width differs
+    from the one the spec reads from a parameter, the parameters are checked against each other
+    first, so that an error blames x only when they agree."""
     check_tensors(mixer, named)
     width = spec.width_of(named)
+    if isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[-1] != width:
+        check_parameters_agree(mixer, spec, named, width, f"x has width {x.shape[-1]}")
     check_input(x, width, mixer,
                 lambda: ", ".join(f"{name} {tuple(p.shape)}" for name, p in named.items()))
     spec.check_shapes(named, width)
+
+
+def check_parameters_agree(mixer: str, spec, named: dict, width: int, also: str = "") -> None:
+    """ValueError saying that the parameters disagree with each other, naming the one that
+    fixes the width (and its width) and the one whose shape does not fit it, where the spec's
+    shape check fails at that width; ``also``, said after it."""
+    try:
+        spec.check_shapes(named, width)
+    except ValueError as exc:
+        fixing = spec.width_parameter_name()
+        detail = str(exc).removeprefix(f"{mixer}: ")
+        raise ValueError(f"{mixer}: the parameters disagree with each other: {fixing} "
+                         f"{tuple(named[fixing].shape)} gives the width {width}, but {detail}"
+                         + (f" ({also})" if also else "")) from None
 
 
 def check_call(mixer: str, x, params, backend="auto") -> None:

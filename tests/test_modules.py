@@ -94,16 +94,33 @@ def test_bad_input_is_refused_clearly(mixer, bad, error, words):
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
 
 
-@pytest.mark.parametrize("mixer", ["rglru", "samu"])
-def test_a_functional_width_mismatch_lists_the_parameters_shapes(mixer):
-    # The width comes from one parameter: where that one is wrong, x is blamed, so the message
-    # shows every parameter's shape, the odd one among them.
+@pytest.mark.parametrize("mixer, fixing, other", [
+    ("samu", r"ctrl_weight \(2, 8\)", r"a_param must have shape \[8\], got \[16\]"),
+    ("rglru", r"gate_x_weight \(1, 8, 8\)", r"gate_x_bias must have shape \(8,\), got \(16,\)"),
+])
+def test_parameters_that_disagree_are_named_not_x(mixer, fixing, other):
+    # The width comes from one parameter; where it disagrees with the others, x (which agrees
+    # with them) is not blamed: the message names both parameters and their widths.
     module = samu.modules.MODULES[mixer](16, **({"num_heads": 2} if mixer == "rglru" else {}))
     params = [p.detach() for p in module.parameters()]
     params[0] = params[0][..., :8] if mixer == "samu" else params[0][:1]
-    with pytest.raises(ValueError, match=r"x has width 16 but the mixer's width is 8 "
-                                         r"\(the parameters: .*a_param \(16,\)"):
+    with pytest.raises(ValueError, match=rf"^{mixer}: the parameters disagree with each other: "
+                                         rf"{fixing} gives the width 8, but {other} "
+                                         r"\(x has width 16\)$"):
         samu.functional.FUNCTIONS[mixer](torch.randn(1, 4, 16), *params)
+    # x agreeing with the parameter that fixes the width: the odd parameter is named
+    with pytest.raises(ValueError, match=rf"^{mixer}: {other}$"):
+        samu.functional.FUNCTIONS[mixer](torch.randn(1, 4, 8), *params)
+
+
+@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+def test_x_that_disagrees_with_agreeing_parameters_is_blamed_with_their_shapes(mixer):
+    module = samu.modules.MODULES[mixer](16, **({"num_heads": 2} if mixer == "rglru" else {}))
+    params = [p.detach() for p in module.parameters()]
+    with pytest.raises(ValueError, match=r"x has width 32 but the mixer's width is 16 "
+                                         r"\(the parameters: .*a_param \(16,\)") as refused:
+        samu.functional.FUNCTIONS[mixer](torch.randn(1, 4, 32), *params)
+    assert "disagree" not in str(refused.value)
 
 
 def test_width_not_divisible_by_heads():

@@ -37,6 +37,7 @@ SPEC = MixerSpec(
     label="RG-LRU",
     parameter_names=("gate_x_weight", "gate_x_bias", "gate_a_weight", "gate_a_bias", "a_param"),
     width_of=width_of,
+    width_parameter="gate_x_weight",
     check_shapes=check_shapes,
     parameter_count=lambda width, num_heads: 2 * width * width // num_heads + 3 * width,
     dynamic_control_values_per_token=lambda width: 2 * width,

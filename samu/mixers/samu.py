@@ -25,6 +25,7 @@ SPEC = MixerSpec(
     label="SAMU",
     parameter_names=("ctrl_weight", "ctrl_bias", "a_param", "log_temp", "skip"),
     width_of=width_of,
+    width_parameter="ctrl_weight",
     check_shapes=check_shapes,
     parameter_count=lambda width, num_heads: 3 * width + 4,
     dynamic_control_values_per_token=lambda width: 2,

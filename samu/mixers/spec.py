@@ -16,6 +16,8 @@ class MixerSpec:
     parameter_names: the functional form's parameters in order, the state_dict's names.
     width_of: {name: tensor} in that order -> the width D, from the parameter that fixes it
         (ValueError naming it when its shape is wrong); x is checked against it next.
+    width_parameter: the name of that parameter, given where another one disagrees with it;
+        None: the first of parameter_names.
     check_shapes: ({name: tensor}, width) -> None, or ValueError naming the parameter whose
         shape is wrong (every parameter is a tensor by then).  Both read shapes only: a call
         whose signature passed them once is not checked again (samu.functional).
@@ -85,10 +87,15 @@ class MixerSpec:
     eager_preparation: str | None = None
     eager_preparation_name: str = "eager"
     flops_on_tensor_cores: bool = False
+    width_parameter: str | None = None
 
     def load(self, field: str):
         """The object that field ``field`` names (e.g. ``spec.load("reference")``)."""
         return load(getattr(self, field))
+
+    def width_parameter_name(self) -> str:
+        """The parameter width_of reads the width from."""
+        return self.width_parameter or self.parameter_names[0]
 
 
 def load(path: str):
