@@ -333,26 +333,33 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
         pos = positions - offsets[seq]  # each token's place in its own sequence
     state = (x.new_zeros(count, keep, width) if initial_state is None
              else initial_state.to(x.dtype))
-    # Where a tap reaches before a start, it reads row `before` of `rows` instead.
     if cu_seqlens is None:
-        rows, first = state, 0
+        # Each row's state then its tokens: every tap is a view of one copy.
+        padded = torch.cat((state, x), dim=1)
+
+        def tap_at(s):
+            return padded[:, keep - s:keep - s + length]  # x_{t - s}, the state's before t = s
     else:
-        rows, first = state.reshape(1, count * keep, width), seq * keep
+        # Where a tap reaches before a sequence's start, it reads its row of the states.
+        rows = state.reshape(1, count * keep, width)
+
+        def tap_at(s):
+            inside = pos >= s
+            before = torch.where(inside, 0, seq * keep + keep - s + pos)
+            tap = F.pad(x, (0, 0, s, 0))[:, :length]  # x_{t - s} within the row
+            return torch.where(inside[:, None], tap, rows[:, before])
     # The latest reset at or before each token within its sequence, [B, L]; before any tap
     # (-keep - 1) where there is none.
     latest = None if resets is None else latest_reset(resets, positions, positions - pos, keep)
     dtype = torch.promote_types(x.dtype, torch.float32)
-    y = b.to(dtype) + x.to(dtype) * w[keep].to(dtype)
+    y = torch.addcmul(b.to(dtype), x, w[keep].to(dtype))  # in FP32 at least, as promoted
     for s in range(1, keep + 1):
-        tap = F.pad(x, (0, 0, s, 0))[:, :length]  # x_{t - s} within the row
-        inside = pos >= s
-        before = torch.where(inside, 0, first + keep - s + pos)
-        tap = torch.where(inside[:, None], tap, rows[:, before])
+        tap = tap_at(s)
         if latest is not None:
             tap = torch.where((positions - s < latest)[..., None], torch.zeros_like(tap), tap)
-        y = y + tap.to(dtype) * w[keep - s].to(dtype)
+        y = torch.addcmul(y, tap, w[keep - s].to(dtype))
     if cu_seqlens is None:
-        final = torch.cat((state, x), dim=1)[:, -keep:] if keep else state
+        final = padded[:, -keep:].clone() if keep else state  # not a view of the whole
         if latest is not None:
             held = length - keep + torch.arange(keep, device=x.device)  # each entry's token
             final = torch.where((held < latest[:, -1:])[..., None], torch.zeros_like(final),
