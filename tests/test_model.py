@@ -288,6 +288,20 @@ def test_griffin_convolution_does_not_leak_across_starts():
     assert close(final[1], torch.cat((torch.zeros(1, D, dtype=x.dtype), x[0, 5:7])))
 
 
+@pytest.mark.parametrize("with_state", [False, True])
+def test_griffin_convolution_is_a_depthwise_conv1d_over_the_state_and_tokens(with_state):
+    """Another formulation: torch's grouped conv1d over [state, x] in float64, and a final state
+    that holds only its own K - 1 rows (not a view of a copy of the whole input)."""
+    w, b, x = inputs(4, D, seed=3), inputs(D, seed=4), inputs(2, L, D)
+    state = inputs(2, 3, D, seed=5) if with_state else torch.zeros(2, 3, D, dtype=x.dtype)
+    y, final = M.causal_conv1d(x, w, b, initial_state=state if with_state else None)
+    padded = torch.cat((state, x), dim=1).transpose(1, 2)  # [B, D, 3 + L]
+    want = torch.nn.functional.conv1d(padded, w.t()[:, None, :], b, groups=D).transpose(1, 2)
+    assert torch.allclose(y, want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(final, torch.cat((state, x), dim=1)[:, -3:])
+    assert final.untyped_storage().nbytes() == final.numel() * final.element_size()
+
+
 @pytest.mark.parametrize("mixer", ["rglru", "samu"])
 @pytest.mark.parametrize("split", [1, 2, 7])
 def test_griffin_prefill_in_two_parts_equals_one_call(mixer, split):
