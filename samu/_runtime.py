@@ -24,3 +24,19 @@ def check_interpret_unchanged() -> None:
             f"{TRITON_INTERPRET_AT_IMPORT!r} at import, it is {now!r} now); the kernels keep the "
             "value they were imported with. Set TRITON_INTERPRET before `import samu` (restart "
             "the interpreter or notebook kernel to change it).")
+
+
+def lazy_submodules(package: str, names: tuple, namespace: dict) -> tuple:
+    """(__getattr__, __dir__) for ``package`` (PEP 562): each of ``names`` is imported the first
+    time it is read as an attribute, so that importing the package imports none of them;
+    ``namespace`` is the package's globals()."""
+    import importlib
+
+    def __getattr__(name: str):
+        if name in names:
+            return importlib.import_module(f".{name}", package)  # binds it there too
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def __dir__():
+        return sorted(set(namespace) | set(names))
+    return __getattr__, __dir__

@@ -12,15 +12,8 @@ Nothing here is imported by ``import samu``; each submodule is imported when fir
 attribute (``samu.integrations.transformers.patch(model)`` after ``import samu``).
 """
 
+from .._runtime import lazy_submodules
+
 SUBMODULES = ("transformers", "weights")
 
-
-def __getattr__(name: str):
-    if name in SUBMODULES:
-        import importlib
-        return importlib.import_module(f".{name}", __name__)  # binds it here too
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(SUBMODULES))
+__getattr__, __dir__ = lazy_submodules(__name__, SUBMODULES, globals())
