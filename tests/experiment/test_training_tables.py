@@ -280,7 +280,7 @@ def notebook_05(out: Path, monkeypatch) -> nbformat.NotebookNode:
     import runpy
     out.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("SAMU_NOTEBOOKS_OUT", str(out))
-    runpy.run_path(str(paths.REPO_ROOT / "tools" / "make_notebooks.py"))
+    runpy.run_path(str(paths.REPO_ROOT / "tools" / "make_notebooks.py"))["main"]([])
     return nbformat.read(out / "05_training.ipynb", as_version=4)
 
 
