@@ -13,6 +13,6 @@ __all__ = ["RGLRU", "SAMU", "rglru", "samu", "backends", "parameter_count",
 __version__ = "0.1.0"
 
 # Submodules imported when first read as attributes (PEP 562).
-LAZY_SUBMODULES = ("distributed", "integrations")
+SUBMODULES = ("distributed", "integrations")
 
-__getattr__, __dir__ = _runtime.lazy_submodules(__name__, LAZY_SUBMODULES, globals())
+__getattr__, __dir__ = _runtime.lazy_submodules(__name__, SUBMODULES, globals())

@@ -26,10 +26,13 @@ def check_interpret_unchanged() -> None:
             "the interpreter or notebook kernel to change it).")
 
 
-def lazy_submodules(package: str, names: tuple, namespace: dict) -> tuple:
+def lazy_submodules(package: str, names: tuple, namespace: dict,
+                    optional: tuple = ()) -> tuple:
     """(__getattr__, __dir__) for ``package`` (PEP 562): each of ``names`` is imported the first
     time it is read as an attribute, so that importing the package imports none of them;
-    ``namespace`` is the package's globals()."""
+    ``namespace`` is the package's globals().  Those of ``optional`` need a library that may be
+    missing: dir() lists them once imported only, so that help() and inspect, which read every
+    name dir() gives, work without it."""
     import importlib
 
     def __getattr__(name: str):
@@ -38,5 +41,5 @@ def lazy_submodules(package: str, names: tuple, namespace: dict) -> tuple:
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     def __dir__():
-        return sorted(set(namespace) | set(names))
+        return sorted(set(namespace) | (set(names) - set(optional)))
     return __getattr__, __dir__

@@ -249,17 +249,16 @@ def check_shapes(mixer: str, spec, x, named: dict) -> None:
 
 
 def check_parameters_agree(mixer: str, spec, named: dict, width: int, also: str = "") -> None:
-    """ValueError saying that the parameters disagree with each other, naming the one that
-    fixes the width (and its width) and the one whose shape does not fit it, where the spec's
-    shape check fails at that width; ``also``, said after it."""
+    """The spec's shape check of the parameters at ``width``, the one a parameter fixes; its
+    ValueError names the parameter that does not fit, then that width and the parameter that
+    fixes it (a parameter of another width, or of a wrong shape at any width), then ``also``."""
     try:
         spec.check_shapes(named, width)
     except ValueError as exc:
         fixing = spec.width_parameter_name()
-        detail = str(exc).removeprefix(f"{mixer}: ")
-        raise ValueError(f"{mixer}: the parameters disagree with each other: {fixing} "
-                         f"{tuple(named[fixing].shape)} gives the width {width}, but {detail}"
-                         + (f" ({also})" if also else "")) from None
+        raise ValueError(f"{exc} (at the width {width} that {fixing} "
+                         f"{tuple(named[fixing].shape)} gives" + (f"; {also})" if also else ")")
+                         ) from None
 
 
 def check_call(mixer: str, x, params, backend="auto") -> None:

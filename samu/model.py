@@ -335,7 +335,7 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
              else initial_state.to(x.dtype))
     if cu_seqlens is None:
         # Each row's state then its tokens: every tap is a view of one copy.
-        padded = torch.cat((state, x), dim=1)
+        padded = torch.cat((state, x), dim=1) if keep else x
 
         def tap_at(s):
             return padded[:, keep - s:keep - s + length]  # x_{t - s}, the state's before t = s

@@ -163,12 +163,14 @@ assert not [m for m in lazy if m in sys.modules], [m for m in lazy if m in sys.m
 assert {{"distributed", "integrations"}} <= set(dir(samu))
 assert callable(samu.distributed.build_cp_context)
 assert "transformers" not in sys.modules  # samu.integrations imports none of its submodules
-assert "transformers" in dir(samu.integrations)
+# dir() names a submodule that needs transformers only once imported: help() and inspect read
+# every name dir() gives, and must work without transformers
+assert "weights" in dir(samu.integrations) and "transformers" not in dir(samu.integrations)
 assert samu.integrations.weights is sys.modules["samu.integrations.weights"]
 assert "transformers" not in sys.modules
 if {has_transformers}:
     assert callable(samu.integrations.transformers.patch)
-    assert "transformers" in sys.modules
+    assert "transformers" in sys.modules and "transformers" in dir(samu.integrations)
 for owner, name in ((samu, "nothing"), (samu.integrations, "nothing")):
     try:
         getattr(owner, name)
@@ -176,6 +178,26 @@ for owner, name in ((samu, "nothing"), (samu.integrations, "nothing")):
         assert "has no attribute 'nothing'" in str(exc), exc
     else:
         raise AssertionError(f"{{owner.__name__}}.nothing resolved")
+print("ok")
+"""
+    out = _run_fresh(code)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_the_integrations_package_can_be_inspected_without_transformers():
+    code = """
+import inspect, pydoc, sys
+sys.modules["transformers"] = None  # as if it were not installed: importing it fails
+import samu.integrations as integrations
+names = dict(inspect.getmembers(integrations))
+assert "weights" in names and "transformers" not in names
+assert "weights" in pydoc.render_doc(integrations)
+try:
+    integrations.transformers
+except ImportError:
+    pass
+else:
+    raise AssertionError("samu.integrations.transformers imported without transformers")
 print("ok")
 """
     out = _run_fresh(code)

@@ -302,6 +302,27 @@ def test_griffin_convolution_is_a_depthwise_conv1d_over_the_state_and_tokens(wit
     assert final.untyped_storage().nbytes() == final.numel() * final.element_size()
 
 
+def test_griffin_convolution_in_bf16_with_resets_is_the_masked_conv1d_in_float64():
+    """BF16 input and an FP32 state with resets: each token sees nothing before its latest
+    reset, computed in FP32 and rounded once (to BF16's precision of the float64 result)."""
+    w, b = inputs(4, D, seed=3).float(), inputs(D, seed=4).float()
+    x = inputs(2, L, D).to(torch.bfloat16)
+    state = inputs(2, 3, D, seed=5).float()
+    resets = torch.zeros(2, L, dtype=torch.bool)
+    resets[0, 4] = resets[1, 1] = resets[1, 2] = True
+    y, final = M.causal_conv1d(x, w, b, initial_state=state, resets=resets)
+    assert y.dtype == torch.bfloat16 and final.dtype == torch.bfloat16
+    seen = torch.cat((state.to(torch.bfloat16), x), dim=1).double()  # the state in x's dtype
+    want = torch.empty(2, L, D, dtype=torch.float64)
+    for row in range(2):
+        for t in range(L):
+            first = max([t - 3] + [int(r) for r in torch.nonzero(resets[row, :t + 1])])
+            taps = [(s, seen[row, 3 + t - s]) for s in range(4) if t - s >= first]
+            want[row, t] = b.double() + sum(w[3 - s].double() * v for s, v in taps)
+    assert torch.allclose(y.double(), want, rtol=1e-2, atol=1e-2)
+    assert torch.equal(final.double(), seen[:, -3:])  # no reset among the last three tokens
+
+
 @pytest.mark.parametrize("mixer", ["rglru", "samu"])
 @pytest.mark.parametrize("split", [1, 2, 7])
 def test_griffin_prefill_in_two_parts_equals_one_call(mixer, split):

@@ -104,13 +104,25 @@ def test_parameters_that_disagree_are_named_not_x(mixer, fixing, other):
     module = samu.modules.MODULES[mixer](16, **({"num_heads": 2} if mixer == "rglru" else {}))
     params = [p.detach() for p in module.parameters()]
     params[0] = params[0][..., :8] if mixer == "samu" else params[0][:1]
-    with pytest.raises(ValueError, match=rf"^{mixer}: the parameters disagree with each other: "
-                                         rf"{fixing} gives the width 8, but {other} "
-                                         r"\(x has width 16\)$"):
+    with pytest.raises(ValueError, match=rf"^{mixer}: {other} \(at the width 8 that {fixing} "
+                                         r"gives; x has width 16\)$") as refused:
         samu.functional.FUNCTIONS[mixer](torch.randn(1, 4, 16), *params)
+    assert "but the mixer's width" not in str(refused.value)
     # x agreeing with the parameter that fixes the width: the odd parameter is named
     with pytest.raises(ValueError, match=rf"^{mixer}: {other}$"):
         samu.functional.FUNCTIONS[mixer](torch.randn(1, 4, 8), *params)
+
+
+def test_a_wrong_shape_of_no_width_beside_an_x_of_another_width_is_named_as_such():
+    # log_temp has no width: nothing says the parameters disagree on one
+    module = samu.SAMU(8)
+    params = [p.detach() for p in module.parameters()]
+    named = dict(zip(samu.mixers.get("samu").parameter_names, params))
+    params[list(named).index("log_temp")] = torch.zeros(1)
+    with pytest.raises(ValueError, match=r"^samu: log_temp must have shape \[\], got \[1\] "
+                                         r"\(at the width 8 that ctrl_weight \(2, 8\) gives; "
+                                         r"x has width 16\)$"):
+        samu.functional.FUNCTIONS["samu"](torch.randn(1, 4, 16), *params)
 
 
 @pytest.mark.parametrize("mixer", ["rglru", "samu"])
@@ -120,7 +132,7 @@ def test_x_that_disagrees_with_agreeing_parameters_is_blamed_with_their_shapes(m
     with pytest.raises(ValueError, match=r"x has width 32 but the mixer's width is 16 "
                                          r"\(the parameters: .*a_param \(16,\)") as refused:
         samu.functional.FUNCTIONS[mixer](torch.randn(1, 4, 32), *params)
-    assert "disagree" not in str(refused.value)
+    assert "at the width" not in str(refused.value)
 
 
 def test_width_not_divisible_by_heads():

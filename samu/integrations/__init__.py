@@ -16,4 +16,6 @@ from .._runtime import lazy_submodules
 
 SUBMODULES = ("transformers", "weights")
 
-__getattr__, __dir__ = lazy_submodules(__name__, SUBMODULES, globals())
+# transformers' submodule imports transformers, which a clone may lack (an extra).
+__getattr__, __dir__ = lazy_submodules(__name__, SUBMODULES, globals(),
+                                       optional=("transformers",))

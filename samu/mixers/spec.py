@@ -16,8 +16,8 @@ class MixerSpec:
     parameter_names: the functional form's parameters in order, the state_dict's names.
     width_of: {name: tensor} in that order -> the width D, from the parameter that fixes it
         (ValueError naming it when its shape is wrong); x is checked against it next.
-    width_parameter: the name of that parameter, given where another one disagrees with it;
-        None: the first of parameter_names.
+    width_parameter: the name of that parameter, which an error names where another does not
+        fit the width it gives; None: the first of parameter_names.
     check_shapes: ({name: tensor}, width) -> None, or ValueError naming the parameter whose
         shape is wrong (every parameter is a tensor by then).  Both read shapes only: a call
         whose signature passed them once is not checked again (samu.functional).

@@ -70,6 +70,33 @@ def test_a_study_started_again_trains_only_what_had_not_finished(whole, tmp_path
     T.validate(T.result_document(study, again, "cpu"))
 
 
+def test_refined_recall_curves_stopped_midway_go_on_to_the_same_records(tmp_path):
+    """A refined first_point search, cut after its sweep, inside its refinements and before
+    its last run: the rates it adds again and every record are the ones of a run without a
+    stop."""
+    spec = {"points": [[16, 2], [24, 3]], "widths": [8], "vocab_size": 8, "steps": 6,
+            "batch_size": 4, "lr": [1e-3, 1e-2, 1e-1], "lr_search": "first_point",
+            "lr_refine": 2}
+    study = T.study_from_parameters(
+        ["samu"], [0], 8, 1, 2, {}, {}, {}, [1e-3], 2, 1, timing_warmup_steps=1, log_every=2,
+        attention_head_dim=8,
+        backend=REF, speed_steps=2, recall_curves=spec, configuration="recall")
+    path = tmp_path / "whole.jsonl"
+    records = T.run_recall_curves(study, "cpu", bar=False,
+                                  finished=T.FinishedRuns(path, study.describe()))
+    grid = {10.0 ** k for k in range(-5, 2)}  # the rates and their widenings
+    assert any(all(abs(rate / g - 1) > 1e-9 for g in grid) for rate in records[0]["lr_sweep"])
+    lines = _lines(path)
+    for stopped_after in (3, len(records) - 2, len(records) - 1):
+        cut = tmp_path / f"cut{stopped_after}.jsonl"
+        cut.write_text("\n".join(lines[:1 + stopped_after]) + "\n")
+        finished = T.FinishedRuns(cut, study.describe())
+        again = T.run_recall_curves(study, "cpu", bar=False, finished=finished)
+        assert finished.reused == stopped_after
+        assert [(r["lr"], r["pairs"], r["lr_sweep"], r["value"]) for r in again] == [
+            (r["lr"], r["pairs"], r["lr_sweep"], r["value"]) for r in records]
+
+
 def test_a_file_of_another_study_is_replaced_not_reused(whole, tmp_path):
     study, path, records = whole
     other = tmp_path / "cpu.finished.jsonl"

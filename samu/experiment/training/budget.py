@@ -161,13 +161,13 @@ def estimate(study, doc: dict) -> dict:
             count[(job.task, job.mixer, job.width)] = count.get(
                 (job.task, job.mixer, job.width), 0) + 1
         if study.recall_search() == "first_point":  # the other points, at the best rate
-            points = points_in_order(study.recall_curves)[1:]
+            first, *points = points_in_order(study.recall_curves)
             refine = study.recall_curves.get("lr_refine", 0)
             for mixer, width in study.recall_groups():
                 # each round of refinement: at most a rate on either side of the best
-                job = study.recall_job(points_in_order(study.recall_curves)[0], mixer, width,
-                                       config.lr)
-                count[(job.task, mixer, width)] += 2 * refine
+                if len(study.recall_lrs(mixer)) > 1:
+                    task = study.recall_job(first, mixer, width, config.lr).task
+                    count[(task, mixer, width)] += 2 * refine
                 for length, pairs in points:
                     job = study.recall_job((length, pairs), mixer, width, config.lr)
                     count[(job.task, mixer, width)] = 1

@@ -18,7 +18,7 @@ samu.experiment.training --estimate --config <name>`` prints them; with ``--meas
 it first times each configuration's step alone beside them), at the commit that set these values
 (``tests/experiment/test_training_tables.py`` recomputes them):
 
-- ``recall``: 96 runs (with no widening, and two refinements a group),
+- ``recall``: 96 runs (no widening; one refinement round, at most two rates a group),
   about 1894 s in all, 6 parts of about 439 s (one mixer at two widths each: 189-439 s);
 - ``scale``: 36 runs (with no widening), about 1613 s in all, 6 parts of about 497 s (one
   (task, mixer) sweep each: the LM's three parts about 87-105 s, so that one command can run

@@ -30,8 +30,9 @@ RECALL_CURVE_OPTIONAL = {"batch_size": COUNT, "lr": LEARNING_RATE, "bar": Range(
                          "lr_search": None, "lr_refine": OFFSET}
 # How the curves choose each mixer's rate: "every_point", every point at every rate and scored
 # at its best (Zoology's protocol); "first_point", every rate at the grid's first point (fewest
-# pairs), widened past an edge best as a first_seed sweep is, for each mixer and width, and the
-# other points at that best rate (a third of the runs of a four-rate grid of three points).
+# pairs), widened past an edge best as a first_seed sweep is and refined "lr_refine" times, for
+# each mixer and width, and the other points at that best rate (before the widenings and
+# refinements, a third of the runs of a four-rate grid of three points).
 RECALL_LR_SEARCHES = ("every_point", "first_point")
 ATTENTION_FROM_WIDTH = 128
 # A run whose mean training loss over the last fifth of its logged steps is below this fraction

@@ -530,10 +530,14 @@ def edge_beyond(value: dict, best: float, higher_is_better: bool) -> float | Non
         return None
     va = value[best]
     vb = value[ordered[1] if best == ordered[0] else ordered[-2]]
+    return best if beats(va, vb, higher_is_better) else None
+
+
+def beats(va: float, vb: float, higher_is_better: bool) -> bool:
+    """Whether a finite metric ``va`` strictly beats ``vb``, which it does where ``vb`` is not
+    finite (a diverged run)."""
     if not math.isfinite(va):
-        return None
-    if not math.isfinite(vb) or (va > vb if higher_is_better else va < vb):
-        return best
-    return None
+        return False
+    return not math.isfinite(vb) or (va > vb if higher_is_better else va < vb)
 
 

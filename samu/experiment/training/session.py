@@ -8,7 +8,7 @@ import json
 
 from ... import model as model_
 from ... import paths
-from .. import protocol, schema
+from .. import schema
 from .conclusion import conclusion
 from .configs import configuration
 from .curves import recall_curve_frame, recall_sanity
@@ -184,7 +184,9 @@ class StudyRun:
             text += (f"; runs per task {runs} ({study.total_steps():,} training steps in all, "
                      f"before widenings)")
         if study.recall_curves:
-            text += f"; {study.planned_recall_runs()} recall-curve runs"
+            text += (f"; {study.planned_recall_runs()} recall-curve runs"
+                     + (", before widenings and refinements"
+                        if study.recall_search() == "first_point" else ""))
         if study.part:
             text += f"; part {study.part}"
         text += f"; {self.pool.workers} at once on {list(self.pool.devices)}"

@@ -13,7 +13,7 @@ from .loop import TrainConfig
 from .parameters import (COUNT, LEARNING_RATE, OFFSET, SECONDS, ParameterError, Range,
                          check_list)
 from .pool import RunPool, check_devices
-from .results import (SANITY_BAR, UNNAMED_CONFIGURATION, best_rate, edge_beyond,
+from .results import (SANITY_BAR, UNNAMED_CONFIGURATION, beats, best_rate, edge_beyond,
                       higher_is_better, parse_part)
 from .resume import FinishedRuns
 from .runs import Job, alone, fastest_attention_kernel, measure_speed, run_job
@@ -647,6 +647,13 @@ def _group_records(records: list[dict], task, mixer: str) -> list[dict]:
     return [r for r in records if r["seq_len"] == task.seq_len and r["mixer"] == mixer]
 
 
+def _value_by_rate(ordered: list[float], records: list[dict]) -> dict:
+    """The metric of each of the sweep's rates (NaN where no record has it)."""
+    value = dict.fromkeys(ordered, float("nan"))
+    value.update((r["lr"], r["value"]) for r in records if r["lr"] in value)
+    return value
+
+
 def widened_rate(rates: list[float], records: list[dict]) -> float | None:
     """The next rate of a first_seed sweep: one step of the sweep's ratio beyond its lowest or
     highest rate where the best run sits there and beats its neighbour (edge_beyond), else
@@ -654,8 +661,7 @@ def widened_rate(rates: list[float], records: list[dict]) -> float | None:
     ordered = sorted(rates)
     if len(ordered) < 2:
         return None
-    value = dict.fromkeys(ordered, float("nan"))
-    value.update((r["lr"], r["value"]) for r in records if r["lr"] in value)
+    value = _value_by_rate(ordered, records)
     edge = edge_beyond(value, best_rate(records), higher_is_better(records[0]["metric"]))
     if edge is None:
         return None
@@ -670,10 +676,11 @@ def refined_rates(rates: list[float], records: list[dict]) -> list[float]:
     strictly beats; none where the best is not finite, or where a midpoint rounds onto a rate
     already swept."""
     ordered = sorted(rates)
-    value = dict.fromkeys(ordered, float("nan"))
-    value.update((r["lr"], r["value"]) for r in records if r["lr"] in value)
+    if len(ordered) < 2 or not records:
+        return []
+    value = _value_by_rate(ordered, records)
     best = best_rate(records)
-    if len(ordered) < 2 or best not in value or not math.isfinite(value[best]):
+    if best not in value or not math.isfinite(value[best]):
         return []
     higher = higher_is_better(records[0]["metric"])
     out = []
@@ -681,9 +688,7 @@ def refined_rates(rates: list[float], records: list[dict]) -> list[float]:
     for j in (i - 1, i + 1):
         if not 0 <= j < len(ordered):
             continue
-        other = value[ordered[j]]
-        if math.isfinite(other) and not (value[best] > other if higher
-                                         else value[best] < other):
+        if not beats(value[best], value[ordered[j]], higher):
             continue  # a tie: a flat or saturated stretch, where a rate between does as well
         mid = float(f"{math.sqrt(best * ordered[j]):.3g}")
         if all(not math.isclose(mid, r, rel_tol=1e-9) for r in ordered):
@@ -704,7 +709,7 @@ def search_rates(swept: dict, first_jobs: list, job_of, records_of, run,
         rate = widened_rate(rates, records)
         return [] if rate is None else [rate]
     rounds = [("widened", widened)] * LR_WIDENINGS + [("refined", refined_rates)] * refine
-    done = {}
+    rounds_run = {}
     for kind, new_rates in rounds:
         todo = []
         for group, rates in swept.items():
@@ -715,8 +720,8 @@ def search_rates(swept: dict, first_jobs: list, job_of, records_of, run,
             if kind == "widened":
                 continue  # no edge best: the refinements may still add rates
             break
-        done[kind] = done.get(kind, 0) + 1
-        records += run(todo, f"{kind} {done[kind]}")
+        rounds_run[kind] = rounds_run.get(kind, 0) + 1
+        records += run(todo, f"{kind} {rounds_run[kind]}")
     return records
 
 
@@ -761,7 +766,8 @@ def run_recall_curves(study: Study, device, progress_log=None, bar=True,
     """Every run of the recall curves by run_jobs, each record with its ``pairs`` and ``width``
     and the rates its (mixer, width) swept (``lr_sweep``): with "every_point" every job of
     Study.recall_jobs; with "first_point" each group's sweep at the first point, widened past an
-    edge best (widened_rate, at most LR_WIDENINGS times), then the other points at its best."""
+    edge best (widened_rate, at most LR_WIDENINGS times), refined "lr_refine" times
+    (refined_rates), then the other points at its best."""
     if study.recall_search() != "first_point":
         records = run_jobs(study, study.recall_jobs(), device, progress_log, bar, pool,
                            desc="recall curves", finished=finished)
