@@ -228,6 +228,24 @@ def test_learning_rate_schedule():
         T.TrainConfig(steps=5, timing_warmup_steps=5)
 
 
+def test_a_wsd_schedule_holds_the_rate_then_decays_over_its_share_of_the_run():
+    cfg = T.TrainConfig(steps=100, warmup_steps=10, min_lr_ratio=0.1, schedule="wsd",
+                        decay_fraction=0.2)
+    assert cfg.latest_decay() == 80 and cfg.decay_end(80) == 100
+    assert cfg.lr_factor(0) == pytest.approx(0.1) and cfg.lr_factor(10) == 1.0
+    assert cfg.lr_factor(79) == 1.0 and cfg.lr_factor(80) == 1.0
+    assert cfg.lr_factor(90) == pytest.approx(0.55) and cfg.lr_factor(100) == pytest.approx(0.1)
+    # a decay started by a plateau at step 40 takes a fifth of the 50-step run it makes
+    assert cfg.decay_end(40) == 50
+    assert cfg.lr_factor(39, 40) == 1.0 and cfg.lr_factor(45, 40) == pytest.approx(0.55)
+    assert cfg.lr_factor(50, 40) == pytest.approx(0.1)
+    assert cfg.decay_end(79) == 99 and cfg.decay_end(1) == 2  # never past steps, at least one
+    with pytest.raises(ValueError, match="plateau_from starts a 'wsd' schedule"):
+        T.TrainConfig(plateau_from=10)
+    with pytest.raises(ValueError, match="decay_fraction"):
+        T.TrainConfig(schedule="wsd", decay_fraction=1.0)
+
+
 def lm_study(root, mixers=("attention", "samu"), steps=60, **kw):
     return T.study_from_parameters(
         mixers, [0], 32, 1, 2, {"lm": {"lengths": [24], "root": str(root)}}, steps, 8, 1e-2,
@@ -1163,6 +1181,18 @@ def test_refinement_adds_the_geometric_midpoints_between_the_best_and_what_it_be
         assert got[0] not in again
     bits = [_fake_record(r, v, "bits_per_char") for r, v in zip(rates, (3.0, 1.0, 2.0, 4.0))]
     assert T.refined_rates(rates, bits) == [1.73e-3, 5.2e-3]  # the lowest bits are the best
+
+
+def test_the_recall_curves_train_on_their_own_schedule():
+    study = recall_study(schedule="wsd", plateau_from=6)
+    config = study.recall_config(1e-3)
+    assert (config.schedule, config.plateau_from, config.steps) == ("wsd", 6, 12)
+    assert recall_study().recall_config().schedule == "cosine"
+    base = {"points": [[16, 2]], "widths": [8], "vocab_size": 16, "steps": 12}
+    with pytest.raises(T.ParameterError, match="schedule'\\] must be one of"):
+        T.check_parameter_ranges({"recall_curves": {**base, "schedule": "linear"}})
+    with pytest.raises(T.ParameterError, match="plateau_from'\\] starts a 'wsd'"):
+        T.check_parameter_ranges({"recall_curves": {**base, "plateau_from": 4}})
 
 
 def test_refinement_is_refused_where_every_point_runs_every_rate():

@@ -412,6 +412,29 @@ def test_a_run_stops_early_once_solved():
     assert not record["stopped_by_time"]
 
 
+def test_a_wsd_run_whose_loss_stops_falling_decays_and_ends_there():
+    """At a rate too small to learn, the loss is flat: from plateau_from on the first logging
+    point finds it, the decay starts there and the run ends a fifth of its length later; without
+    plateau_from the run takes every step, decaying from latest_decay."""
+    task = T.make_task("mqar", 16, num_pairs=2, vocab_size=8)
+    study = T.check_parameters({**ECHO_STUDY, "tasks": {"mqar": {"lengths": [16],
+                                                                 "num_pairs": 2,
+                                                                 "vocab_size": 8}}})
+    flat = dataclasses.replace(study.train_config("mqar"), steps=200, log_every=2,
+                               schedule="wsd", plateau_from=40)
+    record = T.run_job(study.job("mqar", task, "attention", 1e-9, 0, flat), "cpu")
+    assert record["decay_from"] == 40 and record["steps_completed"] == flat.decay_end(40) == 50
+    assert not record["stopped_early"] and record["loss_curve"][-1][0] == 50
+    # too few logged points to judge by: the decay waits for the tenth (step 100)
+    sparse = dataclasses.replace(flat, log_every=10, plateau_from=20)
+    record = T.run_job(study.job("mqar", task, "attention", 1e-9, 0, sparse), "cpu")
+    assert record["decay_from"] == 100 and record["steps_completed"] == 125
+    whole = dataclasses.replace(flat, steps=30, plateau_from=None)
+    record = T.run_job(study.job("mqar", task, "attention", 1e-9, 0, whole), "cpu")
+    assert record["decay_from"] == whole.latest_decay() == 24
+    assert record["steps_completed"] == 30
+
+
 def imports_of(path: Path, package: str) -> set:
     """The modules of ``package`` that the module at ``path`` imports, at any depth."""
     tree = ast.parse(path.read_text())

@@ -6,8 +6,9 @@ study at a scale where a recurrent step is cheaper than attention's.
   ranges, whether it counts for the sanity bar) and its tasks, ``MQAR`` (Zoology's multi-query
   associative recall), ``SelectiveCopy`` and ``CharLM`` (bytes of the Python standard library's
   own ``*.py`` files, split by folder), all generated on the fly from fixed seeds.
-- ``loop``: ``TrainConfig`` (AdamW, warm-up then cosine decay over a fixed number of steps),
-  ``train`` and ``evaluate``.
+- ``loop``: ``TrainConfig`` (AdamW, warm-up then cosine decay over a fixed number of steps, or
+  warm-up, stable, decay, where a plateau may start the decay), ``train``, ``evaluate`` and
+  ``still_learning``.
 - ``runs``: one run (``Job``, ``run_job``) and its speed timed alone (``measure_speed``).
 - ``pool``: ``RunPool`` (several runs at once: worker processes, several to a device, over any
   number of GPUs).

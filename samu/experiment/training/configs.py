@@ -42,7 +42,7 @@ a fixed 1.7-2.0 ms plus a time per element (``budget.fit_step_models`` on that d
 four times the sequences a step were estimated at about twice the time (measured on the H100:
 2.2-3.7 times, median 3.2): 1,024,000 sequences a run, four
 times batch 64's, where Zoology's 64 epochs of 100k examples are 6.4 million.  So every point
-still records whether its run was still learning when it stopped (``curves.still_learning``),
+still records whether its run was still learning when it stopped (``loop.still_learning``),
 and the figure marks it.  The bar: accuracy 0.9.  Each part sweeps the grid's first point, the
 bar's, before the others, so that its progress log shows the bar's runs first.
 

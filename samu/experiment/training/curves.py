@@ -8,9 +8,8 @@ The bar: attention solves the smallest pair count at every width of at least
 width.  A mixer below its bar is not compared: the figure and the conclusion say so instead."""
 from __future__ import annotations
 
-import math
-
 from ... import model as model_
+from .loop import SCHEDULES, still_learning
 from .parameters import COUNT, LEARNING_RATE, OFFSET, ParameterError, Range, check_list
 from .results import edge_beyond
 
@@ -22,12 +21,15 @@ from .results import edge_beyond
 # over a logging window is at most this: solved; default None, every step), "lr_search"
 # (RECALL_LR_SEARCHES; default "every_point"), "lr_refine" (with "first_point": rounds of
 # refinement after the widenings, each adding the geometric midpoints between each group's best
-# rate and its neighbours, study.refined_rates; default 0).
+# rate and its neighbours, study.refined_rates; default 0), "schedule" (loop.SCHEDULES; default
+# the study's) and "plateau_from" (with "wsd": the step from which a run whose loss has stopped
+# falling starts its decay and ends, so that "steps" is a run's most; default None).
 RECALL_CURVE_KEYS = {"points": COUNT, "widths": COUNT, "vocab_size": COUNT, "steps": COUNT}
 RECALL_CURVE_OPTIONAL = {"batch_size": COUNT, "lr": LEARNING_RATE, "bar": Range(low=0, high=1),
                          "attention_from_width": COUNT,
                          "stop_loss": Range(low=0, low_open=True, optional=True),
-                         "lr_search": None, "lr_refine": OFFSET}
+                         "lr_search": None, "lr_refine": OFFSET, "schedule": None,
+                         "plateau_from": Range(integer=True, low=0, optional=True)}
 # How the curves choose each mixer's rate: "every_point", every point at every rate and scored
 # at its best (Zoology's protocol); "first_point", every rate at the grid's first point (fewest
 # pairs), widened past an edge best as a first_seed sweep is and refined "lr_refine" times, for
@@ -35,9 +37,6 @@ RECALL_CURVE_OPTIONAL = {"batch_size": COUNT, "lr": LEARNING_RATE, "bar": Range(
 # refinements, a third of the runs of a four-rate grid of three points).
 RECALL_LR_SEARCHES = ("every_point", "first_point")
 ATTENTION_FROM_WIDTH = 128
-# A run whose mean training loss over the last fifth of its logged steps is below this fraction
-# of the fifth before it was still learning when it stopped.
-STILL_LEARNING_RATIO = 0.9
 
 
 def check_recall_curves(value) -> None:
@@ -75,6 +74,15 @@ def check_recall_curves(value) -> None:
             if value[key] not in RECALL_LR_SEARCHES:
                 raise ParameterError(f"recall_curves['lr_search'] must be one of "
                                      f"{list(RECALL_LR_SEARCHES)}, got {value[key]!r}")
+        elif key == "schedule":
+            if value[key] not in SCHEDULES:
+                raise ParameterError(f"recall_curves['schedule'] must be one of "
+                                     f"{list(SCHEDULES)}, got {value[key]!r}")
+        elif key == "plateau_from":
+            allowed.check(f"recall_curves[{key!r}]", value[key])
+            if value[key] is not None and value.get("schedule") != "wsd":
+                raise ParameterError("recall_curves['plateau_from'] starts a 'wsd' schedule's "
+                                     "decay: give it with recall_curves['schedule'] = 'wsd'")
         elif key == "lr_refine":
             allowed.check(f"recall_curves[{key!r}]", value[key])
             if value[key] and value.get("lr_search", "every_point") != "first_point":
@@ -105,19 +113,6 @@ def points_in_order(spec: dict) -> list[tuple[int, int]]:
 
 def _pairs_of(record: dict) -> int:
     return int(record.get("pairs") or record["task_options"]["num_pairs"])
-
-
-def still_learning(loss_curve) -> bool:
-    """Whether a run's training loss was still falling when it stopped: the mean over the last
-    fifth of its logged points below STILL_LEARNING_RATIO times the mean over the fifth before
-    (False with fewer than ten points)."""
-    losses = [float(v) for _, v in loss_curve]
-    if len(losses) < 10 or not all(math.isfinite(v) for v in losses):
-        return False
-    fifth = len(losses) // 5
-    last = sum(losses[-fifth:]) / fifth
-    before = sum(losses[-2 * fifth:-fifth]) / fifth
-    return last < STILL_LEARNING_RATIO * before
 
 
 def recall_curve_frame(doc):

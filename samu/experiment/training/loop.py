@@ -1,5 +1,5 @@
-"""Training and evaluating one model: ``TrainConfig`` (AdamW, warm-up and cosine decay),
-``train`` and ``evaluate``."""
+"""Training and evaluating one model: ``TrainConfig`` (AdamW, warm-up and cosine decay, or a
+warm-up, stable, decay schedule that a plateau may end), ``train`` and ``evaluate``."""
 from __future__ import annotations
 
 import contextlib
@@ -30,10 +30,37 @@ def attention_kernel(name: str | None):
     return contextlib.nullcontext() if name is None else sdpa_kernel(ATTENTION_KERNEL_NAMES[name])
 
 
+# A run's learning-rate schedules (TrainConfig.schedule).
+SCHEDULES = ("cosine", "constant", "wsd")
+# A run whose mean training loss over the last fifth of its logged steps is below this fraction
+# of the fifth before was still learning when it stopped; fewer logged points say nothing.
+STILL_LEARNING_RATIO = 0.9
+STILL_LEARNING_POINTS = 10
+
+
+def still_learning(loss_curve) -> bool:
+    """Whether a run's training loss was still falling when it stopped: the mean over the last
+    fifth of its logged points below STILL_LEARNING_RATIO times the mean over the fifth before
+    (False with fewer than STILL_LEARNING_POINTS points)."""
+    losses = [float(v) for _, v in loss_curve]
+    if len(losses) < STILL_LEARNING_POINTS or not all(math.isfinite(v) for v in losses):
+        return False
+    fifth = len(losses) // 5
+    last = sum(losses[-fifth:]) / fifth
+    before = sum(losses[-2 * fifth:-fifth]) / fifth
+    return last < STILL_LEARNING_RATIO * before
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """AdamW (no weight decay on vectors, scalars and the embedding), linear warm-up then cosine
-    decay to ``min_lr_ratio * lr`` (or constant), gradient clipping at ``grad_clip``.  Tokens per
+    decay to ``min_lr_ratio * lr`` (or constant, or ``"wsd"``: warm-up, stable, decay), gradient
+    clipping at ``grad_clip``.  With "wsd" the rate stays at ``lr`` until the decay starts, then
+    falls by the same cosine to ``min_lr_ratio * lr`` over ``decay_fraction`` of the run, which
+    ends there: the decay starts at ``(1 - decay_fraction) * steps`` at the latest, or at the
+    first logging point from step ``plateau_from`` on where the training loss has stopped falling
+    (``still_learning`` false over at least STILL_LEARNING_POINTS points), so that ``steps`` is a
+    run's most and a run that has converged stops sooner.  Tokens per
     second are measured over the steps after ``timing_warmup_steps`` (compilation and allocator
     warm-up excluded), each step synchronised on CUDA; on CUDA the GPU time of each step (CUDA
     events around forward, backward and the optimizer step; no evaluation) is summed as well.
@@ -62,6 +89,8 @@ class TrainConfig:
     cuda_graph: bool = False
     stop_loss: float | None = None
     attention_kernel: str | None = None
+    decay_fraction: float = 0.2
+    plateau_from: int | None = None
 
     # What each numeric field may be.  max_seconds may be 0 (stop after the first timed step);
     # a study's time budget, which it is a share of, may not.
@@ -70,7 +99,9 @@ class TrainConfig:
               "weight_decay": Range(low=0), "grad_clip": Range(low=0, low_open=True),
               "eval_batches": COUNT, "log_every": COUNT, "timing_warmup_steps": OFFSET,
               "max_seconds": Range(low=0, optional=True),
-              "stop_loss": Range(low=0, low_open=True, optional=True)}
+              "stop_loss": Range(low=0, low_open=True, optional=True),
+              "decay_fraction": Range(low=0, high=1, low_open=True, high_open=True),
+              "plateau_from": Range(integer=True, low=0, optional=True)}
     BETA = Range(low=0, high=1, high_open=True)
 
     def __post_init__(self):
@@ -92,18 +123,40 @@ class TrainConfig:
                 self.attention_kernel not in ATTENTION_KERNEL_NAMES:
             raise ParameterError(f"train: attention_kernel must be None or one of "
                                  f"{list(ATTENTION_KERNEL_NAMES)}, got {self.attention_kernel!r}")
-        if self.schedule not in ("cosine", "constant"):
-            raise ParameterError(f"train: schedule must be 'cosine' or 'constant', got "
+        if self.schedule not in SCHEDULES:
+            raise ParameterError(f"train: schedule must be one of {list(SCHEDULES)}, got "
                                  f"{self.schedule!r}")
+        if self.plateau_from is not None and self.schedule != "wsd":
+            raise ParameterError(f"train: plateau_from starts a 'wsd' schedule's decay; with "
+                                 f"schedule {self.schedule!r} it must be None")
 
-    def lr_factor(self, step: int) -> float:
-        """The learning rate of step ``step`` (0-based) over ``lr``."""
+    def latest_decay(self) -> int:
+        """"wsd": the step at which the decay starts when no plateau starts it sooner."""
+        return self.steps - max(1, round(self.steps * self.decay_fraction))
+
+    def decay_end(self, decay_from: int) -> int:
+        """"wsd": the step a decay that starts at ``decay_from`` ends the run at: decay_fraction
+        of the run it makes (at least one step), and ``steps`` at the latest."""
+        if decay_from >= self.latest_decay():
+            return self.steps
+        span = max(1, round(decay_from * self.decay_fraction / (1 - self.decay_fraction)))
+        return min(self.steps, decay_from + span)
+
+    def lr_factor(self, step: int, decay_from: int | None = None) -> float:
+        """The learning rate of step ``step`` (0-based) over ``lr``; "wsd": ``decay_from`` is the
+        step its decay started at (None: latest_decay)."""
         if step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
         if self.schedule == "constant":
             return 1.0
-        span = max(self.steps - self.warmup_steps, 1)
-        progress = min((step - self.warmup_steps) / span, 1.0)
+        if self.schedule == "wsd":
+            start = self.latest_decay() if decay_from is None else decay_from
+            if step < start:
+                return 1.0
+            progress = min((step - start) / (self.decay_end(start) - start), 1.0)
+        else:
+            progress = min((step - self.warmup_steps) / max(self.steps - self.warmup_steps, 1),
+                           1.0)
         cosine = 0.5 * (1 + math.cos(math.pi * progress))
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * cosine
 
@@ -259,6 +312,9 @@ def _train(model, task, config: TrainConfig, seed: int, device, progress) -> dic
     cuda = device.type == "cuda"
     gpu_ms = 0.0
     stopped_by_time = stopped_early = diverged = False
+    wsd = config.schedule == "wsd"
+    decay_from = config.latest_decay() if wsd else None
+    end = config.steps  # "wsd": where its decay ends, once a plateau starts it
     started = time.perf_counter()
     for step in range(config.steps):
         inputs, targets = task.batch(config.batch_size, generator)
@@ -269,7 +325,7 @@ def _train(model, task, config: TrainConfig, seed: int, device, progress) -> dic
             begin.record()
         inputs = inputs.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
-        set_learning_rate(opt, config.lr * config.lr_factor(step))
+        set_learning_rate(opt, config.lr * config.lr_factor(step, decay_from))
         if graph_step is not None:
             loss = graph_step(inputs, targets)
         else:
@@ -289,13 +345,20 @@ def _train(model, task, config: TrainConfig, seed: int, device, progress) -> dic
         if progress is not None:
             progress(step, value)
         done = step + 1
-        if done % config.log_every == 0 or done == config.steps:
+        if done % config.log_every == 0 or done == end:
             window = losses[-(done - (curve[-1][0] if curve else 0)):]
             curve.append([done, statistics.fmean(window)])
-            if (config.stop_loss is not None and done < config.steps
+            if (config.stop_loss is not None and done < end
                     and curve[-1][1] <= config.stop_loss):
                 stopped_early = True
                 break
+            if (wsd and config.plateau_from is not None and config.plateau_from <= done
+                    and done < decay_from and len(curve) >= STILL_LEARNING_POINTS
+                    and not still_learning(curve)):
+                decay_from = done  # converged at this rate: decay from here
+                end = config.decay_end(done)
+        if done == end and end < config.steps:
+            break
         if not math.isfinite(value):
             diverged = True
             break
@@ -310,6 +373,7 @@ def _train(model, task, config: TrainConfig, seed: int, device, progress) -> dic
         "final_train_loss": curve[-1][1],
         "steps": config.steps,
         "steps_completed": len(losses),
+        "decay_from": decay_from,  # "wsd": the step its decay started at; else None
         "stopped_by_time": stopped_by_time,
         "stopped_early": stopped_early,
         "diverged": diverged,

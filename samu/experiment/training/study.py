@@ -319,14 +319,16 @@ class Study:
         return tuple(float(v) for v in rates) or (self.recall_config().lr,)
 
     def recall_config(self, lr: float | None = None) -> TrainConfig:
-        """The recall curves' TrainConfig at rate ``lr``: their own steps, batch size and early
-        stop, no time cap."""
+        """The recall curves' TrainConfig at rate ``lr``: their own steps, batch size, early
+        stop and schedule, no time cap."""
         spec = self.recall_curves
         base = self.recall_train or self.train.get("mqar") or next(iter(self.train.values()))
         steps = spec["steps"]
         return replace(base, steps=steps, batch_size=spec.get("batch_size", base.batch_size),
                        lr=float(base.lr if lr is None else lr), max_seconds=None,
                        stop_loss=spec.get("stop_loss"),
+                       schedule=spec.get("schedule", base.schedule),
+                       plateau_from=spec.get("plateau_from"),
                        warmup_steps=min(base.warmup_steps, steps // 10),
                        timing_warmup_steps=min(base.timing_warmup_steps, steps - 1))
 
