@@ -161,6 +161,8 @@ _training_run = {
         "stopped_by_time": {"type": "boolean"},
         "diverged": {"type": "boolean"},
         "stopped_early": {"type": "boolean"},  # optional: solved before its last step
+        # optional: a "wsd" schedule's run, the step its decay started at (else null)
+        "decay_from": {"type": ["integer", "null"], "minimum": 0},
         "backend": {"type": "array", "items": {"type": ["string", "null"]}},
         # Optional: absent from documents of the earlier study (one rate, bare mixers).
         "lr": _number,

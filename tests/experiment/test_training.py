@@ -233,17 +233,22 @@ def test_a_wsd_schedule_holds_the_rate_then_decays_over_its_share_of_the_run():
                         decay_fraction=0.2)
     assert cfg.latest_decay() == 80 and cfg.decay_end(80) == 100
     assert cfg.lr_factor(0) == pytest.approx(0.1) and cfg.lr_factor(10) == 1.0
-    assert cfg.lr_factor(79) == 1.0 and cfg.lr_factor(80) == 1.0
-    assert cfg.lr_factor(90) == pytest.approx(0.55) and cfg.lr_factor(100) == pytest.approx(0.1)
+    assert cfg.lr_factor(79) == 1.0 and 0.99 < cfg.lr_factor(80) < 1.0
+    assert cfg.lr_factor(89) == pytest.approx(0.55)
+    assert cfg.lr_factor(99) == pytest.approx(0.1)  # the run's last step takes the lowest
     # a decay started by a plateau at step 40 takes a fifth of the 50-step run it makes
     assert cfg.decay_end(40) == 50
-    assert cfg.lr_factor(39, 40) == 1.0 and cfg.lr_factor(45, 40) == pytest.approx(0.55)
-    assert cfg.lr_factor(50, 40) == pytest.approx(0.1)
+    assert cfg.lr_factor(39, 40) == 1.0 and cfg.lr_factor(44, 40) == pytest.approx(0.55)
+    assert cfg.lr_factor(49, 40) == pytest.approx(0.1)
     assert cfg.decay_end(79) == 99 and cfg.decay_end(1) == 2  # never past steps, at least one
+    short = T.TrainConfig(steps=5, warmup_steps=0, timing_warmup_steps=1, schedule="wsd")
+    assert [short.lr_factor(s) for s in range(5)] == [1.0, 1.0, 1.0, 1.0, pytest.approx(0.1)]
     with pytest.raises(ValueError, match="plateau_from starts a 'wsd' schedule"):
         T.TrainConfig(plateau_from=10)
     with pytest.raises(ValueError, match="decay_fraction"):
         T.TrainConfig(schedule="wsd", decay_fraction=1.0)
+    with pytest.raises(ValueError, match="before its 9 warm-up steps end"):
+        T.TrainConfig(steps=10, warmup_steps=9, schedule="wsd")
 
 
 def lm_study(root, mixers=("attention", "samu"), steps=60, **kw):
@@ -742,6 +747,27 @@ def test_cuda_graph_steps_train_as_eager_steps(mixer):
     assert (w_graphed - w_eager).abs().max() < 1e-2 * w_eager.abs().max()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU's step timing needs CUDA")
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_on_cuda_a_run_stops_early_and_a_plateau_ends_a_wsd_run(cuda_graph):
+    """The same stops as on a CPU, with the step's CUDA events in the loop: a loss at the early
+    stop's mark stops at the first window, and a flat run ends where its plateau's decay ends."""
+    from samu import model as model_
+    task = T.make_task("mqar", 16, num_pairs=2, vocab_size=8)
+    study = T.study_from_parameters(["attention"], [0], 16, 1, 2, {"mqar": {
+        "lengths": [16], "num_pairs": 2, "vocab_size": 8}}, 200, 4, 1e-9, 2, 1,
+        timing_warmup_steps=3, log_every=2, attention_head_dim=8, cuda_graph=cuda_graph)
+    base = study.train["mqar"]
+    for config, steps, early in (
+            (dataclasses.replace(base, stop_loss=100.0), 2, True),
+            (dataclasses.replace(base, schedule="wsd", plateau_from=40), 50, False)):
+        m = model_.build(study.model_config("attention", task.vocab_size), seed=0,
+                         device="cuda")
+        record = T.train(m, task, config, 0, "cuda")
+        assert (record["steps_completed"], record["stopped_early"]) == (steps, early), record
+        assert record["gpu_ms_per_step"] > 0 or steps <= base.timing_warmup_steps
+
+
 def test_conclusion_of_a_real_document_names_its_runs(doc):
     text = T.conclusion(doc)
     assert f"{len(doc['runs'])} runs" in text and "a CPU" in text
@@ -1193,6 +1219,16 @@ def test_the_recall_curves_train_on_their_own_schedule():
         T.check_parameter_ranges({"recall_curves": {**base, "schedule": "linear"}})
     with pytest.raises(T.ParameterError, match="plateau_from'\\] starts a 'wsd'"):
         T.check_parameter_ranges({"recall_curves": {**base, "plateau_from": 4}})
+
+
+def test_a_wsd_point_is_judged_still_learning_on_its_curve_before_the_decay():
+    flat_then_falling = [[10 * i, 2.0] for i in range(1, 41)] + [[400 + 10 * i, 2.0 - 0.1 * i]
+                                                                   for i in range(1, 11)]
+    record = {"seq_len": 16, "pairs": 2, "width": 8, "mixer": "samu", "lr": 1e-3, "seed": 0,
+              "value": 0.5, "steps_completed": 500, "loss_curve": flat_then_falling}
+    assert T.recall_curve_frame([record])["still_learning"].tolist() == [True]
+    decayed = {**record, "decay_from": 400}  # the fall is the decay's: it had converged
+    assert T.recall_curve_frame([decayed])["still_learning"].tolist() == [False]
 
 
 def test_refinement_is_refused_where_every_point_runs_every_rate():

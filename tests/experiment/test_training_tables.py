@@ -433,6 +433,13 @@ def test_a_wsd_run_whose_loss_stops_falling_decays_and_ends_there():
     record = T.run_job(study.job("mqar", task, "attention", 1e-9, 0, whole), "cpu")
     assert record["decay_from"] == whole.latest_decay() == 24
     assert record["steps_completed"] == 30
+    # no plateau before the warm-up's end
+    late = dataclasses.replace(flat, warmup_steps=60, plateau_from=20)
+    record = T.run_job(study.job("mqar", task, "attention", 1e-9, 0, late), "cpu")
+    assert record["decay_from"] == 60 and record["steps_completed"] == late.decay_end(60) == 75
+    T.validate(T.result_document(study, [record], "cpu"))  # the schema takes decay_from
+    with pytest.raises(Exception, match="decay_from"):
+        T.validate(T.result_document(study, [{**record, "decay_from": "60"}], "cpu"))
 
 
 def imports_of(path: Path, package: str) -> set:

@@ -115,11 +115,18 @@ def _pairs_of(record: dict) -> int:
     return int(record.get("pairs") or record["task_options"]["num_pairs"])
 
 
+def before_decay(record: dict) -> list:
+    """A run's loss curve up to its "wsd" decay (all of it under another schedule): a decay's
+    falling rate lowers the loss whether or not the run had converged before it."""
+    start = record.get("decay_from")
+    return [p for p in record["loss_curve"] if start is None or p[0] <= start]
+
+
 def recall_curve_frame(doc):
     """Per (seq_len, pairs, width, mixer): the best accuracy over the learning rates (the mean
     over seeds at each), the rate, whether it is at the edge of the sweep (``at_edge``), and
-    whether its run was still learning when it stopped (``still_learning``; never one stopped
-    early, which had solved its point)."""
+    whether its run was still learning when it stopped (``still_learning``, before a "wsd"
+    decay; never one stopped early, which had solved its point)."""
     import pandas as pd
 
     columns = ["seq_len", "pairs", "width", "mixer", "accuracy", "lr", "rates", "at_edge",
@@ -130,7 +137,7 @@ def recall_curve_frame(doc):
     df = pd.DataFrame([{"seq_len": int(r["seq_len"]), "pairs": _pairs_of(r),
                         "width": int(r["width"]), "mixer": r["mixer"], "lr": r.get("lr"),
                         "seed": r.get("seed"), "value": r.get("value"),
-                        "still_learning": still_learning(r["loss_curve"])
+                        "still_learning": still_learning(before_decay(r))
                         and not r.get("stopped_early"),  # stopped early: solved
                         "steps_completed": r["steps_completed"]} for r in records])
     df["value"] = pd.to_numeric(df["value"], errors="coerce")

@@ -56,12 +56,12 @@ class TrainConfig:
     """AdamW (no weight decay on vectors, scalars and the embedding), linear warm-up then cosine
     decay to ``min_lr_ratio * lr`` (or constant, or ``"wsd"``: warm-up, stable, decay), gradient
     clipping at ``grad_clip``.  With "wsd" the rate stays at ``lr`` until the decay starts, then
-    falls by the same cosine to ``min_lr_ratio * lr`` over ``decay_fraction`` of the run, which
-    ends there: the decay starts at ``(1 - decay_fraction) * steps`` at the latest, or at the
-    first logging point from step ``plateau_from`` on where the training loss has stopped falling
-    (``still_learning`` false over at least STILL_LEARNING_POINTS points), so that ``steps`` is a
-    run's most and a run that has converged stops sooner.  Tokens per
-    second are measured over the steps after ``timing_warmup_steps`` (compilation and allocator
+    falls by the same cosine to ``min_lr_ratio * lr`` (at the last step) over ``decay_fraction``
+    of the run, which ends there.  The decay starts at ``(1 - decay_fraction) * steps`` at the
+    latest, or at the first logging point from step ``plateau_from`` (and the warm-up's end) on
+    where the training loss has stopped falling (``still_learning`` false over at least
+    STILL_LEARNING_POINTS points), so that ``steps`` is a run's most and a run that has
+    converged stops sooner.  Tokens per second are measured over the steps after ``timing_warmup_steps`` (compilation and allocator
     warm-up excluded), each step synchronised on CUDA; on CUDA the GPU time of each step (CUDA
     events around forward, backward and the optimizer step; no evaluation) is summed as well.
     ``max_seconds`` is an optional safety cap: it stops a run once its measured steps took that
@@ -129,6 +129,11 @@ class TrainConfig:
         if self.plateau_from is not None and self.schedule != "wsd":
             raise ParameterError(f"train: plateau_from starts a 'wsd' schedule's decay; with "
                                  f"schedule {self.schedule!r} it must be None")
+        if self.schedule == "wsd" and self.warmup_steps > self.latest_decay():
+            raise ParameterError(f"train: a 'wsd' schedule's decay starts at step "
+                                 f"{self.latest_decay()} at the latest, before its "
+                                 f"{self.warmup_steps} warm-up steps end: fewer warm-up steps, "
+                                 f"or more steps")
 
     def latest_decay(self) -> int:
         """"wsd": the step at which the decay starts when no plateau starts it sooner."""
@@ -153,7 +158,8 @@ class TrainConfig:
             start = self.latest_decay() if decay_from is None else decay_from
             if step < start:
                 return 1.0
-            progress = min((step - start) / (self.decay_end(start) - start), 1.0)
+            # the run's last step (decay_end - 1) takes the lowest rate
+            progress = min((step - start + 1) / (self.decay_end(start) - start), 1.0)
         else:
             progress = min((step - self.warmup_steps) / max(self.steps - self.warmup_steps, 1),
                            1.0)
@@ -314,7 +320,7 @@ def _train(model, task, config: TrainConfig, seed: int, device, progress) -> dic
     stopped_by_time = stopped_early = diverged = False
     wsd = config.schedule == "wsd"
     decay_from = config.latest_decay() if wsd else None
-    end = config.steps  # "wsd": where its decay ends, once a plateau starts it
+    stop_at = config.steps  # "wsd": where its decay ends, once a plateau starts it
     started = time.perf_counter()
     for step in range(config.steps):
         inputs, targets = task.batch(config.batch_size, generator)
@@ -345,22 +351,22 @@ def _train(model, task, config: TrainConfig, seed: int, device, progress) -> dic
         if progress is not None:
             progress(step, value)
         done = step + 1
-        if done % config.log_every == 0 or done == end:
+        if not math.isfinite(value):
+            diverged = True
+            break
+        if done % config.log_every == 0 or done == stop_at:
             window = losses[-(done - (curve[-1][0] if curve else 0)):]
             curve.append([done, statistics.fmean(window)])
-            if (config.stop_loss is not None and done < end
+            if (config.stop_loss is not None and done < stop_at
                     and curve[-1][1] <= config.stop_loss):
                 stopped_early = True
                 break
-            if (wsd and config.plateau_from is not None and config.plateau_from <= done
-                    and done < decay_from and len(curve) >= STILL_LEARNING_POINTS
-                    and not still_learning(curve)):
+            if (wsd and config.plateau_from is not None
+                    and max(config.plateau_from, config.warmup_steps) <= done < decay_from
+                    and len(curve) >= STILL_LEARNING_POINTS and not still_learning(curve)):
                 decay_from = done  # converged at this rate: decay from here
-                end = config.decay_end(done)
-        if done == end and end < config.steps:
-            break
-        if not math.isfinite(value):
-            diverged = True
+                stop_at = config.decay_end(done)
+        if done == stop_at:
             break
         if config.max_seconds is not None and timed_s > config.max_seconds:
             stopped_by_time = done < config.steps
