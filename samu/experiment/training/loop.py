@@ -61,9 +61,10 @@ class TrainConfig:
     latest, or at the first logging point from step ``plateau_from`` (and the warm-up's end) on
     where the training loss has stopped falling (``still_learning`` false over at least
     STILL_LEARNING_POINTS points), so that ``steps`` is a run's most and a run that has
-    converged stops sooner.  Tokens per second are measured over the steps after ``timing_warmup_steps`` (compilation and allocator
-    warm-up excluded), each step synchronised on CUDA; on CUDA the GPU time of each step (CUDA
-    events around forward, backward and the optimizer step; no evaluation) is summed as well.
+    converged stops sooner.  Tokens per second are measured over the steps after
+    ``timing_warmup_steps`` (compilation and allocator warm-up excluded), each step
+    synchronised on CUDA; on CUDA the GPU time of each step (CUDA events around forward,
+    backward and the optimizer step; no evaluation) is summed as well.
     ``max_seconds`` is an optional safety cap: it stops a run once its measured steps took that
     long (None, the default: never) and the run records that it did.  ``stop_loss``: a run
     stops once its mean training loss over a logging window (``log_every`` steps) is at most
