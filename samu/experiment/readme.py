@@ -34,6 +34,9 @@ REPRODUCE_LOGS = ("docs/sweeps/2026-12-04_2f7b718_gpu_reproduce/reproduce_three_
                   "docs/sweeps/2026-12-04_2f7b718_gpu_reproduce/reproduce_four_shapes.log")
 # The newest `make test` on the H200: pytest's summary line, then nbval's.
 MAKE_TEST_LOG = "docs/sweeps/2026-12-04_d1b6a00_gpu_make_test.txt"
+# A training step of the scale study's model, each mixer timed alone at one token budget (H100).
+STEP_SPEED_FILES = tuple(f"docs/sweeps/2026-12-07_8951e76_gpu_h100_training_step_speed/{name}"
+                         for name in ("step_speed_8192_16384.json", "step_speed_32768.json"))
 
 
 def _results(data_dir: Path, slug: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
@@ -385,6 +388,21 @@ def training_part_seconds(repo_root=None, slug: str = report.COMMITTED_SLUG) -> 
     return out
 
 
+def recurrent_step_ratios(repo_root=None) -> dict[int, tuple[float, float]]:
+    """{length: (least, most)} of a recurrent mixer's GPU time per training step over
+    attention's at that length, from STEP_SPEED_FILES."""
+    root = Path(repo_root) if repo_root is not None else paths.REPO_ROOT
+    rows = [row for name in STEP_SPEED_FILES for row in schema.read_json(root / name)]
+    attention = {row["length"]: row["solo_gpu_ms_per_step"] for row in rows
+                 if row["mixer"] == "attention"}
+    ratios: dict[int, list[float]] = {}
+    for row in rows:
+        if row["mixer"] != "attention":
+            ratios.setdefault(row["length"], []).append(
+                row["solo_gpu_ms_per_step"] / attention[row["length"]])
+    return {length: (min(r), max(r)) for length, r in sorted(ratios.items())}
+
+
 def _minutes(seconds: float) -> str:
     return f"about {round(seconds / 60)} min"
 
@@ -400,6 +418,7 @@ def facts(repo_root=None) -> dict[str, str]:
                 for cell in schema.read_json(nb)["cells"] if cell["cell_type"] == "code")
     pytest, nbval = make_test_seconds(root / MAKE_TEST_LOG)
     percent, budgets = calibration.memory_rule_text()
+    (l0, r0), (l1, r1), (l2, r2) = recurrent_step_ratios(root).items()
     return {
         "published speed-ups": f"{sp.min():.2f} to {sp.max():.2f}",
         "make test, H200": f"{_minutes(pytest + nbval)}: pytest {pytest:.0f} s, nbval {nbval:.0f} s",
@@ -407,6 +426,10 @@ def facts(repo_root=None) -> dict[str, str]:
         "make reproduce, H200": (f"{_minutes(sum(reproduce))} for the {len(pipeline.GPU_SHAPES)} "
                                  "default shapes"),
         "notebook cells": f"{cells} notebook cells",
+        "recurrent step against attention's, H100": (
+            f"at L = {l0} now costs {r0[0]:.2f}-{r0[1]:.2f} of attention's, and with the same "
+            f"tokens a step {r1[0]:.2f}-{r1[1]:.2f} of it at L = {l1} and "
+            f"{r2[0]:.2f}-{r2[1]:.2f} at {l2}"),
         "auto's memory rule": (
             f"one up to {percent} % slower that keeps the "
             f"mixer's peak memory within its budget ({budgets} units"),
