@@ -333,31 +333,32 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
         pos = positions - offsets[seq]  # each token's place in its own sequence
     state = (x.new_zeros(count, keep, width) if initial_state is None
              else initial_state.to(x.dtype))
-    if cu_seqlens is None:
-        # Each row's state then its tokens: every tap is a view of one copy.
-        padded = torch.cat((state, x), dim=1) if keep else x
-
-        def tap_at(s):
-            return padded[:, keep - s:keep - s + length]  # x_{t - s}, the state's before t = s
-    else:
-        # Where a tap reaches before a sequence's start, it reads its row of the states.
-        rows = state.reshape(1, count * keep, width)
-
-        def tap_at(s):
-            inside = pos >= s
-            before = torch.where(inside, 0, seq * keep + keep - s + pos)
-            tap = F.pad(x, (0, 0, s, 0))[:, :length]  # x_{t - s} within the row
-            return torch.where(inside[:, None], tap, rows[:, before])
+    # Every tap is a view of one copy: each row's state then its tokens, or, packed, x behind
+    # K - 1 zeros (a tap reaching before its sequence's start is hidden there and its row of the
+    # states added after, at the fewer than K tokens a sequence where that happens).
+    head = state if cu_seqlens is None else x.new_zeros(1, keep, width)
+    padded = torch.cat((head, x), dim=1) if keep else x
     # The latest reset at or before each token within its sequence, [B, L]; before any tap
     # (-keep - 1) where there is none.
     latest = None if resets is None else latest_reset(resets, positions, positions - pos, keep)
     dtype = torch.promote_types(x.dtype, torch.float32)
     y = torch.addcmul(b.to(dtype), x, w[keep].to(dtype))  # in FP32 at least, as promoted
     for s in range(1, keep + 1):
-        tap = tap_at(s)
+        tap = padded[:, keep - s:keep - s + length]  # x_{t - s}, or the state's before t = s
+        hidden = None if cu_seqlens is None else (pos < s)[None]  # reaching before its start
         if latest is not None:
-            tap = torch.where((positions - s < latest)[..., None], torch.zeros_like(tap), tap)
+            cut = positions - s < latest  # reaching before the latest reset
+            hidden = cut if hidden is None else hidden | cut
+        if hidden is not None:
+            tap = torch.where(hidden[..., None], torch.zeros_like(tap), tap)
         y = torch.addcmul(y, tap, w[keep - s].to(dtype))
+        if cu_seqlens is not None:  # the first s tokens of sequence n read state[n, keep - s:]
+            first = torch.arange(s, device=x.device)
+            inside = first < (offsets[1:] - offsets[:-1])[:, None]  # [N, s]
+            token = torch.where(inside, offsets[:-1, None] + first, 0)
+            shown = inside if latest is None else inside & (token - s >= latest[0, token])
+            entry = torch.where(shown[..., None], state[:, keep - s:].to(dtype), 0)
+            y.index_add_(1, token.reshape(-1), (entry * w[keep - s].to(dtype)).reshape(1, -1, width))
     if cu_seqlens is None:
         final = padded[:, -keep:].clone() if keep else state  # not a view of the whole
         if latest is not None:

@@ -323,6 +323,50 @@ def test_griffin_convolution_in_bf16_with_resets_is_the_masked_conv1d_in_float64
     assert torch.equal(final.double(), seen[:, -3:])  # no reset among the last three tokens
 
 
+def masked_conv_in_float64(x, w, b, state, resets, cu):
+    """Each token's sum over the taps at or after its sequence's start and latest reset, a tap
+    before the start reading its sequence's row of ``state`` ([N, K - 1, W])."""
+    keep = w.shape[0] - 1
+    want = torch.empty(x.shape, dtype=torch.float64)
+    for n in range(len(cu) - 1):
+        seen = torch.cat((state[n], x[0, cu[n]:cu[n + 1]]), dim=0).double()
+        for t in range(int(cu[n + 1] - cu[n])):
+            marks = torch.nonzero(resets[0, cu[n]:cu[n] + t + 1]).flatten().tolist()
+            first = max([t - keep] + marks)
+            want[0, cu[n] + t] = b.double() + sum(w[keep - s].double() * seen[keep + t - s]
+                                                  for s in range(keep + 1) if t - s >= first)
+    return want
+
+
+def test_packed_convolution_with_states_and_resets_is_the_masked_conv1d_in_float64():
+    """Sequences shorter than the taps, a state row for each, resets at a start and inside: the
+    value and the gradients of x, the states and w against the float64 masked sum."""
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 1, 3, 8, 9, 12])
+    w, b = inputs(4, D, seed=3).requires_grad_(), inputs(D, seed=4)
+    x = inputs(1, 12, D).requires_grad_()
+    state = inputs(5, 3, D, seed=5).requires_grad_()
+    resets = torch.zeros(1, 12, dtype=torch.bool)
+    resets[0, 3] = resets[0, 6] = resets[0, 10] = True
+    y, _ = M.causal_conv1d(x, w, b, initial_state=state, cu_seqlens=cu, resets=resets)
+    want = masked_conv_in_float64(x, w, b, state, resets, cu)
+    assert torch.allclose(y, want, rtol=1e-12, atol=1e-12)
+    dy = torch.randn_like(want)
+    grads = torch.autograd.grad(y, (x, state, w), dy)
+    wanted = torch.autograd.grad(want, (x, state, w), dy)
+    for got, expected in zip(grads, wanted):
+        assert torch.allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_nan_in_one_packed_sequence_stays_out_of_the_next_convolution():
+    w, b = inputs(4, D, seed=3), inputs(D, seed=4)
+    x = inputs(1, 8, D).clone()
+    x[0, 4] = float("nan")  # the last token of the first sequence
+    y, final = M.causal_conv1d(x, w, b, cu_seqlens=torch.tensor([0, 5, 8]))
+    assert torch.isnan(y[0, 4]).all() and torch.isfinite(y[0, 5:]).all()
+    assert torch.isfinite(final[1]).all()
+
+
 @pytest.mark.parametrize("mixer", ["rglru", "samu"])
 @pytest.mark.parametrize("split", [1, 2, 7])
 def test_griffin_prefill_in_two_parts_equals_one_call(mixer, split):
