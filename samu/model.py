@@ -350,7 +350,7 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
             cut = positions - s < latest  # reaching before the latest reset
             hidden = cut if hidden is None else hidden | cut
         if hidden is not None:
-            tap = torch.where(hidden[..., None], torch.zeros_like(tap), tap)
+            tap = torch.where(hidden[..., None], 0.0, tap)
         y = torch.addcmul(y, tap, w[keep - s].to(dtype))
         if cu_seqlens is not None:  # the first s tokens of sequence n read state[n, keep - s:]
             first = torch.arange(s, device=x.device)
