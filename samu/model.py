@@ -352,10 +352,13 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
         if hidden is not None:
             tap = torch.where(hidden[..., None], 0.0, tap)
         y = torch.addcmul(y, tap, w[keep - s].to(dtype))
-        if cu_seqlens is not None:  # the first s tokens of sequence n read state[n, keep - s:]
+        if cu_seqlens is not None and initial_state is not None:
+            # The first s tokens of sequence n read state[n, keep - s:]; an index stays in x
+            # whatever the offsets (they are unchecked during a CUDA-graph capture).
             first = torch.arange(s, device=x.device)
-            inside = first < (offsets[1:] - offsets[:-1])[:, None]  # [N, s]
-            token = torch.where(inside, offsets[:-1, None] + first, 0)
+            token = offsets[:-1, None] + first  # [N, s]
+            inside = (first < (offsets[1:] - offsets[:-1])[:, None]) & (token >= 0) & (token < length)
+            token = torch.where(inside, token, 0)
             shown = inside if latest is None else inside & (token - s >= latest[0, token])
             entry = torch.where(shown[..., None], state[:, keep - s:].to(dtype), 0)
             y.index_add_(1, token.reshape(-1), (entry * w[keep - s].to(dtype)).reshape(1, -1, width))
@@ -369,12 +372,13 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
         starts, lengths = offsets[:-1], offsets[1:] - offsets[:-1]
         p = lengths[:, None] - keep + torch.arange(keep, device=x.device)  # [N, K - 1]
         inside = p >= 0
-        from_x = x[0][torch.where(inside, starts[:, None] + p, 0)]
+        last = max(length - 1, 0)  # the clamps keep unchecked offsets' indices in their tensors
+        from_x = x[0][torch.where(inside, starts[:, None] + p, 0).clamp(0, last)]
         from_state = state[torch.arange(count, device=x.device)[:, None],
-                           torch.where(inside, 0, keep + p)]
+                           torch.where(inside, 0, keep + p).clamp(0, keep - 1)]
         final = torch.where(inside[..., None], from_x, from_state)
         if latest is not None:
-            last_reset = latest[0, offsets[1:] - 1]  # [N], at each sequence's last token
+            last_reset = latest[0, (offsets[1:] - 1).clamp(0, last)]  # [N], at its last token
             held = starts[:, None] + p  # each entry's token
             final = torch.where((held < last_reset[:, None])[..., None],
                                 torch.zeros_like(final), final)

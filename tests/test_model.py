@@ -358,6 +358,17 @@ def test_packed_convolution_with_states_and_resets_is_the_masked_conv1d_in_float
         assert torch.allclose(got, expected, rtol=1e-12, atol=1e-12)
 
 
+def test_the_packed_convolution_state_entries_stay_in_x_for_offsets_no_check_saw():
+    """During a CUDA-graph capture cu_seqlens' values go unchecked: a start before 0 or past L
+    must not send the state entries' add outside y."""
+    w, b, x = inputs(4, D, seed=3), inputs(D, seed=4), inputs(1, 6, D)
+    state = inputs(2, 3, D, seed=5)
+    for cu in ([-2, 3, 6], [0, 7, 6]):
+        y, _ = M.causal_conv1d(x, w, b, initial_state=state[:len(cu) - 1],
+                               cu_seqlens=torch.tensor(cu), resets=torch.ones(1, 6, dtype=torch.bool))
+        assert y.shape == x.shape
+
+
 def test_a_nan_in_one_packed_sequence_stays_out_of_the_next_convolution():
     w, b = inputs(4, D, seed=3), inputs(D, seed=4)
     x = inputs(1, 8, D).clone()
