@@ -341,6 +341,14 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
     # The latest reset at or before each token within its sequence, [B, L]; before any tap
     # (-keep - 1) where there is none.
     latest = None if resets is None else latest_reset(resets, positions, positions - pos, keep)
+    if cu_seqlens is not None and initial_state is not None:
+        # Tap s of the first s tokens of sequence n reads state[n, keep - s:]: those tokens,
+        # [N, keep], each index inside x whatever the offsets (unchecked in a CUDA-graph capture).
+        first = torch.arange(keep, device=x.device)
+        token = offsets[:-1, None] + first
+        inside = (first < (offsets[1:] - offsets[:-1])[:, None]) & (token >= 0) & (token < length)
+        token = torch.where(inside, token, 0)
+        token_reset = None if latest is None else latest[0, token]
     dtype = torch.promote_types(x.dtype, torch.float32)
     y = torch.addcmul(b.to(dtype), x, w[keep].to(dtype))  # in FP32 at least, as promoted
     for s in range(1, keep + 1):
@@ -353,15 +361,12 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
             tap = torch.where(hidden[..., None], 0.0, tap)
         y = torch.addcmul(y, tap, w[keep - s].to(dtype))
         if cu_seqlens is not None and initial_state is not None:
-            # The first s tokens of sequence n read state[n, keep - s:]; an index stays in x
-            # whatever the offsets (they are unchecked during a CUDA-graph capture).
-            first = torch.arange(s, device=x.device)
-            token = offsets[:-1, None] + first  # [N, s]
-            inside = (first < (offsets[1:] - offsets[:-1])[:, None]) & (token >= 0) & (token < length)
-            token = torch.where(inside, token, 0)
-            shown = inside if latest is None else inside & (token - s >= latest[0, token])
+            shown = inside[:, :s]
+            if latest is not None:  # no reset between the sequence's start and the token
+                shown = shown & (token[:, :s] - s >= token_reset[:, :s])
             entry = torch.where(shown[..., None], state[:, keep - s:].to(dtype), 0)
-            y.index_add_(1, token.reshape(-1), (entry * w[keep - s].to(dtype)).reshape(1, -1, width))
+            entry = (entry * w[keep - s].to(dtype)).reshape(1, -1, width)
+            y.index_add_(1, token[:, :s].reshape(-1), entry)
     if cu_seqlens is None:
         final = padded[:, -keep:].clone() if keep else state  # not a view of the whole
         if latest is not None:

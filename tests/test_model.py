@@ -1,5 +1,7 @@
 """samu.model: the small sequence model of the training study.  The recurrent mixers run the
 chunked reference here, named: tests/conftest.py sets TRITON_INTERPRET=1 on a CPU."""
+import itertools
+
 import pytest
 import torch
 
@@ -363,9 +365,10 @@ def test_the_packed_convolution_state_entries_stay_in_x_for_offsets_no_check_saw
     must not send the state entries' add outside y."""
     w, b, x = inputs(4, D, seed=3), inputs(D, seed=4), inputs(1, 6, D)
     state = inputs(2, 3, D, seed=5)
-    for cu in ([-2, 3, 6], [0, 7, 6]):
+    for cu, resets in itertools.product(([-2, 3, 6], [0, 7, 6]),
+                                        (None, torch.ones(1, 6, dtype=torch.bool))):
         y, _ = M.causal_conv1d(x, w, b, initial_state=state[:len(cu) - 1],
-                               cu_seqlens=torch.tensor(cu), resets=torch.ones(1, 6, dtype=torch.bool))
+                               cu_seqlens=torch.tensor(cu), resets=resets)
         assert y.shape == x.shape
 
 
