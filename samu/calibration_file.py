@@ -166,7 +166,9 @@ def choices(doc, path, registry: dict, check_settings: bool = True) -> dict:
     every entry against ``registry`` ({mixer: {name: Backend}}, every backend registered).
 
     A chosen backend must be a registered Triton backend of its mixer that the entry's own
-    ``backends`` list records as legal; null means "no calibrated choice" (the default runs).
+    ``backends`` list records as legal; null means "no calibrated choice" (calibration found
+    no legal backend there; dispatch takes the nearest shape's choice unless the entry records
+    it as not legal, else the default).
     With check_settings, its recorded launch settings must be its registered configuration's
     (off for a writer: recalibrating is how an entry of other settings is replaced, so such
     entries must not block it)."""
@@ -193,6 +195,14 @@ def choices(doc, path, registry: dict, check_settings: bool = True) -> dict:
             out[(mixer, shape)] = _checked_choice(entry, registry, f"{path}: shape {key}, "
                                                   f"mixer {_brief(mixer)}", mixer, check_settings)
     return out
+
+
+def not_legal(doc, path) -> dict:
+    """{(mixer, (B, L, D)): the backends the entry records as not legal} of a calibration
+    document that ``choices`` has checked."""
+    return {(mixer, parse_shape_key(key, path)):
+            frozenset(item["backend"] for item in entry["backends"] if item.get("legal") is not True)
+            for key, mixers in doc["shapes"].items() for mixer, entry in mixers.items()}
 
 
 def _checked_choice(entry, registry: dict, where: str, mixer: str, check_settings: bool):

@@ -145,7 +145,13 @@ def check_calibration(doc: dict, path, check_settings: bool = True) -> dict:
 
 
 def _load_choices(path: str) -> dict:
-    return check_calibration(calibration_file.read(path), path)
+    """check_calibration's choices, and beside them ("not legal", mixer, shape) keys: the
+    backends each entry records as not legal, which its shape never takes from a neighbour."""
+    doc = calibration_file.read(path)
+    choices = check_calibration(doc, path)
+    choices.update({("not legal", *key): names
+                    for key, names in calibration_file.not_legal(doc, path).items()})
+    return choices
 
 
 def forget_calibration() -> None:
@@ -157,9 +163,9 @@ def forget_calibration() -> None:
 def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str | None:
     """The calibrated backend for (mixer, shape) on GPU ``slug``, from ``calibration_source(slug)``:
     the entry for the shape, else (no entry, or one without a choice) the choice calibrated at
-    the nearest shape (``nearest_entry``),
-    so that an uncalibrated shape does not fall back to a default far slower than the best
-    (None: no file, or no entry chose a backend).  The directory is looked up and the file
+    the nearest shape (``nearest_entry``) among those the shape's own entry does not record as
+    illegal, so that an uncalibrated shape does not fall back to a default far slower than the
+    best (None: no file, or no such choice).  The directory is looked up and the file
     re-stat'ed at most every RECHECK_SECONDS; the file is re-read when its path or stat changed."""
     now = time.monotonic()
     cached = _CHOICES.get(slug)
@@ -173,7 +179,8 @@ def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str
         return choices[key]
     nearest = ("nearest", *key)  # memoised beside the file's own entries
     if nearest not in choices:
-        found = nearest_entry(choices, mixer, tuple(shape))
+        found = nearest_entry(choices, mixer, tuple(shape),
+                              refused=choices.get(("not legal", *key), ()))
         choices[nearest] = choices[(mixer, found)] if found else None
     return choices[nearest]
 
@@ -183,14 +190,14 @@ def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str
 WIDTH_DISTANCE_WEIGHT = 4.0
 
 
-def nearest_entry(choices: dict, mixer: str, shape) -> tuple[int, int, int] | None:
-    """The calibrated shape closest to ``shape`` among the mixer's entries that chose a backend:
-    distance |log(D / D')| * WIDTH_DISTANCE_WEIGHT + |log(B L / B' L')|; ties go to the larger
-    shape (the kernels' choice is stabler there)."""
+def nearest_entry(choices: dict, mixer: str, shape, refused=()) -> tuple[int, int, int] | None:
+    """The calibrated shape closest to ``shape`` among the mixer's entries that chose a backend
+    not in ``refused``: distance |log(D / D')| * WIDTH_DISTANCE_WEIGHT + |log(B L / B' L')|;
+    ties go to the larger shape (the kernels' choice is stabler there)."""
     batch, length, width = shape
     best, best_key = None, None
     for key, name in choices.items():
-        if len(key) != 2 or key[0] != mixer or name is None:
+        if len(key) != 2 or key[0] != mixer or name is None or name in refused:
             continue
         b, l, d = key[1]
         distance = (WIDTH_DISTANCE_WEIGHT * abs(math.log(width / d))

@@ -481,6 +481,34 @@ def test_an_uncalibrated_shape_takes_the_nearest_calibrated_choice(tmp_path, mon
         dispatch.set_calibration_dir(None)
 
 
+def test_a_shape_that_chose_nothing_never_takes_a_neighbour_choice_it_records_as_illegal(
+        tmp_path):
+    """An entry with chosen null (no backend legal there) takes the nearest shape's choice only
+    where its own entry does not record that backend as illegal, else the next nearest one's,
+    else none; at equal distance the larger shape's choice wins."""
+    c8, c16, c32 = (f"fused_controller_hierarchical_chunk{c}" for c in (8, 16, 32))
+
+    def entry(chosen, legal=(), illegal=()):
+        return {"ranking": list(legal), "chosen": chosen,
+                "backends": [{"backend": n, "legal": True} for n in legal]
+                + [{"backend": n, "legal": False} for n in illegal]}
+    doc = {"gpu": "test", "environment": {}, "shapes": {
+        "1x1024x2048": {"samu": entry(c16, legal=[c16])},
+        "1x4096x2048": {"samu": entry(c8, legal=[c8])},        # as near as 1x1024, larger
+        "1x2048x2048": {"samu": entry(None, illegal=[c8])},    # c8 illegal here
+        "1x2048x1024": {"samu": entry(None, illegal=[c8, c16])},
+        "1x2048x4096": {"samu": entry(None, illegal=[c32])}}}
+    (tmp_path / "test-gpu.json").write_text(json.dumps(doc))
+    dispatch.set_calibration_dir(tmp_path)
+    try:
+        assert dispatch.calibrated_choice("samu", (1, 2048, 2048), "test-gpu") == c16
+        assert dispatch.calibrated_choice("samu", (1, 2048, 1024), "test-gpu") is None
+        assert dispatch.calibrated_choice("samu", (1, 2048, 4096), "test-gpu") == c8  # the tie
+        assert dispatch.calibrated_choice("samu", (1, 2048, 8192), "test-gpu") == c8  # no entry
+    finally:
+        dispatch.set_calibration_dir(None)
+
+
 def test_a_file_naming_a_backend_that_no_longer_exists_is_refused_naming_it(tmp_path):
     """A file calibrated before a backend was removed is refused, not read around: its
     choices were ranked among backends that no longer run (recalibrate)."""
