@@ -104,6 +104,29 @@ def test_compiled_model_equals_eager(mixer, name):
         torch._dynamo.reset()
 
 
+def test_compiled_auto_takes_the_choice_of_one_long_row(monkeypatch):
+    """Under torch.compile auto resolves once, for (1, COMPILED_SHAPE_TOKENS, D) whatever the
+    batch and length, so that one graph serves every length."""
+    from samu import dispatch, functional
+    seen, resolve = [], dispatch.resolve
+
+    def spy(mixer, x, backend="auto"):
+        if backend == "auto":  # (the op's own checks resolve the name it was given)
+            seen.append((mixer, tuple(x.shape)))
+        return resolve(mixer, x, backend)
+
+    monkeypatch.setattr(dispatch, "resolve", spy)
+    module = _module("samu", "auto")
+    compiled = torch.compile(lambda x: module(x), fullgraph=True, backend="aot_eager",
+                             dynamic=True)
+    try:
+        for batch, length in ((2, 5), (3, 9)):
+            compiled(torch.randn(batch, length, 32, device=DEVICE))
+    finally:
+        torch._dynamo.reset()
+    assert seen and set(seen) == {("samu", (1, functional.COMPILED_SHAPE_TOKENS, 32))}
+
+
 # torch's own inductor code calls its deprecated torch.jit.script_method
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_compiled_with_inductor_equals_eager():

@@ -56,6 +56,21 @@ def test_module_forward_cpu_policy(mixer):
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in m.parameters())
 
 
+@pytest.mark.parametrize("mixer", sorted(samu.modules.MODULES))
+def test_triton_path_dtype_policy(mixer):
+    """The default Triton backend (the interpreter here) keeps section 2's dtypes: y and dx in
+    x's BF16, the final state and d initial state FP32, every parameter's gradient FP32."""
+    m = samu.modules.MODULES[mixer](32, backend=samu.backends.DEFAULTS[mixer])
+    x = torch.randn(2, 8, 32, dtype=torch.bfloat16, requires_grad=True)
+    h0 = torch.randn(2, 32, requires_grad=True)
+    y, state = m(x, initial_state=h0, output_final_state=True)
+    assert m.last_backend == samu.backends.DEFAULTS[mixer]
+    assert (y.dtype, state.dtype) == (torch.bfloat16, torch.float32)
+    (y.float().sum() + state.sum()).backward()
+    assert x.grad.dtype == torch.bfloat16 and h0.grad.dtype == torch.float32
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in m.parameters())
+
+
 def test_functional_equals_module():
     m = samu.SAMU(16, backend="reference_sequential")
     x = torch.randn(1, 5, 16)
