@@ -22,6 +22,7 @@ from ..shapes import Shape
 PUBLISHED_SHAPES = ["4x2048x2048", "1x8192x2560", "1x32768x1024", "1x32768x2048"]
 GPU_SHAPES = PUBLISHED_SHAPES + ["2x8192x3072", "1x16384x4096", "3x1000x1536"]
 CPU_SHAPES = ["1x16x16"]  # the interpreter takes ~10 s per RG-LRU forward+backward here
+CPU_LARGE_ELEMENTS = 2 ** 16  # beyond this a CPU run is warned that the interpreter is slow
 PER_SHAPE = ["01_correctness", "02_calibration", "03_timing"]
 
 
@@ -272,14 +273,19 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     import torch
     cuda = torch.cuda.is_available()
+    shapes = explicit or parse_shapes(GPU_SHAPES if cuda else CPU_SHAPES)
     if not cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        print("No CUDA device: running small shapes with Triton's interpreter. CPU timings "
-              "are no GPU result.", flush=True)
+        print(f"No CUDA device: running {' '.join(s.key for s in shapes)} with Triton's "
+              f"interpreter. CPU timings are no GPU result.", flush=True)
+        large = [s.key for s in shapes if s.elements > CPU_LARGE_ELEMENTS]
+        if large:
+            print(f"{' '.join(large)}: over {CPU_LARGE_ELEMENTS} elements: the interpreter runs "
+                  f"every program of every kernel in Python, so expect a long run (the CPU "
+                  f"default is {' '.join(CPU_SHAPES)}).", flush=True)
     from tqdm import tqdm
     from .. import dispatch, paths
 
-    shapes = explicit or parse_shapes(GPU_SHAPES if cuda else CPU_SHAPES)
     export_data_dir()
     slug = dispatch.gpu_slug()
     steps = [(k, shape, nb) for k, shape in enumerate(shapes) for nb in PER_SHAPE]

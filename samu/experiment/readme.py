@@ -273,13 +273,15 @@ def results_tables(data_dir=None) -> str:
 def other_gpu_tables(data_dir=None) -> str:
     """The speed table of every GPU with a results file besides the committed one
     (data/results/<gpu>.json), each under its own heading, with how many of `make reproduce`'s
-    default shapes it ran."""
+    default shapes it ran.  A CPU run's file (git ignores it) is no GPU's: it has no table."""
     data_dir = Path(data_dir) if data_dir is not None else paths.REPO_ROOT / "data"
     slugs = sorted(p.stem for p in (data_dir / "results").glob("*.json")
-                   if p.stem != report.COMMITTED_SLUG)
+                   if p.stem not in (report.COMMITTED_SLUG, report.CPU_SLUG))
     parts = []
     for slug in slugs:
         doc, df, _ = _results(data_dir, slug)
+        if report.is_cpu(doc["environment"], slug):
+            continue
         ran = {Shape.of(s).key for s in df["shape_tuple"]} & set(pipeline.GPU_SHAPES)
         figure = data_dir / "figures" / f"{slug}_floor_multiples.png"
         parts.append(f"### On the {doc['environment']['gpu']}\n\n"

@@ -149,6 +149,24 @@ def test_report_notebook_runs_in_write_mode_only_from_the_pipeline(tmp_path, mon
     assert os.environ["TRITON_DEFAULT_FP_FUSION"] == "1"
 
 
+def test_a_cpu_run_names_its_shapes_and_warns_of_large_ones(tmp_path, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # restored after: main sets it on a CPU
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    monkeypatch.setattr(pipeline, "run_notebook", lambda name, out_dir, p: None)
+    monkeypatch.setattr(pipeline, "print_summary", lambda slug: None)
+    assert pipeline.main([]) == 0
+    out = capsys.readouterr().out
+    assert f"No CUDA device: running {' '.join(pipeline.CPU_SHAPES)} with" in out
+    assert "expect a long run" not in out
+    assert pipeline.main(["--shapes", "1x16x16 4x2048x2048"]) == 0
+    out = capsys.readouterr().out
+    assert "running 1x16x16 4x2048x2048 with" in out
+    assert "\n4x2048x2048: over 65536 elements" in out and "expect a long run" in out
+
+
 @pytest.fixture(params=["this machine", "a GPU machine"])
 def machine(request, monkeypatch):
     """Run here, and on a simulated H200 machine (CUDA available, the device an H200) while the

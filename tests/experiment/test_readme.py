@@ -288,6 +288,13 @@ def test_other_gpus_get_a_table_each_and_none_without_their_results(tmp_path):
     committed = f"{readme.report.COMMITTED_SLUG}.json"
     shutil.copy(ROOT / "data" / "results" / committed, tmp_path / "results" / committed)
     assert readme.other_gpu_tables(tmp_path) == ""
+    # a CPU run of `make reproduce` (git ignores its file) is no other GPU
+    cpu_run = readme.schema.read_json(ROOT / "data" / "results" / committed)
+    cpu_run["environment"] = {**cpu_run["environment"], "gpu": "cpu", "device": "cpu"}
+    for name in (readme.report.CPU_SLUG, "renamed-cpu-run"):
+        (tmp_path / "results" / f"{name}.json").write_text(json.dumps(cpu_run))
+        assert readme.other_gpu_tables(tmp_path) == ""
+        (tmp_path / "results" / f"{name}.json").unlink()
     other = next(p for p in (ROOT / "data" / "results").glob("*.json") if p.name != committed)
     shutil.copy(other, tmp_path / "results" / other.name)
     rendered = readme.other_gpu_tables(tmp_path)
