@@ -237,12 +237,21 @@ def check_takes_resets(mixer: str, chosen) -> None:
 
 def check_shapes(mixer: str, spec, x, named: dict) -> None:
     """The parameters' types and shapes and x, by the mixer's spec.  Where x's width differs
-    from the one the spec reads from a parameter, the parameters are checked against each other
-    first, so that an error blames x only when they agree."""
+    from the one the spec reads from a parameter, that parameter is blamed if every other one
+    fits x's width; else the parameters are checked against each other at its width, so that an
+    error blames x only when they agree."""
     check_tensors(mixer, named)
     width = spec.width_of(named)
     if isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[-1] != width:
-        check_parameters_agree(mixer, spec, named, width, f"x has width {x.shape[-1]}")
+        try:
+            spec.check_shapes(named, x.shape[-1])
+        except ValueError:
+            check_parameters_agree(mixer, spec, named, width, f"x has width {x.shape[-1]}")
+        else:
+            fixing = spec.width_parameter_name()
+            raise ValueError(f"{mixer}: {fixing} {tuple(named[fixing].shape)} gives width "
+                             f"{width}, but x has width {x.shape[-1]}, which the other "
+                             f"parameters' shapes agree with")
     check_input(x, width, mixer,
                 lambda: ", ".join(f"{name} {tuple(p.shape)}" for name, p in named.items()))
     spec.check_shapes(named, width)
