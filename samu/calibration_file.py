@@ -235,6 +235,9 @@ def _checked_choice(entry, registry: dict, where: str, mixer: str, check_setting
             raise CalibrationFileError(f"{where}: backends[{i}] must be an object, got "
                                        f"{type(item).__name__}")
         registered(item.get("backend"), f"backends[{i}].backend")
+        if item["backend"] in legal:
+            raise CalibrationFileError(f"{where}: backends[{i}] records {item['backend']!r} "
+                                       "again: one record a backend")
         _check_finite(item, MEASUREMENTS, f"{where}, backends[{i}]")
         samples = item.get("forward_backward_ms")
         if samples is not None and not (isinstance(samples, list)

@@ -238,22 +238,11 @@ def check_takes_resets(mixer: str, chosen) -> None:
 def check_shapes(mixer: str, spec, x, named: dict) -> None:
     """The parameters' types and shapes and x, by the mixer's spec.  Where x's width differs
     from the one the spec reads from a parameter, the parameters are checked against each other
-    at that width first, so that an error blames x only when they agree; where they do not, and
-    the others fit x's width, the parameter that gave the width is blamed."""
+    first, so that an error blames x only when they agree."""
     check_tensors(mixer, named)
     width = spec.width_of(named)
     if isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[-1] != width:
-        try:
-            check_parameters_agree(mixer, spec, named, width, f"x has width {x.shape[-1]}")
-        except ValueError as disagree:
-            try:
-                spec.check_shapes(named, x.shape[-1])
-            except ValueError:
-                raise disagree from None
-            fixing = spec.width_parameter_name()
-            raise ValueError(f"{mixer}: {fixing} {tuple(named[fixing].shape)} gives width "
-                             f"{width}, but x has width {x.shape[-1]}, which the other "
-                             f"parameters' shapes agree with") from None
+        check_parameters_agree(mixer, spec, named, width, f"x has width {x.shape[-1]}")
     check_input(x, width, mixer,
                 lambda: ", ".join(f"{name} {tuple(p.shape)}" for name, p in named.items()))
     spec.check_shapes(named, width)

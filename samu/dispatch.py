@@ -146,7 +146,8 @@ def check_calibration(doc: dict, path, check_settings: bool = True) -> dict:
 
 def _load_choices(path: str) -> dict:
     """check_calibration's choices, and beside them ("not legal", mixer, shape) keys: the
-    backends each entry records as not legal, which its shape never takes from a neighbour."""
+    backends each entry records as not legal, which a shape whose nearest entry it is never
+    takes from a neighbour."""
     doc = calibration_file.read(path)
     choices = check_calibration(doc, path)
     choices.update({("not legal", *key): names
@@ -163,9 +164,10 @@ def forget_calibration() -> None:
 def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str | None:
     """The calibrated backend for (mixer, shape) on GPU ``slug``, from ``calibration_source(slug)``:
     the entry for the shape, else (no entry, or one without a choice) the choice calibrated at
-    the nearest shape (``nearest_entry``) among those the shape's own entry does not record as
-    illegal, so that an uncalibrated shape does not fall back to a default far slower than the
-    best (None: no file, or no such choice).  The directory is looked up and the file
+    the nearest shape (``nearest_entry``), so that an uncalibrated shape does not fall back to a
+    default far slower than the best; where the nearest entry of all (the shape's own, if the
+    file has it) chose nothing, no backend it records as not legal (None: no file, or no such
+    choice).  The directory is looked up and the file
     re-stat'ed at most every RECHECK_SECONDS; the file is re-read when its path or stat changed."""
     now = time.monotonic()
     cached = _CHOICES.get(slug)
@@ -179,8 +181,9 @@ def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str
         return choices[key]
     nearest = ("nearest", *key)  # memoised beside the file's own entries
     if nearest not in choices:
-        found = nearest_entry(choices, mixer, tuple(shape),
-                              refused=choices.get(("not legal", *key), ()))
+        anchor = nearest_entry(choices, mixer, tuple(shape), chosen_only=False)
+        refused = choices.get(("not legal", mixer, anchor), ()) if anchor else ()
+        found = nearest_entry(choices, mixer, tuple(shape), refused=refused)
         choices[nearest] = choices[(mixer, found)] if found else None
     return choices[nearest]
 
@@ -190,14 +193,16 @@ def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str
 WIDTH_DISTANCE_WEIGHT = 4.0
 
 
-def nearest_entry(choices: dict, mixer: str, shape, refused=()) -> tuple[int, int, int] | None:
+def nearest_entry(choices: dict, mixer: str, shape, refused=(),
+                  chosen_only: bool = True) -> tuple[int, int, int] | None:
     """The calibrated shape closest to ``shape`` among the mixer's entries that chose a backend
-    not in ``refused``: distance |log(D / D')| * WIDTH_DISTANCE_WEIGHT + |log(B L / B' L')|;
-    ties go to the larger shape (the kernels' choice is stabler there)."""
+    not in ``refused`` (``chosen_only`` false: among all its entries): distance
+    |log(D / D')| * WIDTH_DISTANCE_WEIGHT + |log(B L / B' L')|; ties go to the larger shape (the
+    kernels' choice is stabler there)."""
     batch, length, width = shape
     best, best_key = None, None
     for key, name in choices.items():
-        if len(key) != 2 or key[0] != mixer or name is None or name in refused:
+        if len(key) != 2 or key[0] != mixer or (chosen_only and name is None) or name in refused:
             continue
         b, l, d = key[1]
         distance = (WIDTH_DISTANCE_WEIGHT * abs(math.log(width / d))

@@ -485,7 +485,8 @@ def test_a_shape_that_chose_nothing_never_takes_a_neighbour_choice_it_records_as
         tmp_path):
     """An entry with chosen null (no backend legal there) takes the nearest shape's choice only
     where its own entry does not record that backend as illegal, else the next nearest one's,
-    else none; at equal distance the larger shape's choice wins."""
+    else none, and so does a shape whose nearest entry it is; at equal distance the larger
+    shape's choice wins."""
     c8, c16, c32 = (f"fused_controller_hierarchical_chunk{c}" for c in (8, 16, 32))
 
     def entry(chosen, legal=(), illegal=()):
@@ -502,9 +503,28 @@ def test_a_shape_that_chose_nothing_never_takes_a_neighbour_choice_it_records_as
     dispatch.set_calibration_dir(tmp_path)
     try:
         assert dispatch.calibrated_choice("samu", (1, 2048, 2048), "test-gpu") == c16
+        for nearby in ((2, 1024, 2048), (1, 2049, 2048), (1, 1900, 2048)):
+            assert dispatch.calibrated_choice("samu", nearby, "test-gpu") == c16
+        assert dispatch.calibrated_choice("samu", (1, 3500, 2048), "test-gpu") == c8
         assert dispatch.calibrated_choice("samu", (1, 2048, 1024), "test-gpu") is None
         assert dispatch.calibrated_choice("samu", (1, 2048, 4096), "test-gpu") == c8  # the tie
         assert dispatch.calibrated_choice("samu", (1, 2048, 8192), "test-gpu") == c8  # no entry
+    finally:
+        dispatch.set_calibration_dir(None)
+
+
+def test_a_backend_recorded_twice_in_an_entry_is_refused(tmp_path):
+    c16 = "fused_controller_hierarchical_chunk16"
+    doc = {"gpu": "test", "environment": {}, "shapes": {"1x2048x2048": {"samu": {
+        "ranking": [c16], "chosen": c16,
+        "backends": [{"backend": c16, "legal": False}, {"backend": c16, "legal": True}]}}}}
+    (tmp_path / "test-gpu.json").write_text(json.dumps(doc))
+    dispatch.set_calibration_dir(tmp_path)
+    try:
+        with pytest.raises(dispatch.CalibrationFileError,
+                           match=f"1x2048x2048, mixer samu: backends\\[1\\] records '{c16}' "
+                                 "again"):
+            dispatch.calibrated_choice("samu", (1, 2048, 2048), "test-gpu")
     finally:
         dispatch.set_calibration_dir(None)
 

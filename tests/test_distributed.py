@@ -172,8 +172,8 @@ def test_a_bad_parameter_on_a_kernel_rank_raises_on_every_rank(three_ranks):
         got = r["bad_parameter"]
         assert got is not None, f"rank {rank} raised nothing"
         kind, message = got
-        assert kind == "ValueError" and "rank 1: ValueError: samu: ctrl_weight (2, 8) gives " \
-            "width 8, but x has width 16, which the other parameters' shapes agree with" \
+        assert kind == "ValueError" and "rank 1: ValueError: samu: a_param must have shape " \
+            "[8], got [16] (at the width 8 that ctrl_weight (2, 8) gives; x has width 16)" \
             in message, (rank, got)
 
 

@@ -136,6 +136,7 @@ def test_make_lab_serves_the_repository_root_and_passes_lab_args():
 
 def test_report_notebook_runs_in_write_mode_only_from_the_pipeline(tmp_path, monkeypatch,
                                                                      capsys):
+    monkeypatch.setenv("SAMU_DATA_DIR", str(tmp_path))  # main exports the data folder
     monkeypatch.setattr(paths, "DATA", tmp_path)
     calls = []
     monkeypatch.setattr(pipeline, "run_notebook", lambda name, out_dir, p: calls.append((name, p)))
@@ -154,6 +155,7 @@ def test_a_cpu_run_names_its_shapes_and_warns_of_large_ones(tmp_path, monkeypatc
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # restored after: main sets it on a CPU
+    monkeypatch.setenv("SAMU_DATA_DIR", str(tmp_path))  # and exports the data folder
     monkeypatch.setattr(paths, "DATA", tmp_path)
     monkeypatch.setattr(pipeline, "run_notebook", lambda name, out_dir, p: None)
     monkeypatch.setattr(pipeline, "print_summary", lambda slug: None)
