@@ -167,8 +167,8 @@ def choices(doc, path, registry: dict, check_settings: bool = True) -> dict:
 
     A chosen backend must be a registered Triton backend of its mixer that the entry's own
     ``backends`` list records as legal; null means "no calibrated choice" (calibration found
-    no legal backend there; dispatch takes the nearest shape's choice unless the entry records
-    it as not legal, else the default).
+    no legal backend there; dispatch takes the nearest choice that the entry does not record as
+    not legal, else the default).
     With check_settings, its recorded launch settings must be its registered configuration's
     (off for a writer: recalibrating is how an entry of other settings is replaced, so such
     entries must not block it)."""

@@ -167,8 +167,8 @@ def calibrated_choice(mixer: str, shape: tuple[int, int, int], slug: str) -> str
     the nearest shape (``nearest_entry``), so that an uncalibrated shape does not fall back to a
     default far slower than the best; where the nearest entry of all (the shape's own, if the
     file has it) chose nothing, no backend it records as not legal (None: no file, or no such
-    choice).  The directory is looked up and the file
-    re-stat'ed at most every RECHECK_SECONDS; the file is re-read when its path or stat changed."""
+    choice).  The directory is looked up and the file re-stat'ed at most every
+    RECHECK_SECONDS; the file is re-read when its path or stat changed."""
     now = time.monotonic()
     cached = _CHOICES.get(slug)
     if cached is None or now - cached[0] > RECHECK_SECONDS:
