@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import samu
-from samu import backends, calibration_file, dispatch, paths
+from samu import calibration_file, dispatch, paths
+from samu.shapes import Shape
 
 SLUG = "test-gpu"
 CHUNK8, CHUNK16 = "fused_controller_hierarchical_chunk8", "fused_controller_hierarchical_chunk16"
@@ -513,20 +514,25 @@ def test_a_shape_that_chose_nothing_never_takes_a_neighbour_choice_it_records_as
         dispatch.set_calibration_dir(None)
 
 
-def test_a_backend_recorded_twice_in_an_entry_is_refused(tmp_path):
-    c16 = "fused_controller_hierarchical_chunk16"
-    doc = {"gpu": "test", "environment": {}, "shapes": {"1x2048x2048": {"samu": {
-        "ranking": [c16], "chosen": c16,
-        "backends": [{"backend": c16, "legal": False}, {"backend": c16, "legal": True}]}}}}
+def _refused_entry(tmp_path, shape_key: str, mixer: str, entry: dict, words: str) -> None:
+    """A file holding ``entry`` alone is refused at its own shape with ``words``."""
+    doc = {"gpu": "test", "environment": {}, "shapes": {shape_key: {mixer: entry}}}
     (tmp_path / "test-gpu.json").write_text(json.dumps(doc))
     dispatch.set_calibration_dir(tmp_path)
     try:
         with pytest.raises(dispatch.CalibrationFileError,
-                           match=f"1x2048x2048, mixer samu: backends\\[1\\] records '{c16}' "
-                                 "again"):
-            dispatch.calibrated_choice("samu", (1, 2048, 2048), "test-gpu")
+                           match=f"{shape_key}, mixer {mixer}: {words}"):
+            dispatch.calibrated_choice(mixer, Shape.parse(shape_key), "test-gpu")
     finally:
         dispatch.set_calibration_dir(None)
+
+
+def test_a_backend_recorded_twice_in_an_entry_is_refused(tmp_path):
+    c16 = "fused_controller_hierarchical_chunk16"
+    _refused_entry(tmp_path, "1x2048x2048", "samu", {
+        "ranking": [c16], "chosen": c16,
+        "backends": [{"backend": c16, "legal": False}, {"backend": c16, "legal": True}]},
+        f"backends\\[1\\] records '{c16}' again")
 
 
 def test_a_file_naming_a_backend_that_no_longer_exists_is_refused_naming_it(tmp_path):
@@ -534,15 +540,7 @@ def test_a_file_naming_a_backend_that_no_longer_exists_is_refused_naming_it(tmp_
     choices were ranked among backends that no longer run (recalibrate)."""
     gemm8 = "gemm_fused_hierarchical_chunk8"
     gone = "fused_gates_hierarchical_chunk16"
-    doc = {"gpu": "test", "environment": {}, "shapes": {"1x4096x2560": {"rglru": {
+    _refused_entry(tmp_path, "1x4096x2560", "rglru", {
         "ranking": [gone, gemm8], "chosen": gone,
-        "backends": [{"backend": gone, "legal": True}, {"backend": gemm8, "legal": True}]}}}}
-    (tmp_path / "test-gpu.json").write_text(json.dumps(doc))
-    dispatch.set_calibration_dir(tmp_path)
-    try:
-        with pytest.raises(dispatch.CalibrationFileError,
-                           match=f"1x4096x2560, mixer rglru: ranking name '{gone}' is not a "
-                                 "registered backend"):
-            dispatch.calibrated_choice("rglru", (1, 4096, 2560), "test-gpu")
-    finally:
-        dispatch.set_calibration_dir(None)
+        "backends": [{"backend": gone, "legal": True}, {"backend": gemm8, "legal": True}]},
+        f"ranking name '{gone}' is not a registered backend")
