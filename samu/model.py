@@ -346,8 +346,9 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
         # [N, keep], each index inside x whatever the offsets (unchecked in a CUDA-graph capture).
         first = torch.arange(keep, device=x.device)
         token = offsets[:-1, None] + first
-        inside = (first < (offsets[1:] - offsets[:-1])[:, None]) & (token >= 0) & (token < length)
-        token = torch.where(inside, token, 0)
+        in_sequence = ((first < (offsets[1:] - offsets[:-1])[:, None]) & (token >= 0)
+                       & (token < length))
+        token = torch.where(in_sequence, token, 0)
         token_reset = None if latest is None else latest[0, token]
     dtype = torch.promote_types(x.dtype, torch.float32)
     y = torch.addcmul(b.to(dtype), x, w[keep].to(dtype))  # in FP32 at least, as promoted
@@ -361,7 +362,7 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
             tap = torch.where(hidden[..., None], 0.0, tap)
         y = torch.addcmul(y, tap, w[keep - s].to(dtype))
         if cu_seqlens is not None and initial_state is not None:
-            shown = inside[:, :s]
+            shown = in_sequence[:, :s]
             if latest is not None:  # no reset between the sequence's start and the token
                 shown = shown & (token[:, :s] - s >= token_reset[:, :s])
             entry = torch.where(shown[..., None], state[:, keep - s:].to(dtype), 0)
@@ -371,8 +372,7 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
         final = padded[:, -keep:].clone() if keep else state  # not a view of the whole
         if latest is not None:
             held = length - keep + torch.arange(keep, device=x.device)  # each entry's token
-            final = torch.where((held < latest[:, -1:])[..., None], torch.zeros_like(final),
-                                final)
+            final = torch.where((held < latest[:, -1:])[..., None], 0.0, final)
     else:
         starts, lengths = offsets[:-1], offsets[1:] - offsets[:-1]
         p = lengths[:, None] - keep + torch.arange(keep, device=x.device)  # [N, K - 1]
@@ -385,8 +385,7 @@ def causal_conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, initial_sta
         if latest is not None:
             last_reset = latest[0, (offsets[1:] - 1).clamp(0, last)]  # [N], at its last token
             held = starts[:, None] + p  # each entry's token
-            final = torch.where((held < last_reset[:, None])[..., None],
-                                torch.zeros_like(final), final)
+            final = torch.where((held < last_reset[:, None])[..., None], 0.0, final)
     return y.to(x.dtype), final
 
 
