@@ -13,7 +13,9 @@ compare them with what this process computes over the whole sequence.
 """
 from __future__ import annotations
 
+import fcntl
 import math
+import os
 import socket
 import time
 
@@ -60,28 +62,43 @@ def run_group(entry, world: int, out_dir, parent_work=None, deadline_s=DEADLINE_
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(world)], mine
 
 
+def once_per_run(tmp_path_factory, name: str, run):
+    """``run(out_dir)``'s result, computed once for the whole pytest run: pytest-xdist's workers
+    each set up a module-scoped fixture they draw a test of, so the first one here runs the group
+    under a file lock and saves what it returns; the others wait on the lock and load it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return run(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent / f"{name}.pt"  # every worker's basetemp's
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if shared.is_file():
+            return torch.load(shared)
+        result = run(tmp_path_factory.mktemp(name))
+        torch.save(result, shared)
+        return result
+
+
 def references(cases, slices, layouts):
     return {workers.case_name(c): workers.full_sequence(c, slices, layouts) for c in cases}
 
 
 @pytest.fixture(scope="module")
 def three_ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("three_ranks")
-    return run_group(workers.three_ranks, 3, out,
-                     lambda: references(workers.THREE_CASES + workers.SECOND_BACKWARD_CASES,
-                                        workers.THREE_SLICES, workers.THREE_LAYOUTS))
+    return once_per_run(tmp_path_factory, "three_ranks", lambda out: run_group(
+        workers.three_ranks, 3, out,
+        lambda: references(workers.THREE_CASES + workers.SECOND_BACKWARD_CASES,
+                           workers.THREE_SLICES, workers.THREE_LAYOUTS)))
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("two_ranks")
-
     def parent_work():
         refs = references(workers.TWO_CASES, workers.TWO_SLICES, workers.TWO_LAYOUTS)
         for mixer in ("samu", "rglru"):
             refs[f"train-{mixer}"] = workers.train(mixer, None)
         return refs
-    return run_group(workers.two_ranks, 2, out, parent_work)
+    return once_per_run(tmp_path_factory, "two_ranks",
+                        lambda out: run_group(workers.two_ranks, 2, out, parent_work))
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -403,9 +420,8 @@ def mismatched_ranks(tmp_path_factory):
     """Two ranks whose group times out in seconds, under a deadline a little longer: a rank
     left waiting, or a collective paired with another call's, fails these tests instead of
     hanging the suite."""
-    out = tmp_path_factory.mktemp("mismatched_ranks")
-    ranks, _ = run_group(workers.mismatched_ranks, 2, out,
-                         deadline_s=4 * workers.MISMATCH_TIMEOUT_SECONDS + 60)
+    ranks, _ = once_per_run(tmp_path_factory, "mismatched_ranks", lambda out: run_group(
+        workers.mismatched_ranks, 2, out, deadline_s=4 * workers.MISMATCH_TIMEOUT_SECONDS + 60))
     return ranks
 
 
