@@ -10,16 +10,19 @@ minute on one core: they exercise every step and are no result).
   than attention's, for quality against training time.
 
 Each GPU study runs in ``parts``: ``make train CONFIG=<name> PART=k`` (k = 1 .. parts) runs the
-k-th, each estimated (``budget.estimate`` from the committed H200 step times) to take under
-8.5 minutes of device time, so that one fits a 10-minute device command; a part stopped short
-is run again with the same command and trains only what it had not finished (FinishedRuns).
+k-th, each estimated (``budget.estimate`` from the committed H200 step times, every run taking
+all its steps) to take under 8.5 minutes of device time, so that one fits a 10-minute device
+command, or, where one run's steps are many (the recall curves), each run does; a part stopped
+short is run again with the same command and trains only what it had not finished
+(FinishedRuns).
 The part that finds every part's file merges them.  The estimates (``python -m
 samu.experiment.training --estimate --config <name>`` prints them; with ``--measure`` on the GPU
 it first times each configuration's step alone beside them), at the commit that set these values
 (``tests/experiment/test_training_tables.py`` recomputes them):
 
 - ``recall``: 96 runs (no widening; one refinement round, at most two rates a group),
-  about 1894 s in all, 6 parts of about 439 s (one mixer at two widths each: 189-439 s);
+  about 7137 s in all, 12 parts of about 1256 s (one mixer at one width each: 207-1256 s, the
+  parts at widths 256 and 512 two or three commands each; early stops cut them short);
 - ``scale``: 36 runs (with no widening), about 1613 s in all, 6 parts of about 497 s (one
   (task, mixer) sweep each: the LM's three parts about 87-105 s, so that one command can run
   them in turn, MQAR's 410-497 s); per step (wall, alone): attention 26.5 ms, RG-LRU 22.5 ms,
@@ -33,18 +36,24 @@ runs of sweeping every point, which the budget does not allow at these steps), t
 (``lr_refine``: the geometric midpoints between the best rate and the neighbours it beats, as
 the grid's factor of 4.6 between rates is coarse beside a mixer's peak: on the H100 at 4000
 steps SAMU at width 256 reached 0.69 at 2.15e-3 and 0.26 and 0.25 at the rates either side;
-data/training/nvidia-h100-80gb-hbm3.recall.json).  Steps: 4000 of
-batch 256, an early stop once a logging window's mean training loss is 0.02 nats or less (the
-point solved).  At batch 64 (data/training/nvidia-h100-80gb-hbm3.recall.json as committed in
-3563b7f) most points were still learning after 4000 steps: RG-LRU at width 512 ended at 0.889
-with 4 pairs, attention at widths 128-512 at 0.48-0.84 with 8 and 16 pairs.  A step there took
-a fixed 1.7-2.0 ms plus a time per element (``budget.fit_step_models`` on that document), so
-four times the sequences a step were estimated at about twice the time (measured on the H100:
-2.2-3.7 times, median 3.2): 1,024,000 sequences a run, four
-times batch 64's, where Zoology's 64 epochs of 100k examples are 6.4 million.  So every point
-still records whether its run was still learning when it stopped (``loop.still_learning``),
-and the figure marks it.  The bar: accuracy 0.9.  Each part sweeps the grid's first point, the
-bar's, before the others, so that its progress log shows the bar's runs first.
+data/training/nvidia-h100-80gb-hbm3.recall.json).  Steps: up to 16000 of batch 256, an early
+stop once a logging window's mean training loss is 0.02 nats or less (the point solved), and a
+"wsd" schedule whose decay (a fifth of the run it makes) a plateau of the loss starts from step
+4000 on, so that a run that stops learning ends early.  At 4000 steps (the curves of c4d2de2) SAMU
+at width 512 with 4 pairs ended at 0.57, still learning, below its bar; with this schedule on an
+H100 it reached 0.970 in 16000 steps at 2.15e-3 (at 4.64e-3 its loss plateaued at 2.4 and the
+run ended at step 5000, 0.239), and RG-LRU at 1e-2 0.993, stopped as solved at step 15450
+(docs/sweeps/2026-12-07_0e5f219_gpu_h100_recall_probe_and_cuda_stops/).  At batch 64
+(data/training/nvidia-h100-80gb-hbm3.recall.json as committed in 3563b7f) most points were
+still learning after 4000 steps: RG-LRU at width 512 ended at 0.889 with 4 pairs, attention at
+widths 128-512 at 0.48-0.84 with 8 and 16 pairs.  A step there took a fixed 1.7-2.0 ms plus a
+time per element (``budget.fit_step_models`` on that document), so four times the sequences a
+step were estimated at about twice the time (measured on the H100: 2.2-3.7 times, median 3.2).
+A run's 16000 steps are 4,096,000 sequences, where Zoology's 64 epochs of 100k examples are 6.4
+million.  So every point still records whether its run was still learning when it stopped
+(``loop.still_learning``, on the loss before a decay), and the figure marks it.  The bar:
+accuracy 0.9.  Each part sweeps the grid's first point, the bar's, before the others, so that
+its progress log shows the bar's runs first.
 
 The scale study: L = 8192, width 512, 2 layers, batch 8 (65,536 tokens a step), the character LM
 (600 steps a run, 39M tokens) and MQAR (3000 steps, 197M tokens) at that length, the same tokens
@@ -167,8 +176,9 @@ RECALL_GPU = dict(
     processes=1,
     cuda_graph=True,
     recall_curves={"points": [[64, 4], [128, 8], [256, 16]], "widths": [64, 128, 256, 512],
-                   "vocab_size": 8192, "steps": 4000, "batch_size": 256, "bar": 0.9,
+                   "vocab_size": 8192, "steps": 16000, "batch_size": 256, "bar": 0.9,
                    "attention_from_width": 128, "stop_loss": 0.02,
+                   "schedule": "wsd", "plateau_from": 4000,
                    "lr_search": "first_point", "lr_refine": 1},
 )
 RECALL_CPU = dict(
@@ -272,7 +282,7 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
         "pairs at every width of at least 128, each other mixer at the widest width); a mixer "
         "below its bar is drawn dashed and not compared, and no mixer is drawn when attention "
         "is below its own.",
-        RECALL_GPU, RECALL_CPU, parts=6),
+        RECALL_GPU, RECALL_CPU, parts=12),
     Configuration(
         "scale", "At a scale where a recurrent step is cheaper",
         "L = 8192, width 512 on a GPU, the same tokens for every mixer: the character LM and "
