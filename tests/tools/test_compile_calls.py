@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from samu import paths
+from samu import backends, paths
 
 TOOL = paths.REPO_ROOT / "tools" / "compile_calls.py"
 
@@ -18,17 +18,19 @@ def _env(tmp_path):
     return {**env, "TRITON_CACHE_DIR": str(tmp_path / "triton-cache")}
 
 
-def test_single_pass_calls_compile_at_one_token_and_one_chunk(tmp_path):
+# One mixer a test, so that pytest-xdist compiles the mixers' kernels in parallel.
+@pytest.mark.parametrize("mixer", list(backends.REGISTRY))
+def test_single_pass_calls_compile_at_one_token_and_one_chunk(tmp_path, mixer):
     env = _env(tmp_path)
-    done = subprocess.run([sys.executable, str(TOOL), "--backends=singlepass", "1x1x32",
+    done = subprocess.run([sys.executable, str(TOOL), mixer, "--backends=singlepass", "1x1x32",
                            "2x5x48"], capture_output=True, text=True, env=env, timeout=600,
                           cwd=paths.REPO_ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.startswith("Triton ") and "132 SMs" in done.stdout.splitlines()[0]
     lines = [line for line in done.stdout.splitlines() if ": compiled " in line]
-    # each single-pass backend at 1x1x32 plain and stateful, at 2x5x48 plain
-    from samu import backends
-    names = [n for m in backends.REGISTRY for n in backends.available(m) if "singlepass" in n]
+    # each of the mixer's single-pass backends at 1x1x32 plain and stateful, at 2x5x48 plain
+    names = [n for n in backends.available(mixer) if "singlepass" in n]
+    assert all(line.startswith(f"{mixer} ") for line in lines)
     assert len(lines) == 3 * len(names) >= 3
     assert all(int(line.split(": compiled ")[1].split()[0]) >= 3 for line in lines)
     assert sum("with state, packing and resets" in line for line in lines) == len(names)
