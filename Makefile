@@ -48,10 +48,11 @@ reproduce: $(SETUP)
 # Executed notebook: data/runs/<gpu>/[<config>/][part-k-of-n/]05_training.ipynb; results:
 # data/training/<gpu>[.<config>].json; figures: data/figures/<gpu>_training_[<config>_]*.png.
 # PART=k runs the k-th of the configuration's parts (small 3, recall 12, scale 6: each under ten
-# minutes on an H200, or each run where a part's runs are long: recall's), writing data/training/<gpu>[.<config>].part-k-of-n.json; the part that
-# finds every part's file merges them (parts written on other machines: python -m
-# samu.experiment.training --config <config> --merge <gpu>).  A part stopped short goes on where
-# it stopped when run again; a part whose file is written is not trained again.
+# minutes on an H200, or each run under ten where the runs are long: recall's), writing
+# data/training/<gpu>[.<config>].part-k-of-n.json; the part that finds every part's file merges
+# them (parts written on other machines: python -m samu.experiment.training --config <config>
+# --merge <gpu>).  A part stopped short goes on where it stopped when run again; a part whose
+# file is written is not trained again.
 train: $(SETUP)
 	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.training $(if $(CONFIG),--config $(CONFIG)) $(if $(PART),--part $(PART))
 
