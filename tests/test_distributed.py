@@ -65,16 +65,26 @@ def run_group(entry, world: int, out_dir, parent_work=None, deadline_s=DEADLINE_
 def once_per_run(tmp_path_factory, name: str, run):
     """``run(out_dir)``'s result, computed once for the whole pytest run: pytest-xdist's workers
     each set up a module-scoped fixture they draw a test of, so the first one here runs the group
-    under a file lock and saves what it returns; the others wait on the lock and load it."""
+    under a file lock and saves what it returns, or why it failed; the others wait on the lock
+    and load the result, or fail with the first one's reason rather than run the group again."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return run(tmp_path_factory.mktemp(name))
-    shared = tmp_path_factory.getbasetemp().parent / f"{name}.pt"  # every worker's basetemp's
-    with open(f"{shared}.lock", "w") as lock:
+    # every worker's basetemp's parent, named by this run's id (the same in every worker)
+    shared = (tmp_path_factory.getbasetemp().parent
+              / f"{name}-{os.environ['PYTEST_XDIST_TESTRUNUID']}")
+    result_file, failure_file = shared.with_suffix(".pt"), shared.with_suffix(".failed")
+    with open(shared.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if shared.is_file():
-            return torch.load(shared)
-        result = run(tmp_path_factory.mktemp(name))
-        torch.save(result, shared)
+        if result_file.is_file():
+            return torch.load(result_file)
+        if failure_file.is_file():
+            pytest.fail(f"another worker's run of {name} failed:\n{failure_file.read_text()}")
+        try:
+            result = run(tmp_path_factory.mktemp(name))
+        except BaseException as exc:
+            failure_file.write_text(f"{type(exc).__name__}: {exc}")
+            raise
+        torch.save(result, result_file)
         return result
 
 

@@ -350,7 +350,7 @@ def quoted(name: str) -> dict:
 
 
 @pytest.mark.parametrize("name, part_fits_a_command", [("recall", False), ("scale", True)])
-def test_each_gpu_part_fits_a_ten_minute_command_and_the_docstring_says_so(
+def test_each_gpu_run_or_part_fits_a_ten_minute_command_and_the_docstring_says_so(
         name, part_fits_a_command, committed):
     config = T.configuration(name)
     study = T.check_parameters(config.parameters("gpu"))
@@ -365,7 +365,8 @@ def test_each_gpu_part_fits_a_ten_minute_command_and_the_docstring_says_so(
                    else study.train[key[0]].steps) for key in whole["step_ms"]}
     longest_run = max(ms * steps[key] / 1e3 for key, ms in whole["step_ms"].items())
     assert longest_run + whole["per_run_overhead_s"] < 510
-    assert (max(p["seconds"] for p in parts) < 510) == part_fits_a_command
+    if part_fits_a_command:
+        assert max(p["seconds"] for p in parts) < 510
     said = quoted(name)
     assert said["runs"] == whole["runs"] and said["parts"] == config.parts
     assert said["seconds"] == pytest.approx(whole["seconds"], rel=0.05)

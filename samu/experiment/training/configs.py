@@ -22,7 +22,8 @@ it first times each configuration's step alone beside them), at the commit that 
 
 - ``recall``: 96 runs (no widening; one refinement round, at most two rates a group),
   about 7137 s in all, 12 parts of about 1256 s (one mixer at one width each: 207-1256 s, the
-  parts at widths 256 and 512 two or three commands each; early stops cut them short);
+  recurrent mixers' parts at width 256 and every part at 512 two or three commands each; early
+  stops cut them short);
 - ``scale``: 36 runs (with no widening), about 1613 s in all, 6 parts of about 497 s (one
   (task, mixer) sweep each: the LM's three parts about 87-105 s, so that one command can run
   them in turn, MQAR's 410-497 s); per step (wall, alone): attention 26.5 ms, RG-LRU 22.5 ms,
