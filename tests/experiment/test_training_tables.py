@@ -419,6 +419,42 @@ def test_a_run_stops_early_once_solved():
     assert not record["stopped_by_time"]
 
 
+def test_each_task_takes_its_own_schedule():
+    """A study's "schedule" and "plateau_from" by task reach that task's runs (and its
+    description, which names a part's file) and no other's; a plateau with another schedule, a
+    schedule that is none, and a dict that misses a task are refused, naming the task."""
+    tasks = {"mqar": {"lengths": [16], "num_pairs": 2, "vocab_size": 8}, "lm": {"lengths": [16]}}
+    study = T.check_parameters({**ECHO_STUDY, "tasks": tasks, "steps": {"mqar": 200, "lm": 30},
+                                "log_every": 2, "schedule": {"mqar": "wsd", "lm": "cosine"},
+                                "plateau_from": {"mqar": 40, "lm": None}})
+    assert (study.train["mqar"].schedule, study.train["mqar"].plateau_from) == ("wsd", 40)
+    assert (study.train["lm"].schedule, study.train["lm"].plateau_from) == ("cosine", None)
+    described = study.describe()["train"]
+    assert described["mqar"]["plateau_from"] == 40 and described["lm"]["schedule"] == "cosine"
+    task = study.task_list("mqar")[0]
+    record = T.run_job(study.job("mqar", task, "attention", 1e-9, 0,
+                                 study.train_config("mqar", 1e-9)), "cpu")
+    assert record["decay_from"] == 40 and record["steps_completed"] == 50  # flat: it decays
+    one = T.check_parameters({**ECHO_STUDY, "tasks": tasks, "schedule": "wsd",
+                              "plateau_from": 10})
+    assert all((c.schedule, c.plateau_from) == ("wsd", 10) for c in one.train.values())
+    default = T.check_parameters({**ECHO_STUDY, "tasks": tasks}).train
+    assert all((c.schedule, c.plateau_from) == ("cosine", None) for c in default.values())
+    for bad, words in [
+            ({"schedule": {"mqar": "cosine", "lm": "cosine"}, "plateau_from": {"mqar": 40,
+                                                                             "lm": None}},
+             "with the schedule 'cosine' of task 'mqar' it must be None"),
+            ({"plateau_from": 40}, "with the schedule 'cosine' of task 'mqar'"),
+            ({"schedule": {"mqar": "wsd", "lm": "linear"}},
+             "schedule['lm'] must be one of ['cosine', 'constant', 'wsd'], got 'linear'"),
+            ({"schedule": {"mqar": "wsd"}}, "schedule has no value for the tasks ['lm']"),
+            ({"schedule": "wsd", "plateau_from": {"mqar": -1, "lm": None}},
+             "plateau_from['mqar'] must be an integer >= 0, or None, got -1")]:
+        with pytest.raises(T.ParameterError) as caught:
+            T.check_parameters({**ECHO_STUDY, "tasks": tasks, **bad})
+        assert words in str(caught.value), caught.value
+
+
 def test_a_wsd_run_whose_loss_stops_falling_decays_and_ends_there():
     """At a rate too small to learn, the loss is flat: from plateau_from on the first logging
     point finds it, the decay starts there and the run ends a fifth of its length later; without

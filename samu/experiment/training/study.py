@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ... import model as model_
 from .curves import check_rates, check_recall_curves, points_in_order
-from .loop import TrainConfig
+from .loop import SCHEDULES, TrainConfig
 from .parameters import (COUNT, LEARNING_RATE, OFFSET, SECONDS, ParameterError, Range,
                          check_list)
 from .pool import RunPool, check_devices
@@ -21,7 +21,8 @@ from .tasks import MQAR, make_task, task_spec
 
 # The numeric parameters of a study (notebook 05's, so `make train`'s), and what each may be.
 # "seeds" is a list of them, "tasks" maps a task to its "lengths" (a list of COUNT) and options
-# (its TaskSpec's); "steps" and "batch_size" are one value or a dict by task; "lr" one rate, a
+# (its TaskSpec's); "steps", "batch_size", "schedule" (loop.SCHEDULES) and "plateau_from" (a
+# "wsd" schedule's: TrainConfig.plateau_from) are one value or a dict by task; "lr" one rate, a
 # list (the sweep), or a dict of either by mixer.
 PARAMETER_RANGES = {
     "seeds": OFFSET,
@@ -43,8 +44,9 @@ PARAMETER_RANGES = {
     "recall_curves": COUNT,  # None, or a dict that curves.check_recall_curves checks
     "speed_steps": COUNT,  # steps timed alone per configuration (measure_speed)
     "processes": COUNT,  # runs at once on each device (RunPool)
+    "plateau_from": Range(integer=True, low=0, optional=True),
 }
-PER_TASK = ("steps", "batch_size")
+PER_TASK = ("steps", "batch_size", "schedule", "plateau_from")
 CHECKED_BY_THE_STUDY = ("time_budget_s",)
 # "first_seed": the sweep's first seed runs every rate; where its best is the lowest or highest
 # rate, the sweep widens by one rate beyond it (the sweep's own ratio), at most LR_WIDENINGS
@@ -85,15 +87,37 @@ def check_parameter_ranges(parameters: dict) -> None:
             check_rates(key, value)
         elif key == "recall_curves":
             check_recall_curves(value)
-        elif key in PER_TASK and isinstance(value, dict):
-            missing = set(tasks or ()) - set(value)
-            if missing:
-                raise ParameterError(f"{key} has no value for the tasks {sorted(missing)}, got "
-                                     f"{value!r}")
-            for task, v in value.items():
-                allowed.check(f"{key}[{task!r}]", v)
         else:
-            allowed.check(key, value)
+            for label, v in _by_task(key, value, tasks):
+                allowed.check(label, v)
+    if "schedule" in parameters or "plateau_from" in parameters:
+        schedule = parameters.get("schedule", TrainConfig.schedule)
+        for label, v in _by_task("schedule", schedule, tasks):
+            if not isinstance(v, str) or v not in SCHEDULES:
+                raise ParameterError(f"{label} must be one of {list(SCHEDULES)}, got {v!r}")
+        for task in tasks or (None,):
+            each, plateau = _of_task(schedule, task), _of_task(parameters.get("plateau_from"),
+                                                                task)
+            if plateau is not None and each != "wsd":
+                where = "" if task is None else f" of task {task!r}"
+                raise ParameterError(f"plateau_from starts a 'wsd' schedule's decay; with the "
+                                     f"schedule {each!r}{where} it must be None")
+
+
+def _of_task(value, task):
+    return value.get(task) if isinstance(value, dict) else value
+
+
+def _by_task(key: str, value, tasks) -> list[tuple]:
+    """(label, value) of a parameter of PER_TASK: [(key, value)] for one value for every task,
+    [(key[task], its value)] for a dict by task, which must name every task of ``tasks``."""
+    if key not in PER_TASK or not isinstance(value, dict):
+        return [(key, value)]
+    missing = set(tasks or ()) - set(value)
+    if missing:
+        raise ParameterError(f"{key} has no value for the tasks {sorted(missing)}, got "
+                             f"{value!r}")
+    return [(f"{key}[{task!r}]", v) for task, v in value.items()]
 
 
 def _rate_tuple(value) -> tuple:
@@ -418,11 +442,12 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
                           attention_head_dim=32, sanity_bar=SANITY_BAR,
                           recall_curves=None, part=None, speed_steps=20,
                           cuda_graph=False, lr_search="grid", attention_kernel="default",
-                          configuration=None) -> Study:
+                          configuration=None, schedule="cosine", plateau_from=None) -> Study:
     """The study of notebook 05's parameters: ``tasks`` maps a task to its lengths and options,
-    ``steps`` and ``batch_size`` map a task to its own (or are one number for all), ``lr`` is
-    one learning rate, a list of them (the sweep: see ``lr_search``) or a dict of either by
-    mixer; ``cuda_graph``: on CUDA every training step replays one CUDA graph
+    ``steps``, ``batch_size``, ``schedule`` and ``plateau_from`` (TrainConfig's) map a task to
+    its own (or are one value for all; the recall curves take theirs from ``recall_curves``),
+    ``lr`` is one learning rate, a list of them (the sweep: see ``lr_search``) or a dict of
+    either by mixer; ``cuda_graph``: on CUDA every training step replays one CUDA graph
     (TrainConfig.cuda_graph).  Every numeric parameter is checked first
     (check_parameter_ranges): ParameterError names the one out of range before anything
     runs.  ``mixers=None``: every mixer a model can hold (samu.model.mixer_names())."""
@@ -433,7 +458,8 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
         steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
         eval_batches=eval_batches, timing_warmup_steps=timing_warmup_steps, log_every=log_every,
         sanity_bar=sanity_bar, attention_head_dim=attention_head_dim,
-        recall_curves=recall_curves, speed_steps=speed_steps))
+        recall_curves=recall_curves, speed_steps=speed_steps, schedule=schedule,
+        plateau_from=plateau_from))
     if isinstance(lr, dict):
         rates = {m: _rate_tuple(v) for m, v in lr.items()}
         first = next(iter(rates.values()))[0]
@@ -445,13 +471,17 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
     def per_task(value, name):
         return value[name] if isinstance(value, dict) else value
 
-    def config(steps_, batch_):
+    def config(steps_, batch_, schedule_="cosine", plateau_=None):
         # Checked above, so int() only turns numpy's numbers into Python's.
         return TrainConfig(steps=int(steps_), batch_size=int(batch_), lr=first,
                            warmup_steps=int(warmup_steps), eval_batches=int(eval_batches),
                            timing_warmup_steps=int(timing_warmup_steps),
-                           log_every=int(log_every), cuda_graph=cuda_graph)
-    train = {name: config(per_task(steps, name), per_task(batch_size, name)) for name in tasks}
+                           log_every=int(log_every), cuda_graph=cuda_graph,
+                           schedule=schedule_,
+                           plateau_from=None if plateau_ is None else int(plateau_))
+    train = {name: config(per_task(steps, name), per_task(batch_size, name),
+                          per_task(schedule, name), per_task(plateau_from, name))
+             for name in tasks}
     recall_train = None
     if recall_curves is not None:
         recall_curves = _plain(recall_curves)
