@@ -296,10 +296,18 @@ def _join(rank: int, world: int, work_dir: str, gpus: int, dist_backend: str) ->
     return device
 
 
-def _spawn(worker, world: int, work: str, gpus: int, dist_backend: str) -> None:
+def _spawn(worker, world: int, work: str, gpus: int, dist_backend: str) -> list:
+    """Every rank's results: ``world`` processes of ``worker``, each ending in finish_rank."""
     import torch.multiprocessing as mp
-    mp.start_processes(worker, args=(world, work, gpus, dist_backend), nprocs=world,
-                       start_method="spawn")
+    from samu.experiment import spawned_ranks
+    try:
+        mp.start_processes(worker, args=(world, work, gpus, dist_backend), nprocs=world,
+                           start_method="spawn")
+    except mp.ProcessExitedException as exc:
+        if not spawned_ranks.died_after_writing(exc, work, world):
+            raise
+        print(f"warning: {spawned_ranks.kept_despite(exc)}", file=sys.stderr, flush=True)
+    return spawned_ranks.load_results(work, world)
 
 
 def check_worker(rank: int, world: int, work_dir: str, gpus: int, dist_backend: str):
@@ -338,9 +346,8 @@ def check_worker(rank: int, world: int, work_dir: str, gpus: int, dist_backend: 
                          "x": x.grad.cpu(), "grads": grads, "backend": backend,
                          "sequence_ids": None if not ctx.packed else list(ctx.sequence_ids),
                          "continues": ctx.continues_to_next}
-    torch.save(results, Path(work_dir) / f"rank{rank}.pt")
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    from samu.experiment.spawned_ranks import finish_rank
+    finish_rank(results, work_dir, rank)
 
 
 def check(args, device) -> int:
@@ -377,8 +384,7 @@ def check(args, device) -> int:
                                                if "initial_state" in state else None)}
         with tempfile.TemporaryDirectory() as work:
             torch.save(job, Path(work) / "job.pt")
-            _spawn(check_worker, world, work, args.gpus, args.dist_backend)
-            ranks = [torch.load(Path(work) / f"rank{r}.pt") for r in range(world)]
+            ranks = _spawn(check_worker, world, work, args.gpus, args.dist_backend)
         for name, (want, eager) in wants.items():
             mixer = job[name]["mixer"]
             got = {"y": torch.cat([r[name]["y"] for r in ranks], 1),
@@ -464,9 +470,8 @@ def distributed_worker(rank: int, world: int, work_dir: str, gpus: int, dist_bac
             times[label] = statistics.median(samples)
         results.append({**case, "rank": rank, "device": str(device), **{
             f"{k}_ms": v for k, v in times.items()}})
-    torch.save(results, Path(work_dir) / f"rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
+    from samu.experiment.spawned_ranks import finish_rank
+    finish_rank(results, work_dir, rank)
 
 
 def distributed(args, device) -> int:
@@ -480,8 +485,7 @@ def distributed(args, device) -> int:
                "warmup": args.warmup}
         with tempfile.TemporaryDirectory() as work:
             torch.save(job, Path(work) / "job.pt")
-            _spawn(distributed_worker, world, work, args.gpus, args.dist_backend)
-            ranks = [torch.load(Path(work) / f"rank{r}.pt") for r in range(world)]
+            ranks = _spawn(distributed_worker, world, work, args.gpus, args.dist_backend)
         for i, case in enumerate(cases):
             mine = [r[i] for r in ranks]
             slowest = max(m["share_ms"] for m in mine)

