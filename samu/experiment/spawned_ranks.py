@@ -1,12 +1,12 @@
 """How a spawned rank of a process group (the context-parallel benchmark's, the distributed
 tests') hands its results back, and how its parent tells a failed run from a finished one.
 
-Each rank writes one file, whole or not at all, then waits for the others and leaves. A rank
-that dies after every rank wrote its file (a signal or an exit code, not a Python exception)
-failed in the process's teardown, not in its work: on the CPU a gloo group's teardown sometimes
-aborts a finished process ("terminate called without an active exception"), so the ranks leave
-without the interpreter's teardown, and a parent that still sees such a death keeps the
-results and says so."""
+Each rank writes one file, whole or not at all, then waits for the others and leaves. On the
+CPU a rank of a gloo group was seen to abort now and then ("terminate called without an active
+exception"; docs/SPEC.md section 9), where in the process is not known; a C++ abort without an exception is most often a thread left running at teardown, so the ranks
+leave without the interpreter's teardown. A rank that dies after every rank wrote its file (a
+signal or an exit code, not a Python exception) died after the work was done: its parent keeps
+the results and says so."""
 from __future__ import annotations
 
 import os
@@ -31,8 +31,8 @@ def write_result(results, out_dir, rank: int) -> None:
 
 def finish_rank(results, out_dir, rank: int):
     """End a spawned rank: write its results, wait for every rank (none tears the group down
-    while another still uses it), destroy the group and leave at once, skipping the teardown
-    that aborts now and then (module docstring)."""
+    while another still uses it), destroy the group and leave at once, without the
+    interpreter's teardown (module docstring)."""
     write_result(results, out_dir, rank)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -56,4 +56,4 @@ def died_after_writing(exc: BaseException, out_dir, world: int) -> bool:
 
 def kept_despite(exc: BaseException) -> str:
     """The warning a parent gives when it keeps the results of a group that ``exc`` ended."""
-    return (f"a rank died after every rank had written its results; they are kept ({exc})")
+    return f"a rank died after every rank had written its results; they are kept ({exc})"
