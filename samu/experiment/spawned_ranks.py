@@ -3,15 +3,17 @@ tests') hands its results back, and how its parent tells a failed run from a fin
 
 Each rank writes one file, whole or not at all, then waits for the others and leaves. On the
 CPU a rank of a gloo group was seen to abort now and then ("terminate called without an active
-exception"; docs/SPEC.md section 9), where in the process is not known; a C++ abort without an exception is most often a thread left running at teardown, so the ranks
-leave without the interpreter's teardown. A rank that dies after every rank wrote its file (a
-signal or an exit code, not a Python exception) died after the work was done: its parent keeps
-the results and says so."""
+exception"; docs/SPEC.md section 9), where in the process is not known; a C++ abort without an
+exception is most often a thread left running at teardown, so the ranks leave without the
+interpreter's teardown. A rank that dies after every rank wrote its file (a signal or an exit
+code, not a Python exception) died after the work was done: its parent keeps the results and
+says so."""
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -29,7 +31,7 @@ def write_result(results, out_dir, rank: int) -> None:
     os.replace(partial, path)
 
 
-def finish_rank(results, out_dir, rank: int):
+def finish_rank(results, out_dir, rank: int) -> NoReturn:
     """End a spawned rank: write its results, wait for every rank (none tears the group down
     while another still uses it), destroy the group and leave at once, without the
     interpreter's teardown (module docstring)."""

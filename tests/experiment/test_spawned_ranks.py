@@ -4,6 +4,7 @@ the writes (what a teardown abort does), and one killed before its write."""
 from __future__ import annotations
 
 import os
+import resource
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +19,7 @@ from samu.experiment import spawned_ranks
 def finishing_rank(rank: int, world: int, out_dir: str):
     torch.distributed.init_process_group(
         "gloo", init_method=f"file://{Path(out_dir) / 'rendezvous'}", rank=rank,
-        world_size=world, timeout=timedelta(seconds=60))
+        world_size=world, timeout=timedelta(seconds=120))
     mine = torch.full((3,), float(rank))
     every = [torch.empty(3) for _ in range(world)]
     torch.distributed.all_gather(every, mine)
@@ -28,12 +29,15 @@ def finishing_rank(rank: int, world: int, out_dir: str):
 
 def aborting_rank(rank: int, world: int, out_dir: str, abort_before_writing: int):
     """Every rank writes; the last then waits for the others' files and aborts, as a teardown
-    abort would, or (``abort_before_writing``) rank 0 aborts before its write."""
+    abort would, or (``abort_before_writing``) rank 0 aborts before its write.  No core file."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    deadline = time.monotonic() + 120
     if abort_before_writing and rank == 0:
         os.abort()
     spawned_ranks.write_result({"rank": rank}, out_dir, rank)
     if rank == world - 1:
         while not all(spawned_ranks.result_path(out_dir, r).is_file() for r in range(world)):
+            assert time.monotonic() < deadline, "the other ranks' files never came"
             time.sleep(0.01)
         os.abort()
 

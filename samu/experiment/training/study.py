@@ -95,9 +95,10 @@ def check_parameter_ranges(parameters: dict) -> None:
         for label, v in _by_task("schedule", schedule, tasks):
             if not isinstance(v, str) or v not in SCHEDULES:
                 raise ParameterError(f"{label} must be one of {list(SCHEDULES)}, got {v!r}")
-        for task in tasks or (None,):
-            each, plateau = _of_task(schedule, task), _of_task(parameters.get("plateau_from"),
-                                                                task)
+        plateaus = parameters.get("plateau_from")
+        named = tasks or next((v for v in (schedule, plateaus) if isinstance(v, dict)), None)
+        for task in named or (None,):
+            each, plateau = _of_task(schedule, task), _of_task(plateaus, task)
             if plateau is not None and each != "wsd":
                 where = "" if task is None else f" of task {task!r}"
                 raise ParameterError(f"plateau_from starts a 'wsd' schedule's decay; with the "
@@ -472,16 +473,21 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
         return value[name] if isinstance(value, dict) else value
 
     def config(steps_, batch_, schedule_="cosine", plateau_=None):
-        # Checked above, so int() only turns numpy's numbers into Python's.
+        # Checked above, so int() and str() only turn numpy's values into Python's.
         return TrainConfig(steps=int(steps_), batch_size=int(batch_), lr=first,
                            warmup_steps=int(warmup_steps), eval_batches=int(eval_batches),
                            timing_warmup_steps=int(timing_warmup_steps),
                            log_every=int(log_every), cuda_graph=cuda_graph,
-                           schedule=schedule_,
+                           schedule=str(schedule_),
                            plateau_from=None if plateau_ is None else int(plateau_))
-    train = {name: config(per_task(steps, name), per_task(batch_size, name),
+
+    def task_config(name):
+        try:
+            return config(per_task(steps, name), per_task(batch_size, name),
                           per_task(schedule, name), per_task(plateau_from, name))
-             for name in tasks}
+        except ParameterError as exc:  # what depends on several values: name the task
+            raise ParameterError(f"task {name!r}: {exc}") from None
+    train = {name: task_config(name) for name in tasks}
     recall_train = None
     if recall_curves is not None:
         recall_curves = _plain(recall_curves)
