@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ... import model as model_
 from .curves import check_rates, check_recall_curves, points_in_order
-from .loop import SCHEDULES, TrainConfig
+from .loop import TrainConfig
 from .parameters import (COUNT, LEARNING_RATE, OFFSET, SECONDS, ParameterError, Range,
                          check_list)
 from .pool import RunPool, check_devices
@@ -90,23 +90,8 @@ def check_parameter_ranges(parameters: dict) -> None:
         else:
             for label, v in _by_task(key, value, tasks):
                 allowed.check(label, v)
-    if "schedule" in parameters or "plateau_from" in parameters:
-        schedule = parameters.get("schedule", TrainConfig.schedule)
-        for label, v in _by_task("schedule", schedule, tasks):
-            if not isinstance(v, str) or v not in SCHEDULES:
-                raise ParameterError(f"{label} must be one of {list(SCHEDULES)}, got {v!r}")
-        plateaus = parameters.get("plateau_from")
-        named = tasks or next((v for v in (schedule, plateaus) if isinstance(v, dict)), None)
-        for task in named or (None,):
-            each, plateau = _of_task(schedule, task), _of_task(plateaus, task)
-            if plateau is not None and each != "wsd":
-                where = "" if task is None else f" of task {task!r}"
-                raise ParameterError(f"plateau_from starts a 'wsd' schedule's decay; with the "
-                                     f"schedule {each!r}{where} it must be None")
-
-
-def _of_task(value, task):
-    return value.get(task) if isinstance(value, dict) else value
+    if "schedule" in parameters:  # a dict names every task; TrainConfig checks each value
+        _by_task("schedule", parameters["schedule"], tasks)
 
 
 def _by_task(key: str, value, tasks) -> list[tuple]:
@@ -473,19 +458,19 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
         return value[name] if isinstance(value, dict) else value
 
     def config(steps_, batch_, schedule_="cosine", plateau_=None):
-        # Checked above, so int() and str() only turn numpy's values into Python's.
+        # Checked above, so int() only turns numpy's numbers into Python's.
         return TrainConfig(steps=int(steps_), batch_size=int(batch_), lr=first,
                            warmup_steps=int(warmup_steps), eval_batches=int(eval_batches),
                            timing_warmup_steps=int(timing_warmup_steps),
                            log_every=int(log_every), cuda_graph=cuda_graph,
-                           schedule=str(schedule_),
+                           schedule=schedule_,
                            plateau_from=None if plateau_ is None else int(plateau_))
 
     def task_config(name):
         try:
             return config(per_task(steps, name), per_task(batch_size, name),
                           per_task(schedule, name), per_task(plateau_from, name))
-        except ParameterError as exc:  # what depends on several values: name the task
+        except ParameterError as exc:  # the schedule, and what depends on several values
             raise ParameterError(f"task {name!r}: {exc}") from None
     train = {name: task_config(name) for name in tasks}
     recall_train = None
