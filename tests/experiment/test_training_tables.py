@@ -349,7 +349,8 @@ def quoted(name: str) -> dict:
     return dict(zip(("runs", "seconds", "parts", "part_seconds"), map(int, line)))
 
 
-@pytest.mark.parametrize("name, part_fits_a_command", [("recall", False), ("scale", True)])
+@pytest.mark.parametrize("name, part_fits_a_command", [("recall", False), ("scale", False),
+                                                       ("small", True)])
 def test_each_gpu_run_or_part_fits_a_ten_minute_command_and_the_docstring_says_so(
         name, part_fits_a_command, committed):
     config = T.configuration(name)
@@ -360,7 +361,7 @@ def test_each_gpu_run_or_part_fits_a_ten_minute_command_and_the_docstring_says_s
     assert sum(p["runs"] for p in parts) == whole["runs"]
     # A 10-minute command less its start-up (about 30 s) and a minute's room.  Every run fits
     # one, so that a part a command stops (a widened sweep, or the recall curves' long runs)
-    # goes on from its finished runs in the next; the scale study's parts fit one whole.
+    # goes on from its finished runs in the next; the small study's parts fit one whole.
     steps = {key: (study.recall_config().steps if key[0] == "recall"
                    else study.train[key[0]].steps) for key in whole["step_ms"]}
     longest_run = max(ms * steps[key] / 1e3 for key, ms in whole["step_ms"].items())
@@ -560,3 +561,46 @@ def test_make_train_estimates_a_study_and_runs_nothing(capsys, monkeypatch):
             T.main(["--estimate", "--measure"])
         assert "--measure: with --estimate, on a machine with a CUDA device" in \
             capsys.readouterr().err
+
+
+def test_a_solved_run_stops_by_its_tasks_stop_loss_and_no_other_task_does():
+    """``stop_loss`` by task: a run of that task stops at the first logging window whose mean
+    training loss is at most it, and records that it stopped early; another task's run takes
+    every step; a value of a task that is no positive number is refused, naming the task."""
+    tasks = {"mqar": {"lengths": [16], "num_pairs": 2, "vocab_size": 8}, "lm": {"lengths": [16]}}
+    study = T.check_parameters({**ECHO_STUDY, "tasks": tasks, "steps": 12, "log_every": 2,
+                                "stop_loss": {"mqar": 1e3, "lm": None}})
+    assert (study.train["mqar"].stop_loss, study.train["lm"].stop_loss) == (1e3, None)
+    assert study.describe()["train"]["mqar"]["stop_loss"] == 1e3
+    records = {}
+    for name in tasks:
+        job = study.job(name, study.task_list(name)[0], "attention", 1e-3, 0,
+                        study.train_config(name, 1e-3))
+        records[name] = T.run_job(job, "cpu")
+    assert records["mqar"]["stopped_early"] and records["mqar"]["steps_completed"] == 2
+    assert not records["lm"]["stopped_early"] and records["lm"]["steps_completed"] == 12
+    with pytest.raises(T.ParameterError, match=r"stop_loss\['mqar'\] must be"):
+        T.check_parameters({**ECHO_STUDY, "tasks": tasks, "stop_loss": {"mqar": 0, "lm": None}})
+    with pytest.raises(T.ParameterError, match=r"stop_loss has no value for the tasks \['lm'\]"):
+        T.check_parameters({**ECHO_STUDY, "tasks": tasks, "stop_loss": {"mqar": 0.02}})
+
+
+def test_each_configurations_speed_is_timed_under_a_schedule_that_fits_its_few_steps():
+    """measure_speed times a run's configuration over a few steps: a "wsd" task (the scale
+    study's MQAR, the recall curves) is timed as a cosine one, with no plateau, early stop or
+    time cap, whatever its warm-up, and anything else of its configuration kept."""
+    from samu.experiment.training.runs import speed_config
+    for name in T.CONFIGURATIONS:
+        study = T.check_parameters(T.configuration(name).parameters("gpu"))
+        configs_ = list(study.train.values())
+        if study.recall_curves is not None:
+            configs_.append(study.recall_config())
+        for config in configs_:
+            timed = speed_config(config, study.speed_steps)
+            assert timed.steps == config.timing_warmup_steps + study.speed_steps
+            assert timed.schedule == ("cosine" if config.schedule == "wsd" else config.schedule)
+            assert (timed.plateau_from, timed.stop_loss, timed.max_seconds) == (None, None, None)
+            assert (timed.lr, timed.batch_size, timed.cuda_graph) == (
+                config.lr, config.batch_size, config.cuda_graph)
+    scale = T.check_parameters(T.configuration("scale").parameters("gpu")).train["mqar"]
+    assert (scale.schedule, scale.plateau_from, scale.stop_loss) == ("wsd", 6000, 0.02)

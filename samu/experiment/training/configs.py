@@ -12,7 +12,8 @@ minute on one core: they exercise every step and are no result).
 Each GPU study runs in ``parts``: ``make train CONFIG=<name> PART=k`` (k = 1 .. parts) runs the
 k-th, each estimated (``budget.estimate`` from the committed H200 step times, every run taking
 all its steps) to take under 8.5 minutes of device time, so that one fits a 10-minute device
-command, or, where one run's steps are many (the recall curves), each run does; a part stopped
+command, or, where one run's steps are many (the recall curves, the scale study's MQAR), each
+run does; a part stopped
 short is run again with the same command and trains only what it had not finished
 (FinishedRuns).
 The part that finds every part's file merges them.  The estimates (``python -m
@@ -20,14 +21,18 @@ samu.experiment.training --estimate --config <name>`` prints them; with ``--meas
 it first times each configuration's step alone beside them), at the commit that set these values
 (``tests/experiment/test_training_tables.py`` recomputes them):
 
+- ``small``: 75 runs (with no widening), about 941 s in all, 3 parts of about 350 s (249-350 s,
+  each one command);
 - ``recall``: 96 runs (no widening; one refinement round, at most two rates a group),
   about 7137 s in all, 12 parts of about 1256 s (one mixer at one width each: 207-1256 s, the
   recurrent mixers' parts at width 256 and every part at 512 two or three commands each; early
   stops cut them short);
-- ``scale``: 36 runs (with no widening), about 1613 s in all, 6 parts of about 497 s (one
+- ``scale``: 36 runs (with no widening), about 5524 s in all, 6 parts of about 1960 s (one
   (task, mixer) sweep each: the LM's three parts about 87-105 s, so that one command can run
-  them in turn, MQAR's 410-497 s); per step (wall, alone): attention 26.5 ms, RG-LRU 22.5 ms,
-  SAMU 21.6 ms, where the H100's wall time per step was 24.2-25.8, 24.0-25.8 and 23.3-25.1 ms.
+  them in turn, MQAR's 1611-1960 s at their full 12000 steps, three or four commands each,
+  fewer where runs stop as solved or decay from a plateau); per step (wall, alone): attention
+  26.5 ms, RG-LRU 22.5 ms, SAMU 21.6 ms, where the H100's wall time per step was 24.2-25.8,
+  24.0-25.8 and 23.3-25.1 ms.
 
 How the recall curves' numbers were chosen.  The points and widths are Zoology's figure 2
 ((L, pairs) = (64, 4), (128, 8), (256, 16); widths 64-512), at vocabulary 8192.  Rates: four
@@ -57,8 +62,8 @@ accuracy 0.9.  Each part sweeps the grid's first point, the bar's, before the ot
 its progress log shows the bar's runs first.
 
 The scale study: L = 8192, width 512, 2 layers, batch 8 (65,536 tokens a step), the character LM
-(600 steps a run, 39M tokens) and MQAR (3000 steps, 197M tokens) at that length, the same tokens
-for every mixer; four rates for each mixer at the first seed, widened past an edge best, then
+(600 steps a run, 39M tokens) and MQAR (up to 12000 steps, 786M tokens) at that length, the same
+tokens at most for every mixer; four rates for each mixer at the first seed, widened past an edge best, then
 seeds 1 and 2 at the best; attention on the fastest
 scaled_dot_product_attention kernel, timed before its runs; one run at a time, so that every run's
 GPU time per step (CUDA events) and tokens per second are its own, alone on the GPU.
@@ -81,7 +86,14 @@ RG-LRU reached 0.77. At 1500 steps
 seed of three (0.9996; 0.262 and 0.251 in the others, mean 0.504), RG-LRU reached 0.935, and
 SAMU stayed near a guess at every rate (0.234-0.262; 0.259 at its best, 1.2e-3); attention alone
 at 3000 steps, lr 3e-4, seed 0 (one of the seeds that failed at 1500) reached 1.000 (its loss
-3.02 at step 620, 0.034 at step 920), so MQAR's runs are 3000 steps, five times the LM's. The
+3.02 at step 620, 0.034 at step 920). At 3000 steps (the study at ac6e0b4) attention at 3e-4
+solved it in seeds 0 and 1 and ended at 0.435 in seed 2, its loss still falling; seed 2 with
+6000 steps ended at 0.739, still learning. Given up to 12000 steps with a "wsd" decay that a
+plateau of the loss starts from step 6000 on, every seed solved it (1.000, 1.000, 0.996; seed 2
+left the plateau of a guess near step 4700 and decayed from 9600;
+docs/sweeps/2026-12-07_c680154_gpu_h100_scale_mqar_attention_12000_steps/), so MQAR's runs take
+up to 12000 steps, twenty times the LM's, and stop once a logging window's mean training loss
+is 0.02 nats or less (solved: seeds 0 and 1 were there by step 1000). The
 rates: each mixer's four span its best rates of those runs (attention 1e-3 on the LM and 3e-4 on
 MQAR; RG-LRU 2.4e-3 and 4.8e-3; SAMU 4.8e-3 on the LM and 1.2e-3 on MQAR, where its sweep was
 flat), so that an MQAR sweep seldom widens: a widened one takes its part past a 10-minute
@@ -208,7 +220,10 @@ SCALE_GPU = dict(
     tasks={"lm": {"lengths": [SCALE_LENGTH]},
            "mqar": {"lengths": [SCALE_LENGTH], "num_pairs": 4, "vocab_size": 2048,
                     "episodes": SCALE_LENGTH // 64}},
-    steps={"lm": 600, "mqar": 3000},
+    steps={"lm": 600, "mqar": 12000},
+    schedule={"lm": "cosine", "mqar": "wsd"},
+    plateau_from={"lm": None, "mqar": 6000},
+    stop_loss={"lm": None, "mqar": 0.02},
     batch_size=8,
     lr={"attention": [1e-4, 3e-4, 1e-3, 2e-3], "rglru": [1.2e-3, 2.4e-3, 4.8e-3, 9.6e-3],
         "samu": [6e-4, 1.2e-3, 2.4e-3, 4.8e-3]},
@@ -235,6 +250,7 @@ SCALE_CPU = dict(
     tasks={"lm": {"lengths": [64]},
            "mqar": {"lengths": [64], "num_pairs": 4, "vocab_size": 32, "episodes": 2}},
     steps=20,
+    plateau_from={"lm": None, "mqar": 10},
     batch_size=8,
     lr={"attention": [3e-3], "rglru": [3e-3, 1e-2], "samu": [3e-3, 1e-2]},
     warmup_steps=4,

@@ -21,9 +21,10 @@ from .tasks import MQAR, make_task, task_spec
 
 # The numeric parameters of a study (notebook 05's, so `make train`'s), and what each may be.
 # "seeds" is a list of them, "tasks" maps a task to its "lengths" (a list of COUNT) and options
-# (its TaskSpec's); "steps", "batch_size", "schedule" (loop.SCHEDULES) and "plateau_from" (a
-# "wsd" schedule's: TrainConfig.plateau_from) are one value or a dict by task; "lr" one rate, a
-# list (the sweep), or a dict of either by mixer.
+# (its TaskSpec's); "steps", "batch_size", "schedule" (loop.SCHEDULES), "plateau_from" (a
+# "wsd" schedule's: TrainConfig.plateau_from) and "stop_loss" (TrainConfig's: a solved run
+# stops) are one value or a dict by task; "lr" one rate, a list (the sweep), or a dict of
+# either by mixer.
 PARAMETER_RANGES = {
     "seeds": OFFSET,
     "width": COUNT,
@@ -45,8 +46,9 @@ PARAMETER_RANGES = {
     "speed_steps": COUNT,  # steps timed alone per configuration (measure_speed)
     "processes": COUNT,  # runs at once on each device (RunPool)
     "plateau_from": Range(integer=True, low=0, optional=True),
+    "stop_loss": Range(low=0, low_open=True, optional=True),
 }
-PER_TASK = ("steps", "batch_size", "schedule", "plateau_from")
+PER_TASK = ("steps", "batch_size", "schedule", "plateau_from", "stop_loss")
 CHECKED_BY_THE_STUDY = ("time_budget_s",)
 # "first_seed": the sweep's first seed runs every rate; where its best is the lowest or highest
 # rate, the sweep widens by one rate beyond it (the sweep's own ratio), at most LR_WIDENINGS
@@ -428,10 +430,12 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
                           attention_head_dim=32, sanity_bar=SANITY_BAR,
                           recall_curves=None, part=None, speed_steps=20,
                           cuda_graph=False, lr_search="grid", attention_kernel="default",
-                          configuration=None, schedule="cosine", plateau_from=None) -> Study:
+                          configuration=None, schedule="cosine", plateau_from=None,
+                          stop_loss=None) -> Study:
     """The study of notebook 05's parameters: ``tasks`` maps a task to its lengths and options,
-    ``steps``, ``batch_size``, ``schedule`` and ``plateau_from`` (TrainConfig's) map a task to
-    its own (or are one value for all; the recall curves take theirs from ``recall_curves``),
+    ``steps``, ``batch_size``, ``schedule``, ``plateau_from`` and ``stop_loss`` (TrainConfig's)
+    map a task to its own (or are one value for all; the recall curves take theirs from
+    ``recall_curves``),
     ``lr`` is one learning rate, a list of them (the sweep: see ``lr_search``) or a dict of
     either by mixer; ``cuda_graph``: on CUDA every training step replays one CUDA graph
     (TrainConfig.cuda_graph).  Every numeric parameter is checked first
@@ -445,7 +449,7 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
         eval_batches=eval_batches, timing_warmup_steps=timing_warmup_steps, log_every=log_every,
         sanity_bar=sanity_bar, attention_head_dim=attention_head_dim,
         recall_curves=recall_curves, speed_steps=speed_steps, schedule=schedule,
-        plateau_from=plateau_from))
+        plateau_from=plateau_from, stop_loss=stop_loss))
     if isinstance(lr, dict):
         rates = {m: _rate_tuple(v) for m, v in lr.items()}
         first = next(iter(rates.values()))[0]
@@ -457,19 +461,21 @@ def study_from_parameters(mixers, seeds, width, layers, mlp_expansion, tasks, st
     def per_task(value, name):
         return value[name] if isinstance(value, dict) else value
 
-    def config(steps_, batch_, schedule_="cosine", plateau_=None):
+    def config(steps_, batch_, schedule_="cosine", plateau_=None, stop_=None):
         # Checked above, so int() only turns numpy's numbers into Python's.
         return TrainConfig(steps=int(steps_), batch_size=int(batch_), lr=first,
                            warmup_steps=int(warmup_steps), eval_batches=int(eval_batches),
                            timing_warmup_steps=int(timing_warmup_steps),
                            log_every=int(log_every), cuda_graph=cuda_graph,
                            schedule=schedule_,
-                           plateau_from=None if plateau_ is None else int(plateau_))
+                           plateau_from=None if plateau_ is None else int(plateau_),
+                           stop_loss=None if stop_ is None else float(stop_))
 
     def task_config(name):
         try:
             return config(per_task(steps, name), per_task(batch_size, name),
-                          per_task(schedule, name), per_task(plateau_from, name))
+                          per_task(schedule, name), per_task(plateau_from, name),
+                          per_task(stop_loss, name))
         except ParameterError as exc:  # the schedule, and what depends on several values
             raise ParameterError(f"task {name!r}: {exc}") from None
     train = {name: task_config(name) for name in tasks}
