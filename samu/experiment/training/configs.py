@@ -13,9 +13,8 @@ Each GPU study runs in ``parts``: ``make train CONFIG=<name> PART=k`` (k = 1 .. 
 k-th, each estimated (``budget.estimate`` from the committed H200 step times, every run taking
 all its steps) to take under 8.5 minutes of device time, so that one fits a 10-minute device
 command, or, where one run's steps are many (the recall curves, the scale study's MQAR), each
-run does; a part stopped
-short is run again with the same command and trains only what it had not finished
-(FinishedRuns).
+run does; a part stopped short is run again with the same command and trains only what it had
+not finished (FinishedRuns).
 The part that finds every part's file merges them.  The estimates (``python -m
 samu.experiment.training --estimate --config <name>`` prints them; with ``--measure`` on the GPU
 it first times each configuration's step alone beside them), at the commit that set these values
@@ -63,8 +62,8 @@ its progress log shows the bar's runs first.
 
 The scale study: L = 8192, width 512, 2 layers, batch 8 (65,536 tokens a step), the character LM
 (600 steps a run, 39M tokens) and MQAR (up to 12000 steps, 786M tokens) at that length, the same
-tokens at most for every mixer; four rates for each mixer at the first seed, widened past an edge best, then
-seeds 1 and 2 at the best; attention on the fastest
+tokens at most for every mixer; four rates for each mixer at the first seed, widened past an
+edge best, then seeds 1 and 2 at the best; attention on the fastest
 scaled_dot_product_attention kernel, timed before its runs; one run at a time, so that every run's
 GPU time per step (CUDA events) and tokens per second are its own, alone on the GPU.
 
