@@ -23,8 +23,8 @@ NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w)")
 # Figures the README quotes with no data file or log behind them, each with where it was
 # measured, and the numbers that describe the project rather than a measurement.
 NOT_FROM_DATA = {
-    "about 14.5 min on a fresh clone, the install included: pytest 605 s, nbval 169 s":
-        "make test on the 2-core CPU machine, a fresh clone at 05b5c87 (862 s)",
+    "about 14 min on a fresh clone, the install included: pytest 596 s, nbval 163 s":
+        "make test on the 2-core CPU machine, a fresh clone at b47b047 (854 s)",
     "about 1 min for its one small shape": "make reproduce on that machine at 39369e1: 56 s",
     "about 50 s": "make train with notebook 05's CPU defaults on that machine at 39369e1",
     "CPU (2 cores,": "the CPU machine those times were measured on",

@@ -140,8 +140,9 @@ def figures(doc: dict) -> dict:
         out["accuracy"] = fig
 
     # Quality against training time: each task at its longest length, one marker per mixer (the
-    # mean over seeds, bars the range over seeds on both axes).  Every run has the same steps, so
-    # the time is what the quality cost; documents of the earlier study lack it: tokens/s then.
+    # mean over seeds, bars the range over seeds on both axes).  Every run of a task has the same
+    # steps at most (a solved run, or one a plateau decays, ends sooner), so the time is what the
+    # quality cost; documents of the earlier study lack it: tokens/s then.
     timed = "train_wall_s" if df["train_wall_s"].notna().all() else "tokens_per_s"
     tasks = list(dict.fromkeys(df["task"]))
     check = sanity(doc)
