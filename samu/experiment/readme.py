@@ -184,7 +184,7 @@ def training_table(data_dir: Path, slug: str = report.COMMITTED_SLUG,
     check = training.sanity(doc)
     block = " (Griffin block)" if study.get("recurrent_block") == "griffin" else ""
     names = [training.MIXER_NAMES[m] + ("" if m == "attention" else block) for m in mixers]
-    steps = ", ".join(f"{training.TASK_NAMES[t].split(' (')[0]} {c['steps']}"
+    steps = ", ".join(f"{training.TASK_NAMES[t].split(' (')[0]} {training.steps_said(c)}"
                       for t, c in study["train"].items())
     sanity = "; ".join(training.check_text(t, c) for t, c in check["checks"].items())
     command = "make train" + ("" if name == f"{slug}.json" else f" CONFIG={configuration}")

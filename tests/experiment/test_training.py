@@ -456,6 +456,25 @@ def test_conclusion_claims_an_order_only_beyond_the_seed_spread():
     assert "no ordering is claimed" in overlap and "beyond the spread" not in overlap
 
 
+def test_conclusion_says_which_runs_ended_before_their_last_step():
+    """A task whose runs may end sooner (an early stop, a plateau's decay) gives its steps as
+    "up to N", and the runs that did are counted with the steps they took; a run cut by the
+    time budget or diverged is said as such, not among them."""
+    fixed = T.conclusion(synthetic({"attention": [0.9, 0.95], "rglru": [0.3, 0.4]}))
+    assert "copy 10 steps" in fixed and "Ended before" not in fixed
+    doc = synthetic({"attention": [0.9, 0.95], "rglru": [0.3, 0.4]})
+    doc["study"]["train"]["copy"] = {"steps": 10, "stop_loss": 0.02, "plateau_from": None}
+    doc["runs"][0]["steps_completed"] = 4
+    doc["runs"][1]["steps_completed"] = 7
+    doc["runs"][2].update(steps_completed=6, stopped_by_time=True)
+    text = T.conclusion(doc)
+    assert "copy up to 10 steps" in text
+    assert "**Ended before their last step:** 2 runs" in text and "(steps 4-7)" in text
+    assert "**Stopped by the time budget:** 1 runs" in text
+    assert T.steps_said({"steps": 30, "plateau_from": 12}) == "up to 30"
+    assert T.steps_said({"steps": 30, "stop_loss": None, "plateau_from": None}) == "30"
+
+
 def test_conclusion_says_whether_recall_got_past_guessing_among_the_values():
     def mqar(values):
         d = synthetic(values)

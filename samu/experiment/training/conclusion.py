@@ -4,7 +4,7 @@ from __future__ import annotations
 from .curves import compared_mixers, rates_said, recall_curve_frame, recall_sanity, short_why
 from .results import (MIXER_NAMES, SPEED_AVERAGE, best_frame, check_text, frame,
                       higher_is_better, learning_rate_choice, sanity, side_by_side_frame,
-                      speed_by_mixer)
+                      speed_by_mixer, steps_said)
 from .tasks import METRIC_TABLE, TASK_NAMES
 
 # --- the conclusion ------------------------------------------------------------------------------
@@ -36,7 +36,7 @@ def _tasks(doc: dict) -> list[str]:
     gpu = env.get("device", "").startswith("cuda")
     seeds = sorted(set(df["seed"]))
     params = everything.groupby("mixer")["parameters"].agg(["min", "max"])
-    steps = {t: c["steps"] for t, c in study["train"].items()}
+    steps = {t: steps_said(c) for t, c in study["train"].items()}
     rates = sorted({float(v) for v in everything["lr"].dropna()})
     block = study.get("recurrent_block", "bare")
     lines = [f"**Measured.** {len(everything)} runs on {env['gpu'] if gpu else 'a CPU'} "
@@ -227,6 +227,17 @@ def _speed_lines(timed, gpu: bool) -> list[str]:
         lines.append("(On a CPU only wall time is measured: tokens/s above are wall-clock.)")
     cut = timed[timed["stopped_by_time"]]
     diverged = timed[timed["diverged"]]
+    import pandas as pd
+
+    def flag(column):  # earlier documents may lack one
+        return timed[column].fillna(False).astype(bool)
+    sooner = timed[(pd.to_numeric(timed["steps_completed"]) < pd.to_numeric(timed["steps"]))
+                   & ~flag("stopped_by_time") & ~flag("diverged")]
+    if len(sooner):
+        lines.append(f"**Ended before their last step:** {len(sooner)} runs, solved (an early "
+                     f"stop) or decayed from a plateau of the loss (steps "
+                     f"{sooner['steps_completed'].min()}-{sooner['steps_completed'].max()}); a "
+                     "run's training time counts the steps it took.")
     if len(cut):
         lines.append(f"**Stopped by the time budget:** {len(cut)} runs (fewest steps "
                      f"{cut['steps_completed'].min()} of {cut['steps'].max()}); their scores are "
@@ -237,7 +248,7 @@ def _speed_lines(timed, gpu: bool) -> list[str]:
 
 
 def _caveats(gpu: bool, block: str = "griffin") -> str:
-    caveats = ("**What this does not show.** These are small models trained for a fixed number "
+    caveats = ("**What this does not show.** These are small models trained for a fixed budget "
                "of steps; each mixer is scored at the best learning rate of a short sweep. "
                + ("The recurrent mixers run bare, without the projections, convolution and gate "
                   "of Griffin's recurrent block. " if block != "griffin" else "")

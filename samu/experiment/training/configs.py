@@ -28,8 +28,9 @@ it first times each configuration's step alone beside them), at the commit that 
   stops cut them short);
 - ``scale``: 36 runs (with no widening), about 5524 s in all, 6 parts of about 1960 s (one
   (task, mixer) sweep each: the LM's three parts about 87-105 s, so that one command can run
-  them in turn, MQAR's 1611-1960 s at their full 12000 steps, three or four commands each,
-  fewer where runs stop as solved or decay from a plateau); per step (wall, alone): attention
+  them in turn, MQAR's 1611-1960 s at their full 12000 steps, up to six commands each, as a
+  full-length attention run (327 s) fills one, fewer where runs stop as solved or decay from a
+  plateau); per step (wall, alone): attention
   26.5 ms, RG-LRU 22.5 ms, SAMU 21.6 ms, where the H100's wall time per step was 24.2-25.8,
   24.0-25.8 and 23.3-25.1 ms.
 
@@ -95,8 +96,8 @@ up to 12000 steps, twenty times the LM's, and stop once a logging window's mean 
 is 0.02 nats or less (solved: seeds 0 and 1 were there by step 1000). The
 rates: each mixer's four span its best rates of those runs (attention 1e-3 on the LM and 3e-4 on
 MQAR; RG-LRU 2.4e-3 and 4.8e-3; SAMU 4.8e-3 on the LM and 1.2e-3 on MQAR, where its sweep was
-flat), so that an MQAR sweep seldom widens: a widened one takes its part past a 10-minute
-command, and the part resumes in the next.
+flat), so that an MQAR sweep seldom widens: a widened one adds a run of up to 12000 steps to its
+part.
 """
 from __future__ import annotations
 
@@ -249,7 +250,7 @@ SCALE_CPU = dict(
     tasks={"lm": {"lengths": [64]},
            "mqar": {"lengths": [64], "num_pairs": 4, "vocab_size": 32, "episodes": 2}},
     steps=20,
-    plateau_from={"lm": None, "mqar": 10},
+    plateau_from={"lm": None, "mqar": 10},  # wsd's path; ten logged points find a plateau
     batch_size=8,
     lr={"attention": [3e-3], "rglru": [3e-3, 1e-2], "samu": [3e-3, 1e-2]},
     warmup_steps=4,
@@ -301,7 +302,8 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
         RECALL_GPU, RECALL_CPU, parts=12),
     Configuration(
         "scale", "At a scale where a recurrent step is cheaper",
-        "L = 8192, width 512 on a GPU, the same tokens for every mixer: the character LM and "
+        "L = 8192, width 512 on a GPU, the same tokens at most for every mixer (a solved MQAR "
+        "run stops): the character LM and "
         "MQAR at that length, each mixer at its best rate, three seeds, attention on the "
         "fastest `scaled_dot_product_attention` kernel; quality against training time, each "
         "run timed alone.",

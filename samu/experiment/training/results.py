@@ -289,6 +289,14 @@ def write_result(doc: dict, slug: str) -> Path:
                                     kind="training")
 
 
+def steps_said(config: dict) -> str:
+    """A task's steps as its described TrainConfig (a document's ``study["train"][task]``) gives
+    them: "600", or "up to 12000" where a run may end sooner (an early stop once solved, or a
+    "wsd" decay that a plateau of the loss starts)."""
+    sooner = config.get("stop_loss") is not None or config.get("plateau_from") is not None
+    return f"up to {config['steps']}" if sooner else str(config["steps"])
+
+
 def runs_of(doc) -> list[dict]:
     """The run records of a document, or the list of records given."""
     return doc["runs"] if isinstance(doc, dict) else list(doc)

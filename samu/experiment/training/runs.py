@@ -72,8 +72,8 @@ def run_job(job: Job, device, progress=None) -> dict:
 
 def speed_config(config: TrainConfig, steps: int) -> TrainConfig:
     """``config`` cut to its timing warm-up and ``steps`` timed steps, no time cap and no early
-    stop; a "wsd" schedule times as a cosine one (a rate a step either way), whose decay needs
-    no room after the warm-up in so few steps."""
+    stop; a "wsd" schedule is timed as a cosine one (a rate a step either way), as its decay
+    could not fit after the warm-up in so few steps."""
     total = config.timing_warmup_steps + steps
     schedule = "cosine" if config.schedule == "wsd" else config.schedule
     return replace(config, steps=total, max_seconds=None, stop_loss=None, log_every=total,
