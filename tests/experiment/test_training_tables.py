@@ -417,7 +417,12 @@ def test_a_run_stops_early_once_solved():
     config = dataclasses.replace(study.train_config("mqar"), steps=40, stop_loss=100.0)
     record = T.run_job(study.job("mqar", task, "attention", 1e-3, 0, config), "cpu")
     assert record["stopped_early"] and record["steps_completed"] == 5  # the first window
-    assert not record["stopped_by_time"]
+    assert not record["stopped_by_time"] and record["decay_from"] is None
+    # Under "wsd" too: a run solved before its decay records none (its curve is all before).
+    wsd = dataclasses.replace(config, schedule="wsd", plateau_from=20)
+    record = T.run_job(study.job("mqar", task, "attention", 1e-3, 0, wsd), "cpu")
+    assert record["stopped_early"] and record["steps_completed"] == 5
+    assert record["decay_from"] is None
 
 
 def test_each_task_takes_its_own_schedule():

@@ -380,7 +380,9 @@ def _train(model, task, config: TrainConfig, seed: int, device, progress) -> dic
         "final_train_loss": curve[-1][1],
         "steps": config.steps,
         "steps_completed": len(losses),
-        "decay_from": decay_from,  # "wsd": the step its decay started at; else None
+        # "wsd": the step its decay started at; None under another schedule, or where the run
+        # stopped (solved, or on time) before any step of its decay.
+        "decay_from": decay_from if decay_from is not None and decay_from < len(losses) else None,
         "stopped_by_time": stopped_by_time,
         "stopped_early": stopped_early,
         "diverged": diverged,
