@@ -49,8 +49,7 @@ reproduce: $(SETUP)
 # data/training/<gpu>[.<config>].json; figures: data/figures/<gpu>_training_[<config>_]*.png.
 # PART=k runs the k-th of the configuration's parts (small 3, recall 12, scale 6: each under ten
 # minutes on an H200, or each run under ten where the runs are long: recall's and scale's MQAR),
-# writing
-# data/training/<gpu>[.<config>].part-k-of-n.json; the part that finds every part's file merges
+# writing data/training/<gpu>[.<config>].part-k-of-n.json; the part that finds every part's file merges
 # them (parts written on other machines: python -m samu.experiment.training --config <config>
 # --merge <gpu>).  A part stopped short goes on where it stopped when run again; a part whose
 # file is written is not trained again.
