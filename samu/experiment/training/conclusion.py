@@ -200,8 +200,9 @@ def _score_cell(mixer: str, stats, metric: str) -> str:
 
 def _speed_lines(timed, gpu: bool) -> list[str]:
     """Each mixer's training speed and GPU time per step (``timed``: frame(); speed_by_mixer,
-    each task and length weighing the same), and the runs the time budget stopped or that
-    diverged."""
+    each task and length weighing the same), and the runs that ended before their last step:
+    solved or decayed from a plateau, stopped by the time budget, or diverged."""
+    import pandas as pd
     lines = []
     speed = speed_by_mixer(timed, "tokens_per_s")
     apart = ("" if speed.attrs["comparable"] else
@@ -225,14 +226,11 @@ def _speed_lines(timed, gpu: bool) -> list[str]:
                                                for m, v in gpu_ms.items()) + ".")
     elif not gpu:
         lines.append("(On a CPU only wall time is measured: tokens/s above are wall-clock.)")
-    cut = timed[timed["stopped_by_time"]]
-    diverged = timed[timed["diverged"]]
-    import pandas as pd
-
-    def flag(column):  # earlier documents may lack one
-        return timed[column].fillna(False).astype(bool)
+    by_time, diverging = (timed[c].fillna(False).astype(bool)
+                          for c in ("stopped_by_time", "diverged"))
+    cut, diverged = timed[by_time], timed[diverging]
     sooner = timed[(pd.to_numeric(timed["steps_completed"]) < pd.to_numeric(timed["steps"]))
-                   & ~flag("stopped_by_time") & ~flag("diverged")]
+                   & ~by_time & ~diverging]
     if len(sooner):
         lines.append(f"**Ended before their last step:** {len(sooner)} runs, solved (an early "
                      f"stop) or decayed from a plateau of the loss (steps "

@@ -22,8 +22,9 @@ from .results import edge_beyond
 # (RECALL_LR_SEARCHES; default "every_point"), "lr_refine" (with "first_point": rounds of
 # refinement after the widenings, each adding the geometric midpoints between each group's best
 # rate and its neighbours, study.refined_rates; default 0), "schedule" (loop.SCHEDULES; default
-# "cosine", whatever the study's tasks take) and "plateau_from" (with "wsd": the step from which a run whose loss has stopped
-# falling starts its decay and ends, so that "steps" is a run's most; default None).
+# "cosine", whatever the study's tasks take) and "plateau_from" (with "wsd": the step from which
+# a run whose loss has stopped falling starts its decay and ends, so that "steps" is a run's
+# most; default None).
 RECALL_CURVE_KEYS = {"points": COUNT, "widths": COUNT, "vocab_size": COUNT, "steps": COUNT}
 RECALL_CURVE_OPTIONAL = {"batch_size": COUNT, "lr": LEARNING_RATE, "bar": Range(low=0, high=1),
                          "attention_from_width": COUNT,
