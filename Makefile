@@ -51,8 +51,8 @@ reproduce: $(SETUP)
 # minutes on an H200, or each run under ten where the runs are long: recall's and scale's MQAR),
 # writing data/training/<gpu>[.<config>].part-k-of-n.json; the part that finds every part's file merges
 # them (parts written on other machines: python -m samu.experiment.training --config <config>
-# --merge <gpu>).  A part stopped short goes on where it stopped when run again; a part whose
-# file is written is not trained again.
+# --merge <gpu>).  A part stopped short goes on where it stopped when run again (a run from its
+# last save, at most a minute back); a part whose file is written is not trained again.
 train: $(SETUP)
 	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.training $(if $(CONFIG),--config $(CONFIG)) $(if $(PART),--part $(PART))
 

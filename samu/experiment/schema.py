@@ -161,6 +161,8 @@ _training_run = {
         "stopped_by_time": {"type": "boolean"},
         "diverged": {"type": "boolean"},
         "stopped_early": {"type": "boolean"},  # optional: solved before its last step
+        # optional: the steps a run stopped midway went on from (its RunCheckpoint)
+        "resumed_at": {"type": "array", "items": {"type": "integer", "minimum": 1}},
         # optional: a "wsd" schedule's run, the step its decay started at (else null)
         "decay_from": {"type": ["integer", "null"], "minimum": 0},
         "backend": {"type": "array", "items": {"type": ["string", "null"]}},

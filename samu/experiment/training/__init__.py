@@ -12,6 +12,8 @@ study at a scale where a recurrent step is cheaper than attention's.
 - ``runs``: one run (``Job``, ``run_job``) and its speed timed alone (``measure_speed``).
 - ``pool``: ``RunPool`` (several runs at once: worker processes, several to a device, over any
   number of GPUs).
+- ``checkpoint``: ``RunCheckpoint`` (a run's state saved as it trains, so that a run stopped
+  midway goes on from its last save).
 - ``resume``: ``FinishedRuns`` (each run's record kept as it finishes, so that a study stopped
   midway goes on where it stopped).
 - ``study``: ``Study`` (every task, length, mixer, learning rate of the sweep and seed; the
@@ -38,6 +40,7 @@ from __future__ import annotations
 from .parameters import *  # noqa: F401,F403
 from .tasks import *  # noqa: F401,F403
 from .loop import *  # noqa: F401,F403
+from .checkpoint import *  # noqa: F401,F403
 from .runs import *  # noqa: F401,F403
 from .pool import *  # noqa: F401,F403
 from .resume import *  # noqa: F401,F403

@@ -168,7 +168,8 @@ def main(argv=None, configurations: dict | None = None) -> int:
                              "number of parts, or of N); each writes "
                              "data/training/<slug>[.<config>].part-K-of-N.json, and the part "
                              "that finds every part's file merges them; run again after a stop, "
-                             "a part trains only what it had not finished")
+                             "a part trains only what it had not finished, each run from its "
+                             "last save")
     parser.add_argument("--merge", default=None, metavar="LABEL",
                         help="train nothing: join the part files of --config's study labelled "
                              "LABEL (data/training/LABEL.<config>.part-K-of-N.json, written on "

@@ -14,7 +14,7 @@ k-th, each estimated (``budget.estimate`` from the committed H200 step times, ev
 all its steps) to take under 8.5 minutes of device time, so that one fits a 10-minute device
 command, or, where one run's steps are many (the recall curves, the scale study's MQAR), each
 run does; a part stopped short is run again with the same command and trains only what it had
-not finished (FinishedRuns).
+not finished (FinishedRuns), each run from its last save (RunCheckpoint).
 The part that finds every part's file merges them.  The estimates (``python -m
 samu.experiment.training --estimate --config <name>`` prints them; with ``--measure`` on the GPU
 it first times each configuration's step alone beside them), at the commit that set these values

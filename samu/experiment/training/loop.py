@@ -292,27 +292,27 @@ def evaluate(model, task, batches, device) -> dict:
             "scored": count}
 
 
-def train(model, task, config: TrainConfig, seed: int, device, progress=None) -> dict:
+def train(model, task, config: TrainConfig, seed: int, device, progress=None,
+          checkpoint=None) -> dict:
     """Train ``model`` on batches of ``task`` drawn on ``device`` from a generator seeded with
     ``seed`` (the same batches for every model on one kind of device).
     ``progress(step, loss)`` is called after every step.  Returns the loss curve (mean training
     loss over each ``log_every`` steps, at the step that ends them), tokens per second, steps
     completed and whether the run stopped on time, stopped early (solved) or diverged; the
-    steps run attention on ``config.attention_kernel``."""
+    steps run attention on ``config.attention_kernel``.  ``checkpoint`` (a RunCheckpoint, or
+    None): the run starts from the state it holds, if any, and saves its state there as it
+    trains; ``resumed_at`` lists the steps it went on from."""
     with attention_kernel(config.attention_kernel):
-        return _train(model, task, config, seed, device, progress)
+        return _train(model, task, config, seed, device, progress, checkpoint)
 
 
-def _train(model, task, config: TrainConfig, seed: int, device, progress) -> dict:
+def _train(model, task, config: TrainConfig, seed: int, device, progress, checkpoint) -> dict:
     device = torch.device(device)
     generator = seeded_generator(seed, device)
     graphed = config.cuda_graph and device.type == "cuda"
     opt = optimizer(model, config, device, graphed)
     params = [p for p in model.parameters()]
     graph_step = GraphedStep(model, opt, params, config.grad_clip) if graphed else None
-    # The capture's step is never timed: it synchronises and records rather than trains fast.
-    first_timed = (max(config.timing_warmup_steps, GraphedStep.EAGER_STEPS + 1) if graphed
-                   else config.timing_warmup_steps)
     model.train()
     losses, curve = [], []
     timed_s, timed_tokens, timed_steps = 0.0, 0, 0
@@ -322,8 +322,35 @@ def _train(model, task, config: TrainConfig, seed: int, device, progress) -> dic
     wsd = config.schedule == "wsd"
     decay_from = config.latest_decay() if wsd else None
     stop_at = config.steps  # "wsd": where its decay ends, once a plateau starts it
+    earlier_wall_s, resumed_at = 0.0, []
+    saved = checkpoint.load() if checkpoint is not None else None
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        rates = [group["lr"] for group in opt.param_groups]  # graphed: the tensor a graph reads
+        opt.load_state_dict(saved["optimizer"])
+        for group, rate in zip(opt.param_groups, rates):
+            group["lr"] = rate
+        generator.set_state(saved["generator"])
+        losses, curve = list(saved["losses"]), [list(point) for point in saved["curve"]]
+        timed_s, timed_tokens = saved["timed_s"], saved["timed_tokens"]
+        timed_steps, gpu_ms = saved["timed_steps"], saved["gpu_ms"]
+        decay_from, stop_at = saved["decay_from"], saved["stop_at"]
+        earlier_wall_s, resumed_at = saved["wall_s"], list(saved["resumed_at"]) + [len(losses)]
+    start = len(losses)
+    # The capture's step is never timed: it synchronises and records rather than trains fast;
+    # nor are the first steps after a resume (compilation and allocator warm-up again).
+    first_timed = start + (max(config.timing_warmup_steps, GraphedStep.EAGER_STEPS + 1)
+                           if graphed else config.timing_warmup_steps)
     started = time.perf_counter()
-    for step in range(config.steps):
+
+    def state() -> dict:
+        return {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                "generator": generator.get_state(), "losses": losses, "curve": curve,
+                "timed_s": timed_s, "timed_tokens": timed_tokens, "timed_steps": timed_steps,
+                "gpu_ms": gpu_ms, "decay_from": decay_from, "stop_at": stop_at,
+                "wall_s": earlier_wall_s + time.perf_counter() - started,
+                "resumed_at": resumed_at}
+    for step in range(start, config.steps):
         inputs, targets = task.batch(config.batch_size, generator)
         _synchronize(device)
         t0 = time.perf_counter()
@@ -372,6 +399,8 @@ def _train(model, task, config: TrainConfig, seed: int, device, progress) -> dic
         if config.max_seconds is not None and timed_s > config.max_seconds:
             stopped_by_time = done < config.steps
             break
+        if checkpoint is not None and done % config.log_every == 0 and checkpoint.due():
+            checkpoint.save(state())
     last = curve[-1][0] if curve else 0
     if last != len(losses):  # a run cut short: its last partial window
         curve.append([len(losses), statistics.fmean(losses[last:])])
@@ -391,7 +420,8 @@ def _train(model, task, config: TrainConfig, seed: int, device, progress) -> dic
         # Wall time per timed step, host overhead included; GPU time only on CUDA (None here).
         "wall_ms_per_step": 1e3 * timed_s / timed_steps if timed_steps else math.nan,
         "gpu_ms_per_step": (gpu_ms / timed_steps if timed_steps else math.nan) if cuda else None,
-        "train_wall_s": time.perf_counter() - started,
+        "train_wall_s": earlier_wall_s + time.perf_counter() - started,
+        "resumed_at": resumed_at,
     }
 
 

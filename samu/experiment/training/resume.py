@@ -1,16 +1,18 @@
 """A study that goes on where it stopped: ``FinishedRuns`` keeps the record of every run as it
 finishes, so that a study cut short (a time limit, a lost machine) and started again trains only
-the runs it had not finished."""
+the runs it had not finished, each of those from its last saved state (RunCheckpoint)."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from ...calibration_file import locked
 from .. import schema
 from ..benchmark_rows import append_line
-from .runs import Job
+from .checkpoint import checkpoint_file
+from .runs import Job, run_key
 
 
 def finished_path(result: Path) -> Path:
@@ -26,9 +28,10 @@ class FinishedRuns:
     record) is skipped, and the lines after it are read; it stays on disk, and the next append
     starts a line of its own.  Every read-modify-write holds the file's lock, so that processes
     opening and appending to one file at once lose nothing.  run_jobs takes a job's record from
-    here instead of training it again; ``clear`` removes the file once the study's result is
-    written.  Runs are deterministic in their seed, so a study resumed from here equals one run
-    without a stop."""
+    here instead of training it again, and trains the others from their state saved in
+    ``in_progress`` (``checkpoint``), which goes with a replaced file; ``clear`` removes both once
+    the study's result is written.  Runs are deterministic in their seed, so a study resumed from
+    here equals one run without a stop."""
 
     def __init__(self, path: Path, study: dict):
         self.path = Path(path)
@@ -41,6 +44,7 @@ class FinishedRuns:
         with locked(self.path):
             if not self._read():
                 self._rewrite()
+                shutil.rmtree(self.in_progress, ignore_errors=True)  # another study's runs
 
     def is_run(self, record) -> bool:
         """Whether ``record`` is a finished run as the training study's document holds one."""
@@ -87,12 +91,17 @@ class FinishedRuns:
 
         schema.atomic_write(self.path, write)
 
-    @staticmethod
-    def key(job: Job) -> str:
-        """What names a run within one study: its label (which rounds the rate), exact rate and
-        seed, steps, batch size and width."""
-        return (f"{job.name}: {job.label} | lr {float(job.lr)!r} seed {job.seed} | steps "
-                f"{job.config.steps} | batch {job.config.batch_size} | width {job.width}")
+    key = staticmethod(run_key)
+
+    def checkpoint(self, job: Job) -> str:
+        """The file that keeps ``job``'s state while it trains (RunCheckpoint), in the
+        directory ``<stem>.in-progress`` beside this file."""
+        return str(checkpoint_file(self.in_progress, run_key(job)))
+
+    @property
+    def in_progress(self) -> Path:
+        stem = self.path.name.removesuffix(".jsonl").removesuffix(".finished")
+        return self.path.with_name(stem + ".in-progress")
 
     def get(self, job: Job) -> dict | None:
         """A copy of ``job``'s record if it finished before, else None."""
@@ -115,6 +124,7 @@ class FinishedRuns:
         with locked(self.path):
             if not self._starts_ours():
                 self._rewrite()
+                Path(self.checkpoint(job)).unlink(missing_ok=True)
                 return
             append_line(self.path, line)
             fd = os.open(self.path, os.O_RDONLY)
@@ -122,6 +132,7 @@ class FinishedRuns:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        Path(self.checkpoint(job)).unlink(missing_ok=True)  # its record is kept: done with it
 
     def _starts_ours(self) -> bool:
         try:
@@ -131,7 +142,9 @@ class FinishedRuns:
             return False
 
     def clear(self) -> None:
-        """Remove the file: the study's result is written."""
+        """Remove the file, and the states of runs in progress: the study's result is
+        written."""
         with locked(self.path):
             self.path.unlink(missing_ok=True)
+            shutil.rmtree(self.in_progress, ignore_errors=True)
         self.records = {}

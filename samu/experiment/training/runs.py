@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, replace
 
 from ... import model as model_
+from .checkpoint import RunCheckpoint
 from .loop import ATTENTION_KERNEL_NAMES, TrainConfig, attention_kernel, evaluate, train
 from .tasks import task_options
 
@@ -17,7 +18,9 @@ class Job:
     """One training run: ``task`` (a task object of task ``name``) learned by a model of
     ``model`` (a samu.model.ModelConfig around ``mixer``) from ``seed`` under ``config`` (a
     TrainConfig at rate ``lr``); ``extra``: (key, value) pairs its record gets beside them;
-    ``label``: how the progress log names it."""
+    ``label``: how the progress log names it; ``checkpoint``: the file that keeps its state
+    while it trains (a RunCheckpoint's), so that it goes on from there after a stop (None:
+    none)."""
     name: str
     task: object
     mixer: str
@@ -27,10 +30,18 @@ class Job:
     model: model_.ModelConfig
     extra: tuple = ()
     label: str = ""
+    checkpoint: str | None = None
 
     @property
     def width(self) -> int:
         return self.model.width
+
+
+def run_key(job: Job) -> str:
+    """What names a run within one study: its label (which rounds the rate), exact rate and
+    seed, steps, batch size and width."""
+    return (f"{job.name}: {job.label} | lr {float(job.lr)!r} seed {job.seed} | steps "
+            f"{job.config.steps} | batch {job.config.batch_size} | width {job.width}")
 
 
 @functools.lru_cache(maxsize=8)
@@ -46,10 +57,15 @@ def held_out(task, config: TrainConfig):
 
 def run_job(job: Job, device, progress=None) -> dict:
     """Train and evaluate ``job``'s model on ``device``: the run's record for the result
-    document (``progress(step, loss)`` after every step)."""
+    document (``progress(step, loss)`` after every step); with ``job.checkpoint`` it goes on
+    from the state saved there, and ``wall_s`` counts the time trained before a stop."""
     model = model_.build(job.model, seed=job.seed, device=device)
     started = time.perf_counter()
-    trained = train(model, job.task, job.config, job.seed, device, progress=progress)
+    checkpoint = (RunCheckpoint(job.checkpoint, run_key(job)) if job.checkpoint is not None
+                  else None)
+    trained = train(model, job.task, job.config, job.seed, device, progress=progress,
+                    checkpoint=checkpoint)
+    trained_here = time.perf_counter() - started
     with attention_kernel(job.config.attention_kernel):
         scored = evaluate(model, job.task, held_out(job.task, job.config), device)
     counts = model.parameter_counts()
@@ -65,7 +81,8 @@ def run_job(job: Job, device, progress=None) -> dict:
         "eval_scored_positions": scored["scored"], "chance": job.task.chance,
         "values_baseline": getattr(job.task, "values_baseline", None),
         "yardstick_bar": getattr(job.task, "yardstick_bar", None),
-        "wall_s": time.perf_counter() - started,
+        # this process's set-up, training and evaluation, and the training before a stop
+        "wall_s": time.perf_counter() - started - trained_here + trained["train_wall_s"],
         **dict(job.extra),
     }
 

@@ -636,6 +636,8 @@ def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool
     shared = pool.workers > 1
     try:
         jobs = _with_kernels(study, jobs, pool.devices[0], kernels)
+        if finished is not None:
+            jobs = [replace(job, checkpoint=finished.checkpoint(job)) for job in jobs]
         earlier = [finished.get(job) if finished is not None else None for job in jobs]
         todo = [job for job, record in zip(jobs, earlier) if record is None]
         for job in jobs if shared else ():
@@ -650,6 +652,8 @@ def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool
                 flags = " (stopped on time)" if record["stopped_by_time"] else ""
                 flags += " (solved: stopped early)" if record.get("stopped_early") else ""
                 flags += " (diverged)" if record["diverged"] else ""
+                flags += "".join(f" (resumed at step {step})"
+                                 for step in record.get("resumed_at", ()))
                 log_line(progress_log, f"{study.configuration or UNNAMED_CONFIGURATION} "
                          f"{job.label}: {record['metric']} "
                          f"{record['value']:.4f}, {record['steps_completed']}/{record['steps']} "

@@ -1,0 +1,53 @@
+"""A run that goes on where it stopped: ``RunCheckpoint`` keeps a training run's state (model,
+optimizer, batch generator, loss curve and timing) while it trains, so that a run stopped midway
+(a command's time limit, a lost machine) goes on from its last save instead of its first step."""
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import torch
+
+from .. import schema
+
+# Seconds of training between two saves: a stop loses at most this much of a run, and a save
+# (a small model's state, tens of megabytes) costs well under one percent of it.
+CHECKPOINT_EVERY_S = 60.0
+
+
+def checkpoint_file(directory: Path, key: str) -> Path:
+    """The file in ``directory`` that holds the run named ``key`` while it trains."""
+    return Path(directory) / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".pt")
+
+
+class RunCheckpoint:
+    """The state of the run named ``key`` in ``path`` (written whole or not at all), saved at a
+    logging point once ``every_s`` seconds have passed since the last save (or since the run
+    started).  A file that holds another run, or that cannot be read, is not resumed from.
+    Runs are deterministic in their seed on a CPU, so a run resumed from here equals one that
+    was never stopped; on a GPU it does to the kernels' own determinism."""
+
+    def __init__(self, path, key: str, every_s: float = CHECKPOINT_EVERY_S):
+        self.path, self.key, self.every_s = Path(path), key, float(every_s)
+        self._last = time.perf_counter()
+
+    def load(self) -> dict | None:
+        """The saved state of this run (tensors on the CPU), or None."""
+        try:
+            state = torch.load(self.path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            return None
+        except Exception:  # noqa: BLE001 - a file cut short or of another format: start again
+            return None
+        return state if isinstance(state, dict) and state.get("key") == self.key else None
+
+    def due(self) -> bool:
+        return time.perf_counter() - self._last >= self.every_s
+
+    def save(self, state: dict) -> None:
+        schema.atomic_write(self.path, lambda tmp: torch.save({**state, "key": self.key}, tmp))
+        self._last = time.perf_counter()
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
