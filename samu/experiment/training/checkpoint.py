@@ -12,7 +12,7 @@ import torch
 from .. import schema
 
 # Seconds of training between two saves: a stop loses at most this much of a run, and a save
-# (a small model's state, tens of megabytes) costs well under one percent of it.
+# costs about one percent of it (docs/LAB.md).
 CHECKPOINT_EVERY_S = 60.0
 
 
