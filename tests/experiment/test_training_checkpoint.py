@@ -75,7 +75,11 @@ def test_a_save_of_another_run_or_a_broken_file_is_not_resumed_from(tmp_path):
     other = T.RunCheckpoint(tmp_path / "run.pt", "another run", every_s=0)
     with pytest.raises(Stop):
         trained(study, config, "attention", other, stop_at=6)
-    for broken in (None, b"not a checkpoint"):
+    saved = torch.load(tmp_path / "run.pt", weights_only=True)
+    del saved["generator"]
+    older = tmp_path / "older.pt"
+    torch.save({**saved, "key": "the run"}, older)  # the right run, a layout without a field
+    for broken in (None, b"not a checkpoint", older.read_bytes()):
         if broken is not None:
             (tmp_path / "run.pt").write_bytes(broken)
         saves = T.RunCheckpoint(tmp_path / "run.pt", "the run", every_s=0)

@@ -14,6 +14,11 @@ from .. import schema
 # Seconds of training between two saves: a stop loses at most this much of a run, and a save
 # costs about one percent of it (docs/LAB.md).
 CHECKPOINT_EVERY_S = 60.0
+# What a run's saved state holds (loop.train writes and reads them); a file that lacks one, or
+# holds others (an older layout), is not resumed from.
+STATE_KEYS = frozenset({"model", "optimizer", "generator", "losses", "curve", "timed_s",
+                        "timed_tokens", "timed_steps", "gpu_ms", "decay_from", "stop_at",
+                        "wall_s", "resumed_at"})
 
 
 def checkpoint_file(directory: Path, key: str) -> Path:
@@ -40,12 +45,17 @@ class RunCheckpoint:
             return None
         except Exception:  # noqa: BLE001 - a file cut short or of another format: start again
             return None
-        return state if isinstance(state, dict) and state.get("key") == self.key else None
+        if not isinstance(state, dict) or state.pop("key", None) != self.key \
+                or set(state) != STATE_KEYS:
+            return None
+        return state
 
     def due(self) -> bool:
         return time.perf_counter() - self._last >= self.every_s
 
     def save(self, state: dict) -> None:
+        if set(state) != STATE_KEYS:
+            raise ValueError(f"a run's state holds {sorted(STATE_KEYS)}, got {sorted(state)}")
         schema.atomic_write(self.path, lambda tmp: torch.save({**state, "key": self.key}, tmp))
         self._last = time.perf_counter()
 
