@@ -28,9 +28,9 @@ it first times each configuration's step alone beside them), at the commit that 
   stops cut them short);
 - ``scale``: 36 runs (with no widening), about 5524 s in all, 6 parts of about 1960 s (one
   (task, mixer) sweep each: the LM's three parts about 87-105 s, so that one command can run
-  them in turn, MQAR's 1611-1960 s at their full 12000 steps, up to six commands each, as a
-  full-length attention run (327 s) fills one, fewer where runs stop as solved or decay from a
-  plateau); per step (wall, alone): attention 26.5 ms, RG-LRU 22.5 ms, SAMU 21.6 ms, where the
+  them in turn, MQAR's 1611-1960 s at their full 12000 steps, four commands each (a command's
+  limit stops a run midway, and the next goes on from its last save), fewer where runs stop as
+  solved or decay from a plateau); per step (wall, alone): attention 26.5 ms, RG-LRU 22.5 ms, SAMU 21.6 ms, where the
   H100's wall time per step was 24.2-25.8, 24.0-25.8 and 23.3-25.1 ms.
 
 How the recall curves' numbers were chosen.  The points and widths are Zoology's figure 2
