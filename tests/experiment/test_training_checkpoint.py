@@ -87,6 +87,48 @@ def test_a_save_of_another_run_or_a_broken_file_is_not_resumed_from(tmp_path):
         assert record["resumed_at"] == [] and torch.equal(resumed_weights, weights)
 
 
+def test_a_save_that_does_not_fit_the_model_is_not_resumed_from(tmp_path):
+    """A save of the same run's key but another model (other shapes), and one made on another
+    attention kernel, leave the model as built: the run starts afresh."""
+    study = small_study(["attention", "samu"], steps=12)
+    config = study.train["mqar"]
+    whole, weights = trained(study, config, "attention")
+    for mixer, kernel in (("samu", None), ("attention", "math")):
+        saves = T.RunCheckpoint(tmp_path / f"{mixer}.pt", "the run", every_s=0)
+        with pytest.raises(Stop):
+            trained(study, dataclasses.replace(config, attention_kernel=kernel), mixer, saves,
+                    stop_at=6)
+        record, resumed_weights = trained(study, config, "attention", saves)
+        assert record["resumed_at"] == [] and torch.equal(resumed_weights, weights)
+
+
+def test_a_run_goes_on_on_the_attention_kernel_it_started_on(tmp_path):
+    """run_job resumes a run on the kernel its save names where the kernels' timing chose
+    another in this command, and its record names that kernel."""
+    study = small_study(["attention"], steps=12)
+    task = study.task_list("mqar")[0]
+    job = T.on_attention_kernel(study.job("mqar", task, "attention", 3e-3, 0,
+                                          study.train["mqar"]), "math")
+    whole = T.run_job(job, "cpu")
+    saved = tmp_path / "run.pt"
+    with pytest.raises(Stop):
+        trained(study, job.config, "attention", T.RunCheckpoint(saved, T.run_key(job), 0),
+                stop_at=6)
+    chosen_again = dataclasses.replace(T.on_attention_kernel(job, "flash"), checkpoint=str(saved))
+    record = T.run_job(chosen_again, "cpu")
+    assert record["attention_kernel"] == "math" and record["resumed_at"] == [4]
+    assert record["loss_curve"] == whole["loss_curve"]
+
+
+def test_a_save_that_fails_is_warned_of_and_the_run_trains_on(tmp_path):
+    study = small_study(["attention"], steps=12)
+    (tmp_path / "a file").write_text("")
+    nowhere = T.RunCheckpoint(tmp_path / "a file" / "run.pt", "the run", every_s=0)
+    with pytest.warns(RuntimeWarning, match="was not saved"):
+        record, _ = trained(study, study.train["mqar"], "attention", nowhere)
+    assert record["steps_completed"] == 12
+
+
 def test_a_study_resumes_its_runs_from_their_saves_and_drops_them_as_they_finish(tmp_path):
     """run_jobs gives each job its file in the FinishedRuns' in-progress directory, resumes a run
     from a save found there, logs it, and removes the save once the run's record is kept; a
@@ -104,8 +146,13 @@ def test_a_study_resumes_its_runs_from_their_saves_and_drops_them_as_they_finish
         trained(study, study.train["mqar"], "samu",
                 T.RunCheckpoint(saved, T.run_key(jobs[1]), every_s=0), stop_at=10)
     log = tmp_path / "progress.log"
-    records = T.run_jobs(study, jobs, "cpu", progress_log=log, bar=False, finished=finished)
+    with T.RunPool("cpu") as pool:
+        records = T.run_jobs(study, jobs, "cpu", progress_log=log, bar=False, pool=pool,
+                             finished=finished)
     assert [r["resumed_at"] for r in records] == [[], [8]]
+    # the phase's training time counts the steps trained in it: the second run's last 22 of 30
+    assert pool.phases[0]["solo_train_s"] == pytest.approx(
+        records[0]["solo_train_s"] + records[1]["solo_train_s"] * 22 / 30)
     assert [r["loss_curve"] for r in records] == [r["loss_curve"] for r in alone]
     assert "resumed at step 8" in log.read_text()
     assert not list(finished.in_progress.iterdir())  # each save removed as its run finished

@@ -141,8 +141,11 @@ def test_a_written_part_is_read_not_trained_and_merge_joins_the_parts_anywhere(
     monkeypatch.setattr(session_module, "run_task", trained)
     spent = data_dir / "training" / "cpu.echo.part-1-of-2.finished.jsonl"
     spent.write_text("{}\n")  # runs kept before the part was written
+    saves = data_dir / "training" / "cpu.echo.part-1-of-2.in-progress"
+    saves.mkdir()
+    (saves / "run.pt").write_bytes(b"")  # and a run's save left by a stop
     again = T.StudyRun("echo", "cpu", "cpu", part=1, configurations=table, bar=False)
-    assert not spent.exists()
+    assert not spent.exists() and not saves.exists()
     assert "this part's file is written" in again.plan()
     assert len(again.run_task("echo"))
     assert again.finish()["parts"] and first.read_bytes() == written

@@ -122,9 +122,11 @@ def fit_step_models(doc: dict) -> dict[str, StepModel]:
 
 def run_overhead_s(doc: dict) -> float:
     """A run's wall time beyond its steps (model set-up, CUDA graph capture, evaluation): the
-    median over the committed runs that trained one at a time."""
+    median over the committed runs that trained one at a time, in one go (a resumed run's
+    wall time misses what it trained after its last save)."""
     extra = [r["wall_s"] - r["steps_completed"] * r["solo_wall_ms_per_step"] / 1e3
-             for r in _records(doc) if r.get("concurrent_runs", 1) == 1 and "wall_s" in r]
+             for r in _records(doc) if r.get("concurrent_runs", 1) == 1 and "wall_s" in r
+             and not r.get("resumed_at")]
     return statistics.median(extra)
 
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .checkpoint import restore
 from .parameters import COUNT, LEARNING_RATE, OFFSET, ParameterError, Range
 from .tasks import IGNORE, metric_of, seeded_generator
 
@@ -301,7 +302,8 @@ def train(model, task, config: TrainConfig, seed: int, device, progress=None,
     completed and whether the run stopped on time, stopped early (solved) or diverged; the
     steps run attention on ``config.attention_kernel``.  ``checkpoint`` (a RunCheckpoint, or
     None): the run starts from the state it holds, if any, and saves its state there as it
-    trains; ``resumed_at`` lists the steps it went on from."""
+    trains (a save of other parameters or another attention kernel is not resumed from);
+    ``resumed_at`` lists the steps it went on from."""
     with attention_kernel(config.attention_kernel):
         return _train(model, task, config, seed, device, progress, checkpoint)
 
@@ -324,13 +326,7 @@ def _train(model, task, config: TrainConfig, seed: int, device, progress, checkp
     stop_at = config.steps  # "wsd": where its decay ends, once a plateau starts it
     earlier_wall_s, resumed_at = 0.0, []
     saved = checkpoint.load() if checkpoint is not None else None
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        rates = [group["lr"] for group in opt.param_groups]  # graphed: the tensor a graph reads
-        opt.load_state_dict(saved["optimizer"])
-        for group, rate in zip(opt.param_groups, rates):
-            group["lr"] = rate
-        generator.set_state(saved["generator"])
+    if saved is not None and restore(saved, model, opt, generator, config.attention_kernel):
         losses, curve = list(saved["losses"]), [list(point) for point in saved["curve"]]
         timed_s, timed_tokens = saved["timed_s"], saved["timed_tokens"]
         timed_steps, gpu_ms = saved["timed_steps"], saved["gpu_ms"]
@@ -349,7 +345,7 @@ def _train(model, task, config: TrainConfig, seed: int, device, progress, checkp
                 "timed_s": timed_s, "timed_tokens": timed_tokens, "timed_steps": timed_steps,
                 "gpu_ms": gpu_ms, "decay_from": decay_from, "stop_at": stop_at,
                 "wall_s": earlier_wall_s + time.perf_counter() - started,
-                "resumed_at": resumed_at}
+                "resumed_at": resumed_at, "attention_kernel": config.attention_kernel}
     for step in range(start, config.steps):
         inputs, targets = task.batch(config.batch_size, generator)
         _synchronize(device)

@@ -55,14 +55,28 @@ def held_out(task, config: TrainConfig):
     return _held_out(task, config.eval_batches, config.batch_size)
 
 
+def on_attention_kernel(job: Job, name: str) -> Job:
+    """``job`` with attention on scaled_dot_product_attention kernel ``name``
+    (ATTENTION_KERNEL_NAMES), which its record names (``attention_kernel``)."""
+    extra = tuple(item for item in job.extra if item[0] != "attention_kernel")
+    return replace(job, config=replace(job.config, attention_kernel=name),
+                   extra=(*extra, ("attention_kernel", name)))
+
+
 def run_job(job: Job, device, progress=None) -> dict:
     """Train and evaluate ``job``'s model on ``device``: the run's record for the result
     document (``progress(step, loss)`` after every step); with ``job.checkpoint`` it goes on
-    from the state saved there, and ``wall_s`` counts the time trained before a stop."""
-    model = model_.build(job.model, seed=job.seed, device=device)
-    started = time.perf_counter()
+    from the state saved there, on the attention kernel it started on, and ``wall_s`` counts
+    the training before a stop up to its last save."""
     checkpoint = (RunCheckpoint(job.checkpoint, run_key(job)) if job.checkpoint is not None
                   else None)
+    saved = checkpoint.load() if checkpoint is not None else None
+    if (saved is not None and saved["attention_kernel"] != job.config.attention_kernel
+            and saved["attention_kernel"] in ATTENTION_KERNEL_NAMES):
+        # the kernel it started on, where timing the kernels again chose another
+        job = on_attention_kernel(job, saved["attention_kernel"])
+    model = model_.build(job.model, seed=job.seed, device=device)
+    started = time.perf_counter()
     trained = train(model, job.task, job.config, job.seed, device, progress=progress,
                     checkpoint=checkpoint)
     trained_here = time.perf_counter() - started

@@ -160,7 +160,7 @@ class StudyRun:
         self.finished = FinishedRuns(finished_path(whole), self.study.describe()) \
             if write and self.written_part is None else None
         if self.written_part is not None:  # runs kept before it was written are spent
-            finished_path(whole).unlink(missing_ok=True)
+            FinishedRuns(finished_path(whole), self.study.describe()).clear()
         self.records: dict[str, list] = {}
         self.curves: list = []
         self.doc = None

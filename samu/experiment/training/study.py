@@ -16,7 +16,8 @@ from .pool import RunPool, check_devices
 from .results import (SANITY_BAR, UNNAMED_CONFIGURATION, beats, best_rate, edge_beyond,
                       higher_is_better, parse_part)
 from .resume import FinishedRuns
-from .runs import Job, alone, fastest_attention_kernel, measure_speed, run_job
+from .runs import (Job, alone, fastest_attention_kernel, measure_speed, on_attention_kernel,
+                   run_job)
 from .tasks import MQAR, make_task, task_spec
 
 # The numeric parameters of a study (notebook 05's, so `make train`'s), and what each may be.
@@ -575,8 +576,7 @@ def _with_kernels(study: Study, jobs: list, device, kernels: dict) -> list:
         key = (job.task, job.width, job.config.batch_size)
         if key not in kernels:
             kernels[key] = fastest_attention_kernel(job.model, job.task, job.config, device)
-        out.append(replace(job, config=replace(job.config, attention_kernel=kernels[key]),
-                           extra=(*job.extra, ("attention_kernel", kernels[key]))))
+        out.append(on_attention_kernel(job, kernels[key]))
     return out
 
 
@@ -669,11 +669,18 @@ def run_jobs(study: Study, jobs: list, device, progress_log=None, bar=True, pool
         record.update(speed, concurrent_runs=pool.workers,
                       solo_train_s=speed["solo_wall_ms_per_step"] * record["steps_completed"]
                       / 1e3)
-    if trained:  # a phase's throughput counts only the runs trained in it
+    if trained:  # a phase's throughput counts only the runs, and steps, trained in it
         pool.phases.append({"phase": desc, "runs": len(trained), "workers": pool.workers,
                             "wall_s": wall,
-                            "solo_train_s": sum(r["solo_train_s"] for r in trained)})
+                            "solo_train_s": sum(r["solo_train_s"] * _share_trained_here(r)
+                                                for r in trained)})
     return records
+
+
+def _share_trained_here(record: dict) -> float:
+    """The share of a run's steps trained since its last resume (all of them: none)."""
+    resumed = record.get("resumed_at") or [0]
+    return (record["steps_completed"] - resumed[-1]) / record["steps_completed"]
 
 
 def _group_records(records: list[dict], task, mixer: str) -> list[dict]:
