@@ -612,3 +612,14 @@ def test_each_configurations_speed_is_timed_under_a_schedule_that_fits_its_few_s
                 config.lr, config.batch_size, config.cuda_graph)
     scale = T.check_parameters(T.configuration("scale").parameters("gpu")).train["mqar"]
     assert (scale.schedule, scale.plateau_from, scale.stop_loss) == ("wsd", 6000, 0.02)
+
+
+
+def test_the_per_run_overhead_leaves_out_resumed_runs():
+    """A resumed run's wall time misses what it trained after its last save: the estimate's
+    per-run overhead is the median over the runs trained in one go."""
+    def run(wall_s, resumed_at):
+        return {"steps_completed": 100, "solo_wall_ms_per_step": 10.0, "wall_s": wall_s,
+                "concurrent_runs": 1, "resumed_at": resumed_at}
+    doc = {"runs": [run(3.0, []), run(4.0, []), run(5.0, []), run(0.5, [40]), run(0.6, [60])]}
+    assert budget.run_overhead_s(doc) == pytest.approx(3.0)  # 1 s of steps, the median 4 s
