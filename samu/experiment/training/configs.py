@@ -30,8 +30,8 @@ it first times each configuration's step alone beside them), at the commit that 
   (task, mixer) sweep each: the LM's three parts about 87-105 s, so that one command can run
   them in turn, MQAR's 1611-1960 s at their full 12000 steps, four commands each (a command's
   limit stops a run midway, and the next goes on from its last save), fewer where runs stop as
-  solved or decay from a plateau); per step (wall, alone): attention 26.5 ms, RG-LRU 22.5 ms, SAMU 21.6 ms, where the
-  H100's wall time per step was 24.2-25.8, 24.0-25.8 and 23.3-25.1 ms.
+  solved or decay from a plateau); per step (wall, alone): attention 26.5 ms, RG-LRU 22.5 ms,
+  SAMU 21.6 ms, where the H100's wall time per step was 24.2-25.8, 24.0-25.8 and 23.3-25.1 ms.
 
 How the recall curves' numbers were chosen.  The points and widths are Zoology's figure 2
 ((L, pairs) = (64, 4), (128, 8), (256, 16); widths 64-512), at vocabulary 8192.  Rates: four

@@ -124,14 +124,13 @@ class FinishedRuns:
         with locked(self.path):
             if not self._starts_ours():
                 self._rewrite()
-                Path(self.checkpoint(job)).unlink(missing_ok=True)
-                return
-            append_line(self.path, line)
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            else:
+                append_line(self.path, line)
+                fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         Path(self.checkpoint(job)).unlink(missing_ok=True)  # its record is kept: done with it
 
     def _starts_ours(self) -> bool:
