@@ -33,6 +33,7 @@ import triton.language as tl
 
 from ..common import single_pass as host
 from ..common.single_pass import FEATURES  # the family's (samu.ops.common.family)
+from ..common.single_pass import Lookback
 from ..common.launching import (Site, aligned, cdiv, fp32_contiguous, piece_sizes, pieces,
                                 with_state_keywords, workspace)
 from ..common.lookback import (adjoint_scan, arrive, boundaries, chain, exchange_sum, publish,
@@ -398,7 +399,10 @@ def spent_residuals(config: SamuSinglePassConfig):
     return None
 
 
-# Each chunk's launches where they differ from SamuSinglePassConfig's defaults.
-LAUNCHES: dict = {}
+# Each chunk's launches where they differ from SamuSinglePassConfig's defaults: register caps
+# that hold more programs an SM and a look-back window of 8, from GPU times on an H100
+# (docs/PERFORMANCE.md, "Single-pass launches timed").
+LAUNCHES: dict = {16: dict(forward=Launch(2, 2, 128), backward=Launch(4, 1, 128),
+                           lookback=Lookback(window=8))}
 
 CONFIGS = tuple(SamuSinglePassConfig(chunk, **LAUNCHES.get(chunk, {})) for chunk in (16,))
