@@ -70,6 +70,33 @@ def test_single_pass_is_legal(mixer, label, batch, length, width, cu, initial, r
     assert entry["legal"], entry["reason"]
 
 
+def _forward_tile_width(mixer, family, config, width):
+    """Channels of the forward's tile at this width (RG-LRU at 16 heads)."""
+    plan = (family.launch_plan(config, width, 16) if mixer == "rglru"
+            else family.launch_plan(config, width))
+    constexprs = plan[0][1]
+    return constexprs.get("BD", constexprs.get("BN"))
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_one_channel_block_over_a_long_row(mixer):
+    """Each registered single-pass backend at the width of its forward tile, so that a row is
+    one chain of consecutive tickets and each look-back waits on tiles still running: legal
+    over 2 x 1024 tokens on a GPU (2 x 48 under the interpreter).  Eight-warp RG-LRU tiles
+    failed exactly this on an H100 (docs/PERFORMANCE.md, "Single-pass launches timed")."""
+    if not _single_pass(mixer):
+        pytest.skip(f"{mixer} has no single-pass backend yet")
+    length = 1024 if DEVICE == "cuda" else 48
+    for name in _single_pass(mixer):
+        family, config = _family(mixer, name)
+        width = _forward_tile_width(mixer, family, config, 2048)
+        assert _forward_tile_width(mixer, family, config, width) == width  # one block a row
+        heads = {"rglru": dict(num_heads=16)}.get(mixer, {})
+        inputs = legality.make_inputs(mixer, (2, length, width), DEVICE, seed=width, **heads)
+        entry = legality.check_legality(mixer, config, inputs=inputs)
+        assert entry["legal"], f"{name} at width {width}: {entry['reason']}"
+
+
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
 def test_the_exchange_splits_only_where_a_group_cannot_be_resident(mixer):
     """One launch per direction where a chunk's tiles fit on the GPU at once; two (the exchange

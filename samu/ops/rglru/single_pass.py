@@ -34,7 +34,6 @@ import triton.language as tl
 
 from ..common import single_pass as host
 from ..common.single_pass import FEATURES  # the family's (samu.ops.common.family)
-from ..common.single_pass import Lookback
 from ..common.launching import Site, aligned, carve, carved_size, cdiv, fp32_contiguous
 from ..common.lookback import adjoint_scan, boundaries, chain, scan_inputs, tile_of
 from ..common.math import sigmoid_fast, softplus, to_element
@@ -321,10 +320,10 @@ def spent_residuals(config: RglruSinglePassConfig):
     return "the saved gate pre-activations (a gemm_recompute_* backend keeps them)"
 
 
-# Each chunk's launches where they differ from RglruSinglePassConfig's defaults: eight-warp
-# tiles, the backward capped at 168 registers, a look-back window of 8, from GPU times on an
-# H100 (docs/PERFORMANCE.md, "Single-pass launches timed"); chunk 16 holds 2 channels a thread.
-LAUNCHES: dict = {chunk: dict(forward=Launch(8, 4), backward=Launch(8, 2, 168),
-                              lookback=Lookback(window=8)) for chunk in (8, 16)}
+# Each chunk's launches where they differ from RglruSinglePassConfig's defaults: chunk 8 takes
+# wider tiles (more values a thread, no spill; sm_90a counts in docs/PERFORMANCE.md).  Eight-warp
+# tiles were faster on an H100 and wrong there wherever a row held one channel block
+# (docs/PERFORMANCE.md, "Single-pass launches timed"): not registered.
+LAUNCHES: dict = {8: dict(forward=Launch(2, 4), backward=Launch(2, 2))}
 
 CONFIGS = tuple(RglruSinglePassConfig(chunk, **LAUNCHES.get(chunk, {})) for chunk in (8, 16))
