@@ -79,7 +79,7 @@ def _gated_tile(x_ptr, g_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr, rese
             a, m, dm_dlog_a, a_in, u_in)
 
 
-@triton.jit(do_not_specialize=["N_SEQ", "NC"])
+@triton.jit(do_not_specialize=["N_SEQ", "NC", "N_CB"])
 def _rglru_forward_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_ptr, h0_ptr,
                           reset_ptr, final_ptr, incl_ptr, flag_ptr, decay_ptr, end_ptr, L, N, NC, N_CB,
                           N_TILES, N_GROUPS, N_SEQ, D: tl.constexpr, DG: tl.constexpr,
@@ -110,7 +110,7 @@ def _rglru_forward_kernel(x_ptr, g_ptr, y_ptr, bx_ptr, ba_ptr, a_param_ptr, seq_
         store_at(final_ptr, h, b, seq, ends, _state_columns(cols, col_ok, D), D, N_SEQ, PACKED)
 
 
-@triton.jit(do_not_specialize=["N_SEQ", "NC"])
+@triton.jit(do_not_specialize=["N_SEQ", "NC", "N_CB"])
 def _rglru_backward_kernel(x_ptr, dy_ptr, g_ptr, dg_ptr, dx_ptr, bx_ptr, ba_ptr, a_param_ptr,
                            h_ptr, seq_ptr, h0_ptr, reset_ptr, dfinal_ptr, dh0_ptr, flag_ptr,
                            decay_ptr,

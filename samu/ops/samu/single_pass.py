@@ -105,7 +105,7 @@ def _rate(a_param_ptr, log_temp_ptr, cols, D):
     return c * softplus(tl.load(a_param_ptr + cols, mask=cols < D, other=0.0))
 
 
-@triton.jit(do_not_specialize=["N_SEQ", "NC"])
+@triton.jit(do_not_specialize=["N_SEQ", "NC", "N_CB"])
 def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_ptr, skip_ptr,
                          seq_ptr, h0_ptr, reset_ptr, final_ptr, r_ptr, g_ptr, incl_ptr, flag_ptr, r_sum_ptr,
                          end_ptr, part_ptr, total_ptr, L, NC, N_CB, N_TILES, N_GROUPS, N_SEQ,
@@ -158,7 +158,7 @@ def _samu_forward_kernel(x_ptr, y_ptr, w_ptr, bias_ptr, a_param_ptr, log_temp_pt
         tl.store(_rows_at(y_ptr, first, tr, cols, D), to_element(y, y_ptr), mask=ok)
 
 
-@triton.jit(do_not_specialize=["N_SEQ", "NC"])
+@triton.jit(do_not_specialize=["N_SEQ", "NC", "N_CB"])
 def _samu_backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, a_param_ptr, log_temp_ptr, skip_ptr,
                           r_ptr, g_ptr, h_ptr, seq_ptr, h0_ptr, reset_ptr, dfinal_ptr, dh0_ptr,
                           flag_ptr,
