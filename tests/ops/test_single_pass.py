@@ -78,23 +78,22 @@ def _forward_tile_width(mixer, family, config, width):
     return constexprs.get("BD", constexprs.get("BN"))
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
-def test_one_channel_block_over_a_long_row(mixer):
+@pytest.mark.parametrize("mixer, name", [(m, n) for m in ("samu", "rglru")
+                                          for n in _single_pass(m)])
+def test_one_channel_block_over_a_long_row(mixer, name):
     """Each registered single-pass backend at the width of its forward tile, so that a row is
     one chain of consecutive tickets and each look-back waits on tiles still running: legal
-    over 2 x 1024 tokens on a GPU (2 x 48 under the interpreter).  Eight-warp RG-LRU tiles
-    failed exactly this on an H100 (docs/PERFORMANCE.md, "Single-pass launches timed")."""
-    if not _single_pass(mixer):
-        pytest.skip(f"{mixer} has no single-pass backend yet")
+    over 2 x 1024 tokens on a GPU (2 x 48 under the interpreter, which runs one program at a
+    time).  Eight-warp RG-LRU tiles failed exactly this on an H100 (docs/PERFORMANCE.md, "The
+    registered launches checked on an H100")."""
     length = 1024 if DEVICE == "cuda" else 48
-    for name in _single_pass(mixer):
-        family, config = _family(mixer, name)
-        width = _forward_tile_width(mixer, family, config, 2048)
-        assert _forward_tile_width(mixer, family, config, width) == width  # one block a row
-        heads = {"rglru": dict(num_heads=16)}.get(mixer, {})
-        inputs = legality.make_inputs(mixer, (2, length, width), DEVICE, seed=width, **heads)
-        entry = legality.check_legality(mixer, config, inputs=inputs)
-        assert entry["legal"], f"{name} at width {width}: {entry['reason']}"
+    family, config = _family(mixer, name)
+    width = _forward_tile_width(mixer, family, config, 2048)
+    assert _forward_tile_width(mixer, family, config, width) == width  # one block a row
+    heads = {"rglru": dict(num_heads=16)}.get(mixer, {})
+    inputs = legality.make_inputs(mixer, (2, length, width), DEVICE, seed=width, **heads)
+    entry = legality.check_legality(mixer, config, inputs=inputs)
+    assert entry["legal"], f"{name} at width {width}: {entry['reason']}"
 
 
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
@@ -164,7 +163,7 @@ def test_the_chunk_and_channel_block_counts_are_never_specialised(mixer):
     """Triton 3.6 (the GPUs' here) fails to compile a single-pass kernel whose chunk count it
     specialised into the constant 1 (a one-chunk call; Triton 3.9 compiles it), and RG-LRU's
     eight-warp tiles went wrong on an H100 only where the channel-block count was 1
-    (docs/PERFORMANCE.md): every kernel of each single-pass family takes NC and N_CB
+    (docs/PERFORMANCE.md, "The registered launches checked on an H100"): every kernel of each single-pass family takes NC and N_CB
     unspecialised, under the interpreter as compiled."""
     for name in _single_pass(mixer):
         family, _ = _family(mixer, name)

@@ -323,7 +323,7 @@ def spent_residuals(config: RglruSinglePassConfig):
 # Each chunk's launches where they differ from RglruSinglePassConfig's defaults: chunk 8 takes
 # wider tiles (more values a thread, no spill; sm_90a counts in docs/PERFORMANCE.md).  Eight-warp
 # tiles were faster on an H100 and wrong there wherever a row held one channel block
-# (docs/PERFORMANCE.md, "Single-pass launches timed"): not registered.
+# (docs/PERFORMANCE.md, "The registered launches checked on an H100"): not registered.
 LAUNCHES: dict = {8: dict(forward=Launch(2, 4), backward=Launch(2, 2))}
 
 CONFIGS = tuple(RglruSinglePassConfig(chunk, **LAUNCHES.get(chunk, {})) for chunk in (8, 16))
