@@ -23,27 +23,8 @@ import torch
 
 from samu import backends
 from samu.experiment import benchmark_cli, benchmark_rows, legality, protocol
-from samu.ops.common.carry import CarryPlan
-from samu.ops.common.single_pass import Lookback
-from samu.ops.rglru import gemm
-from samu.ops.samu import chunk
 
-LAUNCH = {"samu": chunk.Launch, "rglru": gemm.Launch}
-
-
-def variants(mixer, settings):
-    """(label, {field: value}) of each --set."""
-    names = {"Launch": LAUNCH[mixer], "CarryPlan": CarryPlan, "Lookback": Lookback}
-    out = []
-    for text in settings:
-        change = {}
-        for part in text.split(";"):
-            field, value = part.split("=", 1)
-            if field.strip() in change:
-                raise SystemExit(f"--set {text!r}: {field.strip()} given twice")
-            change[field.strip()] = eval(value, names)
-        out.append((text, change))
-    return out
+variants = benchmark_cli.config_variants  # (label, {field: value}) of each --set
 
 
 def main(argv=None):

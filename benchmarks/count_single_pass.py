@@ -7,10 +7,16 @@ sum may), and its grid against the 132 SMs at each default shape (samu.experimen
 
     python benchmarks/count_single_pass.py                 # both mixers, D = 2048, 16 heads
     python benchmarks/count_single_pass.py --width 2560 --heads 10
+    python benchmarks/count_single_pass.py --mixers samu --set "lookback=Lookback(window=4)" \
+        --set "backward=Launch(4, 1, 128)"                  # variants, as compare_configs.py times them
+
+Each --set is a variant of every single-pass backend of the mixers given (compare_configs.py's
+syntax: benchmark_cli.config_variants); the registered launches are counted first.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
@@ -59,15 +65,15 @@ def loops_with_barriers(instructions) -> int:
     return count
 
 
-def counts(mixer: str, width: int, heads: int):
+def counts(mixer: str, width: int, heads: int, change: dict | None = None):
     """(backend, kernel, registers, spills, instructions per element, per look-back round,
     programs an SM holds, channels a tile, loops holding a barrier) of each single-pass
-    kernel."""
+    kernel, its configuration's fields replaced by ``change``."""
     inspect_kernels.signature = signature
     for name in backends.available(mixer):
         if "singlepass" not in name.split("_"):
             continue
-        config = backends.REGISTRY[mixer][name].config
+        config = dataclasses.replace(backends.REGISTRY[mixer][name].config, **(change or {}))
         family = backends.family_of(mixer, config)
         plan = (family.launch_plan(config, width, heads) if mixer == "rglru"
                 else family.launch_plan(config, width))
@@ -85,28 +91,39 @@ def counts(mixer: str, width: int, heads: int):
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from samu.experiment.benchmark_cli import positive_int
+    from samu.experiment.benchmark_cli import add_mixers, config_variants, positive_int
     parser.add_argument("--width", type=positive_int, default=2048)
     parser.add_argument("--heads", type=positive_int, default=16)
+    add_mixers(parser)
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a variant of each single-pass backend (compare_configs.py's --set)")
     args = parser.parse_args()
     if args.width % args.heads:
         parser.error(f"--heads {args.heads} does not divide --width {args.width}")
     if os.environ.get("TRITON_INTERPRET") == "1":  # its kernels are then not compiled
         parser.error("counts compiled kernels: run it without TRITON_INTERPRET=1")
-    for mixer in backends.REGISTRY:
-        for name, kernel, regs, spills, per, per_round, held, block, chunk, barred in counts(
-                mixer, args.width, args.heads):
-            print(f"{name:32s} {kernel:24s} regs {regs:3d} spill {spills:4d} B  "
-                  f"{per:6.1f} instructions/element ({per_round:5.1f} a look-back round)  "
-                  f"{held} programs/SM, {block} channels a tile, {barred} loops with a "
-                  "barrier")
-            grids = []
-            for shape in map(Shape.parse, GPU_SHAPES):
-                batch, length, d = shape
-                tiles = batch * cdiv(length, chunk) * cdiv(d, block)
-                grids.append(f"{shape.label}: {tiles} tiles = {tiles / (SMS * held):.1f} x "
-                             f"{SMS * held} resident")
-            print("    " + "; ".join(grids), flush=True)
+    for mixer in args.mixers:
+        for label, change in [("registered", {})] + config_variants(mixer, args.set):
+            if args.set:
+                print(f"{mixer}, {label}:")
+            _print_counts(mixer, args.width, args.heads, change)
+
+
+def _print_counts(mixer, width, heads, change):
+    """Print counts() of one configuration, each kernel with its grid at the default shapes."""
+    for name, kernel, regs, spills, per, per_round, held, block, chunk, barred in counts(
+            mixer, width, heads, change):
+        print(f"{name:32s} {kernel:24s} regs {regs:3d} spill {spills:4d} B  "
+              f"{per:6.1f} instructions/element ({per_round:5.1f} a look-back round)  "
+              f"{held} programs/SM, {block} channels a tile, {barred} loops with a "
+              "barrier")
+        grids = []
+        for shape in map(Shape.parse, GPU_SHAPES):
+            batch, length, d = shape
+            tiles = batch * cdiv(length, chunk) * cdiv(d, block)
+            grids.append(f"{shape.label}: {tiles} tiles = {tiles / (SMS * held):.1f} x "
+                         f"{SMS * held} resident")
+        print("    " + "; ".join(grids), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ where the kernels cannot run (off a GPU, or on a CPU without Triton's interprete
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import torch
@@ -65,6 +66,37 @@ def add_mixers(parser: argparse.ArgumentParser) -> None:
     """--mixers NAME ...: the mixers to run (default: every registered one)."""
     parser.add_argument("--mixers", nargs="+", type=mixer, default=list(backends.REGISTRY),
                         help=f"mixers to run (default: {' '.join(backends.REGISTRY)})")
+
+
+def launch_type(mixer: str) -> type:
+    """The mixer's Launch class, read from its registered Triton configurations."""
+    for backend in backends.REGISTRY[mixer].values():
+        if backend.config is None:  # a reference
+            continue
+        for field in dataclasses.fields(backend.config):
+            value = getattr(backend.config, field.name)
+            if type(value).__name__ == "Launch":
+                return type(value)
+    raise ValueError(f"{mixer} has no registered configuration with a Launch")
+
+
+def config_variants(mixer: str, settings) -> list[tuple[str, dict]]:
+    """(label, {field: value}) of each --set text: field=value pairs of a backend's frozen
+    configuration, several separated by ";", each value a Python expression over the mixer's
+    Launch, CarryPlan and Lookback (e.g. "chunk=8; lookback=Lookback(window=4)")."""
+    from ..ops.common.carry import CarryPlan
+    from ..ops.common.single_pass import Lookback
+    names = {"Launch": launch_type(mixer), "CarryPlan": CarryPlan, "Lookback": Lookback}
+    out = []
+    for text in settings:
+        change = {}
+        for part in text.split(";"):
+            field, value = part.split("=", 1)
+            if field.strip() in change:
+                raise SystemExit(f"--set {text!r}: {field.strip()} given twice")
+            change[field.strip()] = eval(value, names)
+        out.append((text, change))
+    return out
 
 
 def require_cuda(program: str, what: str = "times GPU kernels") -> None:

@@ -27,3 +27,20 @@ def test_help_is_printed_on_any_machine(load_benchmark, capsys):
     bench = load_benchmark("compare_configs")
     assert bench.main(["--help"]) == 0
     assert "Each --set is one variant" in capsys.readouterr().out
+
+
+def test_each_mixer_takes_the_launch_of_its_registered_configurations():
+    """A variant's Launch is the mixer's own, read from its registered configurations (the
+    two mixers' Launch classes differ: SAMU's tiles are channels, RG-LRU's a head's run)."""
+    import dataclasses
+
+    from samu import backends
+    from samu.experiment.benchmark_cli import config_variants, launch_type
+    for mixer in backends.REGISTRY:
+        launch = launch_type(mixer)
+        assert any(isinstance(getattr(b.config, f.name), launch)
+                   for b in backends.REGISTRY[mixer].values() if b.config is not None
+                   for f in dataclasses.fields(b.config))
+        (_, change), = config_variants(mixer, ["forward=Launch(2, 1)"])
+        assert type(change["forward"]) is launch
+    assert launch_type("samu") is not launch_type("rglru")
