@@ -91,10 +91,16 @@ def config_variants(mixer: str, settings) -> list[tuple[str, dict]]:
     for text in settings:
         change = {}
         for part in text.split(";"):
+            if "=" not in part:
+                raise SystemExit(f"--set {text!r}: {part.strip()!r} is not FIELD=VALUE")
             field, value = part.split("=", 1)
             if field.strip() in change:
                 raise SystemExit(f"--set {text!r}: {field.strip()} given twice")
-            change[field.strip()] = eval(value, names)
+            try:
+                change[field.strip()] = eval(value, names)
+            except Exception as error:  # the message names the text, whatever went wrong
+                raise SystemExit(f"--set {text!r}: {value.strip()!r} is not a value here "
+                                 f"({type(error).__name__}: {error})") from None
         out.append((text, change))
     return out
 

@@ -44,3 +44,14 @@ def test_each_mixer_takes_the_launch_of_its_registered_configurations():
         (_, change), = config_variants(mixer, ["forward=Launch(2, 1)"])
         assert type(change["forward"]) is launch
     assert launch_type("samu") is not launch_type("rglru")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("lookback", "is not FIELD=VALUE"),
+    ("backward=Launch(3, 1)", "is not a value here .*warps"),
+    ("forward=Lanch(2, 1)", "is not a value here .*NameError"),
+])
+def test_a_bad_set_is_refused_by_name(text, message):
+    from samu.experiment.benchmark_cli import config_variants
+    with pytest.raises(SystemExit, match=message):
+        config_variants("samu", [text])
