@@ -45,9 +45,7 @@ class RunCheckpoint:
             return self._loaded
         try:
             state = torch.load(self.path, map_location="cpu", weights_only=True)
-        except FileNotFoundError:
-            return None
-        except Exception:  # noqa: BLE001 - a file cut short or of another format: start again
+        except Exception:  # noqa: BLE001 - none yet, cut short, or of another format: start again
             return None
         if not isinstance(state, dict) or state.pop("key", None) != self.key \
                 or set(state) != STATE_KEYS:
