@@ -14,9 +14,11 @@ endif
 # never parses it; $(value) keeps make from expanding it either.
 override SHAPES := $(value SHAPES)
 export SHAPES
+override GPU := $(value GPU)
+export GPU
 NBVAL_DATA := $(shell mktemp -d -u /tmp/samu-nbval.XXXXXX)
 
-.PHONY: setup test reproduce train lab notebooks clean
+.PHONY: setup test reproduce report train lab notebooks clean
 
 setup: $(SETUP)
 
@@ -40,6 +42,11 @@ test: $(SETUP)
 
 reproduce: $(SETUP)
 	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.pipeline --shapes "$$SHAPES"
+
+# The report alone (notebook 04) over the per-shape results in data/results/<GPU>/, for shapes
+# run in several commands; GPU=nvidia-h200 names the GPU (default: this machine's).
+report: $(SETUP)
+	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.pipeline --report "$$GPU"
 
 # The training studies (notebook 05; samu.experiment.training.CONFIGURATIONS): CONFIG=small (the
 # default on a GPU: recall, copying and a character LM at width 256), recall (Zoology's recall

@@ -1,5 +1,9 @@
 """`make reproduce`: papermill runs notebooks 01-03 once per shape, then 04 once.
 
+`make report GPU=<slug>` (``--report``) runs 04 alone over the per-shape results already in
+data/results/<slug>/: the result document, figures and executed report rebuilt from shapes run
+in several commands or on several machines of one GPU kind.  It measures nothing.
+
 Executed notebooks go to data/runs/<gpu>/<shape>/, apart from the sources.  A notebook that fails
 stops the run with a non-zero exit; its executed copy is kept as *.failed.ipynb for reading, and
 the result files it would have written are untouched (they are written atomically).  What is
@@ -261,11 +265,64 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="BATCHxLENGTHxWIDTH ..., separate arguments or one whitespace-"
                              "separated argument (default, also for an empty one: "
                              f"{default_shapes_text()})")
+    parser.add_argument("--report", nargs="?", const="", default=None, metavar="GPU",
+                        help="run no shape: only the report (notebook 04) over the per-shape "
+                             "results in data/results/GPU/ (GPU: a slug such as nvidia-h200; "
+                             "empty or absent: this machine's)")
     return parser
 
 
+SLUG = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
+
+
+def report_slug(text: str) -> str:
+    """The GPU whose per-shape results ``--report`` combines: ``text``, or this machine's slug
+    when it is empty.  A slug names a folder of the data, so it is refused unless it is one
+    (lowercase letters, digits and hyphens) with results to combine."""
+    from .. import dispatch, paths
+
+    slug = text.strip() or dispatch.gpu_slug()
+    if not SLUG.match(slug):
+        raise ValueError(f"--report {text!r}: not a GPU slug (lowercase letters, digits and "
+                         f"hyphens, such as nvidia-h200)")
+    shapes = sorted(paths.results_dir(slug).glob("*.json"))
+    if not shapes:
+        raise ValueError(f"--report {slug}: no per-shape results in "
+                         f"{paths.relative(paths.results_dir(slug))}/ to combine; `make "
+                         f"reproduce` writes them")
+    return slug
+
+
+def main_report(text: str) -> int:
+    """``--report``: notebook 04 alone over the per-shape results there are."""
+    from .. import paths
+
+    export_data_dir()
+    slug = report_slug(text)
+    shapes = sorted(f.stem for f in paths.results_dir(slug).glob("*.json"))
+    print(f"report over {len(shapes)} shapes of {slug}: {' '.join(shapes)}", flush=True)
+    try:
+        run_notebook("04_report", paths.runs_dir(slug), dict(gpu_slug=slug, write=True))
+    except Exception as exc:
+        print(f"\nreport FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print_summary(slug)
+    print(f"\nwrote {paths.relative(paths.results_file(slug))}, "
+          f"{paths.relative(paths.figures_dir())}/{slug}_*.png and the executed report in "
+          f"{paths.relative(paths.runs_dir(slug))}/")
+    return 0
+
+
 def main(argv=None) -> int:
-    args = argument_parser().parse_args(argv)
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    if args.report is not None:
+        if args.shapes:  # an empty --shapes (make's "$SHAPES" unset) asks for nothing
+            parser.error("--report runs no shape: give --shapes or --report, not both")
+        try:
+            return main_report(args.report)
+        except ValueError as exc:
+            parser.error(str(exc))
     explicit = parse_shapes(args.shapes)  # a bad shape stops the run before any notebook
     # Triton 3.9 warns when TRITON_DEFAULT_FP_FUSION is unset; "1" keeps its default (fused
     # multiply-adds on), which every committed result was measured with.  The notebook kernels

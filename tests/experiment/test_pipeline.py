@@ -79,12 +79,12 @@ def test_notebooks_inherit_the_absolute_data_dir(tmp_path, monkeypatch):
         (4, 2048, 2048), (1, 8192, 2560)]
 
 
-def _make(*args, python):
+def _make(*args, python, target="reproduce"):
     env = {k: v for k, v in os.environ.items()
-           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SHAPES")}
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SHAPES", "GPU")}
     make = shutil.which("make")
     assert make, "make is needed to test the Makefile"
-    return subprocess.run([make, "-s", "-C", str(paths.REPO_ROOT), "reproduce",
+    return subprocess.run([make, "-s", "-C", str(paths.REPO_ROOT), target,
                            f"PYTHON={python}", *args], env=env, capture_output=True, text=True)
 
 
@@ -99,6 +99,68 @@ def test_make_passes_shapes_as_one_argument_the_shell_never_parses(tmp_path):
         assert out.returncode == 0, out.stderr
         assert out.stdout.split("\n")[:4] == ["-m", "samu.experiment.pipeline", "--shapes", expected]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["python"]
+
+
+def test_make_report_passes_the_gpu_as_one_argument_the_shell_never_parses(tmp_path):
+    fake = tmp_path / "python"  # prints its arguments, one a line
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    fake.chmod(0o755)
+    hostile = f"x;touch {tmp_path}/a $(shell touch {tmp_path}/b) `touch {tmp_path}/c`"
+    for gpu, expected in ((hostile, hostile), (None, ""), ("nvidia-h200", "nvidia-h200")):
+        out = _make(*([f"GPU={gpu}"] if gpu is not None else []), python=fake, target="report")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split("\n")[:4] == ["-m", "samu.experiment.pipeline", "--report",
+                                               expected]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["python"]
+
+
+def _cpu_shape_results(slug, shapes):
+    from samu.experiment import protocol
+
+    for shape in shapes:
+        rows = protocol.time_shape(shape, 0, {"rglru": "reference_chunked",
+                                              "samu": "reference_chunked"}, "cpu")
+        protocol.write_shape_result(slug, shape, rows)
+
+
+def test_report_alone_combines_the_shapes_already_there(tmp_path, monkeypatch, capsys):
+    """Shapes written by separate runs (here two, one at a time) are combined by the report
+    notebook alone: one result document holding both, and no shape run again."""
+    import json
+
+    monkeypatch.setenv("SAMU_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    _cpu_shape_results("cpu", [(1, 8, 16)])
+    _cpu_shape_results("cpu", [(2, 8, 16)])
+    shapes_run = []
+    monkeypatch.setattr(pipeline, "parse_shapes", lambda args: shapes_run.append(args) or [])
+    assert pipeline.main(["--report", "cpu"]) == 0
+    assert shapes_run == []
+    doc = json.loads(paths.results_file("cpu").read_text())
+    assert sorted((r["shape"]["batch"], r["architecture"]) for r in doc["rows"]) == [
+        (1, "rglru"), (1, "samu"), (2, "rglru"), (2, "samu")]
+    assert (paths.runs_dir("cpu") / "04_report.ipynb").exists()
+    out = capsys.readouterr().out
+    assert "report over 2 shapes of cpu: 1x8x16 2x8x16" in out
+    assert f"wrote {paths.relative(paths.results_file('cpu'))}" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--report", "../calibration"], "not a GPU slug"),
+    (["--report", "NVIDIA H200"], "not a GPU slug"),
+    (["--report", "nvidia-h999"], "no per-shape results in"),
+    (["--report", "cpu", "--shapes", "1x16x16"], "give --shapes or --report, not both"),
+])
+def test_report_refuses_what_it_cannot_combine(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.setenv("SAMU_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    _cpu_shape_results("cpu", [(1, 8, 16)])
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as stop:
+        pipeline.main(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
 
 
 def test_make_reproduce_fails_on_a_bad_shape(tmp_path):
