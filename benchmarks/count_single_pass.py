@@ -11,7 +11,8 @@ sum may), and its grid against the 132 SMs at each default shape (samu.experimen
         --set "backward=Launch(4, 1, 128)"                  # variants, as compare_configs.py times them
 
 Each --set is a variant of every single-pass backend of the mixers given (compare_configs.py's
-syntax: benchmark_cli.config_variants); the registered launches are counted first.
+syntax: benchmark_cli.config_variants); the registered launches are counted first.  A variant
+that splits the exchange (lookback=Lookback(split=True)) counts each kernel's two launches.
 """
 from __future__ import annotations
 
@@ -83,7 +84,9 @@ def counts(mixer: str, width: int, heads: int, change: dict | None = None):
             values = constexprs["T"] * constexprs["V"]
             loops = inspect_kernels.loop_bodies(instructions)
             block = constexprs.get("BD", constexprs.get("BN"))
-            yield (name, kernel.fn.__name__, regs, spills, len(instructions) / values,
+            phase = constexprs.get("PHASE", 0)  # a split exchange's two launches, apart
+            label = kernel.fn.__name__ + (f" phase {phase}" if phase else "")
+            yield (name, label, regs, spills, len(instructions) / values,
                    max(loops, default=0) / values, resident(regs, options["num_warps"]),
                    block, config.chunk, loops_with_barriers(instructions))
 
@@ -113,7 +116,7 @@ def _print_counts(mixer, width, heads, change):
     """Print counts() of one configuration, each kernel with its grid at the default shapes."""
     for name, kernel, regs, spills, per, per_round, held, block, chunk, barred in counts(
             mixer, width, heads, change):
-        print(f"{name:32s} {kernel:24s} regs {regs:3d} spill {spills:4d} B  "
+        print(f"{name:32s} {kernel:32s} regs {regs:3d} spill {spills:4d} B  "
               f"{per:6.1f} instructions/element ({per_round:5.1f} a look-back round)  "
               f"{held} programs/SM, {block} channels a tile, {barred} loops with a "
               "barrier")

@@ -111,6 +111,29 @@ def test_the_exchange_splits_only_where_a_group_cannot_be_resident(mixer):
     assert lookback.phases(10_000, torch.device(DEVICE)) == (1, 2)
 
 
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_the_launch_plan_lists_a_split_exchange_as_two_launches(mixer):
+    """The plan that count_single_pass.py and the compile checks read holds each launch the
+    settings ask for: PHASE 0 alone, or SAMU's PHASE 1 then 2 for each kernel where the
+    exchange is split; RG-LRU's tiles exchange nothing and always run in one."""
+    if not _single_pass(mixer):
+        pytest.skip(f"{mixer} has no single-pass backend yet")
+    family, config = _family(mixer, _single_pass(mixer)[0])
+
+    def phases(lookback):
+        changed = dataclasses.replace(config, lookback=lookback)
+        plan = (family.launch_plan(changed, 2048, 16) if mixer == "rglru"
+                else family.launch_plan(changed, 2048))
+        return [(kernel.fn.__name__, constexprs["PHASE"]) for kernel, constexprs, _ in plan]
+
+    one = phases(Lookback())
+    assert [phase for _, phase in one] == [0] * len(one)
+    kernels = [name for name, _ in one]
+    for asked in (Lookback(split=True), Lookback(ticket_order=1)):
+        expected = ([(n, p) for n in kernels for p in (1, 2)] if mixer == "samu" else one)
+        assert phases(asked) == expected
+
+
 def test_lookback_settings_are_checked():
     """Windows are powers of two up to 32 (one bit a lane); rows past 2^31 elements a batch
     row are refused by name (the look-back's offsets are 32-bit)."""

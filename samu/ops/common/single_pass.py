@@ -47,10 +47,14 @@ class Lookback:
         """The kernel's PHASE of each launch: (0,) one launch; (1, 2) the exchange apart.  A
         kernel whose tiles exchange nothing (``exchanges`` off) waits only on earlier tickets
         and always runs in one."""
-        split = exchanges and (self.split or self.ticket_order != 0
-                               or channel_blocks > sm_count(device)
+        split = exchanges and (self.asks_split or channel_blocks > sm_count(device)
                                or (INTERPRETING and channel_blocks > 1))
         return (1, 2) if split else (0,)
+
+    @property
+    def asks_split(self) -> bool:
+        """Whether these settings split the exchange whatever the width and device."""
+        return self.split or self.ticket_order != 0
 
     def meta(self) -> dict:
         return dict(WINDOW=self.window, ORDER=self.ticket_order,
@@ -92,16 +96,20 @@ def flags(sequences, **more) -> tuple:
 
 
 def launch_plan(kernels: dict, config: SinglePassConfig, tiles_of_role: dict,
-                features: bool) -> list:
-    """(kernel, constexprs, compile options) of each role's kernel, in one launch (PHASE 0),
-    from its tile constexprs, without the state keywords or (features=True) with all."""
+                features: bool, exchanges: bool = True) -> list:
+    """(kernel, constexprs, compile options) of each launch of each role's kernel, from its tile
+    constexprs, without the state keywords or (features=True) with all: one launch (PHASE 0),
+    or PHASE 1 then 2 where the settings split the exchange (``Lookback.asks_split``; the split
+    a width of more channel blocks than SMs forces is the device's, not the plan's)."""
+    phases = (1, 2) if exchanges and config.lookback.asks_split else (0,)
     plan = []
     for role, kernel in kernels.items():
-        constexprs = dict(tiles_of_role[role], PHASE=0, **config.lookback.meta(),
-                          **dict.fromkeys(FEATURES[role], features))
-        options = {name: constexprs.pop(name) for name in ("num_warps", "maxnreg")
-                   if name in constexprs}
-        plan.append((kernel, constexprs, options))
+        for phase in phases:
+            constexprs = dict(tiles_of_role[role], PHASE=phase, **config.lookback.meta(),
+                              **dict.fromkeys(FEATURES[role], features))
+            options = {name: constexprs.pop(name) for name in ("num_warps", "maxnreg")
+                       if name in constexprs}
+            plan.append((kernel, constexprs, options))
     return plan
 
 

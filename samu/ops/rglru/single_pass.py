@@ -195,7 +195,7 @@ def launch_plan(config: RglruSinglePassConfig, width: int, heads: int = 16,
     """(kernel, constexprs, compile options) of each kernel at this width and head count,
     without the state keywords or (features=True) with all."""
     return host.launch_plan(KERNELS, config, tiles(config, width // heads, width, width),
-                            features)
+                            features, exchanges=False)
 
 
 class _Plan(NamedTuple):
