@@ -44,9 +44,10 @@ reproduce: $(SETUP)
 	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.pipeline --shapes "$$SHAPES"
 
 # The report alone (notebook 04) over the per-shape results in data/results/<GPU>/, for shapes
-# run in several commands; GPU=nvidia-h200 names the GPU (default: this machine's).
+# run in several commands; GPU=nvidia-h200 names the GPU (default: this machine's; a GPU
+# variable in the environment counts too). It reaches the program as SHAPES does.
 report: $(SETUP)
-	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.pipeline --report "$$GPU"
+	PYTHONUNBUFFERED=1 $(PYTHON) -m samu.experiment.pipeline --report="$$GPU"
 
 # The training studies (notebook 05; samu.experiment.training.CONFIGURATIONS): CONFIG=small (the
 # default on a GPU: recall, copying and a character LM at width 256), recall (Zoology's recall

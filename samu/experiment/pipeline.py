@@ -224,7 +224,7 @@ def print_summary(slug: str) -> None:
     import pandas as pd
     from . import report
 
-    doc = report.combine(slug)
+    doc = report.combine(slug, write=False)  # notebook 04 wrote it
     df = report.frame(doc)
     print()
     if df["cpu"].any():
@@ -283,13 +283,16 @@ def report_slug(text: str) -> str:
 
     slug = text.strip() or dispatch.gpu_slug()
     if not SLUG.match(slug):
-        raise ValueError(f"--report {text!r}: not a GPU slug (lowercase letters, digits and "
+        raise ValueError(f"--report {slug!r}: not a GPU slug (lowercase letters, digits and "
                          f"hyphens, such as nvidia-h200)")
-    shapes = sorted(paths.results_dir(slug).glob("*.json"))
-    if not shapes:
+    if not any(paths.results_dir(slug).glob("*.json")):
+        root = paths.DATA / "results"
+        having = sorted(d.name for d in root.iterdir()
+                        if d.is_dir() and any(d.glob("*.json"))) if root.is_dir() else []
         raise ValueError(f"--report {slug}: no per-shape results in "
-                         f"{paths.relative(paths.results_dir(slug))}/ to combine; `make "
-                         f"reproduce` writes them")
+                         f"{paths.relative(paths.results_dir(slug))}/ to combine (`make "
+                         f"reproduce` writes them); GPUs with results: "
+                         f"{' '.join(having) or 'none'}")
     return slug
 
 
@@ -317,7 +320,7 @@ def main(argv=None) -> int:
     parser = argument_parser()
     args = parser.parse_args(argv)
     if args.report is not None:
-        if args.shapes:  # an empty --shapes (make's "$SHAPES" unset) asks for nothing
+        if any(a.split() for a in args.shapes or ()):  # an empty --shapes asks for nothing
             parser.error("--report runs no shape: give --shapes or --report, not both")
         try:
             return main_report(args.report)

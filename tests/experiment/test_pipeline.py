@@ -105,12 +105,13 @@ def test_make_report_passes_the_gpu_as_one_argument_the_shell_never_parses(tmp_p
     fake = tmp_path / "python"  # prints its arguments, one a line
     fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
     fake.chmod(0o755)
-    hostile = f"x;touch {tmp_path}/a $(shell touch {tmp_path}/b) `touch {tmp_path}/c`"
+    hostile = f"-x;touch {tmp_path}/a $(shell touch {tmp_path}/b) `touch {tmp_path}/c`"
     for gpu, expected in ((hostile, hostile), (None, ""), ("nvidia-h200", "nvidia-h200")):
         out = _make(*([f"GPU={gpu}"] if gpu is not None else []), python=fake, target="report")
         assert out.returncode == 0, out.stderr
-        assert out.stdout.split("\n")[:4] == ["-m", "samu.experiment.pipeline", "--report",
-                                               expected]
+        # one argument, so that a value starting with "-" reaches the slug check
+        assert out.stdout.split("\n")[:3] == ["-m", "samu.experiment.pipeline",
+                                               f"--report={expected}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["python"]
 
 
@@ -132,14 +133,12 @@ def test_report_alone_combines_the_shapes_already_there(tmp_path, monkeypatch, c
     monkeypatch.setattr(paths, "DATA", tmp_path)
     _cpu_shape_results("cpu", [(1, 8, 16)])
     _cpu_shape_results("cpu", [(2, 8, 16)])
-    shapes_run = []
-    monkeypatch.setattr(pipeline, "parse_shapes", lambda args: shapes_run.append(args) or [])
     assert pipeline.main(["--report", "cpu"]) == 0
-    assert shapes_run == []
     doc = json.loads(paths.results_file("cpu").read_text())
     assert sorted((r["shape"]["batch"], r["architecture"]) for r in doc["rows"]) == [
         (1, "rglru"), (1, "samu"), (2, "rglru"), (2, "samu")]
-    assert (paths.runs_dir("cpu") / "04_report.ipynb").exists()
+    # the report ran, and no shape's notebook did
+    assert sorted(p.name for p in paths.runs_dir("cpu").rglob("*.ipynb")) == ["04_report.ipynb"]
     out = capsys.readouterr().out
     assert "report over 2 shapes of cpu: 1x8x16 2x8x16" in out
     assert f"wrote {paths.relative(paths.results_file('cpu'))}" in out
@@ -148,7 +147,8 @@ def test_report_alone_combines_the_shapes_already_there(tmp_path, monkeypatch, c
 @pytest.mark.parametrize("argv, message", [
     (["--report", "../calibration"], "not a GPU slug"),
     (["--report", "NVIDIA H200"], "not a GPU slug"),
-    (["--report", "nvidia-h999"], "no per-shape results in"),
+    (["--report=-x"], "'-x': not a GPU slug"),
+    (["--report", "nvidia-h999"], "GPUs with results: cpu"),
     (["--report", "cpu", "--shapes", "1x16x16"], "give --shapes or --report, not both"),
 ])
 def test_report_refuses_what_it_cannot_combine(tmp_path, monkeypatch, capsys, argv, message):
@@ -161,6 +161,19 @@ def test_report_refuses_what_it_cannot_combine(tmp_path, monkeypatch, capsys, ar
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
     assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_report_takes_an_empty_shapes_argument_as_none(tmp_path, monkeypatch):
+    """`--shapes ""` (what an unset SHAPES gives) asks for no shape, so it may stand beside
+    --report."""
+    monkeypatch.setenv("SAMU_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    _cpu_shape_results("cpu", [(1, 8, 16)])
+    calls = []
+    monkeypatch.setattr(pipeline, "run_notebook", lambda name, out_dir, p: calls.append(name))
+    monkeypatch.setattr(pipeline, "print_summary", lambda slug: None)
+    assert pipeline.main(["--shapes", " ", "--report", "cpu"]) == 0
+    assert calls == ["04_report"]
 
 
 def test_make_reproduce_fails_on_a_bad_shape(tmp_path):

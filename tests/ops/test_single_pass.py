@@ -113,8 +113,7 @@ def test_the_exchange_splits_only_where_a_group_cannot_be_resident(mixer):
 
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
 def test_the_launch_plan_lists_a_split_exchange_as_two_launches(mixer):
-    """The plan that count_single_pass.py and the compile checks read holds each launch the
-    settings ask for: PHASE 0 alone, or SAMU's PHASE 1 then 2 for each kernel where the
+    """The plan that count_single_pass.py reads holds each launch the settings ask for: PHASE 0 alone, or SAMU's PHASE 1 then 2 for each kernel where the
     exchange is split; RG-LRU's tiles exchange nothing and always run in one."""
     if not _single_pass(mixer):
         pytest.skip(f"{mixer} has no single-pass backend yet")

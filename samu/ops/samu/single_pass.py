@@ -269,7 +269,7 @@ LAUNCHES_PER_CALL = dict(forward=2, backward=3)
 
 def launch_count(config: SamuSinglePassConfig, split: bool = False) -> int:
     """Launches of one forward+backward."""
-    return sum(LAUNCHES_PER_CALL.values()) + (2 if split or config.lookback.split else 0)
+    return sum(LAUNCHES_PER_CALL.values()) + (2 if split or config.lookback.asks_split else 0)
 
 
 def launch_plan(config: SamuSinglePassConfig, width: int, features: bool = False):
