@@ -275,17 +275,18 @@ def argument_parser() -> argparse.ArgumentParser:
 SLUG = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 
 
-def report_slug(text: str) -> str:
-    """The GPU whose per-shape results ``--report`` combines: ``text``, or this machine's slug
-    when it is empty.  A slug names a folder of the data, so it is refused unless it is one
-    (lowercase letters, digits and hyphens) with results to combine."""
+def report_slug(text: str) -> tuple[str, list[str]]:
+    """(the GPU whose per-shape results ``--report`` combines, those shapes' keys): ``text``, or
+    this machine's slug when it is empty.  A slug names a folder of the data, so it is refused
+    unless it is one (lowercase letters, digits and hyphens) with results to combine."""
     from .. import dispatch, paths
 
     slug = text.strip() or dispatch.gpu_slug()
     if not SLUG.match(slug):
         raise ValueError(f"--report {slug!r}: not a GPU slug (lowercase letters, digits and "
                          f"hyphens, such as nvidia-h200)")
-    if not any(paths.results_dir(slug).glob("*.json")):
+    shapes = sorted(f.stem for f in paths.results_dir(slug).glob("*.json"))
+    if not shapes:
         root = paths.DATA / "results"
         having = sorted(d.name for d in root.iterdir()
                         if d.is_dir() and any(d.glob("*.json"))) if root.is_dir() else []
@@ -293,7 +294,7 @@ def report_slug(text: str) -> str:
                          f"{paths.relative(paths.results_dir(slug))}/ to combine (`make "
                          f"reproduce` writes them); GPUs with results: "
                          f"{' '.join(having) or 'none'}")
-    return slug
+    return slug, shapes
 
 
 def main_report(text: str) -> int:
@@ -301,8 +302,7 @@ def main_report(text: str) -> int:
     from .. import paths
 
     export_data_dir()
-    slug = report_slug(text)
-    shapes = sorted(f.stem for f in paths.results_dir(slug).glob("*.json"))
+    slug, shapes = report_slug(text)
     print(f"report over {len(shapes)} shapes of {slug}: {' '.join(shapes)}", flush=True)
     try:
         run_notebook("04_report", paths.runs_dir(slug), dict(gpu_slug=slug, write=True))

@@ -113,8 +113,9 @@ def test_the_exchange_splits_only_where_a_group_cannot_be_resident(mixer):
 
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
 def test_the_launch_plan_lists_a_split_exchange_as_two_launches(mixer):
-    """The plan that count_single_pass.py reads holds each launch the settings ask for: PHASE 0 alone, or SAMU's PHASE 1 then 2 for each kernel where the
-    exchange is split; RG-LRU's tiles exchange nothing and always run in one."""
+    """The plan that count_single_pass.py reads holds each launch the settings ask for: PHASE
+    0 alone, or SAMU's PHASE 1 then 2 for each kernel where the exchange is split; RG-LRU's
+    tiles exchange nothing and always run in one."""
     if not _single_pass(mixer):
         pytest.skip(f"{mixer} has no single-pass backend yet")
     family, config = _family(mixer, _single_pass(mixer)[0])
@@ -185,8 +186,8 @@ def test_the_chunk_and_channel_block_counts_are_never_specialised(mixer):
     """Triton 3.6 (the GPUs' here) fails to compile a single-pass kernel whose chunk count it
     specialised into the constant 1 (a one-chunk call; Triton 3.9 compiles it), and RG-LRU's
     eight-warp tiles went wrong on an H100 only where the channel-block count was 1
-    (docs/PERFORMANCE.md, "The registered launches checked on an H100"): every kernel of each single-pass family takes NC and N_CB
-    unspecialised, under the interpreter as compiled."""
+    (docs/PERFORMANCE.md, "The registered launches checked on an H100"): every kernel of each
+    single-pass family takes NC and N_CB unspecialised, under the interpreter as compiled."""
     for name in _single_pass(mixer):
         family, _ = _family(mixer, name)
         for role, kernel in family.KERNELS.items():
