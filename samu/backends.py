@@ -54,11 +54,15 @@ VOCABULARY = {
 DEFAULTS = mixers.View(lambda spec: spec.default_backend)
 
 
+# What runs a backend: a pure-PyTorch reference scan, or Triton kernels.
+KINDS = ("reference", "triton")
+
+
 @dataclass(frozen=True)
 class Backend:
     name: str
     mixer: str
-    kind: str  # "reference" or "triton"
+    kind: str  # one of KINDS
     run: Callable = field(repr=False, compare=False)
     materialized_state_sized_transition: bool = False
     config: object = None  # a Triton backend's frozen configuration (chunk, launches)
@@ -130,6 +134,8 @@ def _unavailable_line() -> str:
 
 def explain(name: str) -> str:
     """Every word of a backend name, spelled out."""
+    if not isinstance(name, str):
+        raise TypeError(f"a backend name is a str, got {type(name).__name__}")
     parts = []
     for word in name.split("_"):
         m = re.fullmatch(r"([a-z]+?)(\d+)", word)
@@ -150,7 +156,12 @@ def available(mixer: str) -> list[str]:
 
 def matching(mixer: str, words=(), kind: str = "triton") -> list[str]:
     """The mixer's available backends of ``kind`` whose names hold one of ``words``, as a word
-    between underscores or as the whole name (every one of that kind without words)."""
+    between underscores or as the whole name (every one of that kind without words); a str is
+    one word."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown backend kind {kind!r}; choose one of {list(KINDS)}")
+    if isinstance(words, str):
+        words = (words,)
     return [name for name in available(mixer) if REGISTRY[mixer][name].kind == kind
             and (not words or any(w == name or w in name.split("_") for w in words))]
 

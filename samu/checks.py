@@ -145,6 +145,7 @@ def check_cu_seqlens(mixer: str, x: torch.Tensor, cu_seqlens, values: bool = Tru
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"{mixer}: cu_seqlens must be a torch.Tensor, got "
                         f"{type(cu_seqlens).__name__}")
+    check_dense(mixer, cu_seqlens, "cu_seqlens")
     if cu_seqlens.dtype not in CU_SEQLENS_DTYPES:
         raise TypeError(f"{mixer}: cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
@@ -167,6 +168,7 @@ def check_resets(mixer: str, x: torch.Tensor, resets, what: str = "resets") -> N
     if not isinstance(resets, torch.Tensor):
         raise TypeError(f"{mixer}: {what} must be a torch.bool tensor, got "
                         f"{type(resets).__name__}")
+    check_dense(mixer, resets, what)
     if resets.dtype != torch.bool:
         raise TypeError(f"{mixer}: {what} must be a torch.bool tensor (True where the state "
                         f"resets), got {resets.dtype}")
@@ -194,6 +196,7 @@ def check_sequences(mixer: str, x: torch.Tensor, initial_state, cu_seqlens,
     if not isinstance(initial_state, torch.Tensor):
         raise TypeError(f"{mixer}: {state_name} must be a torch.Tensor, got "
                         f"{type(initial_state).__name__}")
+    check_dense(mixer, initial_state, state_name)
     width = x.shape[2]
     if tuple(initial_state.shape) != (count, width):
         what = "sequences in cu_seqlens" if cu_seqlens is not None else "batch"

@@ -20,14 +20,18 @@ from typing import Optional
 
 import torch
 
-from . import backends, checks
+from . import backends, checks, mixers
 from .ops.common.launching import fp32_contiguous
 from .ops.common.sequences import sequence_args
 
 
 def _family(mixer: str, backend: str):
     """(module with forward / backward / residual_specs, configuration) of a registered name."""
-    backends._ensure_registered()
+    mixers.get(mixer)  # an unknown name: ValueError listing the registered ones
+    if backend == "auto":
+        raise ValueError(f"{mixer}: the custom ops take a registered Triton backend's name, "
+                         "not 'auto'")
+    backends.check_name(mixer, backend)
     config = backends.REGISTRY[mixer][backend].config
     module = backends.family_of(mixer, config)
     if module is None:

@@ -207,7 +207,9 @@ def nearest_entry(choices: dict, mixer: str, shape, refused=(),
         b, l, d = key[1]
         distance = (WIDTH_DISTANCE_WEIGHT * abs(math.log(width / d))
                     + abs(math.log(batch * length / (b * l))))
-        rank = (distance, -(b * l * d))
+        # Rounded, so that an exact tie is one: log(q / s) and log(l / q) at a geometric
+        # midpoint can differ in the last bit.
+        rank = (round(distance, 9), -(b * l * d))
         if best is None or rank < best:
             best, best_key = rank, key[1]
     return best_key

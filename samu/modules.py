@@ -23,14 +23,15 @@ NUM_HEADS = 16
 _STEP_CHECKED: dict = {}
 
 
-def checked_spec(mixer: str, width: int, num_heads: int | None = None) -> mixers.MixerSpec:
+def checked_spec(mixer: str, width: int, num_heads=None, check_heads_too: bool = True
+                 ) -> mixers.MixerSpec:
     """The spec of ``mixer`` once its sizes pass the checks its module's constructor runs: a
-    width that is a positive integer and, for a mixer with heads, a head count that divides it
-    (None: not checked).  ValueError or TypeError naming the problem otherwise, and ValueError
-    listing the registered mixers for an unknown name."""
+    width that is a positive integer and, for a mixer with heads (unless ``check_heads_too`` is
+    off), a head count that divides it.  ValueError or TypeError naming the problem otherwise,
+    and ValueError listing the registered mixers for an unknown name."""
     spec = mixers.get(mixer)
     check_positive_int(spec.name, "width", width)
-    if spec.has_heads and num_heads is not None:
+    if spec.has_heads and check_heads_too:
         check_heads(spec.name, width, num_heads)
     return spec
 
@@ -43,7 +44,8 @@ def parameter_count(mixer: str, width: int, num_heads: int = NUM_HEADS) -> int:
 
 def dynamic_control_values_per_token(mixer: str, width: int) -> int:
     """The input-dependent gate values one token of a mixer of ``width`` computes, by its spec."""
-    return checked_spec(mixer, width).dynamic_control_values_per_token(width)
+    spec = checked_spec(mixer, width, check_heads_too=False)
+    return spec.dynamic_control_values_per_token(width)
 
 
 def build(mixer: str, width: int, num_heads: int = NUM_HEADS, backend="auto", **kwargs):

@@ -35,6 +35,18 @@ def test_unknown_word_is_refused():
         backends.explain("fused_warp_chunk16")
 
 
+def test_matching_takes_one_word_as_a_str_and_refuses_an_unknown_kind():
+    every = backends.matching("samu")
+    word = every[0].split("_")[0]
+    assert backends.matching("samu", word) == backends.matching("samu", [word]) != []
+    assert backends.matching("samu", kind="reference") == [
+        n for n in backends.available("samu") if backends.REGISTRY["samu"][n].kind == "reference"]
+    with pytest.raises(ValueError, match=r"unknown backend kind 'triotn'; choose one of"):
+        backends.matching("samu", kind="triotn")
+    with pytest.raises(TypeError, match="a backend name is a str, got NoneType"):
+        backends.explain(None)
+
+
 def test_auto_without_cuda(monkeypatch):
     # The flag is read once at import (the kernels are built for it); patch it, not the env.
     x = torch.randn(1, 4, 16)

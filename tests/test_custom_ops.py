@@ -292,6 +292,26 @@ def test_direct_op_calls_refuse_what_the_kernels_would_index_past(mixer, name):
     assert dx.shape == x.shape and d_h0.shape == h0.shape and torch.isfinite(dx).all()
 
 
+def test_direct_op_calls_refuse_unknown_names_by_name():
+    """A direct call names an unknown mixer or backend, 'auto' or a reference backend, with the
+    valid choices, as the functional forms do, in both ops."""
+    mixer, name = FAMILIES[0]
+    params = _params(_module(mixer, name))
+    x = torch.randn(1, 8, 32, device=DEVICE)
+    reference = next(n for n in backends.available(mixer)
+                     if backends.REGISTRY[mixer][n].kind == "reference")
+    refusals = [("no_such_mixer", name, "unknown mixer"),
+                (mixer, "no_such_backend", f"{mixer}: unknown backend 'no_such_backend'"),
+                (mixer, "auto", "not 'auto'"),
+                (mixer, reference, "is not a Triton backend")]
+    for op_mixer, op_backend, words in refusals:
+        with pytest.raises(ValueError, match=words):
+            torch.ops.samu.scan_forward(x, params, None, None, None, op_mixer, op_backend, False)
+        with pytest.raises(ValueError, match=words):
+            torch.ops.samu.scan_backward(x, params, [], x, None, None, None, None, op_mixer,
+                                         op_backend)
+
+
 def test_direct_op_checks_run_once_per_signature(monkeypatch):
     """The ops' checks read only their arguments' types, shapes, dtypes and devices: a compiled
     graph without CUDA graphs pays for them once per signature, and a new shape is checked."""

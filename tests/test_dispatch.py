@@ -514,6 +514,18 @@ def test_a_shape_that_chose_nothing_never_takes_a_neighbour_choice_it_records_as
         dispatch.set_calibration_dir(None)
 
 
+@pytest.mark.parametrize("ratio", [2, 3, 5, 7, 10])
+def test_an_exact_tie_goes_to_the_larger_shape_at_any_ratio(ratio):
+    """At the geometric midpoint of two entries (in tokens, or in width) the distances are equal
+    in exact arithmetic, whatever their last bits say: the larger shape wins."""
+    near_tokens = {("samu", (1, 64, 1024)): "small", ("samu", (1, 64 * ratio**2, 1024)): "large"}
+    assert dispatch.nearest_entry(near_tokens, "samu", (1, 64 * ratio, 1024)) == \
+        (1, 64 * ratio**2, 1024)
+    near_widths = {("samu", (1, 2048, 8)): "small", ("samu", (1, 2048, 8 * ratio**2)): "large"}
+    assert dispatch.nearest_entry(near_widths, "samu", (1, 2048, 8 * ratio)) == \
+        (1, 2048, 8 * ratio**2)
+
+
 def _refused_entry(tmp_path, shape_key: str, mixer: str, entry: dict, words: str) -> None:
     """A file holding ``entry`` alone is refused at its own shape with ``words``."""
     doc = {"gpu": "test", "environment": {}, "shapes": {shape_key: {mixer: entry}}}

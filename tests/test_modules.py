@@ -193,7 +193,7 @@ def test_bad_sizes_are_refused_clearly(make, error, words):
 @pytest.mark.parametrize("mixer, width, heads", [
     ("samu", -64, 1), ("samu", 0, 16), ("samu", 16.0, 16), ("samu", True, 16),
     ("rglru", 64, -1), ("rglru", 64, 3), ("rglru", 64, 0), ("rglru", 64, 2.0),
-    ("rglru", -64, 16), ("rglru", 40, 16),
+    ("rglru", -64, 16), ("rglru", 40, 16), ("rglru", 16, None),
 ])
 def test_counts_refuse_the_sizes_the_constructor_refuses_with_its_words(mixer, width, heads):
     heads_kw = {"num_heads": heads} if mixer == "rglru" else {}
@@ -306,6 +306,20 @@ def test_a_sparse_input_is_refused_by_name(mixer, layout):
     bad = dict(params, a_param=params["a_param"].detach().to_sparse())
     with pytest.raises(TypeError, match=f"^{mixer}: parameter a_param must be a dense tensor"):
         samu.functional.FUNCTIONS[mixer](x, **bad)
+
+    def sparse_of(t):  # CSR needs two dimensions; cu_seqlens has one
+        return t.to_sparse() if layout == "coo" or t.dim() < 2 else t.to_sparse_csr()
+
+    resets = torch.zeros(2, 4, dtype=torch.bool)
+    keywords = dict(initial_state=(x, torch.randn(2, 16)), resets=(x, resets),
+                    cu_seqlens=(x[:1], torch.tensor([0, 1, 4])))
+    for name, (rows, value) in keywords.items():
+        with pytest.raises(TypeError, match=f"^{mixer}: {name} must be a dense tensor"):
+            m(rows, **{name: sparse_of(value)})
+    with pytest.raises(TypeError, match=f"^{mixer}: state must be a dense tensor"):
+        m.step(x[:, 0], sparse_of(torch.randn(2, 16)))
+    with pytest.raises(TypeError, match=f"^{mixer}: resets must be a dense tensor"):
+        m.step(x[:, 0], torch.randn(2, 16), resets=sparse_of(resets[:, 0]))
 
 
 class _Stepping(torch.nn.Module):
