@@ -154,7 +154,8 @@ def calibrate_shape(shape, device, mixers=None, candidates: dict | None = None,
 
 def merge_calibration(slug: str, shape, result: dict, environment: dict,
                       path: Path | None = None) -> dict:
-    """Merge one shape's result into data/calibration/<slug>.json (or ``path``), atomically.
+    """Merge one shape's result into data/calibration/<slug>.json (or ``path``), atomically:
+    each mixer in ``result`` replaces that mixer's entry at the shape; the others' stay.
 
     The read-modify-write holds the file's lock, so concurrent calibrations of other shapes
     lose nothing; the merged document is checked as ``auto`` will check it before it is
@@ -174,7 +175,7 @@ def merge_calibration(slug: str, shape, result: dict, environment: dict,
         doc["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         key = Shape.of(shape).key
         dispatch.check_calibration({"shapes": {key: result}}, path)
-        doc["shapes"][key] = result
+        doc["shapes"].setdefault(key, {}).update(result)  # other mixers' entries stay
         dispatch.check_calibration(doc, path, check_settings=False)
         schema.write_json_atomic(path, doc, kind="calibration")
     dispatch.forget_calibration()

@@ -263,6 +263,20 @@ def test_merge_into_a_given_path(tmp_path):
     assert not paths.calibration_file("unused-slug").exists()
 
 
+def test_calibrating_one_mixer_keeps_the_other_mixers_entries_at_the_shape(tmp_path):
+    """A --mixers run replaced the whole shape, so the other mixers' entries were lost."""
+    path = tmp_path / "gpu.json"
+    other = backends.DEFAULTS["rglru"]
+    both = {**_legal_result(), "rglru": {"ranking": [other], "chosen": other,
+                                         "backends": [{"backend": other, "legal": True}]}}
+    calibration.merge_calibration("g", (1, 8, 16), both, {"gpu": "G"}, path=path)
+    again = _legal_result()
+    again["samu"]["backends"][0]["median_ms"] = 1.0
+    calibration.merge_calibration("g", (1, 8, 16), again, {"gpu": "G"}, path=path)
+    entry = schema.read_json(path)["shapes"]["1x8x16"]
+    assert entry["rglru"] == both["rglru"] and entry["samu"] == again["samu"]
+
+
 @pytest.mark.parametrize("field", ["ranking", "chosen", "backends"])
 def test_merge_refuses_unregistered_names_and_keeps_the_file(tmp_path, field):
     path = tmp_path / "gpu.json"
