@@ -1,5 +1,7 @@
-import math
 import copy
+import json
+import math
+import shutil
 
 import pytest
 
@@ -137,6 +139,28 @@ def test_combine_without_write_writes_nothing(tmp_path, monkeypatch):
     assert len(doc["rows"]) == 4
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     assert not paths.results_file("test-gpu").exists()
+
+
+def test_combine_refuses_a_shape_of_another_gpu_or_protocol(tmp_path, monkeypatch):
+    """An H100's file among the H200's shapes made a document headed "NVIDIA H200" that held
+    an H100 row."""
+    monkeypatch.setattr(paths, "DATA", tmp_path)
+    committed = paths.REPO_ROOT / "data" / "results"
+    folder = paths.results_dir(report.COMMITTED_SLUG)
+    shutil.copytree(committed / report.COMMITTED_SLUG, folder)
+    intruder = sorted(p for p in committed.iterdir()
+                      if p.is_dir() and p.name != report.COMMITTED_SLUG)[0]
+    shape = sorted(intruder.glob("*.json"))[-1]
+    shutil.copy(shape, folder / shape.name)
+    with pytest.raises(schema.ResultFileError, match=f"{shape.name}.*measured on "):
+        report.combine(report.COMMITTED_SLUG, write=False)
+    shutil.copy(committed / report.COMMITTED_SLUG / shape.name, folder / shape.name)
+    doc = json.loads((folder / shape.name).read_text())
+    doc["protocol"]["order"] = f"{doc['protocol']['order']}, reversed"
+    (folder / shape.name).write_text(json.dumps(doc))
+    with pytest.raises(schema.ResultFileError, match="its protocol differs"):
+        report.combine(report.COMMITTED_SLUG, write=False)
+    assert not paths.results_file(report.COMMITTED_SLUG).exists()
 
 
 def test_viewing_the_committed_results_rewrites_nothing():

@@ -1402,9 +1402,17 @@ def test_main_passes_the_part_and_checks_it(doc, data_dir, monkeypatch, capsys):
     assert calls[1][2]["part"] == "1/4"
     assert [c[1] for c in calls] == [paths.runs_dir("cpu") / "part-2-of-3",  # small: unnamed
                                      paths.runs_dir("cpu") / "scale" / "part-1-of-4"]
-    with pytest.raises(SystemExit):
-        T.main(["--device", "cpu", "--config", "small", "--part", "4/3"])
-    assert "--part: part must be" in capsys.readouterr().err
+    # One part, one spelling: "01" was recorded as "01/3", which its file's name (part-1-of-3)
+    # and the merge then disowned after the part had trained.
+    for other_spelling in ("02", "2/03", "+2/3", " 2/3", "1_0/12", "\uff12/3"):
+        with pytest.raises(SystemExit):
+            T.main(["--device", "cpu", "--config", "small", "--part", other_spelling])
+        assert "--part: part must be" in capsys.readouterr().err
+    assert len(calls) == 2
+    for bad in ("4/3", "0/3", "x"):
+        with pytest.raises(SystemExit):
+            T.main(["--device", "cpu", "--config", "small", "--part", bad])
+        assert "--part: part must be" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         T.main(["--device", "cpu", "--part", "1"])
     assert "--part: name one configuration" in capsys.readouterr().err

@@ -272,10 +272,42 @@ def test_merge_takes_the_number_of_parts_from_the_files(echo, data_dir, capsys):
         T.main(["--config", "echo", "--merge", "cpu"], configurations=table)
     assert "holds part '1/3' of its study, not 3/3" in capsys.readouterr().err
     assert not (data_dir / "training" / "cpu.echo.json").exists()
-    for label in ("", "../cpu", " cpu"):
-        with pytest.raises(SystemExit):
+    for label in ("", "../cpu", " cpu", "cpu.echo", "cpu*"):
+        with pytest.raises(SystemExit):  # "cpu.echo" took another configuration's files
             T.main(["--config", "echo", "--merge", label], configurations=table)
-        assert "not a path or blank" in capsys.readouterr().err
+        assert "a label is a GPU's slug" in capsys.readouterr().err
+
+
+def test_merge_refuses_another_configurations_parts_and_names_mixed_commits(echo, data_dir,
+                                                                             capsys):
+    table = {name: configs.Configuration(name, name.title(), "", ECHO_STUDY, ECHO_STUDY,
+                                         parts=2) for name in ("echo", "other")}
+    for k in (1, 2):
+        run = T.StudyRun("echo", "cpu", "cpu", part=k, configurations=table, bar=False)
+        run.run_task("echo")
+        run.finish()
+    folder = data_dir / "training"
+    first, second = (folder / f"cpu.echo.part-{k}-of-2.json" for k in (1, 2))
+    for k, source in ((1, first), (2, second)):  # echo's parts under other's names
+        (folder / f"cpu.other.part-{k}-of-2.json").write_text(source.read_text())
+    with pytest.raises(SystemExit):
+        T.main(["--config", "other", "--merge", "cpu"], configurations=table)
+    assert "holds a part of the echo study, not of other" in capsys.readouterr().err
+    assert not (folder / "cpu.other.json").exists()
+
+    later = json.loads(second.read_text())
+    later["environment"]["git_commit"] = "0123456789ab"
+    second.write_text(json.dumps(later))
+    assert T.main(["--config", "echo", "--merge", "cpu"], configurations=table) == 0
+    said = capsys.readouterr().out
+    assert "the parts ran at different git_commit 1/2: " in said and "2/2: 0123456789ab" in said
+
+    later["environment"]["gpu"] = "Another GPU"
+    second.write_text(json.dumps(later))
+    (folder / "cpu.echo.json").unlink()
+    with pytest.raises(SystemExit):  # a written part whose merge is refused: one line
+        T.main(["--device", "cpu", "--config", "echo", "--part", "1"], configurations=table)
+    assert "--part 1/2: " in capsys.readouterr().err
 
 
 def notebook_05(out: Path, monkeypatch) -> nbformat.NotebookNode:

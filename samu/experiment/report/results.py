@@ -38,9 +38,19 @@ def describe_choice(slug: str) -> str:
 
 def load_shape_files(slug: str) -> list[dict]:
     """Every per-shape result file of one GPU, validated; schema.ResultFileError names a file
-    that is not JSON or not a valid result document."""
-    folder = paths.results_dir(slug)
-    return [schema.read_valid_json(p, "result") for p in sorted(folder.glob("*.json"))]
+    that is not JSON or not a valid result document, or one measured on another kind of GPU
+    or under another protocol than the folder's first file (one document would mix them)."""
+    files = sorted(paths.results_dir(slug).glob("*.json"))
+    docs = [schema.read_valid_json(p, "result") for p in files]
+    for path, doc in zip(files[1:], docs[1:]):
+        gpu, first_gpu = doc["environment"].get("gpu"), docs[0]["environment"].get("gpu")
+        if dispatch.gpu_slug(gpu or CPU_SLUG) != dispatch.gpu_slug(first_gpu or CPU_SLUG):
+            raise schema.ResultFileError(path, f"measured on {gpu}, where {files[0].name} was "
+                                         f"on {first_gpu}: keep one GPU's shapes in a folder")
+        if doc["protocol"] != docs[0]["protocol"]:
+            raise schema.ResultFileError(path, f"its protocol differs from that of "
+                                         f"{files[0].name}: rerun the shapes under one protocol")
+    return docs
 
 
 def combine(slug: str, write: bool = True) -> dict:

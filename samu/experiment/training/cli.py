@@ -17,7 +17,8 @@ from .configs import CONFIGURATIONS, configuration
 from .curves import recall_curve_frame
 from .parameters import ParameterError
 from .results import (UNNAMED_CONFIGURATION, fresh_result, merge_parts, merge_when_whole,
-                      parse_part, part_path, result_path, results_label, summary)
+                      mixed_environments, parse_part, part_path, result_path, results_label,
+                      summary)
 from .session import configured_study, described, part_of, written_part
 
 NOTEBOOK = "05_training"
@@ -86,9 +87,10 @@ def merge_written_parts(label: str, name: str, parser) -> int:
     from .conclusion import conclusion
     from .figures import draw_figures
     from .session import sanity_text
-    if not label or label != label.strip() or "/" in label or label.startswith("."):
-        parser.error(f"--merge {label!r}: a label is a GPU's slug (the start of a "
-                     "data/training file name, e.g. nvidia-h200), not a path or blank")
+    from ..pipeline import SLUG
+    if not SLUG.match(label):  # a dot would take another configuration's files
+        parser.error(f"--merge {label!r}: a label is a GPU's slug (lowercase letters, digits "
+                     "and hyphens: the start of a data/training file name, e.g. nvidia-h200)")
     parts = written_part_count(label, name, parser)
     wanted = [part_path(label, f"{k}/{parts}", name) for k in range(1, parts + 1)]
     missing = [str(paths.relative(p)) for p in wanted if not p.exists()]
@@ -100,6 +102,8 @@ def merge_written_parts(label: str, name: str, parser) -> int:
     except ValueError as exc:
         parser.error(f"--merge {label}: {exc}")
     print_document(doc, name, result_path(label, name))
+    if mixed_environments(doc):
+        print(mixed_environments(doc))
     for task, said in doc.get("bars_recorded", {}).items():
         print(f"{task}: {said}")
     print("\n" + sanity_text(doc))
@@ -127,6 +131,8 @@ def read_written_part(slug: str, part: str, name: str, study, device) -> int:
         drawn = draw_figures(merged, slug)
         print(f"merged; figures: {', '.join(str(paths.relative(p)) for p in drawn)}")
         print_document(merged, name, result_path(slug, name))
+        if mixed_environments(merged):
+            print(mixed_environments(merged))
     return 0
 
 
@@ -273,7 +279,10 @@ def main(argv=None, configurations: dict | None = None) -> int:
     pipeline.export_data_dir()
     slug = results_label(device, size)
     if part is not None and written_part(part_path(slug, part, names[0]), built[names[0]]):
-        return read_written_part(slug, part, names[0], built[names[0]], device)
+        try:
+            return read_written_part(slug, part, names[0], built[names[0]], device)
+        except ValueError as exc:  # the parts refused to merge, as --merge words it
+            parser.error(f"--part {part}: {exc}")
     out_dir = notebook_folder(slug, chosen, part)
     stored = paths.relative(pipeline.executed_paths(NOTEBOOK, out_dir)["stored"])
     fd, log = tempfile.mkstemp(prefix="samu-training-", suffix=".log")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import platform
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -50,14 +51,14 @@ MIXER_NAMES = _MixerLabels()
 
 
 def parse_part(part) -> tuple | None:
-    """``"2/3"`` -> (2, 3); None -> None; ParameterError for anything else (k from 1 to n)."""
+    """``"2/3"`` -> (2, 3); None -> None; ParameterError for anything else (k from 1 to n, each
+    in plain ASCII digits without a leading zero: one part has one spelling, which its file's
+    name and its merge compare)."""
     if part is None:
         return None
-    try:
-        k, n = (int(v) for v in str(part).split("/"))
-    except ValueError:
-        k = n = 0
-    if not isinstance(part, str) or not 1 <= k <= n:
+    match = re.fullmatch(r"([1-9][0-9]*)/([1-9][0-9]*)", part) if isinstance(part, str) else None
+    k, n = (int(match[1]), int(match[2])) if match else (0, 0)
+    if not 1 <= k <= n:
         raise ParameterError(f"part must be None or 'k/n' with 1 <= k <= n, got {part!r}")
     return k, n
 
@@ -119,6 +120,25 @@ def part_path(slug: str, part: str, configuration: str | None = None) -> Path:
     return whole.with_name(f"{whole.stem}.part-{k}-of-{n}.json")
 
 
+# What a merged study's parts may differ in without being refused, but a reader should know.
+ENVIRONMENT_FIELDS_SAID = ("git_commit", "torch", "triton", "driver")
+
+
+def mixed_environments(doc: dict) -> str | None:
+    """A line naming the commits and versions a merged study's parts ran at, where they differ
+    (None where they agree, or for a document of one part)."""
+    parts = doc.get("parts") or []
+    differing = []
+    for field in ENVIRONMENT_FIELDS_SAID:
+        values = [p["environment"].get(field) for p in parts]
+        if len(set(map(str, values))) > 1:
+            differing.append(f"{field} " + ", ".join(
+                f"{p['part']}: {v}" for p, v in zip(parts, values)))
+    if not differing:
+        return None
+    return "the parts ran at different " + "; ".join(differing)
+
+
 def write_part(doc: dict, slug: str) -> Path:
     """A part's document (its study's ``part`` and ``configuration`` say which), validated and
     written atomically."""
@@ -137,7 +157,12 @@ def merge_parts(slug: str, part: str, configuration: str | None = None) -> dict 
     if not all(p.exists() for p in paths_):
         return None
     docs = [schema.read_valid_json(p, "training") for p in paths_]
+    wanted = configuration or UNNAMED_CONFIGURATION
     for k, (p, d) in enumerate(zip(paths_, docs), start=1):
+        holds = d["study"].get("configuration") or UNNAMED_CONFIGURATION
+        if holds != wanted:
+            raise ValueError(f"{p}: holds a part of the {holds} study, not of {wanted}; not "
+                             "merged")
         if d["study"].get("part") != f"{k}/{n}":
             # A file copied or renamed to another part's name would be merged twice or as
             # another part's runs.

@@ -131,8 +131,8 @@ def part_of(part, parts: int) -> str:
     text = str(part)
     if "/" not in text:
         text = f"{text}/{parts}"
-    parse_part(text)
-    return text
+    k, n = parse_part(text)
+    return f"{k}/{n}"
 
 
 class StudyRun:
