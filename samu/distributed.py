@@ -81,7 +81,8 @@ import torch.distributed as dist
 
 from . import backends, dispatch, mixers
 from .checks import (SUPPORTED_DTYPES, autocast_input, capturing, check_call, check_flag,
-                     check_offsets_increase, check_resets, check_tensors, cp_context_error)
+                     check_offsets_increase, check_resets, check_takes_resets, check_tensors,
+                     cp_context_error, resolve_backend)
 from .functional import FUNCTIONS
 from .ops.recurrence import carry_dtype
 
@@ -815,10 +816,15 @@ class _SliceWithCarry(torch.autograd.Function):
             ctx.graph = None  # the kernels' saved tensors go with it
         leaves = [x_leaf, h0_leaf, *p_leaves]
         wanted = [t for t in leaves if t is not None and t.requires_grad]
-        grads = torch.autograd.grad(
-            [y, states], wanted,
-            [dy, with_end_cotangent(call.layout, dstates, cotangent)], allow_unused=True,
-            retain_graph=keep)
+        # An output without a graph depends on no wanted leaf: a slice that reads no row of
+        # the one input needing a gradient (a learned initial state it does not start).
+        traced = [(out, grad) for out, grad in
+                  ((y, dy), (states, with_end_cotangent(call.layout, dstates, cotangent)))
+                  if out.requires_grad]
+        grads = (torch.autograd.grad([out for out, _ in traced], wanted,
+                                     [grad for _, grad in traced], allow_unused=True,
+                                     retain_graph=keep)
+                 if traced else [None] * len(wanted))
         by_leaf = dict(zip(map(id, wanted), grads))
         out = []
         for t in leaves:
@@ -976,12 +982,28 @@ def _agree(mixer: str, ctx: CPContext, row, error: Exception | None, comm_device
 
 
 @torch.compiler.disable
+def parameter_list(mixer: str, spec, params) -> list:
+    """``params`` as the spec's ordered list: a sequence as given, a dict by its names (which
+    must be the spec's, each once); TypeError or ValueError naming the problem otherwise."""
+    if isinstance(params, dict):
+        names = list(spec.parameter_names)
+        if set(params) != set(names):
+            raise ValueError(f"{mixer}: params as a dict must hold exactly the parameters "
+                             f"{names}, got {list(params)}")
+        return [params[name] for name in names]
+    if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
+        raise TypeError(f"{mixer}: params must be a sequence of tensors in the order "
+                        f"{list(spec.parameter_names)}, or a dict of them by name; got "
+                        f"{type(params).__name__}")
+    return list(params)
+
+
 def context_parallel(mixer: str, x, params, *, cp_context: CPContext, backend="auto",
                      return_backend: bool = False, initial_state=None,
                      output_final_state: bool = False, cu_seqlens=None, resets=None):
     """The mixer over the sequence that the ranks of ``cp_context.group`` hold in slices: this
     rank's y (and states), as the functional forms return them with ``cp_context``.
-    ``params``: the mixer's parameters in its spec's order (or {name: tensor} in that order).
+    ``params``: the mixer's parameters in its spec's order, or {name: tensor} of every one.
 
     ``initial_state``: [B, D] ([N, D] packed, N the global sequences), the same tensor on
     every rank; each rank reads the rows of the sequences that start in its slice (unpacked:
@@ -1008,14 +1030,15 @@ def context_parallel(mixer: str, x, params, *, cp_context: CPContext, backend="a
         raise cp_context_error(mixer, ctx)
     if isinstance(x, torch.Tensor):
         x = autocast_input(x)
-    param_list = list(params.values()) if isinstance(params, dict) else list(params)
-    tensors = [t for t in (x, initial_state, *param_list) if isinstance(t, torch.Tensor)]
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     device = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
     comm_device = _comm_device(ctx.group, device)
     error, status, summary, layout, runner, heads = None, 0, None, None, None, 0
+    param_list, needs_grad = [], False
     try:
         spec = mixers.get(mixer)
+        param_list = parameter_list(mixer, spec, params)
+        tensors = [t for t in (x, initial_state, *param_list) if isinstance(t, torch.Tensor)]
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         mixers.check_count(mixer, param_list)
         named = dict(zip(spec.parameter_names, param_list))
         check_tensors(mixer, named)
@@ -1025,6 +1048,9 @@ def context_parallel(mixer: str, x, params, *, cp_context: CPContext, backend="a
                      dist.get_world_size(ctx.group))
         if resets is not None:
             check_resets(mixer, x, resets)
+            # Here, not where the slice runs: a slice that ends a sequence runs after the
+            # summaries are exchanged, and its refusal would leave the other ranks waiting.
+            check_takes_resets(mixer, resolve_backend(mixer, x, backend))
         lengths = ctx.slice_lengths or (None,) * ctx.world_size
         if not ctx.packed:
             lengths = tuple(x.shape[1] if k == ctx.rank else n for k, n in enumerate(lengths))

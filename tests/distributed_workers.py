@@ -86,9 +86,8 @@ def case_seed(case) -> int:
 
 
 def parameter_names(mixer: str):
-    return {"samu": ("ctrl_weight", "ctrl_bias", "a_param", "log_temp", "skip"),
-            "rglru": ("gate_x_weight", "gate_x_bias", "gate_a_weight", "gate_a_bias",
-                      "a_param")}[mixer]
+    import samu
+    return samu.mixers.get(mixer).parameter_names
 
 
 def make_module(mixer: str, backend: str, params=None):
@@ -497,6 +496,36 @@ def _mismatched_call(name: str, rank: int, group):
         loss = samu.rglru(xs, *rglru_params, cp_context=ctx).sum()
         loss.backward(retain_graph=True)
         loss.backward()
+    elif name == "only_h0_needs_grad":
+        _only_h0_needs_grad(x, params, rank, group)
+    elif name == "params_as_a_dict_by_name":
+        from samu.distributed import context_parallel
+        names = parameter_names("samu")
+        shuffled = {n: p for n, p in reversed(list(zip(names, params)))}
+        got = context_parallel("samu", mine, shuffled, cp_context=context(), **reference)
+        _assert_close(got, _slice_of(samu.samu(x, *params, **reference), rank), name)
+    elif name == "params_as_a_dict_of_other_names_on_one_rank":
+        from samu.distributed import context_parallel
+        keys = parameter_names("samu") if rank == 0 else [f"p{i}" for i in range(len(params))]
+        context_parallel("samu", mine, dict(zip(keys, params)), cp_context=context(),
+                         **reference)
+    elif name == "params_not_a_sequence_on_one_rank":
+        context().mix("samu", mine, None if rank else params, **reference)
+    elif name == "resets_for_a_backend_without_a_mask_on_the_last_rank":
+        # The last rank's slice ends its sequence: it ran after the summaries' exchange, and
+        # its refusal left rank 0 waiting in the backward's.
+        from samu import backends
+        unmasked = backends.Backend("reference_without_a_mask", "samu", "reference",
+                                    backends.REGISTRY["samu"]["reference_chunked"].run)
+        backends.register(unmasked)
+        try:
+            xs = mine.clone().requires_grad_()
+            resets = torch.zeros(1, MISMATCH_SLICES[rank], dtype=torch.bool) if rank else None
+            y = samu.samu(xs, *params, cp_context=context(), backend=unmasked.name,
+                          resets=resets)
+            y.sum().backward()
+        finally:
+            del backends.REGISTERED["samu"][unmasked.name]
     elif name == "second_backward_without_retain_graph":
         xs = mine.clone().requires_grad_()
         loss = samu.samu(xs, *params, cp_context=context(), **reference).sum()
@@ -504,6 +533,36 @@ def _mismatched_call(name: str, rank: int, group):
         loss.backward()
     else:
         raise KeyError(name)
+
+
+def _assert_close(got, want, what: str, tolerance: float = 1e-12):
+    error = float((got - want).norm() / max(float(want.norm()), 1e-300))
+    if error > tolerance:
+        raise AssertionError(f"{what}: relative error {error:.3e} against one process")
+
+
+def _only_h0_needs_grad(x, params, rank: int, group):
+    """A frozen mixer with a learned initial state, unpacked and packed (rank 1's slice is run
+    straight through by a sequence there, so it reads no row of h0): the ranks' h0 gradients
+    sum to one process's, and a rank that reads none gets zeros."""
+    import samu
+    from samu.distributed import build_cp_context
+    for cu_seqlens, rows in ((None, 1), ((0, 2, 10), 2)):
+        h0 = torch.randn(rows, WIDTH, dtype=torch.float64,
+                         generator=torch.Generator().manual_seed(5))
+        whole = h0.clone().requires_grad_()
+        samu.samu(x, *params, initial_state=whole, cu_seqlens=None if cu_seqlens is None
+                  else torch.tensor(cu_seqlens), backend="reference_chunked"
+                  ).square().sum().backward()
+        mine = h0.clone().requires_grad_()
+        ctx = build_cp_context(group, slice_lengths=MISMATCH_SLICES, cu_seqlens=cu_seqlens)
+        samu.samu(_slice_of(x, rank), *params, initial_state=mine, cp_context=ctx,
+                  backend="reference_chunked").square().sum().backward()
+        if rank == 1 and float(mine.grad.abs().max()) != 0.0:
+            raise AssertionError("rank 1 reads no row of h0, yet its gradient is not zero")
+        total = mine.grad.clone()
+        torch.distributed.all_reduce(total, group=group)
+        _assert_close(total, whole.grad, f"h0's gradient, cu_seqlens {cu_seqlens}")
 
 
 MISMATCH_CASES = ("cu_seqlens_collide_at_build", "cu_seqlens_collide_in_the_call",
@@ -514,7 +573,10 @@ MISMATCH_CASES = ("cu_seqlens_collide_at_build", "cu_seqlens_collide_in_the_call
                   "fractional_slice_lengths", "fractional_cu_seqlens", "nested_cu_seqlens",
                   "create_graph_on_one_rank", "create_graph_on_the_kernels",
                   "second_backward_without_retain_graph",
-                  "second_backward_through_overwritten_gates")
+                  "second_backward_through_overwritten_gates", "only_h0_needs_grad",
+                  "params_as_a_dict_by_name", "params_as_a_dict_of_other_names_on_one_rank",
+                  "params_not_a_sequence_on_one_rank",
+                  "resets_for_a_backend_without_a_mask_on_the_last_rank")
 
 
 def _good_call_error(rank: int, group) -> float:

@@ -426,6 +426,17 @@ MISMATCH_ERRORS = {
     # own refusal, the other completes its backward (nothing waits).
     "second_backward_through_overwritten_gates": [
         ("RuntimeError", "so this graph cannot be backpropagated through twice"), None],
+    # Calls that succeed, each rank checking its numbers against one process.
+    "only_h0_needs_grad": None,
+    "params_as_a_dict_by_name": None,
+    "params_as_a_dict_of_other_names_on_one_rank": (
+        "ValueError", "rank 1: ValueError: samu: params as a dict must hold exactly the "
+        "parameters"),
+    "params_not_a_sequence_on_one_rank": (
+        "TypeError", "rank 1: TypeError: samu: params must be a sequence of tensors"),
+    "resets_for_a_backend_without_a_mask_on_the_last_rank": (
+        "ValueError", "rank 1: ValueError: samu: backend reference_without_a_mask does not take "
+        "a reset mask"),
 }
 
 
