@@ -1418,6 +1418,13 @@ def test_main_passes_the_part_and_checks_it(doc, data_dir, monkeypatch, capsys):
     assert "--part: name one configuration" in capsys.readouterr().err
 
 
+def test_devices_all_without_a_cuda_device_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(SystemExit):
+        T.main(["--device", "cpu", "--config", "small", "--devices", "all"])
+    assert "--devices all: this machine has no CUDA device" in capsys.readouterr().err
+
+
 def test_each_run_records_its_rate_parameters_and_wall_time(doc):
     for r in doc["runs"]:
         assert r["lr"] == 3e-3 and r["lr_sweep"] == [3e-3]

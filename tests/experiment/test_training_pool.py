@@ -149,6 +149,14 @@ def test_bad_pool_arguments_are_refused(processes, devices, message):
         T.RunPool("cpu", processes, devices)
 
 
+def test_devices_of_another_kind_than_the_studys_device_are_refused():
+    """The study's files are labelled by its device: GPU runs under --device cpu were labelled
+    cpu."""
+    with pytest.raises(T.ParameterError, match=r"devices \['cpu'\] are not of the study's "
+                                               "device cuda's kind"):
+        T.check_devices("cuda", 1, ["cpu"])
+
+
 def test_check_parameters_refuses_bad_pool_arguments_before_anything_runs():
     defaults = T.configuration("small").parameters("cpu")
     known = T.STUDY_PARAMETERS

@@ -244,6 +244,8 @@ def main(argv=None, configurations: dict | None = None) -> int:
         overrides["processes"] = args.processes
     devices = None
     if args.devices is not None:
+        if args.devices == "all" and not torch.cuda.device_count():
+            parser.error("--devices all: this machine has no CUDA device")
         devices = ([f"cuda:{i}" for i in range(torch.cuda.device_count())]
                    if args.devices == "all" else args.devices.split(","))
         overrides["devices"] = devices

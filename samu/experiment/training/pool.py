@@ -61,6 +61,10 @@ def check_devices(device, processes, devices) -> tuple:
             if index >= count:
                 raise ParameterError(f"devices: {d} is not on this machine ({count} CUDA "
                                      "devices)")
+    if devices and kinds != {torch.device(device).type}:
+        # The study's files are labelled by ``device``: runs elsewhere would carry its name.
+        raise ParameterError(f"devices {list(chosen)} are not of the study's device {device}'s "
+                             "kind")
     return chosen
 
 
