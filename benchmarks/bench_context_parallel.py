@@ -53,6 +53,12 @@ def _mixers() -> list[str]:
     return [name for name, spec in MIXERS.items() if spec.log_decay is not None]
 
 
+def _backend_names(mixers: list[str]) -> list[str]:
+    """'auto' and every registered backend of these mixers, each once."""
+    from samu import backends
+    return ["auto", *dict.fromkeys(n for m in mixers for n in backends.available(m))]
+
+
 def _modules():
     from samu import paths
     from samu.experiment import protocol, schema
@@ -518,6 +524,8 @@ def distributed(args, device) -> int:
 
 
 def main(argv=None) -> int:
+    from samu import backends
+    from samu.experiment import benchmark_cli
     from samu.experiment.benchmark_cli import device as device_type, positive_int
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -527,10 +535,12 @@ def main(argv=None) -> int:
                         default=[2**17, 2**18, 2**19, 2**20])
     parser.add_argument("--ranks", type=positive_int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--width", type=positive_int, default=2048)
-    parser.add_argument("--mixers", nargs="+", default=_mixers(), choices=_mixers())
-    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--mixers", nargs="+", default=_mixers(), choices=_mixers(),
+                        action=benchmark_cli.Distinct)
+    parser.add_argument("--backend", default="auto", choices=_backend_names(_mixers()),
+                        metavar="NAME", help="auto (default) or a backend of every --mixers")
     parser.add_argument("--repeats", type=positive_int, default=10)
-    parser.add_argument("--warmup", type=int, default=None,
+    parser.add_argument("--warmup", type=benchmark_cli.non_negative_int, default=None,
                         help="calls before timing (default 3 on a GPU, 1 on a CPU)")
     parser.add_argument("--host", action="store_true",
                         help="also time the host alone: each call and share with its Triton "
@@ -553,6 +563,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="the JSON file to write (default: "
                         "data/context_parallel/<gpu-slug>.json, or <gpu-slug>_check.json)")
     args = parser.parse_args(argv)
+    # The one --backend runs every mixer: each must have it.
+    benchmark_cli.backends_named(parser, [args.backend],
+                                 {m: ["auto", *backends.available(m)] for m in args.mixers},
+                                 option="--backend")
     device = args.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.warmup is None:
         args.warmup = 3 if device.type == "cuda" else 1

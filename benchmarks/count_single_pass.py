@@ -25,7 +25,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 import inspect_kernels  # noqa: E402  (tools/ is no package)
 
-from samu import backends  # noqa: E402
+from samu import backends, mixers  # noqa: E402
 from samu.experiment.pipeline import GPU_SHAPES  # noqa: E402
 from samu.ops.common.launching import cdiv  # noqa: E402
 from samu.shapes import Shape  # noqa: E402
@@ -66,6 +66,13 @@ def loops_with_barriers(instructions) -> int:
     return count
 
 
+def launch_plan(mixer: str, family, config, width: int, heads: int):
+    """The family's launches of ``config`` at ``width``; a mixer with heads takes ``heads``."""
+    if mixers.get(mixer).has_heads:
+        return family.launch_plan(config, width, heads)
+    return family.launch_plan(config, width)
+
+
 def counts(mixer: str, width: int, heads: int, change: dict | None = None):
     """(backend, kernel, registers, spills, instructions per element, per look-back round,
     programs an SM holds, channels a tile, loops holding a barrier) of each single-pass
@@ -76,9 +83,7 @@ def counts(mixer: str, width: int, heads: int, change: dict | None = None):
             continue
         config = dataclasses.replace(backends.REGISTRY[mixer][name].config, **(change or {}))
         family = backends.family_of(mixer, config)
-        plan = (family.launch_plan(config, width, heads) if mixer == "rglru"
-                else family.launch_plan(config, width))
-        for kernel, constexprs, options in plan:
+        for kernel, constexprs, options in launch_plan(mixer, family, config, width, heads):
             regs, spills, _, _, instructions = inspect_kernels.compile_stats(
                 kernel, constexprs, options, specialized_ints=("L", "NC"))
             values = constexprs["T"] * constexprs["V"]

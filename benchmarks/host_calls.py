@@ -4,12 +4,13 @@ Python calls, the calls into torch (built-in methods) and the launches of one ca
 of the same stubbed call is printed beside them.  The counts are exact and repeat from run to
 run; the wall time is this machine's, noisy, and not the GPU host's.
 
-    python benchmarks/host_calls.py                      # both mixers at (1, 64, 256)
+    python benchmarks/host_calls.py                      # every mixer at (1, 64, 256)
     python benchmarks/host_calls.py --width 2048 --length 128
 
 Run it with another tree's samu first on PYTHONPATH to compare two trees.  Each mixer's counts
 are also a row of data/benchmarks/cpu/host_calls.jsonl (samu.experiment.benchmark_rows): the
-tensors are the CPU's, whatever the machine."""
+tensors are the CPU's, whatever the machine.  The mixers are the registry's with Triton
+kernels, each at its default backend (samu.backends.DEFAULTS)."""
 from __future__ import annotations
 
 import argparse
@@ -20,12 +21,16 @@ import time
 import torch
 
 import samu
-from samu import dispatch
-from samu.experiment import benchmark_rows, protocol
+from samu import backends, dispatch, mixers
+from samu.experiment import benchmark_cli, benchmark_rows, protocol
+from samu.modules import NUM_HEADS
 from samu.ops.common import launching
 
-BACKENDS = {"samu": "fused_controller_hierarchical_chunk8",
-            "rglru": "gemm_fused_hierarchical_chunk8"}
+
+def counted_backends() -> dict[str, str]:
+    """{mixer: its default backend} of every registered mixer with Triton kernels (the others
+    have no launches to stub)."""
+    return {m: backends.DEFAULTS[m] for m in mixers.names() if backends.kernel_families(m)}
 
 
 class StubbedLaunches:
@@ -48,9 +53,9 @@ class StubbedLaunches:
         launching.launch, dispatch._check_triton_input = self._saved
 
 
-def count(mixer: str, shape: tuple[int, int, int], calls: int = 100, warmup: int = 20,
-          repeats: int = 7) -> dict:
-    module = protocol.build_module(mixer, shape[2], BACKENDS[mixer], "cpu")
+def count(mixer: str, backend: str, shape: tuple[int, int, int], calls: int = 100,
+          warmup: int = 20, repeats: int = 7) -> dict:
+    module = protocol.build_module(mixer, shape[2], backend, "cpu")
     x = torch.randn(*shape, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
 
@@ -85,22 +90,27 @@ def count(mixer: str, shape: tuple[int, int, int], calls: int = 100, warmup: int
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--calls", type=int, default=100, help="calls counted and timed")
-    parser.add_argument("--repeats", type=int, default=7, help="timings of --calls calls")
+    parser.add_argument("--width", type=benchmark_cli.positive_int, default=256)
+    parser.add_argument("--length", type=benchmark_cli.positive_int, default=64)
+    parser.add_argument("--calls", type=benchmark_cli.positive_int, default=100,
+                        help="calls counted and timed")
+    parser.add_argument("--repeats", type=benchmark_cli.positive_int, default=7,
+                        help="timings of --calls calls")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    counted = counted_backends()
     shape = (1, args.length, args.width)
+    benchmark_cli.check_heads_divide(parser, NUM_HEADS, [shape], list(counted),
+                                     source="the modules' head count")
+    torch.set_num_threads(1)
     table = benchmark_rows.BenchmarkRows("host_calls", "cpu")
     print(f"samu from {samu.__file__}; shape {shape}; launches stubbed, CPU tensors")
-    for mixer in BACKENDS:
-        c = count(mixer, shape, args.calls, min(20, args.calls), args.repeats)
-        print(f"{mixer} ({BACKENDS[mixer]}): {c['python_calls']:.0f} Python calls, "
+    for mixer, backend in counted.items():
+        c = count(mixer, backend, shape, args.calls, min(20, args.calls), args.repeats)
+        print(f"{mixer} ({backend}): {c['python_calls']:.0f} Python calls, "
               f"{c['builtin_calls']:.0f} built-in calls, {c['launches']:.0f} launches per "
               f"forward+backward; best {c['best_us']:.1f} us of this machine's wall time",
               flush=True)
-        config = benchmark_rows.configuration(mixer, BACKENDS[mixer], launches="stubbed")
+        config = benchmark_rows.configuration(mixer, backend, launches="stubbed")
         table.add(mixer, config, shape, c, {"python_calls": "count", "builtin_calls": "count",
                                             "launches": "count", "best_us": "us"})
     print(table.summary())

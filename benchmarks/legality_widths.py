@@ -17,11 +17,12 @@ from __future__ import annotations
 import sys
 import time
 
-from samu import backends
+from samu import backends, mixers
 from samu.experiment import benchmark_cli, benchmark_rows, legality
 
 WIDTHS = (512, 640, 1024, 2048, 2560, 4096, 5120, 8192)
 HEADS = (10, 16, 32)
+STATEFUL_TOKENS = 8  # the least a row takes to hold the stateful check's four sequences
 
 
 def state_case(batch: int, length: int, width: int, device) -> tuple[tuple, dict]:
@@ -30,15 +31,23 @@ def state_case(batch: int, length: int, width: int, device) -> tuple[tuple, dict
     state for each and resets at the row's first token, inside a chunk, on the fourth
     sequence's first and on the row's last but one."""
     tokens = batch * length
-    if tokens < 8:
+    if tokens < STATEFUL_TOKENS:
         raise ValueError(f"the stateful check packs four sequences: batch x length must be at "
-                         f"least 8 tokens, got {tokens}")
+                         f"least {STATEFUL_TOKENS} tokens, got {tokens}")
     quarter = tokens // 4
     cuts = [0, quarter + 3, quarter + 4, max(quarter + 5, tokens // 2), tokens]
     resets = [[0, tokens // 8 + 5, cuts[3], tokens - 2]]
     shape = (1, tokens, width)
     return shape, legality.make_state(shape, device, seed=width, cu_seqlens=cuts,
                                       resets=resets)
+
+
+def head_counts(mixer: str, width: int, heads: list[int]) -> list[int | None]:
+    """The head counts a width is checked at: those of ``heads`` that divide it for a mixer
+    with heads, else once without (None)."""
+    if not mixers.get(mixer).has_heads:
+        return [None]
+    return [h for h in heads if width % h == 0]
 
 
 def worst_share(entry: dict) -> float | None:
@@ -50,33 +59,37 @@ def worst_share(entry: dict) -> float | None:
 
 def main(argv=None) -> int:
     parser = benchmark_cli.parser(__doc__)
-    parser.add_argument("mixers", nargs="*", help="mixers (default: every one)")
+    parser.add_argument("mixers", nargs="*", action=benchmark_cli.Distinct,
+                        help="mixers (default: every one)")
     parser.add_argument("--backends", type=benchmark_cli.words,
                         default=[], help="words of backend names (default: every Triton one)")
-    parser.add_argument("--widths", type=lambda s: [int(w) for w in s.split(",")],
-                        default=list(WIDTHS))
-    parser.add_argument("--heads", type=lambda s: [int(h) for h in s.split(",")],
-                        default=list(HEADS))
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--length", type=int, default=2048)
+    parser.add_argument("--widths", type=benchmark_cli.positive_ints, default=list(WIDTHS))
+    parser.add_argument("--heads", type=benchmark_cli.positive_ints, default=list(HEADS))
+    parser.add_argument("--batch", type=benchmark_cli.positive_int, default=2)
+    parser.add_argument("--length", type=benchmark_cli.positive_int, default=2048)
     args = parser.parse_args(argv)
     unknown = [m for m in args.mixers if m not in backends.REGISTRY]
     if unknown:
         parser.error(f"unknown mixers {unknown}; choose from {list(backends.REGISTRY)}")
+    if args.batch * args.length < STATEFUL_TOKENS:
+        parser.error(f"--batch {args.batch} x --length {args.length} is under {STATEFUL_TOKENS} "
+                     "tokens: the stateful check packs four sequences into them")
+    # Every mixer's backends found before any runs: a later mixer's refusal writes no rows.
+    chosen = {m: backends.matching(m, args.backends)
+              for m in args.mixers or list(backends.REGISTRY)}
+    bare = [m for m, names in chosen.items() if not names]
+    if bare:
+        parser.error(f"no backend of {bare} matches --backends {','.join(args.backends)}")
     device = benchmark_cli.kernel_device("legality_widths.py")
     table = benchmark_rows.BenchmarkRows("legality_widths", device.type)
     illegal = []
-    for mixer in args.mixers or list(backends.REGISTRY):
-        names = backends.matching(mixer, args.backends)
-        if not names:
-            raise SystemExit(f"no {mixer} backend matches {args.backends}")
+    for mixer, names in chosen.items():
         for width in args.widths:
-            head_counts = ([h for h in args.heads if width % h == 0] if mixer == "rglru"
-                           else [None])
-            if not head_counts:
+            counts = head_counts(mixer, width, args.heads)
+            if not counts:
                 print(f"{mixer} width {width}: none of the head counts {args.heads} divides it, "
                       "skipped", flush=True)
-            for heads in head_counts:
+            for heads in counts:
                 for stateful in (False, True):
                     plain = (args.batch, args.length, width)
                     shape, state = (state_case(*plain, device) if stateful else (plain, None))

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from samu import dispatch, mixers, paths
 from samu.experiment import benchmark_cli, benchmark_rows, protocol, schema, sweep
-from samu.experiment.pipeline import parse_shapes
+from samu.modules import NUM_HEADS
 
 
 def draw(doc: dict, path) -> None:
@@ -71,36 +71,35 @@ def main(argv=None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shapes", nargs="+", help="BxLxD shapes")
     parser.add_argument("--name", required=True, help="the sweep's name in its file names")
-    parser.add_argument("--mixers", nargs="+", default=mixers.names(), choices=mixers.names())
-    parser.add_argument("--samples", type=int, default=5)
+    benchmark_cli.add_mixers(parser)
+    parser.add_argument("--samples", type=benchmark_cli.positive_int, default=5)
     parser.add_argument("--backends", nargs="+", help="only these backends (default: all)")
-    parser.add_argument("--heads", type=int, default=None,
-                        help="gate blocks of a mixer with heads (default: the modules')")
+    parser.add_argument("--heads", type=benchmark_cli.positive_int, default=NUM_HEADS,
+                        help=f"gate blocks of a mixer with heads (default {NUM_HEADS})")
     args = parser.parse_args(argv)
+    offered = {m: sweep.triton_backends(m) for m in args.mixers}
+    names = (benchmark_cli.backends_named(parser, args.backends, offered) if args.backends
+             else offered)
+    shapes = benchmark_cli.shapes_given(parser, args.shapes)
+    benchmark_cli.check_heads_divide(parser, args.heads, shapes, args.mixers)
     device = benchmark_cli.kernel_device("sweep_backends.py")
-    shapes = parse_shapes(args.shapes)
     slug = dispatch.gpu_slug()
     source = dispatch.calibration_source(slug)
     calibrated = []
     if source.path.exists():
         calibrated = sorted(schema.read_json(source.path)["shapes"])
-    names = None
-    if args.backends:
-        names = {m: [n for n in sweep.triton_backends(m) if n in args.backends]
-                 for m in args.mixers}
     key = "gpu_time_ms" if device.type == "cuda" else "median_ms"
     out = paths.DATA / "sweeps" / f"{slug}_{args.name}.json"
     rows = []
     table = benchmark_rows.BenchmarkRows("sweep_backends", device)
-    work = sum(len((names or {}).get(m) or sweep.triton_backends(m)) for m in args.mixers)
+    work = sum(len(found) for found in names.values())
     with tqdm(total=work * len(shapes), desc="sweep") as bar:
         def progress(text):
             bar.set_postfix_str(text)
             bar.update()
         for shape in shapes:
-            heads = {} if args.heads is None else {"num_heads": args.heads}
             found = sweep.sweep_shape(shape, device, args.mixers, args.samples, names, progress,
-                                      **heads)
+                                      num_heads=args.heads)
             for row in found:
                 bar.write(line(row))
                 extra = {"num_heads": row["num_heads"]} if "num_heads" in row else {}

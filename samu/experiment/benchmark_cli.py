@@ -10,7 +10,9 @@ import sys
 import torch
 
 from .. import backends, dispatch
+from .. import mixers as mixers_
 from ..shapes import Shape
+from .pipeline import parse_shapes
 
 
 def shape(text: str) -> tuple[int, int, int]:
@@ -21,15 +23,38 @@ def shape(text: str) -> tuple[int, int, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1 (a count, a width, a number of ranks)."""
+def shapes_given(parser: argparse.ArgumentParser, texts: list[str]) -> list[Shape]:
+    """The BxLxD shapes in ``texts`` (pipeline.parse_shapes: a malformed one exits naming it);
+    none at all is a parser error."""
+    shapes = parse_shapes(texts)
+    if not shapes:
+        parser.error(f"no shape in {texts}: give BxLxD shapes such as 4x2048x2048")
+    return shapes
+
+
+def _int_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1 (a count, a width, a number of ranks)."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer of at least 0 (a warm-up count)."""
+    return _int_at_least(text, 0)
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse type: comma-separated integers of at least 1 (widths, head counts)."""
+    return [positive_int(word) for word in text.split(",")]
 
 
 def device(text: str) -> torch.device:
@@ -51,6 +76,13 @@ def mixer(text: str) -> str:
     return text
 
 
+class Distinct(argparse.Action):
+    """Store the values given, each once, in their first order: a name given twice runs once."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, list(dict.fromkeys(values)))
+
+
 def words(text: str) -> list[str]:
     """An argparse type: comma-separated words, empty ones dropped."""
     return [w for w in text.split(",") if w]
@@ -63,9 +95,40 @@ def parser(doc: str) -> argparse.ArgumentParser:
 
 
 def add_mixers(parser: argparse.ArgumentParser) -> None:
-    """--mixers NAME ...: the mixers to run (default: every registered one)."""
-    parser.add_argument("--mixers", nargs="+", type=mixer, default=list(backends.REGISTRY),
+    """--mixers NAME ...: the mixers to run, each once (default: every registered one)."""
+    parser.add_argument("--mixers", nargs="+", type=mixer, action=Distinct,
+                        default=list(backends.REGISTRY),
                         help=f"mixers to run (default: {' '.join(backends.REGISTRY)})")
+
+
+def backends_named(parser: argparse.ArgumentParser, asked: list[str],
+                   offered: dict[str, list[str]], option: str = "--backends"
+                   ) -> dict[str, list[str]]:
+    """{mixer: the names in ``asked`` that ``offered[mixer]`` holds, in its order}; a name that
+    no mixer offers, or a mixer left with none, is a parser error before anything runs."""
+    chosen = {m: [n for n in names if n in asked] for m, names in offered.items()}
+    unknown = sorted(set(asked) - {n for names in chosen.values() for n in names})
+    if unknown:
+        parser.error(f"unknown backends {unknown} for {list(chosen)}; available: "
+                     + "; ".join(f"{m}: {', '.join(names)}" for m, names in offered.items()))
+    # A mixer left with none would be run, or recorded, with no backend at all.
+    bare = [m for m, names in chosen.items() if not names]
+    if bare:
+        parser.error(f"{option} {' '.join(asked)} names no backend of {', '.join(bare)}: give "
+                     "--mixers only mixers that have them")
+    return chosen
+
+
+def check_heads_divide(parser: argparse.ArgumentParser, heads: int, shapes,
+                       mixers: list[str], source: str = "--heads") -> None:
+    """A parser error, before any shape runs, where ``heads`` (named as ``source``) does not
+    divide the width of a BxLxD shape and one of ``mixers`` has heads (it splits the width into
+    that many blocks)."""
+    headed = [m for m in mixers if mixers_.get(m).has_heads]
+    uneven = [Shape(*s).key for s in shapes if s[2] % heads] if headed else []
+    if uneven:
+        parser.error(f"{source} {heads} does not divide the width of {', '.join(uneven)} "
+                     f"({', '.join(headed)} split the width into {heads} blocks)")
 
 
 def launch_type(mixer: str) -> type:

@@ -188,11 +188,11 @@ def main(argv=None) -> int:
     import argparse
 
     from . import benchmark_cli
-    from .pipeline import parse_shapes
     parser = argparse.ArgumentParser(prog="python -m samu.experiment.calibration",
                                      description=" ".join(main.__doc__.split()))
     parser.add_argument("shapes", nargs="+", help="BxLxD shapes")
     parser.add_argument("--mixers", nargs="+", choices=mixers_.names(), default=None,
+                        action=benchmark_cli.Distinct,
                         help="the mixers to calibrate (default: every one)")
     parser.add_argument("--heads", type=benchmark_cli.positive_int, default=NUM_HEADS,
                         help=f"gate blocks of a mixer with heads (default {NUM_HEADS})")
@@ -204,28 +204,13 @@ def main(argv=None) -> int:
                              f"memory budget may be (default {MEMORY_TOLERANCE}; 1 ranks by "
                              "time alone)")
     args = parser.parse_args(argv)
-    candidates = None
-    if args.backends:
-        candidates = {m: [n for n in backends.available(m) if n in args.backends]
-                      for m in args.mixers or mixers_.names()}
-        unknown = sorted(set(args.backends) - {n for names in candidates.values() for n in names})
-        if unknown:
-            parser.error(f"unknown backends {unknown} for {list(candidates)}; available: "
-                         + "; ".join(f"{m}: {', '.join(backends.available(m))}"
-                                     for m in candidates))
-        # A mixer left with none would be written choosing none, over its shape's entry.
-        bare = [m for m, names in candidates.items() if not names]
-        if bare:
-            parser.error(f"none of --backends {args.backends} is a backend of {bare}: name "
-                         "the mixers they belong to with --mixers")
-    shapes = parse_shapes(args.shapes)  # a malformed one exits naming it
-    if not shapes:
-        parser.error(f"no shape in {args.shapes}: give BxLxD shapes such as 4x2048x2048")
-    headed = [m for m in (args.mixers or mixers_.names()) if mixers_.get(m).has_heads]
-    uneven = [s.key for s in shapes if s[2] % args.heads] if headed else []
-    if uneven:  # refused before any shape is calibrated and written
-        parser.error(f"--heads {args.heads} does not divide the width of {', '.join(uneven)} "
-                     f"({', '.join(headed)} split the width into --heads blocks)")
+    chosen_mixers = args.mixers or mixers_.names()
+    candidates = (benchmark_cli.backends_named(parser, args.backends,
+                                               {m: backends.available(m) for m in chosen_mixers})
+                  if args.backends else None)
+    shapes = benchmark_cli.shapes_given(parser, args.shapes)  # a malformed one exits naming it
+    # Refused before any shape is calibrated and written.
+    benchmark_cli.check_heads_divide(parser, args.heads, shapes, chosen_mixers)
     device = benchmark_cli.kernel_device("python -m samu.experiment.calibration")
     slug = protocol.device_slug(device)
     environment = protocol.environment(device)

@@ -32,18 +32,30 @@ def time_backend(mixer: str, name: str, x, params: dict, dy, samples: int) -> di
             "median_ms": statistics.median(times)}
 
 
+def backends_to_sweep(mixers, names: dict | None) -> dict[str, list[str]]:
+    """{mixer: the backends to time}: ``names[mixer]`` where given, else every Triton backend;
+    ValueError where ``names`` gives a mixer none (an empty list is no request for all)."""
+    chosen = {m: triton_backends(m) if names is None or m not in names else list(names[m])
+              for m in mixers}
+    bare = [m for m, found in chosen.items() if not found]
+    if bare:
+        raise ValueError(f"no backend to sweep for {bare}: names gives them an empty list")
+    return chosen
+
+
 def sweep_shape(shape, device, mixers=None, samples: int = 5,
                 names: dict | None = None, progress=None, num_heads: int = NUM_HEADS) -> list[dict]:
     """One row per (mixer, backend) at this shape (a mixer with heads at ``num_heads``, in its
     rows); ``auto`` marks the backend that ``backend="auto"`` resolves to for a BF16 x of this
-    shape on this device."""
+    shape on this device.  ``names``: {mixer: backends} (backends_to_sweep)."""
     shape = Shape(*shape)
+    chosen = backends_to_sweep(mixers if mixers is not None else mixers_.names(), names)
     rows = []
-    for mixer in mixers if mixers is not None else mixers_.names():
+    for mixer, swept in chosen.items():
         heads = {"num_heads": num_heads} if mixers_.get(mixer).has_heads else {}
         x, params, dy = make_inputs(mixer, shape, device, num_heads=num_heads)
         auto = dispatch.resolve(mixer, x, "auto").name
-        for name in (names or {}).get(mixer) or triton_backends(mixer):
+        for name in swept:
             if progress:
                 progress(f"{shape.key} {mixer}/{name}")
             try:

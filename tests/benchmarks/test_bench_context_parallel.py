@@ -103,3 +103,36 @@ def test_bad_counts_and_devices_are_refused_by_argparse(load_benchmark, capsys):
         with pytest.raises(SystemExit) as info:
             (bench.main if program == "bench_context_parallel" else bench.parse)(argv)
         assert info.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_a_bad_backend_or_warmup_is_refused_before_anything_is_written(tmp_path, load_benchmark,
+                                                                      rows_folder, capsys):
+    import pytest
+
+    from samu import backends
+    bench = load_benchmark("bench_context_parallel")
+    out = tmp_path / "cp.json"
+    every = ["auto", *dict.fromkeys(n for m in bench._mixers() for n in backends.available(m))]
+    for argv, words in (
+            (["--backend", "nope"], "--backend: invalid choice: 'nope' (choose from "
+             + ", ".join(repr(n) for n in every) + ")"),
+            (["--backend", "fused_controller_hierarchical_chunk8"],
+             "--backend fused_controller_hierarchical_chunk8 names no backend of rglru"),
+            (["--warmup", "-2"], "--warmup: must be at least 0, got -2")):
+        with pytest.raises(SystemExit) as info:
+            bench.main(["--device", "cpu", "--lengths", "16", "--ranks", "2", "--width", "8",
+                        "--repeats", "1", "--out", str(out), *argv])
+        assert info.value.code == 2 and words in capsys.readouterr().err
+    assert not out.exists() and not rows_folder.exists()
+
+
+def test_a_mixer_given_twice_is_timed_once_and_warmup_may_be_zero(tmp_path, load_benchmark,
+                                                                  rows_folder):
+    bench = load_benchmark("bench_context_parallel")
+    out = tmp_path / "cp.json"
+    assert bench.main(["--device", "cpu", "--lengths", "16", "--ranks", "2", "--width", "8",
+                       "--repeats", "1", "--warmup", "0", "--mixers", "samu", "samu",
+                       "--backend", "reference_chunked", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["protocol"]["warmup"] == 0
+    assert [row["mixer"] for row in doc["rows"]] == ["samu"]

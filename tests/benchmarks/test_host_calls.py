@@ -1,8 +1,23 @@
-"""benchmarks/host_calls.py at a tiny size (launches stubbed, CPU tensors): what it prints and
-the rows it appends after those already in the file."""
+"""benchmarks/host_calls.py at a tiny size (launches stubbed, CPU tensors): what it prints, the
+rows it appends after those already in the file, the mixers it counts (the registry's with
+Triton kernels, each at its default backend) and the counts it refuses."""
+import dataclasses
+
+import pytest
 import torch
 
+from samu import backends, mixers
 from samu.experiment import benchmark_rows
+
+TINY = ["--width", "32", "--length", "16", "--calls", "2", "--repeats", "1"]
+
+
+def run(bench, argv):
+    threads = torch.get_num_threads()
+    try:
+        return bench.main(argv)
+    finally:
+        torch.set_num_threads(threads)  # the benchmark runs on one thread
 
 
 def test_host_calls_appends_a_row_per_mixer(load_benchmark, rows_folder, capsys):
@@ -11,20 +26,15 @@ def test_host_calls_appends_a_row_per_mixer(load_benchmark, rows_folder, capsys)
     earlier = benchmark_rows.BenchmarkRows("host_calls", "cpu")
     assert earlier.path == path
     kept = earlier.add("samu", {"backend": "earlier"}, (1, 8, 4), {"best_us": 1.0})
-    threads = torch.get_num_threads()
-    try:
-        assert bench.main(["--width", "32", "--length", "16", "--calls", "2",
-                           "--repeats", "1"]) == 0
-    finally:
-        torch.set_num_threads(threads)  # the benchmark runs on one thread
+    assert run(bench, TINY) == 0
     printed = capsys.readouterr().out
     rows = benchmark_rows.read_rows(path)
     assert rows[0] == kept
-    assert [r["mixer"] for r in rows[1:]] == list(bench.BACKENDS)
+    assert [r["mixer"] for r in rows[1:]] == list(bench.counted_backends()) == mixers.names()
     for row in rows[1:]:
         assert row["gpu"] == "cpu" and row["commit"] == "0123abc"
         assert row["shape"] == {"batch": 1, "length": 16, "width": 32}
-        assert row["configuration"]["backend"] == bench.BACKENDS[row["mixer"]]
+        assert row["configuration"]["backend"] == backends.DEFAULTS[row["mixer"]]
         assert row["configuration"]["launches"] == "stubbed"
         assert "settings_digest" in row["configuration"]
         values = row["values"]
@@ -33,3 +43,33 @@ def test_host_calls_appends_a_row_per_mixer(load_benchmark, rows_folder, capsys)
         assert row["units"] == {"python_calls": "count", "builtin_calls": "count",
                                 "launches": "count", "best_us": "us"}
     assert "appended 2 rows to" in printed
+
+
+def test_a_registered_mixer_is_counted_at_its_default_and_one_without_kernels_is_not(
+        load_benchmark, rows_folder):
+    bench = load_benchmark("host_calls")
+    samu = mixers.get("samu")
+    twin = dataclasses.replace(samu, name="twin",
+                               default_backend="fused_controller_hierarchical_chunk8")
+    plain = dataclasses.replace(samu, name="plain", kernel_families=())
+    with backends.registered_mixer(twin), backends.registered_mixer(plain):
+        assert run(bench, TINY) == 0
+    rows = benchmark_rows.read_rows(rows_folder / "host_calls.jsonl")
+    assert [(r["mixer"], r["configuration"]["backend"]) for r in rows] == [
+        ("rglru", backends.DEFAULTS["rglru"]), ("samu", backends.DEFAULTS["samu"]),
+        ("twin", "fused_controller_hierarchical_chunk8")]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--calls", "0"], "--calls: must be at least 1, got 0"),
+    (["--repeats", "0"], "--repeats: must be at least 1, got 0"),
+    (["--length", "-1"], "--length: must be at least 1, got -1"),
+    (["--width", "0"], "--width: must be at least 1, got 0"),
+    (["--width", "20"], "head count 16 does not divide the width of 1x64x20")])
+def test_a_bad_count_is_refused_before_anything_runs(load_benchmark, rows_folder, capsys, argv,
+                                                     words):
+    bench = load_benchmark("host_calls")
+    with pytest.raises(SystemExit) as stop:
+        run(bench, argv)
+    assert stop.value.code == 2 and words in capsys.readouterr().err
+    assert not rows_folder.exists()

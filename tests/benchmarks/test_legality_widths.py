@@ -1,6 +1,8 @@
 """benchmarks/legality_widths.py at tiny sizes under Triton's interpreter: a row per backend,
 width, head count that divides the width and state case, and a failing status when a bound is
 broken."""
+import pytest
+
 from samu import backends
 from samu.experiment import benchmark_rows
 
@@ -45,8 +47,48 @@ def test_a_broken_bound_fails_the_run(load_benchmark, rows_folder, capsys, monke
 
 
 def test_an_unknown_mixer_is_refused(load_benchmark, capsys):
-    import pytest
     bench = load_benchmark("legality_widths")
     with pytest.raises(SystemExit):
         bench.main(["mamba"])
     assert "unknown mixers ['mamba']" in capsys.readouterr().err
+
+
+def test_a_mixer_given_twice_is_checked_once(load_benchmark, rows_folder):
+    bench = load_benchmark("legality_widths")
+    assert bench.main(["samu", "samu", "--widths=32", "--batch=1", "--length=16",
+                       "--backends=fused_singlepass_chunk16"]) == 0
+    rows = _rows(rows_folder)
+    assert [(r["mixer"], r["configuration"]["stateful"]) for r in rows] == \
+        [("samu", False), ("samu", True)]
+
+
+def test_head_counts_follow_the_mixers_spec_not_its_name(load_benchmark):
+    import dataclasses
+
+    from samu import mixers
+    bench = load_benchmark("legality_widths")
+    headed = dataclasses.replace(mixers.get("samu"), name="headed", has_heads=True,
+                                 kernel_families=())
+    with backends.registered_mixer(headed):
+        assert bench.head_counts("headed", 40, [2, 10, 16]) == [2, 10]
+    assert bench.head_counts("rglru", 40, [2, 10, 16]) == [2, 10]
+    assert bench.head_counts("samu", 40, [2, 10, 16]) == [None]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["rglru", "--heads=0", "--widths=16"], "--heads: must be at least 1, got 0"),
+    (["samu", "--widths=16,0"], "--widths: must be at least 1, got 0"),
+    (["samu", "--widths=16,x"], "--widths: 'x' is not an integer"),
+    (["samu", "--length=-4"], "--length: must be at least 1, got -4"),
+    (["samu", "--batch=0"], "--batch: must be at least 1, got 0"),
+    (["samu", "--batch=1", "--length=4"],
+     "--batch 1 x --length 4 is under 8 tokens: the stateful check packs four sequences"),
+    (["--backends=gemm", "--widths=16", "--batch=1", "--length=8"],
+     "no backend of ['samu'] matches --backends gemm")])
+def test_a_bad_option_is_refused_before_any_row_is_written(load_benchmark, rows_folder, capsys,
+                                                          argv, words):
+    bench = load_benchmark("legality_widths")
+    with pytest.raises(SystemExit) as stop:
+        bench.main(argv)
+    assert stop.value.code == 2 and words in capsys.readouterr().err
+    assert not rows_folder.parent.exists()

@@ -59,3 +59,19 @@ def test_a_sweep_at_another_head_count_keeps_it_in_its_rows():
     four = [dict(r, num_heads=4, median_ms=r["median_ms"] / 2) for r in rows]
     ratios = sweep.auto_ratios(rows + four, "median_ms")  # one group per head count
     assert sorted(r["num_heads"] for r in ratios) == [2, 4]
+
+
+def test_an_empty_list_of_names_is_refused_not_taken_for_every_backend(monkeypatch):
+    timed = []
+    monkeypatch.setattr(sweep, "time_backend", lambda *args: timed.append(args))
+    with pytest.raises(ValueError, match=r"no backend to sweep for \['samu'\]"):
+        sweep.sweep_shape((1, 8, 16), DEVICE, ("rglru", "samu"), samples=1,
+                          names={"rglru": sweep.triton_backends("rglru")[:1], "samu": []})
+    assert timed == []  # refused before the first mixer ran
+
+
+def test_a_mixer_the_names_leave_out_sweeps_every_triton_backend():
+    chosen = sweep.backends_to_sweep(["rglru", "samu"], {"samu": ["fused_singlepass_chunk16"]})
+    assert chosen == {"rglru": sweep.triton_backends("rglru"),
+                      "samu": ["fused_singlepass_chunk16"]}
+    assert sweep.backends_to_sweep(["samu"], None) == {"samu": sweep.triton_backends("samu")}
