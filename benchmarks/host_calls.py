@@ -6,6 +6,8 @@ run; the wall time is this machine's, noisy, and not the GPU host's.
 
     python benchmarks/host_calls.py                      # every mixer at (1, 64, 256)
     python benchmarks/host_calls.py --width 2048 --length 128
+    python benchmarks/host_calls.py --backends fused_controller_hierarchical_chunk8 \
+        gemm_fused_hierarchical_chunk8                   # the chunk-8 backends of earlier counts
 
 Run it with another tree's samu first on PYTHONPATH to compare two trees.  Each mixer's counts
 are also a row of data/benchmarks/cpu/host_calls.jsonl (samu.experiment.benchmark_rows): the
@@ -96,8 +98,20 @@ def main(argv=None) -> int:
                         help="calls counted and timed")
     parser.add_argument("--repeats", type=benchmark_cli.positive_int, default=7,
                         help="timings of --calls calls")
+    parser.add_argument("--backends", nargs="+", default=None,
+                        help="count these Triton backends alone, at most one a mixer "
+                             "(default: every mixer with kernels at its default backend)")
     args = parser.parse_args(argv)
     counted = counted_backends()
+    if args.backends:
+        named = benchmark_cli.backends_named(
+            parser, args.backends, {m: backends.matching(m) for m in counted}, every_mixer=False)
+        several = {m: names for m, names in named.items() if len(names) > 1}
+        if several:
+            parser.error(f"--backends names several backends of one mixer: {several}")
+        counted = {m: names[0] for m, names in named.items()}
+    if not counted:
+        parser.error(f"no mixer with Triton kernels to count: {backends.triton_unavailable()}")
     shape = (1, args.length, args.width)
     benchmark_cli.check_heads_divide(parser, NUM_HEADS, [shape], list(counted),
                                      source="the modules' head count")

@@ -80,6 +80,9 @@ def main(argv=None) -> int:
     bare = [m for m, names in chosen.items() if not names]
     if bare:
         parser.error(f"no backend of {bare} matches --backends {','.join(args.backends)}")
+    idle = [w for w in args.backends if not any(backends.matching(m, [w]) for m in chosen)]
+    if idle:  # a misspelt word beside a good one
+        parser.error(f"--backends: {idle} match no backend of {list(chosen)}")
     device = benchmark_cli.kernel_device("legality_widths.py")
     table = benchmark_rows.BenchmarkRows("legality_widths", device.type)
     illegal = []

@@ -28,14 +28,12 @@ from .ops.common.sequences import sequence_args
 def _family(mixer: str, backend: str):
     """(module with forward / backward / residual_specs, configuration) of a registered name."""
     mixers.get(mixer)  # an unknown name: ValueError listing the registered ones
-    if backend == "auto":
-        raise ValueError(f"{mixer}: the custom ops take a registered Triton backend's name, "
-                         "not 'auto'")
-    backends.check_name(mixer, backend)
-    config = backends.REGISTRY[mixer][backend].config
-    module = backends.family_of(mixer, config)
+    registered = backends.REGISTRY[mixer].get(backend) if isinstance(backend, str) else None
+    config = registered.config if registered is not None else None
+    module = backends.family_of(mixer, config) if config is not None else None
     if module is None:
-        raise ValueError(f"{mixer}: backend {backend!r} is not a Triton backend")
+        raise ValueError(f"{mixer}: backend {backend!r} is not a Triton backend; the custom "
+                         f"ops take one of {backends.matching(mixer)}")
     return module, config
 
 

@@ -74,6 +74,7 @@ import dataclasses
 import functools
 import hashlib
 import operator
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
@@ -981,11 +982,10 @@ def _agree(mixer: str, ctx: CPContext, row, error: Exception | None, comm_device
     return lengths
 
 
-@torch.compiler.disable
 def parameter_list(mixer: str, spec, params) -> list:
     """``params`` as the spec's ordered list: a sequence as given, a dict by its names (which
     must be the spec's, each once); TypeError or ValueError naming the problem otherwise."""
-    if isinstance(params, dict):
+    if isinstance(params, Mapping):
         names = list(spec.parameter_names)
         if set(params) != set(names):
             raise ValueError(f"{mixer}: params as a dict must hold exactly the parameters "
@@ -998,6 +998,7 @@ def parameter_list(mixer: str, spec, params) -> list:
     return list(params)
 
 
+@torch.compiler.disable
 def context_parallel(mixer: str, x, params, *, cp_context: CPContext, backend="auto",
                      return_backend: bool = False, initial_state=None,
                      output_final_state: bool = False, cu_seqlens=None, resets=None):

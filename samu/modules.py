@@ -23,7 +23,7 @@ NUM_HEADS = 16
 _STEP_CHECKED: dict = {}
 
 
-def checked_spec(mixer: str, width: int, num_heads=None, check_heads_too: bool = True
+def checked_spec(mixer: str, width: int, num_heads=NUM_HEADS, check_heads_too: bool = True
                  ) -> mixers.MixerSpec:
     """The spec of ``mixer`` once its sizes pass the checks its module's constructor runs: a
     width that is a positive integer and, for a mixer with heads (unless ``check_heads_too`` is

@@ -515,7 +515,7 @@ def test_a_shape_that_chose_nothing_never_takes_a_neighbour_choice_it_records_as
 
 
 @pytest.mark.parametrize("ratio", [2, 3, 5, 7, 10])
-def test_an_exact_tie_goes_to_the_larger_shape_at_any_ratio(ratio):
+def test_an_exact_tie_goes_to_the_larger_shape(ratio):
     """At the geometric midpoint of two entries (in tokens, or in width) the distances are equal
     in exact arithmetic, whatever their last bits say: the larger shape wins."""
     near_tokens = {("samu", (1, 64, 1024)): "small", ("samu", (1, 64 * ratio**2, 1024)): "large"}

@@ -102,15 +102,18 @@ def add_mixers(parser: argparse.ArgumentParser) -> None:
 
 
 def backends_named(parser: argparse.ArgumentParser, asked: list[str],
-                   offered: dict[str, list[str]], option: str = "--backends"
-                   ) -> dict[str, list[str]]:
+                   offered: dict[str, list[str]], option: str = "--backends",
+                   every_mixer: bool = True) -> dict[str, list[str]]:
     """{mixer: the names in ``asked`` that ``offered[mixer]`` holds, in its order}; a name that
-    no mixer offers, or a mixer left with none, is a parser error before anything runs."""
+    no mixer offers, or (``every_mixer``) a mixer left with none, is a parser error before
+    anything runs; without ``every_mixer`` such a mixer is left out."""
     chosen = {m: [n for n in names if n in asked] for m, names in offered.items()}
     unknown = sorted(set(asked) - {n for names in chosen.values() for n in names})
     if unknown:
         parser.error(f"unknown backends {unknown} for {list(chosen)}; available: "
                      + "; ".join(f"{m}: {', '.join(names)}" for m, names in offered.items()))
+    if not every_mixer:
+        return {m: names for m, names in chosen.items() if names}
     # A mixer left with none would be run, or recorded, with no backend at all.
     bare = [m for m, names in chosen.items() if not names]
     if bare:

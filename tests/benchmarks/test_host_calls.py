@@ -60,6 +60,25 @@ def test_a_registered_mixer_is_counted_at_its_default_and_one_without_kernels_is
         ("twin", "fused_controller_hierarchical_chunk8")]
 
 
+def test_backends_named_are_counted_in_place_of_the_defaults(load_benchmark, rows_folder,
+                                                              capsys):
+    """The counts of earlier runs were taken at other backends than today's defaults."""
+    bench = load_benchmark("host_calls")
+    other = {m: next(n for n in backends.matching(m) if n != backends.DEFAULTS[m])
+             for m in bench.counted_backends()}
+    assert run(bench, TINY + ["--backends", *other.values()]) == 0
+    rows = benchmark_rows.read_rows(rows_folder / "host_calls.jsonl")
+    assert {r["mixer"]: r["configuration"]["backend"] for r in rows} == other
+    assert run(bench, TINY + ["--backends", other["samu"]]) == 0  # that mixer alone
+    rows = benchmark_rows.read_rows(rows_folder / "host_calls.jsonl")
+    assert [r["configuration"]["backend"] for r in rows[len(other):]] == [other["samu"]]
+    two = backends.matching("samu")[:2]
+    with pytest.raises(SystemExit) as stop:
+        run(bench, TINY + ["--backends", *two])
+    assert stop.value.code == 2
+    assert "names several backends of one mixer" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--calls", "0"], "--calls: must be at least 1, got 0"),
     (["--repeats", "0"], "--repeats: must be at least 1, got 0"),

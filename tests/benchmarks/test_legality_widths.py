@@ -84,7 +84,9 @@ def test_head_counts_follow_the_mixers_spec_not_its_name(load_benchmark):
     (["samu", "--batch=1", "--length=4"],
      "--batch 1 x --length 4 is under 8 tokens: the stateful check packs four sequences"),
     (["--backends=gemm", "--widths=16", "--batch=1", "--length=8"],
-     "no backend of ['samu'] matches --backends gemm")])
+     "no backend of ['samu'] matches --backends gemm"),
+    (["samu", "--backends=singlepass,singelpass", "--widths=16", "--batch=1", "--length=8"],
+     "--backends: ['singelpass'] match no backend of ['samu']")])
 def test_a_bad_option_is_refused_before_any_row_is_written(load_benchmark, rows_folder, capsys,
                                                           argv, words):
     bench = load_benchmark("legality_widths")

@@ -157,6 +157,17 @@ def test_devices_of_another_kind_than_the_studys_device_are_refused():
         T.check_devices("cuda", 1, ["cpu"])
 
 
+def test_the_notebooks_parameters_take_devices_without_a_device(monkeypatch):
+    """The command line hands the notebook "devices" without "device": the kind check must not
+    read a missing device as the CPU and refuse two GPUs."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    defaults = {k: v for k, v in T.configuration("small").parameters("cpu").items()
+                if k != "device"}
+    study = T.check_parameters({**defaults, "devices": ["cuda:0", "cuda:1"]},
+                               known=T.STUDY_PARAMETERS)
+    assert study is not None
+
+
 def test_check_parameters_refuses_bad_pool_arguments_before_anything_runs():
     defaults = T.configuration("small").parameters("cpu")
     known = T.STUDY_PARAMETERS

@@ -113,16 +113,19 @@ def merge_written_parts(label: str, name: str, parser) -> int:
     return 0
 
 
-def read_written_part(slug: str, part: str, name: str, study, device) -> int:
+def read_written_part(slug: str, part: str, name: str, study, device, parser) -> int:
     """A part whose file holds its study already: nothing trained, its notebook left as it
     ran; the parts merged (timed side by side on ``device`` where not yet: time_merged, and
-    the figures drawn) once every one is written."""
+    the figures drawn) once every one is written, or a parser error where they refuse to."""
     from .figures import draw_figures
     from .session import time_merged
     own = part_path(slug, part, name)
     print(f"{paths.relative(own)}: part {part} of {name} is written already; nothing is "
           "trained (remove the file to train it again)", flush=True)
-    merged, why = merge_when_whole(slug, part, name, described(study))
+    try:
+        merged, why = merge_when_whole(slug, part, name, described(study))
+    except ValueError as exc:  # parts of other GPUs or data: --merge's words
+        parser.error(f"--part {part}: {exc}")
     if why:
         print(why)
         print_document(schema.read_valid_json(own, "training"), name, own, verb="read")
@@ -281,10 +284,7 @@ def main(argv=None, configurations: dict | None = None) -> int:
     pipeline.export_data_dir()
     slug = results_label(device, size)
     if part is not None and written_part(part_path(slug, part, names[0]), built[names[0]]):
-        try:
-            return read_written_part(slug, part, names[0], built[names[0]], device)
-        except ValueError as exc:  # the parts refused to merge, as --merge words it
-            parser.error(f"--part {part}: {exc}")
+        return read_written_part(slug, part, names[0], built[names[0]], device, parser)
     out_dir = notebook_folder(slug, chosen, part)
     stored = paths.relative(pipeline.executed_paths(NOTEBOOK, out_dir)["stored"])
     fd, log = tempfile.mkstemp(prefix="samu-training-", suffix=".log")

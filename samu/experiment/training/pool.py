@@ -37,8 +37,9 @@ def _run_in_worker(job: Job) -> dict:
 
 def check_devices(device, processes, devices) -> tuple:
     """The devices a RunPool spreads over (``devices``, or ``device`` alone when None), each as
-    torch names it; ParameterError for a bad device, a mix of kinds, a CUDA device this machine
-    lacks, or ``processes`` not an integer >= 1."""
+    torch names it; ParameterError for a bad device, a mix of kinds, devices of another kind
+    than ``device`` (None: not known here), a CUDA device this machine lacks, or ``processes``
+    not an integer >= 1."""
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
         raise ParameterError(f"processes must be an integer >= 1, got {processes!r}")
     if devices is not None and (isinstance(devices, (str, bytes))
@@ -61,7 +62,7 @@ def check_devices(device, processes, devices) -> tuple:
             if index >= count:
                 raise ParameterError(f"devices: {d} is not on this machine ({count} CUDA "
                                      "devices)")
-    if devices and kinds != {torch.device(device).type}:
+    if devices and device is not None and kinds != {torch.device(device).type}:
         # The study's files are labelled by ``device``: runs elsewhere would carry its name.
         raise ParameterError(f"devices {list(chosen)} are not of the study's device {device}'s "
                              "kind")

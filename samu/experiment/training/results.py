@@ -59,7 +59,8 @@ def parse_part(part) -> tuple | None:
     match = re.fullmatch(r"([1-9][0-9]*)/([1-9][0-9]*)", part) if isinstance(part, str) else None
     k, n = (int(match[1]), int(match[2])) if match else (0, 0)
     if not 1 <= k <= n:
-        raise ParameterError(f"part must be None or 'k/n' with 1 <= k <= n, got {part!r}")
+        raise ParameterError(f"part must be None or 'k/n' with 1 <= k <= n, each in plain "
+                             f"digits without a leading zero, got {part!r}")
     return k, n
 
 

@@ -514,7 +514,7 @@ def check_parameters(parameters: dict, known=None) -> Study:
             raise ParameterError(f"unknown parameters {unknown}; a study takes {sorted(known)}")
     check_parameter_ranges(parameters)
     if parameters.get("devices") is not None:
-        check_devices(parameters.get("device") or "cpu", parameters.get("processes", 1),
+        check_devices(parameters.get("device"), parameters.get("processes", 1),
                       parameters["devices"])
     names = inspect.signature(study_from_parameters).parameters
     return study_from_parameters(**{k: v for k, v in parameters.items() if k in names})
