@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import check_cu_seqlens, check_input, check_positive_int, check_resets
+from .checks import (check_cu_seqlens, check_dense, check_input, check_positive_int,
+                     check_resets)
 from . import mixers as mixers_
 from .modules import NUM_HEADS, parameter_count
 from .modules import build as build_mixer
@@ -546,6 +547,9 @@ class RecurrentBlock(nn.Module):
             raise ValueError(f"griffin: the conv state is on {conv.device} but x is on {device}")
         if not conv.is_floating_point():  # as the mixer's state: no silent cast of integers
             raise TypeError(f"griffin: the conv state must be floating point, got {conv.dtype}")
+        if not isinstance(state[1], torch.Tensor):  # None would restart the mixer alone
+            raise TypeError("griffin: the mixer state must be a torch.Tensor (the mixer's FP32 "
+                            f"state), got {type(state[1]).__name__}")
 
     def forward(self, x, cu_seqlens=None, initial_state=None, output_final_state: bool = False,
                 resets=None):
@@ -575,9 +579,11 @@ class RecurrentBlock(nn.Module):
         equals one forward, and so do a prefill and steps."""
         if not isinstance(x_t, torch.Tensor):
             raise TypeError(f"griffin: x_t must be a torch.Tensor, got {type(x_t).__name__}")
+        check_dense("griffin", x_t, "x_t")
         if x_t.dim() != 2 or x_t.shape[1] != self.width:
             raise ValueError(f"griffin: step takes x_t of shape [batch, {self.width}], got "
                              f"{tuple(x_t.shape)}")
+        check_input(x_t[:, None], self.width, "griffin", name="x_t")  # dtype, device, as forward
         if state is not None:
             self._check_state(state, x_t.shape[0], x_t.device)
         if resets is not None:

@@ -615,6 +615,15 @@ def test_griffin_bad_input_is_refused():
         block.step(x[:, 0].tolist())
     with pytest.raises(TypeError, match="output_final_state"):
         block(x, output_final_state=1)
+    # A state without its mixer half restarted the mixer while the convolution went on.
+    for call in (lambda s: block(x, initial_state=s), lambda s: block.step(x[:, 0], s)):
+        with pytest.raises(TypeError, match="the mixer state must be a torch.Tensor"):
+            call(M.RecurrentBlockState(torch.zeros(2, 3, D), None))
+    # step refuses x_t as forward refuses x (torch's matmul error, or a sparse x_t taken).
+    for bad, words in ((x[:, 0].long(), "unsupported dtype torch.int64"),
+                       (x[:, 0].to_sparse(), "x_t must be a dense tensor")):
+        with pytest.raises(TypeError, match=words):
+            block.step(bad)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])

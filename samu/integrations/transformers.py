@@ -212,12 +212,13 @@ class SamuRecurrentBlock(HF_BLOCK):
                 u = u[:, None]
             else:
                 u, state = causal_conv1d(x_branch, w, b, state, resets=resets)
-            self.conv1d_state = state.transpose(1, 2)  # transformers' layout, no copy
         else:
             self.conv1d_state = None
             self.rg_lru.recurrent_states = None
             u, _ = causal_conv1d(x_branch, w, b, resets=resets)
         u = self.rg_lru(u, position_ids)
+        if use_cache:  # after the RG-LRU: a call it refuses leaves both states as they were
+            self.conv1d_state = state.transpose(1, 2)  # transformers' layout, no copy
         return self.linear_out(u * y_branch), None
 
     def _setup_cache(self, batch, device, dtype):
@@ -279,20 +280,25 @@ class Patch:
     no-op), and a ``with`` block unpatches at its end.  ``blocks``: {name: block} patched;
     ``last_backends``: {name: the RG-LRU backend that ran in its last forward}."""
 
-    def __init__(self, model: nn.Module, blocks: dict, backend):
+    def __init__(self, model: nn.Module, blocks: dict, backend, mixers: dict):
         self.model, self.blocks, self.backend = model, blocks, backend
+        self._mixers = mixers  # the RglruViews this patch installed: whose blocks are its own
+
+    def _own(self) -> dict:
+        """{name: block} still running this patch (not undone, nor patched again since)."""
+        return {name: b for name, b in self.blocks.items() if type(b) is SamuRecurrentBlock
+                and b.rg_lru.__dict__.get(_MIXER) is self._mixers[name]}
 
     @property
     def active(self) -> bool:
-        return any(type(b) is SamuRecurrentBlock for b in self.blocks.values())
+        return bool(self._own())
 
     @property
     def last_backends(self) -> dict:
-        return {name: b.rg_lru.__dict__[_MIXER].last_backend
-                for name, b in self.blocks.items() if type(b) is SamuRecurrentBlock}
+        return {name: b.rg_lru.__dict__[_MIXER].last_backend for name, b in self._own().items()}
 
     def unpatch(self) -> None:
-        for block in self.blocks.values():
+        for block in self._own().values():  # a later patch's blocks are left to its handle
             _restore(block)
 
     def __enter__(self):
@@ -331,7 +337,7 @@ def patch(model: nn.Module, backend="auto", check_version: bool = True) -> Patch
         block.rg_lru.__dict__[_MIXER] = mixers[name]
         block.rg_lru.__class__ = SamuRglru
         block.__class__ = SamuRecurrentBlock
-    return Patch(model, blocks, backend)
+    return Patch(model, blocks, backend, mixers)
 
 
 def unpatch(model: nn.Module) -> int:

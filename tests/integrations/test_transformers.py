@@ -328,8 +328,30 @@ def test_patch_is_reversible_and_changes_no_parameter():
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids, use_cache=False).logits, want)
     handle.unpatch()  # a second undo changes nothing
-    samu_hf.patch(model, backend=REFERENCE)
+    again = samu_hf.patch(model, backend=REFERENCE)
+    # The first handle, undone, neither claims the new patch nor undoes it.
+    assert not handle.active and again.active
+    handle.unpatch()
+    assert samu_hf.is_patched(model) and again.active
+    assert list(again.last_backends) == list(again.blocks)
     assert samu_hf.unpatch(model) == 2 and not samu_hf.is_patched(model)
+
+
+def test_a_refused_rg_lru_call_leaves_the_cache_as_it_was():
+    """The convolution's cache moved on before the RG-LRU refused the call (a Triton backend
+    on a float64 model), so the two states no longer agreed."""
+    model = tiny_model(block_types=("recurrent",), layers=1)
+    block = model.model.layers[0].temporal_block
+    x = torch.randn(2, 5, HIDDEN, dtype=torch.float64)
+    with samu_hf.patch(model, backend=backends.DEFAULTS["rglru"]):
+        block._setup_cache(2, "cpu", torch.float64)
+        block.conv1d_state.normal_()
+        before = block.conv1d_state.clone(), block.rg_lru.recurrent_states.clone()
+        with torch.no_grad(), pytest.raises(TypeError, match="float64"):
+            block(x, position_ids=torch.arange(5).expand(2, 5), attention_mask=None,
+                  use_cache=True)
+        assert torch.equal(block.conv1d_state, before[0])
+        assert torch.equal(block.rg_lru.recurrent_states, before[1])
 
 
 def test_refusals_name_the_problem_and_change_nothing(monkeypatch):
