@@ -49,6 +49,14 @@ def check_dense(mixer: str, x: torch.Tensor, name: str = "x") -> None:
                         f"{name}.to_dense()")
 
 
+def check_dtype_and_device(mixer: str, x: torch.Tensor) -> None:
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{mixer}: unsupported dtype {x.dtype}; use one of "
+                        f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{mixer}: unsupported device {x.device}; use cpu or cuda")
+
+
 def check_input(x, width: int, mixer: str, width_from=None, name: str = "x") -> None:
     """Refuse bad input with a message naming the problem; touches nothing.  ``width_from()``,
     called only to word an error, says where the width comes from (the functional forms: the
@@ -66,11 +74,7 @@ def check_input(x, width: int, mixer: str, width_from=None, name: str = "x") -> 
     if batch == 0 or length == 0:
         raise ValueError(f"{mixer}: {name} is empty (batch {batch}, length {length}); "
                          "batch and length must be at least 1")
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{mixer}: unsupported dtype {x.dtype}; use one of "
-                        f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
-    if x.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{mixer}: unsupported device {x.device}; use cpu or cuda")
+    check_dtype_and_device(mixer, x)
     if x.numel() >= MAX_ELEMENTS:
         raise ValueError(f"{mixer}: x has {x.numel()} elements, more than the kernels can address")
 

@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import (check_cu_seqlens, check_dense, check_input, check_positive_int,
-                     check_resets)
+from .checks import (check_cu_seqlens, check_dense, check_dtype_and_device, check_input,
+                     check_positive_int, check_resets)
 from . import mixers as mixers_
 from .modules import NUM_HEADS, parameter_count
 from .modules import build as build_mixer
@@ -583,7 +583,7 @@ class RecurrentBlock(nn.Module):
         if x_t.dim() != 2 or x_t.shape[1] != self.width:
             raise ValueError(f"griffin: step takes x_t of shape [batch, {self.width}], got "
                              f"{tuple(x_t.shape)}")
-        check_input(x_t[:, None], self.width, "griffin", name="x_t")  # dtype, device, as forward
+        check_dtype_and_device("griffin", x_t)  # as forward's check_input, on every step
         if state is not None:
             self._check_state(state, x_t.shape[0], x_t.device)
         if resets is not None:

@@ -102,8 +102,9 @@ def merge_written_parts(label: str, name: str, parser) -> int:
     except ValueError as exc:
         parser.error(f"--merge {label}: {exc}")
     print_document(doc, name, result_path(label, name))
-    if mixed_environments(doc):
-        print(mixed_environments(doc))
+    mixed = mixed_environments(doc)
+    if mixed:
+        print(mixed)
     for task, said in doc.get("bars_recorded", {}).items():
         print(f"{task}: {said}")
     print("\n" + sanity_text(doc))
@@ -134,8 +135,9 @@ def read_written_part(slug: str, part: str, name: str, study, device, parser) ->
         drawn = draw_figures(merged, slug)
         print(f"merged; figures: {', '.join(str(paths.relative(p)) for p in drawn)}")
         print_document(merged, name, result_path(slug, name))
-        if mixed_environments(merged):
-            print(mixed_environments(merged))
+        mixed = mixed_environments(merged)
+        if mixed:
+            print(mixed)
     return 0
 
 
