@@ -133,6 +133,20 @@ def test_a_run_that_fails_in_a_worker_raises_here():
             pool.map([job])
 
 
+def test_a_failed_run_keeps_the_records_of_runs_under_way():
+    study = small_study()
+    task = study.task_list("mqar")[0]
+    failing = study.job("mqar", task, "samu", 1e-3, 0, config=None)
+    slow = study.job("mqar", task, "rglru", 1e-3, 0,
+                     dataclasses.replace(study.train_config("mqar", 1e-3), steps=64))
+    finished = []
+    with T.RunPool("cpu", 2) as pool:
+        with pytest.raises(AttributeError):
+            pool.map([failing, slow], done=lambda job, record: finished.append(record))
+    # The failure came first; the run under way beside it finished and reached ``done``.
+    assert [(r["mixer"], r["steps"]) for r in finished] == [("rglru", 64)]
+
+
 @pytest.mark.parametrize("processes, devices, message", [
     (0, None, "processes must be an integer >= 1, got 0"),
     (True, None, "processes must be an integer >= 1, got True"),

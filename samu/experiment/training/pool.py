@@ -120,16 +120,30 @@ class RunPool:
         executor = self._start()
         futures = {executor.submit(_run_in_worker, job): i for i, job in enumerate(jobs)}
         records = [None] * len(jobs)
+        failure = None
         try:
             for future in concurrent.futures.as_completed(futures):
+                if future.cancelled():
+                    continue
                 i = futures[future]
-                records[i] = future.result()
+                try:
+                    records[i] = future.result()
+                except Exception as error:
+                    # Runs not started are dropped; runs under way finish and are recorded
+                    # (``done``), so that a run going on after the stop starts from them.
+                    if failure is None:
+                        failure = error
+                        for other in futures:
+                            other.cancel()
+                    continue
                 if done is not None:
                     done(jobs[i], records[i])
         except BaseException:
             for future in futures:
                 future.cancel()
             raise
+        if failure is not None:
+            raise failure
         return records, time.perf_counter() - started
 
     def describe(self) -> dict:
