@@ -299,8 +299,8 @@ def check_like(mixer: str, name: str, value, shape: tuple, device) -> None:
 def check_op_inputs(mixer: str, backend: str, x, params, initial_state, cu_seqlens, resets,
                     output_final_state) -> int:
     """What the custom ops (samu.custom_ops) check before a kernel runs, called directly or from
-    a compiled graph: check_call, and the state keywords as an eager call checks them,
-    cu_seqlens' values apart (their own op reads them); the number of sequences."""
+    a compiled graph, once per signature: check_call, and the state keywords as an eager call
+    checks them, cu_seqlens' values apart (read on every call); the number of sequences."""
     check_call(mixer, x, params, backend)
     return check_sequences(mixer, x, initial_state, cu_seqlens, output_final_state, resets,
                            offsets_values=False)

@@ -10,9 +10,10 @@ time to them; samu.functional routes a call here only while torch.compile traces
 A backend reaches the ops by its registered name: the configuration (chunk, launches) is then a
 constant of the compiled graph.
 
-``samu::check_cu_seqlens`` reads packed offsets' values when a compiled graph runs, which a
-traced graph cannot do itself, and refuses bad ones with eager's words; every backend's compiled
-call, the references' too, takes its offsets through it.
+``samu::scan_forward`` reads packed offsets' values when it runs (one host sync, none during a
+CUDA-graph capture), called directly or from a compiled graph, and refuses bad ones with eager's
+words; ``samu::check_cu_seqlens`` does the same for the references' compiled calls, which a
+traced graph cannot do itself.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _family(mixer: str, backend: str):
 
 
 # Argument signatures whose checks passed: the ops' checks read only types, shapes, dtypes,
-# devices and layouts (cu_seqlens' values have their own op), so a compiled graph that runs
+# devices and layouts (cu_seqlens' values are read on every call), so a compiled graph that runs
 # without CUDA graphs pays for them once per signature, as eager calls do (samu.functional).
 _CHECKED: dict = {}
 
@@ -76,6 +77,8 @@ def scan_forward(x: torch.Tensor, params: list[torch.Tensor],
         checks.check_op_inputs(mixer, backend, x, params, initial_state, cu_seqlens, resets,
                                output_final_state)
         _remember(key)
+    if cu_seqlens is not None and not checks.capturing(cu_seqlens):
+        checks.check_cu_seqlens_values(mixer, cu_seqlens, x.shape[1])
     if initial_state is not None:
         initial_state = fp32_contiguous(initial_state)
     sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state, resets)

@@ -97,11 +97,11 @@ def _run_compiled(mixer: str, x, params: dict, backend, state: dict):
     if state.get("resets") is not None:
         checks.check_takes_resets(mixer, chosen)
     from . import custom_ops  # only while tracing: it imports triton, which samu need not
+    if chosen.kind == "triton":  # samu::scan_forward checks cu_seqlens' values when it runs
+        return (*custom_ops.run(mixer, name, x, params.values(), **state), name)
     if state.get("cu_seqlens") is not None:  # its values, checked when the graph runs
         state = dict(state, cu_seqlens=custom_ops.checked_cu_seqlens(mixer, x, state["cu_seqlens"]))
-    if chosen.kind != "triton":
-        return (*chosen.run(x, *params.values(), **state), name)
-    return (*custom_ops.run(mixer, name, x, params.values(), **state), name)
+    return (*chosen.run(x, *params.values(), **state), name)
 
 
 def _result(y, final, name, output_final_state: bool, return_backend: bool):

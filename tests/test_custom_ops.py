@@ -213,6 +213,19 @@ def test_check_cu_seqlens_op():
         torch.ops.samu.check_cu_seqlens(torch.tensor([0, 5, 5, 20], device=DEVICE), 20, "samu")
 
 
+@pytest.mark.parametrize("mixer, name", FAMILIES)
+def test_scan_forward_called_directly_refuses_bad_cu_seqlens(mixer, name):
+    """The op's own check of the offsets' values: called directly, as a compiled graph calls it,
+    bad offsets are refused with eager's words, not scanned as some other packing."""
+    x = torch.randn(1, 20, 32, device=DEVICE)
+    params = _params(_module(mixer, name))
+    for offsets, words in BAD_CU_SEQLENS + [([0, 5, 100], "must start at 0 and end at the "
+                                                          "length 20")]:
+        cu = torch.tensor(offsets, device=DEVICE)
+        with pytest.raises(ValueError, match=f"{mixer}: cu_seqlens {words}"):
+            torch.ops.samu.scan_forward(x, params, None, cu, None, mixer, name, True)
+
+
 @pytest.mark.parametrize("mixer, name", [(m, backends.DEFAULTS[m]) for m in ("samu", "rglru")]
                          + [(m, "reference_chunked") for m in ("samu", "rglru")])
 def test_compiled_call_refuses_bad_cu_seqlens(mixer, name):
