@@ -71,9 +71,9 @@ def check_input(x, width: int, mixer: str, width_from=None, name: str = "x") -> 
     if got != width:
         raise ValueError(f"{mixer}: {name} has width {got} but the mixer's width is {width}"
                          + (f" (the parameters: {width_from()})" if width_from else ""))
-    if batch == 0 or length == 0:
-        raise ValueError(f"{mixer}: {name} is empty (batch {batch}, length {length}); "
-                         "batch and length must be at least 1")
+    if batch == 0 or length == 0 or width == 0:
+        raise ValueError(f"{mixer}: {name} is empty (batch {batch}, length {length}, width "
+                         f"{width}); batch, length and width must be at least 1")
     check_dtype_and_device(mixer, x)
     if x.numel() >= MAX_ELEMENTS:
         raise ValueError(f"{mixer}: x has {x.numel()} elements, more than the kernels can address")

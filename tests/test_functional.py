@@ -262,3 +262,18 @@ def test_check_call_raises_what_the_call_raises_without_running(mixer):
     with pytest.raises(ValueError) as checked:
         check_call(mixer, x, bad, "reference_chunked")
     assert str(checked.value) == str(called.value)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_width_zero_is_refused_as_empty(mixer):
+    """x and parameters of width 0 agree, and no backend takes them: the refusal names the empty
+    width (RG-LRU's kernels had divided by the head count's width)."""
+    from samu.experiment import legality
+    _, params, _ = legality.make_inputs(mixer, (1, 5, 16), "cpu")
+    empty = [p[..., :0] if p.dim() and p.shape[-1] == 16 else p for p in params.values()]
+    empty = [p[:0] if p.dim() == 3 else p for p in empty]  # RG-LRU's heads
+    for backend in backends.available(mixer):
+        with pytest.raises(ValueError, match=rf"^{mixer}: x is empty \(batch 1, length 5, "
+                                             r"width 0\)"):
+            FUNCTIONS[mixer](torch.zeros(1, 5, 0, device=KERNEL_DEVICE),
+                             *[p.to(KERNEL_DEVICE) for p in empty], backend=backend)
