@@ -409,3 +409,39 @@ def test_a_configuration_refuses_a_chunk_or_launch_the_kernels_cannot_take(mixer
             with pytest.raises(ValueError, match=words):
                 dataclasses.replace(launch, **change)
         assert dataclasses.replace(config, chunk=4).chunk == 4
+
+
+@pytest.mark.parametrize("mixer", mixers.names())
+def test_a_configuration_refuses_settings_of_the_wrong_type_or_range(mixer):
+    """Every other field of every Triton configuration, and of the settings it holds (the
+    carry plan, the look-back), is checked by its declared type where it is made: a flag that
+    is no bool, a count below its least value, a number that is no finite positive one, a
+    settings field of another class.  Before, a carry plan of 0 chunks a segment reached
+    ZeroDivisionError and partial_dx="no" ran as True."""
+    import dataclasses
+    import typing
+    configs = [b.config for b in backends.REGISTRY[mixer].values() if b.kind == "triton"]
+    checked = set()
+
+    def refused(settings):
+        for field in dataclasses.fields(settings):
+            kind = typing.get_type_hints(type(settings))[field.name]
+            value = getattr(settings, field.name)
+            bad = {bool: ("no", TypeError), int: (-1, ValueError),
+                   float: (float("nan"), ValueError)}.get(kind)
+            if bad is None and isinstance(kind, type) and kind is not object \
+                    and dataclasses.is_dataclass(kind) and "launches" not in dir(kind) \
+                    and not hasattr(value, "warps"):
+                bad = (None, TypeError)
+                refused(value)  # the settings it holds, field by field
+            if bad is None or field.name == "chunk":
+                continue
+            with pytest.raises(bad[1], match=rf"{type(settings).__name__}: {field.name} must"):
+                dataclasses.replace(settings, **{field.name: bad[0]})
+            checked.add((type(settings).__name__, field.name))
+
+    for config in configs:
+        refused(config)
+    # the carry plan's segments and the look-back's flags among them
+    assert {("CarryPlan", "segment_chunks"), ("CarryPlan", "lookback")} <= checked \
+        or {("Lookback", "split"), ("Lookback", "inclusive_every")} <= checked

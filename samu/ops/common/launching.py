@@ -4,9 +4,11 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import threading
+import typing
 
 import torch
 
@@ -315,8 +317,45 @@ def check_launch(launch) -> None:
                          f"thread), got {cap}")
 
 
-def check_configuration(config) -> None:
-    """A backend configuration's chunk and launches (its launches() by role), refused where the
+@functools.lru_cache(maxsize=None)
+def _field_types(cls) -> tuple:
+    """(name, declared type) of a dataclass's fields, the annotations resolved."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+
+
+def check_fields(settings, at_least: dict | None = None) -> None:
+    """A settings dataclass's fields against their declared types, refused where it is made
+    (dataclasses.replace gives one any values): a bool field True or False, an int field an int
+    of at least ``at_least[name]`` (default 1), a float field a finite number above 0, a field
+    of a class an instance of it.  Other fields (unions, object) are their owner's to check."""
+    owner = type(settings).__name__
+    for name, kind in _field_types(type(settings)):
+        value = getattr(settings, name)
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise TypeError(f"{owner}: {name} must be True or False, got {value!r}")
+        elif kind is int:
+            least = (at_least or {}).get(name, 1)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__} "
+                                f"{value!r}")
+            if value < least:
+                raise ValueError(f"{owner}: {name} must be at least {least}, got {value}")
+        elif kind is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{owner}: {name} must be a number, got "
+                                f"{type(value).__name__} {value!r}")
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{owner}: {name} must be finite and above 0, got {value}")
+        elif isinstance(kind, type) and kind is not object and not isinstance(value, kind):
+            raise TypeError(f"{owner}: {name} must be a {kind.__name__}, got "
+                            f"{type(value).__name__} {value!r}")
+
+
+def check_configuration(config, at_least: dict | None = None) -> None:
+    """A backend configuration's fields (check_fields; ``at_least``: its int fields that may
+    be lower than 1), chunk and launches (its launches() by role), refused where the
     configuration is made: dataclasses.replace(config, chunk=3) is one a user may pass as
     backend=."""
     owner = type(config).__name__
@@ -325,6 +364,7 @@ def check_configuration(config) -> None:
         if not all(hasattr(launch, name) for name in ("warps", "vector", "registers")):
             raise TypeError(f"{owner}: {role} must be a Launch (warps, vector, registers), got "
                             f"{type(launch).__name__} {launch!r}")
+    check_fields(config, at_least)
 
 
 def vector_width(width: int, wanted: int) -> int:

@@ -16,7 +16,8 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from ..._runtime import INTERPRETING
-from .launching import aligned, check_configuration, fp32_contiguous, sm_count, workspace
+from .launching import (aligned, check_configuration, check_fields, fp32_contiguous, sm_count,
+                        workspace)
 from .sequences import check_phase_tensors, sequence_args
 
 
@@ -35,6 +36,7 @@ class Lookback:
     inclusive_every: int = 1
 
     def __post_init__(self):
+        check_fields(self, dict(ticket_order=0, inclusive_every=0))
         if self.window < 1 or self.window & (self.window - 1) or self.window > 32:
             raise ValueError(f"Lookback: window must be a power of two up to 32 (a bit per "
                              f"lane of an int32), got {self.window}")

@@ -363,7 +363,7 @@ class SamuConfig:
     l2_hints: bool = False
 
     def __post_init__(self):
-        check_configuration(self)
+        check_configuration(self, dict(walked_carry_chunks=0, walked_carry_elements=0))
 
     def walks_carry(self, n_chunks: int, elements: int) -> bool:
         return n_chunks <= self.walked_carry_chunks and elements <= self.walked_carry_elements
