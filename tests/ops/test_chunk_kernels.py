@@ -725,6 +725,20 @@ def test_a_carry_window_must_be_a_power_of_two_with_the_look_back(window, lookba
         carry.CarryPlan(lookback=lookback, window=window)
 
 
+def test_a_row_of_more_segments_than_a_grid_axis_holds_takes_longer_segments():
+    """A carry's segments lie on the launch grid's third axis (at most 65535 programs): a row
+    of more chunks than 65535 of the plan's segments (L past 67 M tokens at chunk 8) takes
+    segments just long enough, every chunk in one."""
+    plan = carry.CarryPlan()
+    for n_chunks in (plan.two_level_from, 65535 * plan.segment_chunks,
+                     65535 * plan.segment_chunks + 1, 2 ** 31 // 8):
+        *_, grid, n_seg, seg_chunks = carry._carry_grid(1, n_chunks, 64, plan)
+        assert grid[2] == n_seg <= carry.GRID_AXIS_LIMIT
+        assert seg_chunks >= plan.segment_chunks and (n_seg - 1) * seg_chunks < n_chunks \
+            <= n_seg * seg_chunks
+    assert carry._carry_grid(1, 65535 * 128, 64, plan)[-1] == 128
+
+
 def test_a_carry_window_changes_the_settings_digest_and_none_keeps_it():
     """Calibration files key launch settings on the configuration's repr: a plan without a
     window reads as before the field existed, one with a window differs."""

@@ -335,10 +335,11 @@ class CarryPlan:
         return f"CarryPlan({', '.join(fields)})"
 
     def __post_init__(self):
-        launching.check_fields(self, dict(two_level_from=0, window=0))
-        if self.window and (self.window & (self.window - 1) or not self.lookback):
+        if type(self.window) is int and self.window and (self.window & (self.window - 1)
+                                                         or not self.lookback):
             raise ValueError(f"CarryPlan: window must be 0 or a power of two, with lookback; "
                              f"got window={self.window}, lookback={self.lookback}")
+        launching.check_fields(self, dict(two_level_from=0, publish_every=0, window=0))
 
     @property
     def label(self) -> str:
@@ -354,19 +355,25 @@ class CarryPlan:
 DEFAULT_PLAN = CarryPlan()
 
 
+# A launch grid's second and third axes hold at most 65535 programs (CUDA's limit).
+GRID_AXIS_LIMIT = 65535
+
+
 @functools.lru_cache(maxsize=None)
 def _carry_grid(batch: int, n_chunks: int, width: int, plan: CarryPlan) -> tuple:
-    """(block_c, block_d, grid, segments or 0) of a carry over [batch, n_chunks, width]: worked
-    out once per shape (host time)."""
+    """(block_c, block_d, grid, segments or 0, chunks a segment) of a carry over
+    [batch, n_chunks, width]: worked out once per shape (host time).  Segments are the plan's
+    length, or longer where a row would need more than the grid's third axis holds."""
     block_c = min(64, max(16, next_power_of_2(n_chunks)))
     if n_chunks < plan.two_level_from:
         # One program per (batch, channel block) walks every chunk: keep >= ~256 programs busy.
         block_d = max(16, min(128, next_power_of_2(max(1, batch * width // 256))))
         block_d = min(block_d, max(16, next_power_of_2(width)))
-        return block_c, block_d, (batch, cdiv(width, block_d), 1), 0
-    n_seg = cdiv(n_chunks, plan.segment_chunks)
+        return block_c, block_d, (batch, cdiv(width, block_d), 1), 0, n_chunks
+    seg_chunks = max(plan.segment_chunks, cdiv(n_chunks, GRID_AXIS_LIMIT))
+    n_seg = cdiv(n_chunks, seg_chunks)
     block_d = min(32, max(16, next_power_of_2(width)))
-    return block_c, block_d, (batch, cdiv(width, block_d), n_seg), n_seg
+    return block_c, block_d, (batch, cdiv(width, block_d), n_seg), n_seg, seg_chunks
 
 
 def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool,
@@ -379,7 +386,7 @@ def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool,
     out = torch.empty_like(end) if out is None else out
     scalar_decay = rate is not None
     params = (rate,) if scalar_decay else (end,)
-    block_c, block_d, grid, n_seg = _carry_grid(batch, n_chunks, width, plan)
+    block_c, block_d, grid, n_seg, seg_chunks = _carry_grid(batch, n_chunks, width, plan)
     meta = dict(REVERSE=reverse, SCALAR_DECAY=scalar_decay, BLOCK_C=block_c, BLOCK_D=block_d,
                 num_warps=4)
     if not n_seg:
@@ -395,14 +402,14 @@ def chunk_carry(decay: torch.Tensor, end: torch.Tensor, reverse: bool,
         inclusive = torch.empty(n_tiles, block_d, **f32)
         sum_decay = torch.empty(n_tiles if scalar_decay else (n_tiles, block_d), **f32)
         launching.launch(lookback_carry_kernel, (n_tiles,), decay, end, out, *params, sum_decay,
-                         sums, inclusive, status, n_chunks, width, plan.segment_chunks, n_seg,
+                         sums, inclusive, status, n_chunks, width, seg_chunks, n_seg,
                          n_cb, PUBLISH_EVERY=plan.publish_every, WINDOW=plan.window, **meta)
         return out
     seg_decay = torch.empty((batch, n_seg) if scalar_decay else (batch, n_seg, width), **f32)
     seg_end = torch.empty(batch, n_seg, width, **f32)
     launching.launch(chunk_carry_kernel, grid, decay, end, out, *params, seg_decay, seg_end, end,
-                     n_chunks, width, plan.segment_chunks, MODE=1, **meta)
+                     n_chunks, width, seg_chunks, MODE=1, **meta)
     seg_in = chunk_carry(seg_decay, seg_end, reverse, rate)
     launching.launch(chunk_carry_kernel, grid, decay, end, out, *params, seg_decay, seg_end,
-                     seg_in, n_chunks, width, plan.segment_chunks, MODE=2, **meta)
+                     seg_in, n_chunks, width, seg_chunks, MODE=2, **meta)
     return out

@@ -102,7 +102,7 @@ def weight_partials_kernel(x_ptr, dz_ptr, out_ptr, TOKENS, D, PER_SPLIT,
     x: [TOKENS, D] (BF16 or FP32), dz: [2, TOKENS] FP32, out: [splits, 2 D] FP32."""
     cols = tl.program_id(0) * BC + tl.arange(0, BC)
     col_ok = cols < D
-    lo = tl.program_id(1) * PER_SPLIT
+    lo = tl.program_id(1).to(tl.int64) * PER_SPLIT  # past 2^31 tokens in B L
     hi = tl.minimum(lo + PER_SPLIT, TOKENS)
     acc0 = tl.zeros([BT, BC], dtype=tl.float32)
     acc1 = tl.zeros([BT, BC], dtype=tl.float32)
