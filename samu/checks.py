@@ -24,8 +24,9 @@ MAX_ELEMENTS = 2**62
 def check_positive_int(mixer: str, name: str, value, what: str = "") -> None:
     # bool is an int subclass, and RGLRU(True) would reach torch.empty with a bool size.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{mixer}: {name} must be a positive integer{what}, got "
-                        f"{type(value).__name__} {value!r}")
+        # A numpy integer is refused too: sizes are stored and written to JSON as Python ints.
+        raise TypeError(f"{mixer}: {name} must be a positive integer{what} (a Python int; "
+                        f"int(...) converts a numpy one), got {type(value).__name__} {value!r}")
     if value < 1:
         raise ValueError(f"{mixer}: {name} must be a positive integer{what}, got {value}")
 

@@ -113,12 +113,13 @@ def calibration_source(slug: str | None = None) -> CalibrationSource:
     4. the copy packaged with samu, ``samu/_calibration``: origin ``"packaged"``.
 
     No later directory is tried when the file is missing from the chosen one.  Without a slug
-    in a process without CUDA it is ``(None, NO_CUDA)``: auto reads no file there."""
+    in a process without CUDA it is ``(None, NO_CUDA)``: auto reads no file there (a named
+    directory that is none is refused all the same)."""
+    folder, origin = _calibration_dir()
     if slug is None:
         if not torch.cuda.is_available():
             return CalibrationSource(None, NO_CUDA)
         slug = gpu_slug()
-    folder, origin = _calibration_dir()
     return CalibrationSource(folder / f"{slug}.json", origin)
 
 

@@ -199,6 +199,8 @@ def test_a_named_directory_that_is_none_is_refused_by_the_variable_as_by_the_fun
         dispatch.calibration_source(SLUG)
     with pytest.raises(NotADirectoryError):
         _choice()
+    with pytest.raises(NotADirectoryError):  # this process's GPU, or none: refused all the same
+        dispatch.calibration_source()
     assert str(by_env.value) == str(by_call.value).replace("set_calibration_dir",
                                                            "SAMU_CALIBRATION_DIR")
     assert str(named) in str(by_env.value)

@@ -1,4 +1,5 @@
 """Modules and functional forms: names, shapes, footprints, autocast policy, clear errors."""
+import numpy as np
 import pytest
 import torch
 
@@ -183,6 +184,8 @@ def test_parameter_on_other_device_refused():
     (lambda: samu.RGLRU(True, num_heads=1), TypeError, "rglru: width .* got bool True"),
     (lambda: samu.SAMU(True), TypeError, "samu: width .* got bool True"),
     (lambda: samu.SAMU(16.0), TypeError, "samu: width must be a positive integer"),
+    (lambda: samu.SAMU(np.int64(16)), TypeError, r"a Python int; int\(...\) converts a numpy "
+                                                 r"one\), got int64"),
     (lambda: samu.SAMU(0), ValueError, "samu: width must be a positive integer, got 0"),
 ])
 def test_bad_sizes_are_refused_clearly(make, error, words):

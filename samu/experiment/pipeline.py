@@ -327,6 +327,11 @@ def main(argv=None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
     explicit = parse_shapes(args.shapes)  # a bad shape stops the run before any notebook
+    from .. import mixers
+    from ..modules import NUM_HEADS
+    from .benchmark_cli import check_heads_divide
+    check_heads_divide(parser, NUM_HEADS, explicit, mixers.names(),
+                       "the notebooks' head count")
     # Triton 3.9 warns when TRITON_DEFAULT_FP_FUSION is unset; "1" keeps its default (fused
     # multiply-adds on), which every committed result was measured with.  The notebook kernels
     # inherit it.

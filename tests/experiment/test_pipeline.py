@@ -24,6 +24,16 @@ def test_parse_shape_takes_ascii_digits_only():
             pipeline.parse_shape(bad)
 
 
+def test_a_width_the_head_count_does_not_divide_stops_the_run_before_any_notebook(
+        monkeypatch, capsys):
+    """RG-LRU splits the width into the notebooks' head count: 1x16x15 is refused up front,
+    naming the shape, not in the correctness notebook's traceback."""
+    monkeypatch.setattr(pipeline, "run_notebook", lambda *a: pytest.fail("a notebook ran"))
+    with pytest.raises(SystemExit):
+        pipeline.main(["--shapes", "1x16x16 1x16x15"])
+    assert "head count 16 does not divide the width of 1x16x15" in capsys.readouterr().err
+
+
 def test_parse_shapes_splits_each_argument_on_whitespace():
     assert pipeline.parse_shapes(["4x2048x2048 1x8192x2560", "1x16x16"]) == [
         (4, 2048, 2048), (1, 8192, 2560), (1, 16, 16)]
