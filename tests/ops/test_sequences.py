@@ -316,6 +316,29 @@ def test_initial_state_copied_for_the_kernels_keeps_the_gradients_right(mixer):
         assert _close(p.grad, want.grad, 1e-4), name
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("name", ["reference_chunked", "reference_sequential"])
+def test_a_reference_keeps_what_it_read_of_an_initial_state_changed_in_place(mixer, name):
+    """The references' autograd graphs hold what they read of the initial state: changed in
+    place after the forward, the backward runs, with the gradients of the values it saw."""
+    module = _reference_module(_module(mixer, backends.DEFAULTS[mixer]))
+    module.backend = name
+    x = torch.randn(2, 20, 16, device=DEVICE, dtype=torch.float64)
+    h = torch.randn(2, 16, device=DEVICE, dtype=torch.float64)
+    h0 = h.clone().requires_grad_()
+    y = module(x, initial_state=h0)
+    with torch.no_grad():
+        h0.mul_(100)
+    y.square().sum().backward()
+    oracle = _reference_module(module)
+    oracle.backend = name
+    h_ref = h.clone().requires_grad_()
+    oracle(x, initial_state=h_ref).square().sum().backward()
+    assert torch.equal(h0.grad, h_ref.grad)
+    for (pname, p), want in zip(module.named_parameters(), oracle.parameters()):
+        assert torch.equal(p.grad, want.grad), pname
+
+
 # Wrong at L = 20: ends short of the length, decreases, holds an empty sequence.
 UNCHECKED_OFFSETS = [[0, 5, 15], [0, 12, 8, 20], [0, 5, 5, 20], [4, 30]]
 
