@@ -8,6 +8,7 @@ backend, so every backend refuses the same inputs with the same words.
 from __future__ import annotations
 
 import contextlib
+import numbers
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -25,8 +26,10 @@ def check_positive_int(mixer: str, name: str, value, what: str = "") -> None:
     # bool is an int subclass, and RGLRU(True) would reach torch.empty with a bool size.
     if isinstance(value, bool) or not isinstance(value, int):
         # A numpy integer is refused too: sizes are stored and written to JSON as Python ints.
-        raise TypeError(f"{mixer}: {name} must be a positive integer{what} (a Python int; "
-                        f"int(...) converts a numpy one), got {type(value).__name__} {value!r}")
+        hint = (" (a Python int; int(...) converts it)"
+                if isinstance(value, numbers.Integral) and not isinstance(value, bool) else "")
+        raise TypeError(f"{mixer}: {name} must be a positive integer{what}{hint}, got "
+                        f"{type(value).__name__} {value!r}")
     if value < 1:
         raise ValueError(f"{mixer}: {name} must be a positive integer{what}, got {value}")
 
@@ -116,9 +119,8 @@ def capturing(t: torch.Tensor) -> bool:
 
 def values_checkable(t: torch.Tensor) -> bool:
     """Reading cu_seqlens' values needs a host sync, which a CUDA-graph capture forbids and a
-    traced graph cannot hold: a compiled graph reads them when it runs instead
-    (samu::check_cu_seqlens, samu.custom_ops); a capture checks only the shape, dtype and
-    device."""
+    traced graph cannot hold: a compiled graph reads them when it runs instead (the custom ops,
+    samu.custom_ops); a capture checks only the shape, dtype and device."""
     if torch.compiler.is_compiling():
         return False
     return not capturing(t)
@@ -126,12 +128,19 @@ def values_checkable(t: torch.Tensor) -> bool:
 
 def check_cu_seqlens_values(mixer: str, cu_seqlens: torch.Tensor, length: int) -> None:
     """The offsets' values (one host sync): from 0 to the length, each sequence at least one
-    token long.  Eager calls and compiled graphs (samu::check_cu_seqlens) both check here."""
+    token long.  Eager calls and the custom ops (check_running_offsets) both check here."""
     offsets = cu_seqlens.tolist()
     if offsets[0] != 0 or offsets[-1] != length:
         raise ValueError(f"{mixer}: cu_seqlens must start at 0 and end at the length "
                          f"{length}, got {offsets[0]} ... {offsets[-1]}")
     check_offsets_increase(mixer, offsets)
+
+
+def check_running_offsets(mixer: str, cu_seqlens, length: int) -> None:
+    """What a custom op checks of the offsets it runs with, called directly or from a compiled
+    graph: their values, but during a CUDA-graph capture, which forbids the host sync, none."""
+    if cu_seqlens is not None and not capturing(cu_seqlens):
+        check_cu_seqlens_values(mixer, cu_seqlens, length)
 
 
 def check_offsets_increase(who: str, offsets) -> None:
@@ -301,7 +310,8 @@ def check_op_inputs(mixer: str, backend: str, x, params, initial_state, cu_seqle
                     output_final_state) -> int:
     """What the custom ops (samu.custom_ops) check before a kernel runs, called directly or from
     a compiled graph, once per signature: check_call, and the state keywords as an eager call
-    checks them, cu_seqlens' values apart (read on every call); the number of sequences."""
+    checks them, cu_seqlens' values apart (samu::scan_forward reads them on every call,
+    check_running_offsets); the number of sequences."""
     check_call(mixer, x, params, backend)
     return check_sequences(mixer, x, initial_state, cu_seqlens, output_final_state, resets,
                            offsets_values=False)

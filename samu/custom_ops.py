@@ -77,8 +77,7 @@ def scan_forward(x: torch.Tensor, params: list[torch.Tensor],
         checks.check_op_inputs(mixer, backend, x, params, initial_state, cu_seqlens, resets,
                                output_final_state)
         _remember(key)
-    if cu_seqlens is not None and not checks.capturing(cu_seqlens):
-        checks.check_cu_seqlens_values(mixer, cu_seqlens, x.shape[1])
+    checks.check_running_offsets(mixer, cu_seqlens, x.shape[1])
     if initial_state is not None:
         initial_state = fp32_contiguous(initial_state)
     sequences = sequence_args(x, initial_state, cu_seqlens, output_final_state, resets)
@@ -184,8 +183,7 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, length: int, mixer: str) -> torch
     sync), or unchecked during a CUDA-graph capture, which forbids the sync.  The copy is what
     the scan reads: a result that the graph uses keeps the check from being dropped as dead
     code (a custom op's output may not alias its input)."""
-    if not checks.capturing(cu_seqlens):
-        checks.check_cu_seqlens_values(mixer, cu_seqlens, length)
+    checks.check_running_offsets(mixer, cu_seqlens, length)
     return cu_seqlens.clone()
 
 

@@ -15,7 +15,7 @@ from samu.functional import FUNCTIONS
 
 def test_every_backend_is_explained():
     described = backends.explanations()
-    for mixer in ("rglru", "samu"):
+    for mixer in mixers.names():
         names = backends.available(mixer)
         assert {"reference_sequential", "reference_chunked"} <= set(names)
         assert sum(backends.REGISTRY[mixer][n].kind == "triton" for n in names) >= 2
@@ -295,7 +295,7 @@ def test_gpu_slug():
 def test_describe_prints_every_backend_and_word(capsys):
     backends.describe()
     out = capsys.readouterr().out
-    for mixer in ("rglru", "samu"):
+    for mixer in mixers.names():
         for name in backends.available(mixer):
             assert name in out
             for word in name.split("_"):
@@ -337,7 +337,7 @@ def _refusal(mixer: str) -> str:
 
 
 @pytest.mark.parametrize("value", WRONG_BACKENDS, ids=lambda v: type(v).__name__)
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_a_backend_of_the_wrong_type_is_refused_naming_backend(mixer, value):
     module_class = samu.SAMU if mixer == "samu" else samu.RGLRU
     with pytest.raises(TypeError, match=_refusal(mixer)):
@@ -442,6 +442,13 @@ def test_a_configuration_refuses_settings_of_the_wrong_type_or_range(mixer):
 
     for config in configs:
         refused(config)
+    # the settings whose least value is 0, taken at 0
+    for settings in configs + [c.carry for c in configs if hasattr(c, "carry")] \
+            + [c.lookback for c in configs if hasattr(c, "lookback")]:
+        for name in ("walked_carry_chunks", "walked_carry_elements", "workspace_units",
+                     "two_level_from", "inclusive_every"):
+            if hasattr(settings, name):
+                assert getattr(dataclasses.replace(settings, **{name: 0}), name) == 0
     # the carry plan's segments and the look-back's flags among them
     assert {("CarryPlan", "segment_chunks"), ("CarryPlan", "lookback")} <= checked \
         or {("Lookback", "split"), ("Lookback", "inclusive_every")} <= checked

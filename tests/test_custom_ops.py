@@ -9,6 +9,7 @@ import samu
 from samu import backends
 from samu.modules import MODULES
 from samu import custom_ops
+from samu import mixers
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -226,8 +227,8 @@ def test_scan_forward_called_directly_refuses_bad_cu_seqlens(mixer, name):
             torch.ops.samu.scan_forward(x, params, None, cu, None, mixer, name, True)
 
 
-@pytest.mark.parametrize("mixer, name", [(m, backends.DEFAULTS[m]) for m in ("samu", "rglru")]
-                         + [(m, "reference_chunked") for m in ("samu", "rglru")])
+@pytest.mark.parametrize("mixer, name", [(m, backends.DEFAULTS[m]) for m in mixers.names()]
+                         + [(m, "reference_chunked") for m in mixers.names()])
 def test_compiled_call_refuses_bad_cu_seqlens(mixer, name):
     """Under torch.compile the offsets' values are checked when the graph runs, with eager's
     error, on the Triton path (whose kernels would otherwise write past the final state) and on

@@ -28,6 +28,7 @@ import distributed_workers as workers
 from samu.distributed import (build_cp_context, incoming_state, log_decay,
                               outgoing_cotangent, slice_layout)
 from samu.experiment import spawned_ranks
+from samu import mixers
 
 # Whole-group deadline: a worker that hangs fails the test instead of the run.
 DEADLINE_SECONDS = 240
@@ -108,7 +109,7 @@ def three_ranks(tmp_path_factory):
 def two_ranks(tmp_path_factory):
     def parent_work():
         refs = references(workers.TWO_CASES, workers.TWO_SLICES, workers.TWO_LAYOUTS)
-        for mixer in ("samu", "rglru"):
+        for mixer in mixers.names():
             refs[f"train-{mixer}"] = workers.train(mixer, None)
         return refs
     return once_per_run(tmp_path_factory, "two_ranks",
@@ -218,7 +219,7 @@ def test_bad_contexts_raise_on_every_rank(two_ranks):
             assert kind == "ValueError" and words in message, (name, rank, got)
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
 def test_data_parallel_training_matches_one_process(two_ranks, wrap, mixer):
     ranks, want = two_ranks
@@ -237,8 +238,8 @@ def test_data_parallel_training_over_nccl_on_two_gpus_matches_one_gpu(tmp_path):
     """DDP and FSDP2 over NCCL, a rank per GPU: the same losses as one GPU on the whole batch."""
     ranks, want = run_group(workers.two_gpus, 2, tmp_path,
                             lambda: {m: workers.train(m, None, device="cuda:0")
-                                     for m in ("samu", "rglru")})
-    for mixer in ("samu", "rglru"):
+                                     for m in mixers.names()})
+    for mixer in mixers.names():
         assert len(want[mixer]) == workers.TRAINING_STEPS and want[mixer][0] > want[mixer][-1]
         for wrap in ("ddp", "fsdp2"):
             got = [r[f"{wrap}-{mixer}"] for r in ranks]
@@ -295,7 +296,7 @@ def test_closed_forms_equal_the_chain():
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_log_decay_is_the_reference_sum(mixer, dtype):
     from samu.ops.rglru.naive import rglru_scan_inputs
     from samu.ops.samu.naive import samu_scan_inputs

@@ -16,8 +16,9 @@ from torch.func import functional_call, grad, jvp, vmap
 from samu import backends
 from samu.functional import FUNCTIONS
 from samu.modules import MODULES
+from samu import mixers
 
-MIXERS = ("samu", "rglru")
+MIXERS = tuple(mixers.names())
 REFERENCES = ("reference_chunked", "reference_sequential")
 WIDTH = 16
 # Where the Triton kernels run: on CUDA, else under the interpreter (tests/conftest.py).
@@ -246,7 +247,7 @@ def test_a_cp_context_that_is_no_context_is_refused_by_name():
             FUNCTIONS["samu"](x, decay, decay, decay, decay, decay, cp_context=bogus)
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_check_call_raises_what_the_call_raises_without_running(mixer):
     """checks.check_call (what context parallelism runs before the kernels' phases, which
     check nothing) raises a call's error for a parameter of the wrong width, and nothing for a

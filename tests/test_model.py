@@ -7,6 +7,7 @@ import torch
 
 from samu import model as M
 from samu.modules import SAMU, parameter_count
+from samu import mixers
 
 REF = "reference_chunked"
 
@@ -232,7 +233,7 @@ def close(a, b, tol=1e-10):
     return torch.allclose(a, b, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_griffin_block_is_causal(mixer):
     block = griffin(mixer)
     x = inputs(2, L, D)
@@ -248,7 +249,7 @@ def test_griffin_block_is_causal(mixer):
             assert not close(out[:, t + 4], base[:, t + 4], 1e-6), t
 
 
-@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("mixer", mixers.names())
 @pytest.mark.parametrize("with_state", [False, True], ids=["reset", "initial_state"])
 def test_griffin_packed_sequences_equal_one_by_one(mixer, with_state):
     """Lengths 5, 2 (shorter than the convolution's 3 remembered inputs), 1 and 4: every start
@@ -381,7 +382,7 @@ def test_a_nan_in_one_packed_sequence_stays_out_of_the_next_convolution():
     assert torch.isfinite(final[1]).all()
 
 
-@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("mixer", mixers.names())
 @pytest.mark.parametrize("split", [1, 2, 7])
 def test_griffin_prefill_in_two_parts_equals_one_call(mixer, split):
     """Split 1 and 2 leave fewer inputs than the convolution remembers: its state is padded."""
@@ -400,7 +401,7 @@ def test_griffin_prefill_in_two_parts_equals_one_call(mixer, split):
     assert close(torch.cat((first, middle, rest), dim=1), whole)
 
 
-@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("mixer", mixers.names())
 @pytest.mark.parametrize("conv_width", [1, 2, 4])
 def test_griffin_step_loop_equals_one_forward(mixer, conv_width):
     block = griffin(mixer, conv_width=conv_width)
@@ -419,7 +420,7 @@ def test_griffin_step_loop_equals_one_forward(mixer, conv_width):
         assert close(y_t, whole[:, t]), t
 
 
-@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("mixer", mixers.names())
 @pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
 def test_griffin_gradcheck(mixer, packed):
     """Input, both initial states and every parameter of a width-8 block, in float64."""
@@ -442,7 +443,7 @@ def test_griffin_gradcheck(mixer, packed):
     assert torch.autograd.gradcheck(f, (x, conv0, mixer0, *params), eps=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_griffin_model_trains(mixer):
     """Adam on a repeating pattern with period 5: the loss falls by more than half."""
     m = M.build(config(mixer, vocab_size=11, recurrent_block="griffin"), seed=0)
@@ -462,7 +463,7 @@ def test_griffin_model_trains(mixer):
     assert m.last_backends == [REF, REF]
 
 
-@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_griffin_triton_default_equals_reference(mixer):
     """backend "auto" runs a Triton backend (on CUDA, else under TRITON_INTERPRET=1 on a CPU,
     tests/conftest.py); float32 against the chunked reference: forward, state, packing, steps."""
@@ -560,7 +561,7 @@ def test_griffin_initial_scales():
     assert not torch.equal(m.blocks[1].mixer.conv_1d.w, block.conv_1d.w)
 
 
-@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_griffin_model_causal_and_every_parameter_learns(mixer):
     m = M.build(config(mixer, vocab_size=11, recurrent_block="griffin"), seed=1)
     tokens = torch.arange(40).remainder(11).view(2, 20)

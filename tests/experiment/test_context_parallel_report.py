@@ -3,11 +3,12 @@ import pytest
 
 from samu import paths
 from samu.experiment import context_parallel, schema
+from samu import mixers
 
 
 def _doc():
     rows = []
-    for mixer in ("rglru", "samu"):
+    for mixer in mixers.names():
         for ranks in (2, 4):
             for length in (1024, 2048):
                 rows.append({"mixer": mixer, "length": length, "width": 16, "ranks": ranks,

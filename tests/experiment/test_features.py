@@ -6,11 +6,12 @@ import torch
 import samu
 from samu import backends
 from samu.experiment import features
+from samu import mixers
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_decode_rows_take_the_one_launch_step(mixer):
     # Two batch sizes, one step timed: interpreted, an RG-LRU step runs 16 heads' programs a row.
     rows = features.time_steps(mixer, backends.DEFAULTS[mixer], 32, [1, 2], DEVICE, steps=1)

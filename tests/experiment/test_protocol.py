@@ -92,7 +92,7 @@ def test_host_cost_is_a_ratio_to_a_linear_layer():
 
 
 @pytest.mark.parametrize("name", [spec.name for spec in peers.PEERS])
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_public_pipeline_computes_the_same_mixer(mixer, name):
     """Eager gates or controller then an FLA scan: the reference's function, on a GPU with
     fla-core; elsewhere no peer is built."""

@@ -233,12 +233,12 @@ def test_the_roofline_legend_draws_what_the_points_are():
     ax = report.figures(df, published_frame())["roofline"].axes[0]
     legend = ax.get_legend()
     entries = dict(zip([t.get_text() for t in legend.get_texts()], legend.legend_handles))
-    for mixer in ("rglru", "samu"):
+    for mixer in mixers.names():
         patch = entries[mixers.LABELS[mixer]]
         assert isinstance(patch, Patch)
         assert patch.get_facecolor() == to_rgba(mixers.COLOURS[mixer])
     point_faces = {tuple(c.get_facecolor()[0]) for c in ax.collections}
-    assert point_faces == {to_rgba(mixers.COLOURS[m]) for m in ("rglru", "samu")}
+    assert point_faces == {to_rgba(mixers.COLOURS[m]) for m in mixers.names()}
     markers = {c.get_paths()[0].vertices.round(3).tobytes() for c in ax.collections}
     assert len(markers) == 2  # one marker per machine: the H200 and the published H800
     for machine in ("NVIDIA H200", "NVIDIA H800 PCIe"):
@@ -318,7 +318,7 @@ def test_floor_multiples_figure_shows_median_gpu_time_and_public_pipelines(tmp_p
     assert (df["speedup_vs_peer"] == 2.0).all()  # the headline is the first peer
     floors = report.floor_multiples(df)
     labels = [f"{peers.PEERS[0].label} median", "other_scan median"]
-    assert set(floors["series"]) == {f"{m} {s}" for m in ("rglru", "samu")
+    assert set(floors["series"]) == {f"{m} {s}" for m in mixers.names()
                                      for s in ("median", "GPU time", *labels)}
     median = floors[floors["series"] == "samu median"]["times_floor"].to_numpy()
     gpu = floors[floors["series"] == "samu GPU time"]["times_floor"].to_numpy()

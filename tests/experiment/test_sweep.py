@@ -3,6 +3,7 @@ import torch
 
 from samu import backends, dispatch
 from samu.experiment import schema, sweep
+from samu import mixers
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -65,13 +66,13 @@ def test_an_empty_list_of_names_is_refused_not_taken_for_every_backend(monkeypat
     timed = []
     monkeypatch.setattr(sweep, "time_backend", lambda *args: timed.append(args))
     with pytest.raises(ValueError, match=r"no backend to sweep for \['samu'\]"):
-        sweep.sweep_shape((1, 8, 16), DEVICE, ("rglru", "samu"), samples=1,
+        sweep.sweep_shape((1, 8, 16), DEVICE, mixers.names(), samples=1,
                           names={"rglru": sweep.triton_backends("rglru")[:1], "samu": []})
     assert timed == []  # refused before the first mixer ran
 
 
 def test_a_mixer_the_names_leave_out_sweeps_every_triton_backend():
-    chosen = sweep.backends_to_sweep(["rglru", "samu"], {"samu": ["fused_singlepass_chunk16"]})
+    chosen = sweep.backends_to_sweep(mixers.names(), {"samu": ["fused_singlepass_chunk16"]})
     assert chosen == {"rglru": sweep.triton_backends("rglru"),
                       "samu": ["fused_singlepass_chunk16"]}
     assert sweep.backends_to_sweep(["samu"], None) == {"samu": sweep.triton_backends("samu")}

@@ -139,11 +139,14 @@ def test_a_failed_run_keeps_the_records_of_runs_under_way():
     failing = study.job("mqar", task, "samu", 1e-3, 0, config=None)
     slow = study.job("mqar", task, "rglru", 1e-3, 0,
                      dataclasses.replace(study.train_config("mqar", 1e-3), steps=64))
+    later = [study.job("mqar", task, "attention", 1e-3, seed, study.train_config("mqar", 1e-3))
+             for seed in (1, 2)]
     finished = []
     with T.RunPool("cpu", 2) as pool:
         with pytest.raises(AttributeError):
-            pool.map([failing, slow], done=lambda job, record: finished.append(record))
-    # The failure came first; the run under way beside it finished and reached ``done``.
+            pool.map([failing, slow, *later], done=lambda job, record: finished.append(record))
+    # The failure came first; the run under way beside it finished and reached ``done``; the
+    # runs not yet started did not start.
     assert [(r["mixer"], r["steps"]) for r in finished] == [("rglru", 64)]
 
 

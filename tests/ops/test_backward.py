@@ -7,9 +7,10 @@ from samu.mixers import BACKWARDS, REFERENCES
 from samu.ops import recurrence
 
 from test_recurrence import _params
+from samu import mixers
 
 
-@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("mixer", mixers.names())
 @pytest.mark.parametrize("shape", [(1, 1, 16), (3, 7, 32), (1, 64, 48), (3, 1000, 16)])
 @pytest.mark.parametrize("scan", ["sequential", "chunked"])
 def test_formulas_match_autograd(mixer, shape, scan):

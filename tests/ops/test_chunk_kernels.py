@@ -18,6 +18,7 @@ from samu.ops.common.math import softplus
 from samu.ops.common.scan import row_offsets
 from samu.ops.rglru import gemm as rglru_gemm
 from samu.ops.samu import chunk as samu_chunk
+from samu import mixers
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -39,7 +40,7 @@ def _chunk(mixer, name):
 
 # every backend over two chunks (so its carries run); the defaults also at odd lengths, B > 1,
 # widths that are not powers of two, and length 1
-CASES = [(m, n, (1, _chunk(m, n) + 5, 48)) for m in ("samu", "rglru") for n in _triton(m)]
+CASES = [(m, n, (1, _chunk(m, n) + 5, 48)) for m in mixers.names() for n in _triton(m)]
 CASES += [("samu", backends.DEFAULTS["samu"], s) for s in [(2, 37, 48), (1, 1, 16), (3, 37, 80)]]
 CASES += [("rglru", backends.DEFAULTS["rglru"], s) for s in [(2, 37, 48), (1, 1, 16), (1, 37, 96)]]
 # SAMU walks its carries inside the kernels up to walked_carry_chunks chunks: every SAMU backend
@@ -59,7 +60,7 @@ CASES += [("samu", backends.DEFAULTS["samu"],
 LONG_ROW_PLANS = (carry.CarryPlan(two_level_from=4, segment_chunks=2),
                   carry.CarryPlan(two_level_from=4, segment_chunks=2, lookback=True),
                   carry.CarryPlan(two_level_from=4, segment_chunks=2, lookback=True, window=2))
-for _mixer in ("samu", "rglru"):
+for _mixer in mixers.names():
     _config = backends.REGISTRY[_mixer][backends.DEFAULTS[_mixer]].config
     _walk = dict(walked_carry_chunks=0) if _mixer == "samu" else {}
     CASES += [(_mixer, dataclasses.replace(_config, carry=plan, **_walk),
@@ -102,7 +103,7 @@ def test_backend_is_legal(mixer, backend, shape):
     assert set(entry["errors"]) == {"y", "x", *legality.PARAMETER_NAMES[mixer]}
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_chunk_sizes_agree(mixer):
     """Kernel formulations with different chunks give the same function (beyond rounding)."""
     x, params, dy = legality.make_inputs(mixer, (1, 20, 32), DEVICE, seed=5,
@@ -123,7 +124,7 @@ def test_float32_input_is_accurate():
     assert max(errs.values()) < 1e-4, errs
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_cached_launches_pass_every_argument(mixer, monkeypatch):
     """launching.launch replays a compiled kernel with the positional arguments followed by
     the constexprs in signature order, taken from the keywords: every launch site must pass
@@ -160,7 +161,7 @@ def test_launch_cache_keys_on_what_triton_specialises():
     assert arg_key([t]) != arg_key([t.double()])
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_kernels_get_aligned_pointers_from_misaligned_inputs(mixer, monkeypatch):
     """The launch cache does not key pointer alignment, so every pointer must come aligned:
     x, dy and parameters that are views 4 bytes into their storage are copied first."""
@@ -415,7 +416,7 @@ def test_workspace_cuts_aligned_disjoint_pieces_and_zeroes_its_gaps(monkeypatch)
 EXTREME_A_PARAM = [-30.0, -17.0, -12.0, -8.0, 10.0, 30.0]
 # Every value at every chunk.  A recomputing RG-LRU backend computes the decays as the saving one
 # of its chunk does: under the interpreter (slow) it takes the two ends only.
-EXTREME_CASES = [(m, n, a) for m in ("samu", "rglru") for n in _triton(m) for a in EXTREME_A_PARAM
+EXTREME_CASES = [(m, n, a) for m in mixers.names() for n in _triton(m) for a in EXTREME_A_PARAM
                  if DEVICE == "cuda" or "recompute" not in n or a in (-30.0, 30.0)]
 
 
@@ -479,7 +480,7 @@ def test_softplus_is_exact_in_float32_over_the_whole_range():
     assert relative < 1e-5, relative
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_double_backward_is_refused(mixer):
     """A gradient penalty through a Triton backend must not silently drop second-order terms."""
     x, params, dy = _inputs_with(mixer, backends.DEFAULTS[mixer], 0.5)
@@ -492,7 +493,7 @@ def test_double_backward_is_refused(mixer):
     assert torch.isfinite(gx).all()
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 # inf * 0 in the interpreter's numpy is the point of the test, not a problem
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -646,7 +647,7 @@ def test_a_site_calls_the_c_launcher_once_bound_and_the_general_path_otherwise(m
     assert compiled.runner == [((5, 2, 1), (t, 4, 16))] and len(compiled.direct) == 1
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_every_site_is_keyed_on_every_int_and_dtype_it_passes(mixer, monkeypatch):
     """A Site replays one compiled kernel, so its owner's key must fix every int argument and
     every tensor dtype: over calls that differ in dtype, state keywords and packed sequence
@@ -737,6 +738,25 @@ def test_a_row_of_more_segments_than_a_grid_axis_holds_takes_longer_segments():
         assert seg_chunks >= plan.segment_chunks and (n_seg - 1) * seg_chunks < n_chunks \
             <= n_seg * seg_chunks
     assert carry._carry_grid(1, 65535 * 128, 64, plan)[-1] == 128
+
+
+@pytest.mark.parametrize("lookback", [False, True], ids=["two_level", "lookback"])
+def test_longer_segments_give_the_carry_of_the_plans_own(monkeypatch, lookback):
+    """The segments lengthened for the grid's limit (a limit of 3 here, so that 37 chunks in
+    segments of 4 take segments of 13) carry what the plan's own segments do."""
+    gen = torch.Generator().manual_seed(5)
+    end = torch.randn(2, 37, 24, generator=gen).to(DEVICE)
+    decay = torch.rand(2, 37, 24, generator=gen).to(DEVICE)
+    plan = carry.CarryPlan(**_SHORT, lookback=lookback)
+    want = carry.chunk_carry(decay, end, reverse=False, plan=plan)
+    carry._carry_grid.cache_clear()
+    monkeypatch.setattr(carry, "GRID_AXIS_LIMIT", 3)
+    try:
+        assert carry._carry_grid(2, 37, 24, plan)[-2:] == (3, 13)
+        got = carry.chunk_carry(decay, end, reverse=False, plan=plan)
+    finally:
+        carry._carry_grid.cache_clear()
+    assert torch.allclose(got, want, atol=1e-6, rtol=1e-6)
 
 
 def test_a_carry_window_changes_the_settings_digest_and_none_keeps_it():

@@ -6,6 +6,7 @@ from samu.modules import MODULES
 from samu.mixers import REFERENCES
 from samu.ops import recurrence
 from samu.ops.rglru import naive as rglru_naive
+from samu import mixers
 
 
 def _params(mixer, width, seed):
@@ -19,7 +20,7 @@ def _params(mixer, width, seed):
     return params
 
 
-@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("mixer", mixers.names())
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("length", [1, 7, 64, 1000])
 @pytest.mark.parametrize("width", [16, 32, 48])
@@ -146,7 +147,7 @@ def test_no_gradient_through_first_transition():
 def test_low_precision_policy():
     """BF16 in and out, FP32 carry: close to the float64 result from the same rounded x."""
     x = torch.randn(2, 40, 32).to(torch.bfloat16)
-    for mixer in ("rglru", "samu"):
+    for mixer in mixers.names():
         params = [p.float() for p in _params(mixer, 32, 2)]
         y = REFERENCES[mixer](x, *params)
         y64 = REFERENCES[mixer](x.double(), *[p.double() for p in params])
@@ -169,7 +170,7 @@ class _ElementsWritten(torch.utils._python_dispatch.TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_reference_backward_work_is_linear_in_length(mixer):
     """The chunked reference's backward writes a bounded number of elements per token: 16x the
     tokens is at most 1.25 x 16 the work (a per-position slice's backward, a zero-filled tensor
@@ -188,7 +189,7 @@ def test_reference_backward_work_is_linear_in_length(mixer):
     assert long <= 1.25 * 16 * short, (short, long)
 
 
-@pytest.mark.parametrize("mixer", ["rglru", "samu"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_chunked_reference_gradients_equal_oracle(mixer):
     """Autograd through the chunked scan, packed and from initial states, equals autograd through
     the float64 sequential scan (the oracle) for x, every parameter and h0."""

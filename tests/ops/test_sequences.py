@@ -14,9 +14,10 @@ from samu.functional import FUNCTIONS
 from samu.modules import MODULES
 from samu.ops import layout as packing
 from samu.ops.common import carry
+from samu import mixers
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-MIXERS = ("samu", "rglru")
+MIXERS = tuple(mixers.names())
 
 
 def _triton(mixer):

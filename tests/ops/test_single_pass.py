@@ -12,6 +12,7 @@ import torch
 from samu import backends
 from samu.experiment import legality
 from samu.ops.common.single_pass import Lookback
+from samu import mixers
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -52,7 +53,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 @pytest.mark.parametrize("label, batch, length, width, cu, initial, resets, lookback", CASES,
                          ids=[c[0] for c in CASES])
 def test_single_pass_is_legal(mixer, label, batch, length, width, cu, initial, resets,
@@ -78,7 +79,7 @@ def _forward_tile_width(mixer, family, config, width):
     return constexprs.get("BD", constexprs.get("BN"))
 
 
-@pytest.mark.parametrize("mixer, name", [(m, n) for m in ("samu", "rglru")
+@pytest.mark.parametrize("mixer, name", [(m, n) for m in mixers.names()
                                           for n in _single_pass(m)])
 def test_one_channel_block_over_a_long_row(mixer, name):
     """Each registered single-pass backend at the width of its forward tile, so that a row is
@@ -96,7 +97,7 @@ def test_one_channel_block_over_a_long_row(mixer, name):
     assert entry["legal"], f"{name} at width {width}: {entry['reason']}"
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_the_exchange_splits_only_where_a_group_cannot_be_resident(mixer):
     """One launch per direction where a chunk's tiles fit on the GPU at once; two (the exchange
     apart) under the interpreter with several channel blocks, or where asked."""
@@ -111,7 +112,7 @@ def test_the_exchange_splits_only_where_a_group_cannot_be_resident(mixer):
     assert lookback.phases(10_000, torch.device(DEVICE)) == (1, 2)
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_the_launch_plan_lists_a_split_exchange_as_two_launches(mixer):
     """The plan that count_single_pass.py reads holds each launch the settings ask for: PHASE
     0 alone, or SAMU's PHASE 1 then 2 for each kernel where the exchange is split; RG-LRU's
@@ -148,7 +149,7 @@ def test_lookback_settings_are_checked():
         Lookback(ticket_order=2)
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_launches_per_call_are_counted(mixer, capsys):
     """describe() reports each single-pass backend's launches per forward+backward: SAMU's
     forward in two (the flags' fill, the kernel), its backward in three (and sum_partials)."""
@@ -161,7 +162,7 @@ def test_launches_per_call_are_counted(mixer, capsys):
         assert f"{name}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_any_mask_bytes_reset_alike_and_a_bad_mask_is_refused(mixer):
     """A mask's bytes only select values: any non-zero byte resets as True does, bit for bit; a
     mask of the wrong shape, given straight to a backend's run (past the functional checks), is
@@ -181,7 +182,7 @@ def test_any_mask_bytes_reset_alike_and_a_bad_mask_is_refused(mixer):
             run(x, *ps, resets=torch.zeros(1, shape[1] + 1, dtype=torch.bool, device=DEVICE))
 
 
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+@pytest.mark.parametrize("mixer", mixers.names())
 def test_the_chunk_and_channel_block_counts_are_never_specialised(mixer):
     """Triton 3.6 (the GPUs' here) fails to compile a single-pass kernel whose chunk count it
     specialised into the constant 1 (a one-chunk call; Triton 3.9 compiles it), and RG-LRU's

@@ -8,9 +8,10 @@ import torch
 from samu import backends
 from samu import distributed as cp
 from samu.experiment import legality
+from samu import mixers
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-CASES = [(m, n) for m in ("samu", "rglru")
+CASES = [(m, n) for m in mixers.names()
          for n in backends.available(m) if backends.REGISTRY[m][n].kind == "triton"]
 
 
@@ -52,7 +53,7 @@ def test_slice_phases_match_the_oracle(mixer, name, shape):
 
 def test_reference_backends_take_the_generic_path():
     x = torch.randn(1, 4, 16)
-    for mixer in ("samu", "rglru"):
+    for mixer in mixers.names():
         assert cp.kernel_phases(mixer, x, "reference_chunked") is None
         assert cp.kernel_phases(mixer, x.double(), "auto") is None
 

@@ -10,9 +10,10 @@ from samu import backends
 from samu.functional import FUNCTIONS
 from samu.modules import MODULES
 from samu.ops.common import launching
+from samu import mixers
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-MIXERS = ("samu", "rglru")
+MIXERS = tuple(mixers.names())
 STEP_KERNELS = {"samu": "_samu_step_kernel", "rglru": "_rglru_step_kernel"}
 
 

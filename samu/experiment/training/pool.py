@@ -118,28 +118,42 @@ class RunPool:
                     done(job, records[-1])
             return records, time.perf_counter() - started
         executor = self._start()
-        futures = {executor.submit(_run_in_worker, job): i for i, job in enumerate(jobs)}
         records = [None] * len(jobs)
+        waiting = iter(enumerate(jobs))
+        running: dict = {}
+
+        def start_next() -> None:
+            # One run a worker at a time, so that a failure stops every run not yet started
+            # (the executor would have queued more, and a queued run cannot be cancelled).
+            for i, job in waiting:
+                running[executor.submit(_run_in_worker, job)] = i
+                return
+
+        for _ in range(self.workers):
+            start_next()
         failure = None
         try:
-            for future in concurrent.futures.as_completed(futures):
-                if future.cancelled():
-                    continue
-                i = futures[future]
-                try:
-                    records[i] = future.result()
-                except Exception as error:
-                    # Runs not started are dropped; runs under way finish and are recorded
-                    # (``done``), so that a run going on after the stop starts from them.
+            while running:
+                finished, _ = concurrent.futures.wait(
+                    running, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in finished:
+                    i = running.pop(future)
+                    try:
+                        records[i] = future.result()
+                    except Exception as error:
+                        # The runs under way finish and are recorded (``done``), so that a run
+                        # going on after the stop starts from them.
+                        if failure is None:
+                            failure = error
+                        else:
+                            failure.add_note(f"another run failed too: {error!r}")
+                        continue
+                    if done is not None:
+                        done(jobs[i], records[i])
                     if failure is None:
-                        failure = error
-                        for other in futures:
-                            other.cancel()
-                    continue
-                if done is not None:
-                    done(jobs[i], records[i])
+                        start_next()
         except BaseException:
-            for future in futures:
+            for future in running:
                 future.cancel()
             raise
         if failure is not None:

@@ -335,11 +335,10 @@ class CarryPlan:
         return f"CarryPlan({', '.join(fields)})"
 
     def __post_init__(self):
-        if type(self.window) is int and self.window and (self.window & (self.window - 1)
-                                                         or not self.lookback):
+        launching.check_fields(self, dict(two_level_from=0, publish_every=0, window=None))
+        if self.window and (self.window & (self.window - 1) or not self.lookback):
             raise ValueError(f"CarryPlan: window must be 0 or a power of two, with lookback; "
                              f"got window={self.window}, lookback={self.lookback}")
-        launching.check_fields(self, dict(two_level_from=0, publish_every=0, window=0))
 
     @property
     def label(self) -> str:

@@ -327,43 +327,52 @@ def _field_types(cls) -> tuple:
 def check_fields(settings, at_least: dict | None = None) -> None:
     """A settings dataclass's fields against their declared types, refused where it is made
     (dataclasses.replace gives one any values): a bool field True or False, an int field an int
-    of at least ``at_least[name]`` (default 1), a float field a finite number above 0, a field
-    of a class an instance of it.  Other fields (unions, object) are their owner's to check."""
+    of at least ``at_least[name]`` (default 1; None: any int, its owner checks the rest), a float
+    field a finite number above 0 (or at least ``at_least[name]``), a field of a class an
+    instance of it.  Other fields (unions, object) are their owner's to check."""
     owner = type(settings).__name__
+    at_least = at_least or {}
     for name, kind in _field_types(type(settings)):
         value = getattr(settings, name)
         if kind is bool:
             if not isinstance(value, bool):
                 raise TypeError(f"{owner}: {name} must be True or False, got {value!r}")
         elif kind is int:
-            least = (at_least or {}).get(name, 1)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__} "
                                 f"{value!r}")
-            if value < least:
+            least = at_least.get(name, 1)
+            if least is not None and value < least:
                 raise ValueError(f"{owner}: {name} must be at least {least}, got {value}")
         elif kind is float:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{owner}: {name} must be a number, got "
                                 f"{type(value).__name__} {value!r}")
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{owner}: {name} must be finite and above 0, got {value}")
+            least = at_least.get(name)
+            if not math.isfinite(value) or (value <= 0 if least is None else value < least):
+                raise ValueError(f"{owner}: {name} must be finite and "
+                                 f"{'above 0' if least is None else f'at least {least}'}, "
+                                 f"got {value}")
         elif isinstance(kind, type) and kind is not object and not isinstance(value, kind):
-            raise TypeError(f"{owner}: {name} must be a {kind.__name__}, got "
-                            f"{type(value).__name__} {value!r}")
+            raise TypeError(f"{owner}: {name} must be a {_class_name(kind, value)}, got "
+                            f"{_class_name(type(value), kind)} {value!r}")
+
+
+def _class_name(cls: type, other) -> str:
+    """cls's name, with its module where ``other`` (a class or an instance) goes by the same
+    name: each kernel family has a Launch of its own."""
+    other = other if isinstance(other, type) else type(other)
+    same = cls.__name__ == other.__name__ and cls is not other
+    return f"{cls.__name__} of {cls.__module__}" if same else cls.__name__
 
 
 def check_configuration(config, at_least: dict | None = None) -> None:
-    """A backend configuration's fields (check_fields; ``at_least``: its int fields that may
-    be lower than 1), chunk and launches (its launches() by role), refused where the
-    configuration is made: dataclasses.replace(config, chunk=3) is one a user may pass as
-    backend=."""
-    owner = type(config).__name__
-    _check_power_of_two(owner, "chunk", config.chunk, MAX_CHUNK, "tokens per chunk")
-    for role, launch in config.launches().items():
-        if not all(hasattr(launch, name) for name in ("warps", "vector", "registers")):
-            raise TypeError(f"{owner}: {role} must be a Launch (warps, vector, registers), got "
-                            f"{type(launch).__name__} {launch!r}")
+    """A backend configuration's chunk, then every field by its declared type (check_fields;
+    ``at_least``: the int fields that may be lower than 1), its launches among them, refused
+    where the configuration is made: dataclasses.replace(config, chunk=3) is one a user may pass
+    as backend=."""
+    _check_power_of_two(type(config).__name__, "chunk", config.chunk, MAX_CHUNK,
+                        "tokens per chunk")
     check_fields(config, at_least)
 
 

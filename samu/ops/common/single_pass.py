@@ -36,14 +36,12 @@ class Lookback:
     inclusive_every: int = 1
 
     def __post_init__(self):
-        check_fields(self, dict(ticket_order=0, inclusive_every=0))
+        check_fields(self, dict(window=None, ticket_order=None, inclusive_every=0))
         if self.window < 1 or self.window & (self.window - 1) or self.window > 32:
             raise ValueError(f"Lookback: window must be a power of two up to 32 (a bit per "
                              f"lane of an int32), got {self.window}")
         if self.ticket_order not in (0, 1):
             raise ValueError(f"Lookback: ticket_order must be 0 or 1, got {self.ticket_order}")
-        if self.inclusive_every < 0:
-            raise ValueError("Lookback: inclusive_every must be >= 0")
 
     def phases(self, channel_blocks: int, device, exchanges: bool = True) -> tuple[int, ...]:
         """The kernel's PHASE of each launch: (0,) one launch; (1, 2) the exchange apart.  A

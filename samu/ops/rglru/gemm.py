@@ -411,7 +411,7 @@ class GemmConfig:
     carry: CarryPlan = DEFAULT_PLAN
 
     def __post_init__(self):
-        check_configuration(self)
+        check_configuration(self, dict(workspace_units=0))
 
     @property
     def name(self) -> str:
