@@ -10,9 +10,8 @@ import sys
 import torch
 
 from .. import backends, dispatch
-from .. import mixers as mixers_
 from ..shapes import Shape
-from .pipeline import parse_shapes
+from .pipeline import check_heads_divide, parse_shapes  # noqa: F401 (the CLIs' check)
 
 
 def shape(text: str) -> tuple[int, int, int]:
@@ -120,18 +119,6 @@ def backends_named(parser: argparse.ArgumentParser, asked: list[str],
         parser.error(f"{option} {' '.join(asked)} names no backend of {', '.join(bare)}: give "
                      "--mixers only mixers that have them")
     return chosen
-
-
-def check_heads_divide(parser: argparse.ArgumentParser, heads: int, shapes,
-                       mixers: list[str], source: str = "--heads") -> None:
-    """A parser error, before any shape runs, where ``heads`` (named as ``source``) does not
-    divide the width of a BxLxD shape and one of ``mixers`` has heads (it splits the width into
-    that many blocks)."""
-    headed = [m for m in mixers if mixers_.get(m).has_heads]
-    uneven = [Shape(*s).key for s in shapes if s[2] % heads] if headed else []
-    if uneven:
-        parser.error(f"{source} {heads} does not divide the width of {', '.join(uneven)} "
-                     f"({', '.join(headed)} split the width into {heads} blocks)")
 
 
 def launch_type(mixer: str) -> type:

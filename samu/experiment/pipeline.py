@@ -19,6 +19,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from .. import mixers
 from ..shapes import Shape
 
 # The published result's four shapes, then one shape at each other width the calibration covers
@@ -41,6 +42,18 @@ def parse_shapes(args: list[str] | None) -> list[Shape]:
     """Each argument may hold several shapes separated by whitespace: `make reproduce` passes
     SHAPES as one quoted argument.  A shape given twice (1x8x16 and 1X8x16) runs once."""
     return list(dict.fromkeys(parse_shape(word) for arg in args or () for word in arg.split()))
+
+
+def check_heads_divide(parser: argparse.ArgumentParser, heads: int, shapes,
+                       names: list[str], source: str = "--heads") -> None:
+    """A parser error, before any shape runs, where ``heads`` (named as ``source``) does not
+    divide the width of a BxLxD shape and one of the mixers ``names`` has heads (it splits the
+    width into that many blocks)."""
+    headed = [m for m in names if mixers.get(m).has_heads]
+    uneven = [Shape(*s).key for s in shapes if s[2] % heads] if headed else []
+    if uneven:
+        parser.error(f"{source} {heads} does not divide the width of {', '.join(uneven)} "
+                     f"({', '.join(headed)} split the width into {heads} blocks)")
 
 
 def export_data_dir() -> str:
@@ -327,9 +340,7 @@ def main(argv=None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
     explicit = parse_shapes(args.shapes)  # a bad shape stops the run before any notebook
-    from .. import mixers
     from ..modules import NUM_HEADS
-    from .benchmark_cli import check_heads_divide
     check_heads_divide(parser, NUM_HEADS, explicit, mixers.names(),
                        "the notebooks' head count")
     # Triton 3.9 warns when TRITON_DEFAULT_FP_FUSION is unset; "1" keeps its default (fused
