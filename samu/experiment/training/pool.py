@@ -125,9 +125,9 @@ class RunPool:
         def start_next() -> None:
             # One run a worker at a time, so that a failure stops every run not yet started
             # (the executor would have queued more, and a queued run cannot be cancelled).
-            for i, job in waiting:
-                running[executor.submit(_run_in_worker, job)] = i
-                return
+            following = next(waiting, None)
+            if following is not None:
+                running[executor.submit(_run_in_worker, following[1])] = following[0]
 
         for _ in range(self.workers):
             start_next()
